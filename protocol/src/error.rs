@@ -1,0 +1,183 @@
+//! The one error type of the contract and its single mapping to HTTP status, TEI's error body and
+//! NATS error headers.
+
+use serde::{Deserialize, Serialize};
+
+/// TEI's `error_type` values (serialized as in TEI: `"Validation"`, `"Overloaded"`, …), plus
+/// `Timeout` for a deadline that passed, which TEI has no equivalent for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ErrorType {
+    /// No worker or upstream can serve the request (503).
+    Unhealthy,
+    /// The upstream model failed (424).
+    Backend,
+    /// Load shedding: the queue is full or cannot finish in time (429).
+    Overloaded,
+    /// The request is invalid or too large (422 or 413).
+    Validation,
+    /// The tokenizer rejected an input (422).
+    Tokenizer,
+    /// The request has no inputs (400).
+    Empty,
+    /// The request's deadline passed before it could be answered (504).
+    Timeout,
+}
+
+/// TEI's error body: `{"error": "<message>", "error_type": "<ErrorType>"}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorResponse {
+    /// Human-readable message; names the offending field and limit for validation errors.
+    pub error: String,
+    /// The error class.
+    pub error_type: ErrorType,
+}
+
+/// Every way an embed request can fail, as seen by a client.
+///
+/// [`EmbedError::status`] is the single mapping to a status code; the gateway uses it as the HTTP
+/// status, the worker sends it as [`crate::headers::SERVICE_ERROR_CODE`]. Cloneable, so one failed
+/// upstream call can fail every waiter of its batch.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EmbedError {
+    /// Malformed or invalid request: bad JSON, wrong types, unknown option values (422,
+    /// `Validation`; mirrors TEI, which answers 422 for bodies it cannot deserialize).
+    #[error("Input validation error: {0}")]
+    Validation(String),
+    /// Body, input count or input length over a limit (413, `Validation`; mirrors TEI's 413 for
+    /// batches over `max_client_batch_size` and inputs over `max_input_length`).
+    #[error("Input validation error: {0}")]
+    TooLarge(String),
+    /// `inputs` is empty (400, `Empty`; mirrors TEI).
+    #[error("Input validation error: {0}")]
+    Empty(String),
+    /// The tokenizer could not process an input (422, `Tokenizer`; mirrors TEI).
+    #[error("Tokenizer error: {0}")]
+    Tokenizer(String),
+    /// The upstream failed: 5xx, malformed reply or timeout (424, `Backend`; mirrors TEI's 424).
+    #[error("Backend error: {0}")]
+    Backend(String),
+    /// Load shedding: the worker's queue is full, or cannot finish the request before its
+    /// deadline (429, `Overloaded`; mirrors TEI's 429).
+    #[error("Model is overloaded: {0}")]
+    Overloaded(String),
+    /// No worker answers, or the upstream is unreachable (503, `Unhealthy`; mirrors TEI's 503).
+    #[error("Service unavailable: {0}")]
+    Unavailable(String),
+    /// The request's deadline passed before it was answered (504, `Timeout`).
+    #[error("Deadline exceeded: {0}")]
+    DeadlineExceeded(String),
+}
+
+impl EmbedError {
+    /// The HTTP-style status code of this error: the one mapping used for HTTP responses and for
+    /// the NATS `Nats-Service-Error-Code` header.
+    pub fn status(&self) -> u16 {
+        match self {
+            EmbedError::Validation(_) | EmbedError::Tokenizer(_) => 422,
+            EmbedError::TooLarge(_) => 413,
+            EmbedError::Empty(_) => 400,
+            EmbedError::Backend(_) => 424,
+            EmbedError::Overloaded(_) => 429,
+            EmbedError::Unavailable(_) => 503,
+            EmbedError::DeadlineExceeded(_) => 504,
+        }
+    }
+
+    /// The TEI `error_type` of this error.
+    pub fn error_type(&self) -> ErrorType {
+        match self {
+            EmbedError::Validation(_) | EmbedError::TooLarge(_) => ErrorType::Validation,
+            EmbedError::Empty(_) => ErrorType::Empty,
+            EmbedError::Tokenizer(_) => ErrorType::Tokenizer,
+            EmbedError::Backend(_) => ErrorType::Backend,
+            EmbedError::Overloaded(_) => ErrorType::Overloaded,
+            EmbedError::Unavailable(_) => ErrorType::Unhealthy,
+            EmbedError::DeadlineExceeded(_) => ErrorType::Timeout,
+        }
+    }
+
+    /// A short, stable label for metrics and logs (`validation`, `too_large`, `overloaded`, …).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            EmbedError::Validation(_) => "validation",
+            EmbedError::TooLarge(_) => "too_large",
+            EmbedError::Empty(_) => "empty",
+            EmbedError::Tokenizer(_) => "tokenizer",
+            EmbedError::Backend(_) => "backend",
+            EmbedError::Overloaded(_) => "overloaded",
+            EmbedError::Unavailable(_) => "unavailable",
+            EmbedError::DeadlineExceeded(_) => "deadline_exceeded",
+        }
+    }
+
+    /// TEI's error body for this error.
+    pub fn to_response(&self) -> ErrorResponse {
+        ErrorResponse {
+            error: self.to_string(),
+            error_type: self.error_type(),
+        }
+    }
+
+    /// TEI's error body, serialized: the payload of an error reply on NATS and the body of an
+    /// error response over HTTP.
+    pub fn to_json(&self) -> Vec<u8> {
+        // Serializing a struct of a String and a unit enum cannot fail.
+        serde_json::to_vec(&self.to_response()).unwrap_or_default()
+    }
+
+    /// Rebuilds an error from a NATS error reply: its status code header, its message header and
+    /// its payload (TEI's error body, when present). Unknown codes map to [`EmbedError::Backend`].
+    pub fn from_reply(code: u16, message: &str) -> EmbedError {
+        let message = message.to_string();
+        match code {
+            400 => EmbedError::Empty(message),
+            413 => EmbedError::TooLarge(message),
+            422 => EmbedError::Validation(message),
+            429 => EmbedError::Overloaded(message),
+            503 => EmbedError::Unavailable(message),
+            504 | 408 => EmbedError::DeadlineExceeded(message),
+            _ => EmbedError::Backend(message),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_codes_mirror_tei() {
+        let cases = [
+            (EmbedError::Validation("x".into()), 422, ErrorType::Validation),
+            (EmbedError::TooLarge("x".into()), 413, ErrorType::Validation),
+            (EmbedError::Empty("x".into()), 400, ErrorType::Empty),
+            (EmbedError::Tokenizer("x".into()), 422, ErrorType::Tokenizer),
+            (EmbedError::Backend("x".into()), 424, ErrorType::Backend),
+            (EmbedError::Overloaded("x".into()), 429, ErrorType::Overloaded),
+            (EmbedError::Unavailable("x".into()), 503, ErrorType::Unhealthy),
+            (EmbedError::DeadlineExceeded("x".into()), 504, ErrorType::Timeout),
+        ];
+        for (err, status, ty) in cases {
+            assert_eq!(err.status(), status, "{err:?}");
+            assert_eq!(err.error_type(), ty, "{err:?}");
+        }
+    }
+
+    #[test]
+    fn error_body_is_teis_shape() {
+        let body = EmbedError::Overloaded("queue is full".into()).to_json();
+        let value: serde_json::Value = serde_json::from_slice(&body).expect("valid json");
+        assert_eq!(
+            value,
+            serde_json::json!({"error": "Model is overloaded: queue is full", "error_type": "Overloaded"})
+        );
+    }
+
+    #[test]
+    fn reply_codes_map_back_to_the_same_status() {
+        for code in [400u16, 413, 422, 424, 429, 503, 504] {
+            assert_eq!(EmbedError::from_reply(code, "m").status(), code);
+        }
+        assert_eq!(EmbedError::from_reply(500, "m").status(), 424);
+    }
+}

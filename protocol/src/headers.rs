@@ -1,0 +1,64 @@
+//! NATS header names of the contract and the deadline header's encoding.
+//!
+//! Header names are case-sensitive in NATS; use these constants.
+
+use std::time::Duration;
+
+/// Request header: the caller's remaining time budget in whole milliseconds, relative to the
+/// moment the message is published (relative, so that clocks of different hosts need not agree).
+/// A worker answers 504 without any upstream work once this budget has passed, and answers 429 at
+/// once when its queue cannot finish the request within it. Absent: the worker's
+/// `--default-deadline-ms` applies.
+pub const DEADLINE_MS: &str = "Embatch-Deadline-Ms";
+
+/// Request header (optional): the contract version the client speaks, e.g. `1`.
+pub const VERSION: &str = "Embatch-Version";
+
+/// Reply header: milliseconds the request waited in the worker before its upstream call started
+/// (mirrors TEI's `x-queue-time`).
+pub const QUEUE_TIME_MS: &str = "Embatch-Queue-Time-Ms";
+
+/// Reply header: milliseconds the upstream call(s) for this request took (mirrors TEI's
+/// `x-inference-time`).
+pub const INFERENCE_TIME_MS: &str = "Embatch-Inference-Time-Ms";
+
+/// Reply header on errors: the HTTP-style status code (`413`, `422`, `424`, `429`, `503`, `504`, …),
+/// as in the NATS micro protocol.
+pub const SERVICE_ERROR_CODE: &str = "Nats-Service-Error-Code";
+
+/// Reply header on errors: the human-readable error message, as in the NATS micro protocol.
+pub const SERVICE_ERROR: &str = "Nats-Service-Error";
+
+/// Encodes a remaining budget for [`DEADLINE_MS`] (whole milliseconds, rounded down, at least 0).
+pub fn encode_deadline(remaining: Duration) -> String {
+    remaining.as_millis().to_string()
+}
+
+/// Parses a [`DEADLINE_MS`] value. `None` when it is not a non-negative integer of milliseconds.
+pub fn parse_deadline(value: &str) -> Option<Duration> {
+    value.trim().parse::<u64>().ok().map(Duration::from_millis)
+}
+
+/// Parses an optional milliseconds header such as [`QUEUE_TIME_MS`]; `None` when absent or invalid.
+pub fn parse_millis(value: Option<&str>) -> Option<u64> {
+    value.and_then(|v| v.trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadline_round_trips_in_whole_milliseconds() {
+        let encoded = encode_deadline(Duration::from_micros(1_500_900));
+        assert_eq!(encoded, "1500");
+        assert_eq!(parse_deadline(&encoded), Some(Duration::from_millis(1500)));
+    }
+
+    #[test]
+    fn deadline_rejects_garbage_and_negatives() {
+        assert_eq!(parse_deadline("soon"), None);
+        assert_eq!(parse_deadline("-5"), None);
+        assert_eq!(parse_deadline(" 7 "), Some(Duration::from_millis(7)));
+    }
+}

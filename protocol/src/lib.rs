@@ -1,0 +1,37 @@
+//! The embatch wire contract, shared by the gateway, the worker and any Rust client.
+//!
+//! A request is a NATS request-reply message on [`DEFAULT_SUBJECT`] (configurable) whose payload is
+//! exactly the JSON body of text-embeddings-inference's (TEI's) `POST /embed`, and whose reply is
+//! exactly TEI's response body: a JSON array of float arrays, one per input, in input order.
+//! Errors are NATS micro-style errors (the [`headers::SERVICE_ERROR_CODE`] and
+//! [`headers::SERVICE_ERROR`] headers) whose payload is TEI's error JSON body.
+//!
+//! The contract is versioned by [`PROTOCOL_VERSION`]; the README documents it for non-Rust clients.
+//!
+//! # Layout
+//! - [`request`]: the request body ([`EmbedRequest`]) and the options that decide which requests
+//!   may share an upstream call ([`EmbedOptions`]).
+//! - [`error`]: the one error type ([`EmbedError`]) and its single mapping to HTTP status codes,
+//!   TEI error bodies and NATS error headers.
+//! - [`headers`]: header names, and the deadline header's encoding.
+
+pub mod error;
+pub mod headers;
+pub mod request;
+
+pub use error::{EmbedError, ErrorResponse, ErrorType};
+pub use request::{EmbedOptions, EmbedRequest, TruncationDirection};
+
+/// The default NATS subject requests are sent on (`--subject` / `EMBATCH_SUBJECT` on both sides).
+pub const DEFAULT_SUBJECT: &str = "embed";
+
+/// The default NATS queue group every worker joins, so each request goes to exactly one worker.
+pub const DEFAULT_QUEUE_GROUP: &str = "embatch";
+
+/// The NATS micro service name the workers register (`$SRV.PING.embatch`, `$SRV.STATS.embatch`).
+pub const SERVICE_NAME: &str = "embatch";
+
+/// Version of this wire contract. Sent by clients in [`headers::VERSION`] (optional) and announced
+/// by workers as service metadata. A worker rejects a request whose major version it does not know
+/// with a 422 `Validation` error.
+pub const PROTOCOL_VERSION: &str = "1";

@@ -1,0 +1,284 @@
+//! The request body: exactly TEI's `POST /embed` JSON.
+
+use std::fmt;
+
+use serde::de::{self, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::EmbedError;
+
+/// TEI's `POST /embed` body.
+///
+/// ```json
+/// {"inputs": "one text" | ["text", ...], "normalize": true, "truncate": false,
+///  "truncation_direction": "Right", "prompt_name": null, "dimensions": null}
+/// ```
+/// Only `inputs` is required. Unknown fields are ignored, as TEI does.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EmbedRequest {
+    /// One text or an array of texts.
+    pub inputs: Inputs,
+    /// L2-normalize each embedding (default `true`, as in TEI).
+    #[serde(default = "default_normalize")]
+    pub normalize: bool,
+    /// Truncate inputs longer than the model's maximum instead of failing with 413. Absent: the
+    /// upstream's default (TEI's `--auto-truncate`, `false` for the built-in model).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truncate: Option<bool>,
+    /// Which end to cut when truncating (default `Right`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truncation_direction: Option<TruncationDirection>,
+    /// Name of a prompt from the model's sentence-transformers config to prepend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_name: Option<String>,
+    /// Matryoshka output size: keep the first `dimensions` values of each embedding.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dimensions: Option<usize>,
+}
+
+fn default_normalize() -> bool {
+    true
+}
+
+/// `inputs`: a single string or an array of strings.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum Inputs {
+    /// `"inputs": "text"`: the reply holds one embedding.
+    Single(String),
+    /// `"inputs": ["a", "b"]`: the reply holds one embedding per element, in order.
+    Batch(Vec<String>),
+}
+
+impl Inputs {
+    /// Number of inputs (1 for [`Inputs::Single`]).
+    pub fn len(&self) -> usize {
+        match self {
+            Inputs::Single(_) => 1,
+            Inputs::Batch(v) => v.len(),
+        }
+    }
+
+    /// `true` for an empty array.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The inputs as a vector, in order.
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            Inputs::Single(s) => vec![s],
+            Inputs::Batch(v) => v,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Inputs {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct InputsVisitor;
+
+        impl<'de> Visitor<'de> for InputsVisitor {
+            type Value = Inputs;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string or an array of strings")
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Inputs, E> {
+                Ok(Inputs::Single(v.to_owned()))
+            }
+
+            fn visit_string<E: de::Error>(self, v: String) -> Result<Inputs, E> {
+                Ok(Inputs::Single(v))
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Inputs, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(1).min(1024));
+                while let Some(s) = seq.next_element::<String>()? {
+                    out.push(s);
+                }
+                Ok(Inputs::Batch(out))
+            }
+        }
+
+        deserializer.deserialize_any(InputsVisitor)
+    }
+}
+
+/// Which end of an over-long input is cut when truncating (TEI's `truncation_direction`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub enum TruncationDirection {
+    /// Keep the end of the input.
+    #[serde(alias = "left")]
+    Left,
+    /// Keep the start of the input (default).
+    #[default]
+    #[serde(alias = "right")]
+    Right,
+}
+
+/// The options of a request that change what the model computes. Requests share an upstream call
+/// only when their options are equal; this is the batching key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+pub struct EmbedOptions {
+    /// See [`EmbedRequest::normalize`].
+    pub normalize: bool,
+    /// See [`EmbedRequest::truncate`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub truncate: Option<bool>,
+    /// See [`EmbedRequest::truncation_direction`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub truncation_direction: Option<TruncationDirection>,
+    /// See [`EmbedRequest::prompt_name`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_name: Option<String>,
+    /// See [`EmbedRequest::dimensions`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dimensions: Option<usize>,
+}
+
+impl Default for EmbedOptions {
+    fn default() -> Self {
+        EmbedOptions {
+            normalize: true,
+            truncate: None,
+            truncation_direction: None,
+            prompt_name: None,
+            dimensions: None,
+        }
+    }
+}
+
+impl EmbedRequest {
+    /// Parses a request body.
+    ///
+    /// # Errors
+    /// [`EmbedError::Validation`] (422) naming the offending field for malformed JSON, a missing
+    /// `inputs`, or a field of the wrong type.
+    pub fn from_slice(body: &[u8]) -> Result<EmbedRequest, EmbedError> {
+        let mut de = serde_json::Deserializer::from_slice(body);
+        let request: EmbedRequest = serde_path_to_error::deserialize(&mut de).map_err(|err| {
+            let path = err.path().to_string();
+            let inner = err.into_inner();
+            if path == "." || path.is_empty() {
+                EmbedError::Validation(format!("invalid request body: {inner}"))
+            } else {
+                EmbedError::Validation(format!("`{path}`: {inner}"))
+            }
+        })?;
+        de.end()
+            .map_err(|err| EmbedError::Validation(format!("invalid request body: {err}")))?;
+        Ok(request)
+    }
+
+    /// Checks the limits a request must meet before it is queued.
+    ///
+    /// # Errors
+    /// - [`EmbedError::Empty`] (400) when `inputs` is an empty array.
+    /// - [`EmbedError::TooLarge`] (413) when it holds more than `max_inputs` inputs (mirrors TEI's
+    ///   `max_client_batch_size` check).
+    /// - [`EmbedError::Validation`] (422) when `dimensions` is 0.
+    pub fn validate(&self, max_inputs: usize) -> Result<(), EmbedError> {
+        let n = self.inputs.len();
+        if n == 0 {
+            return Err(EmbedError::Empty("`inputs` cannot be empty".into()));
+        }
+        if n > max_inputs {
+            return Err(EmbedError::TooLarge(format!(
+                "`inputs` must have at most {max_inputs} elements. Given: {n}"
+            )));
+        }
+        if self.dimensions == Some(0) {
+            return Err(EmbedError::Validation("`dimensions` must be at least 1".into()));
+        }
+        Ok(())
+    }
+
+    /// The batching key of this request.
+    pub fn options(&self) -> EmbedOptions {
+        EmbedOptions {
+            normalize: self.normalize,
+            truncate: self.truncate,
+            truncation_direction: self.truncation_direction,
+            prompt_name: self.prompt_name.clone(),
+            dimensions: self.dimensions,
+        }
+    }
+
+    /// Splits the request into its inputs and its batching key.
+    pub fn into_parts(self) -> (Vec<String>, EmbedOptions) {
+        let options = self.options();
+        (self.inputs.into_vec(), options)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(body: &str) -> Result<EmbedRequest, EmbedError> {
+        EmbedRequest::from_slice(body.as_bytes())
+    }
+
+    #[test]
+    fn single_string_and_defaults() {
+        let r = parse(r#"{"inputs":"hello"}"#).expect("valid");
+        assert_eq!(r.inputs, Inputs::Single("hello".into()));
+        assert_eq!(r.options(), EmbedOptions::default());
+    }
+
+    #[test]
+    fn batch_and_all_options() {
+        let r = parse(
+            r#"{"inputs":["a","b"],"normalize":false,"truncate":true,
+                "truncation_direction":"Left","prompt_name":"query","dimensions":64,"extra":1}"#,
+        )
+        .expect("valid");
+        assert_eq!(r.inputs.len(), 2);
+        let o = r.options();
+        assert!(!o.normalize);
+        assert_eq!(o.truncate, Some(true));
+        assert_eq!(o.truncation_direction, Some(TruncationDirection::Left));
+        assert_eq!(o.prompt_name.as_deref(), Some("query"));
+        assert_eq!(o.dimensions, Some(64));
+    }
+
+    #[test]
+    fn wrong_types_name_the_field() {
+        let err = parse(r#"{"inputs":"a","normalize":"yes"}"#).expect_err("invalid");
+        assert_eq!(err.status(), 422);
+        assert!(err.to_string().contains("`normalize`"), "{err}");
+
+        let err = parse(r#"{"inputs":[1,2]}"#).expect_err("invalid");
+        assert!(err.to_string().contains("`inputs"), "{err}");
+
+        let err = parse(r#"{"inputs":{"a":1}}"#).expect_err("invalid");
+        assert!(err.to_string().contains("a string or an array of strings"), "{err}");
+    }
+
+    #[test]
+    fn missing_inputs_and_bad_json_are_validation_errors() {
+        let err = parse(r#"{"normalize":true}"#).expect_err("invalid");
+        assert!(err.to_string().contains("missing field `inputs`"), "{err}");
+        assert_eq!(parse("{not json").expect_err("invalid").status(), 422);
+        assert_eq!(parse(r#"{"inputs":"a"} trailing"#).expect_err("invalid").status(), 422);
+    }
+
+    #[test]
+    fn limits() {
+        let empty = parse(r#"{"inputs":[]}"#).expect("parses");
+        assert_eq!(empty.validate(8).expect_err("empty").status(), 400);
+        let three = parse(r#"{"inputs":["a","b","c"]}"#).expect("parses");
+        let err = three.validate(2).expect_err("too many");
+        assert_eq!(err.status(), 413);
+        assert!(err.to_string().contains("at most 2 elements. Given: 3"), "{err}");
+        assert!(three.validate(3).is_ok());
+    }
+
+    #[test]
+    fn serializes_back_to_tei_shape_without_absent_options() {
+        let r = parse(r#"{"inputs":["a"]}"#).expect("valid");
+        let json = serde_json::to_value(&r).expect("serializes");
+        assert_eq!(json, serde_json::json!({"inputs":["a"],"normalize":true}));
+    }
+}
