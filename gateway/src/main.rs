@@ -1,1 +1,37 @@
-fn main() {}
+use clap::Parser;
+use embatch_gateway::{AppState, Config, GatewayError, telemetry};
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let config = Config::parse();
+    telemetry::init_logging(config.log_format);
+    match run(config).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            tracing::error!("{err}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(config: Config) -> Result<(), GatewayError> {
+    tracing::info!(config = ?config, "starting embatch-gateway");
+    let metrics = telemetry::init_metrics()?;
+    let client = embatch_gateway::connect(&config).await?;
+    let listener = tokio::net::TcpListener::bind(&config.listen)
+        .await
+        .map_err(|source| GatewayError::Serve {
+            addr: config.listen.clone(),
+            source,
+        })?;
+    let state = AppState {
+        client,
+        subject: config.subject.clone(),
+        request_timeout: config.request_timeout,
+        max_client_batch_size: config.max_client_batch_size,
+        max_body_bytes: config.max_body_bytes,
+        health_timeout: config.health_timeout,
+        metrics: Some(metrics),
+    };
+    embatch_gateway::serve(listener, state, embatch_gateway::shutdown_signal()).await
+}

@@ -148,14 +148,30 @@ mod tests {
     #[test]
     fn status_codes_mirror_tei() {
         let cases = [
-            (EmbedError::Validation("x".into()), 422, ErrorType::Validation),
+            (
+                EmbedError::Validation("x".into()),
+                422,
+                ErrorType::Validation,
+            ),
             (EmbedError::TooLarge("x".into()), 413, ErrorType::Validation),
             (EmbedError::Empty("x".into()), 400, ErrorType::Empty),
             (EmbedError::Tokenizer("x".into()), 422, ErrorType::Tokenizer),
             (EmbedError::Backend("x".into()), 424, ErrorType::Backend),
-            (EmbedError::Overloaded("x".into()), 429, ErrorType::Overloaded),
-            (EmbedError::Unavailable("x".into()), 503, ErrorType::Unhealthy),
-            (EmbedError::DeadlineExceeded("x".into()), 504, ErrorType::Timeout),
+            (
+                EmbedError::Overloaded("x".into()),
+                429,
+                ErrorType::Overloaded,
+            ),
+            (
+                EmbedError::Unavailable("x".into()),
+                503,
+                ErrorType::Unhealthy,
+            ),
+            (
+                EmbedError::DeadlineExceeded("x".into()),
+                504,
+                ErrorType::Timeout,
+            ),
         ];
         for (err, status, ty) in cases {
             assert_eq!(err.status(), status, "{err:?}");

@@ -189,7 +189,9 @@ impl EmbedRequest {
             )));
         }
         if self.dimensions == Some(0) {
-            return Err(EmbedError::Validation("`dimensions` must be at least 1".into()));
+            return Err(EmbedError::Validation(
+                "`dimensions` must be at least 1".into(),
+            ));
         }
         Ok(())
     }
@@ -253,7 +255,10 @@ mod tests {
         assert!(err.to_string().contains("`inputs"), "{err}");
 
         let err = parse(r#"{"inputs":{"a":1}}"#).expect_err("invalid");
-        assert!(err.to_string().contains("a string or an array of strings"), "{err}");
+        assert!(
+            err.to_string().contains("a string or an array of strings"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -261,7 +266,12 @@ mod tests {
         let err = parse(r#"{"normalize":true}"#).expect_err("invalid");
         assert!(err.to_string().contains("missing field `inputs`"), "{err}");
         assert_eq!(parse("{not json").expect_err("invalid").status(), 422);
-        assert_eq!(parse(r#"{"inputs":"a"} trailing"#).expect_err("invalid").status(), 422);
+        assert_eq!(
+            parse(r#"{"inputs":"a"} trailing"#)
+                .expect_err("invalid")
+                .status(),
+            422
+        );
     }
 
     #[test]
@@ -271,7 +281,10 @@ mod tests {
         let three = parse(r#"{"inputs":["a","b","c"]}"#).expect("parses");
         let err = three.validate(2).expect_err("too many");
         assert_eq!(err.status(), 413);
-        assert!(err.to_string().contains("at most 2 elements. Given: 3"), "{err}");
+        assert!(
+            err.to_string().contains("at most 2 elements. Given: 3"),
+            "{err}"
+        );
         assert!(three.validate(3).is_ok());
     }
 

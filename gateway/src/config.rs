@@ -1,0 +1,47 @@
+//! Gateway settings: every one is a CLI flag and an environment variable of the same name.
+
+use std::time::Duration;
+
+use clap::Parser;
+
+use crate::telemetry::LogFormat;
+
+/// embatch gateway: TEI-compatible `POST /embed` over HTTP, forwarded as NATS requests to the
+/// embatch workers.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "embatch-gateway", version)]
+pub struct Config {
+    /// NATS server URL(s), comma-separated for a cluster.
+    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    pub nats_url: String,
+
+    /// Address to serve HTTP on.
+    #[arg(long, env = "LISTEN_ADDR", default_value = "0.0.0.0:8080")]
+    pub listen: String,
+
+    /// Subject requests are published on (must match the workers').
+    #[arg(long, env = "EMBATCH_SUBJECT", default_value = embatch_protocol::DEFAULT_SUBJECT)]
+    pub subject: String,
+
+    /// Longest a request may take end to end (e.g. 30s): sent to the worker as the request's
+    /// deadline; answered 504 when it passes. A client may shorten it per request with the
+    /// `x-embatch-timeout-ms` header.
+    #[arg(long, env = "REQUEST_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub request_timeout: Duration,
+
+    /// Largest request body in bytes (answered 413 beyond; TEI's default payload limit is 2 MB).
+    #[arg(long, env = "MAX_BODY_BYTES", default_value_t = 2 * 1024 * 1024)]
+    pub max_body_bytes: usize,
+
+    /// Most inputs in one request (mirrors TEI's max_client_batch_size; answered 413 beyond).
+    #[arg(long, env = "MAX_CLIENT_BATCH_SIZE", default_value_t = 512)]
+    pub max_client_batch_size: usize,
+
+    /// How long `/health` waits for a worker to answer a NATS micro ping (e.g. 1s).
+    #[arg(long, env = "HEALTH_TIMEOUT", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub health_timeout: Duration,
+
+    /// Log format.
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}

@@ -1,0 +1,108 @@
+//! Worker settings: every one is a CLI flag and an environment variable of the same name.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+
+use crate::batcher::BatcherConfig;
+use crate::telemetry::LogFormat;
+
+/// embatch worker: joins the NATS queue group, collects requests into batches and calls the
+/// upstream model once per batch.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "embatch-worker", version)]
+pub struct Config {
+    /// NATS server URL(s), comma-separated for a cluster.
+    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    pub nats_url: String,
+
+    /// Subject the requests arrive on (must match the gateway's).
+    #[arg(long, env = "EMBATCH_SUBJECT", default_value = embatch_protocol::DEFAULT_SUBJECT)]
+    pub subject: String,
+
+    /// NATS queue group shared by all workers: each request goes to exactly one of them.
+    #[arg(long, env = "EMBATCH_QUEUE_GROUP", default_value = embatch_protocol::DEFAULT_QUEUE_GROUP)]
+    pub queue_group: String,
+
+    /// Base URL of a text-embeddings-inference server (e.g. http://tei:80). Unset: use the
+    /// built-in CPU model from --model-dir.
+    #[arg(long, env = "TEI_URL")]
+    pub tei_url: Option<String>,
+
+    /// Directory of a sentence-transformers BERT-family model for the built-in CPU upstream
+    /// (config.json, tokenizer.json, model.safetensors, 1_Pooling/config.json). Used when
+    /// --tei-url is unset; `scripts/fetch-model.sh` fills the default.
+    #[arg(long, env = "MODEL_DIR", default_value = "models/all-MiniLM-L6-v2")]
+    pub model_dir: PathBuf,
+
+    /// Most inputs (not requests) in one upstream call. Larger batches raise throughput on a GPU
+    /// until it saturates; capped by the upstream's own max_client_batch_size.
+    #[arg(long, env = "MAX_BATCH_SIZE", default_value_t = 32)]
+    pub max_batch_size: usize,
+
+    /// Longest a batch waits for more inputs after its first request arrived (e.g. 5ms). The
+    /// latency a lone request pays at low load, in exchange for fuller batches.
+    #[arg(long, env = "MAX_WAIT_TIME", default_value = "5ms", value_parser = humantime::parse_duration)]
+    pub max_wait_time: Duration,
+
+    /// Most upstream calls in flight at once from this worker. 2 keeps a GPU busy while the
+    /// next batch is being filled; more only adds queueing inside the upstream.
+    #[arg(long, env = "MAX_CONCURRENT_BATCHES", default_value_t = 2)]
+    pub max_concurrent_batches: usize,
+
+    /// Most inputs accepted and not yet answered; beyond it requests are answered 429 at once.
+    /// Bounds the worker's memory; keep it below NATS' subscription buffer (65,536 messages).
+    #[arg(long, env = "QUEUE_CAP", default_value_t = 4096)]
+    pub queue_cap: usize,
+
+    /// Most inputs in one request (mirrors TEI's max_client_batch_size; answered 413 beyond).
+    #[arg(long, env = "MAX_CLIENT_BATCH_SIZE", default_value_t = 512)]
+    pub max_client_batch_size: usize,
+
+    /// Deadline of a request that carries no Embatch-Deadline-Ms header (e.g. 30s).
+    #[arg(long, env = "DEFAULT_DEADLINE", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub default_deadline: Duration,
+
+    /// Timeout of one upstream HTTP call (e.g. 30s); a call that exceeds it fails its requests
+    /// with 424.
+    #[arg(long, env = "UPSTREAM_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub upstream_timeout: Duration,
+
+    /// On SIGTERM/SIGINT: how long to keep answering already accepted requests before exiting.
+    #[arg(long, env = "SHUTDOWN_GRACE", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub shutdown_grace: Duration,
+
+    /// Address of the worker's small HTTP server for /metrics (Prometheus) and /health.
+    /// Empty string: no HTTP server.
+    #[arg(long, env = "METRICS_ADDR", default_value = "0.0.0.0:9091")]
+    pub metrics_addr: String,
+
+    /// Log format.
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+impl Config {
+    /// The batcher's share of the settings.
+    pub fn batcher(&self) -> BatcherConfig {
+        BatcherConfig {
+            max_batch_size: self.max_batch_size,
+            max_wait: self.max_wait_time,
+            max_concurrent_batches: self.max_concurrent_batches,
+            queue_cap: self.queue_cap,
+        }
+    }
+
+    /// The metrics address, or `None` when disabled.
+    ///
+    /// # Errors
+    /// When the address does not parse.
+    pub fn metrics_socket(&self) -> Result<Option<SocketAddr>, std::net::AddrParseError> {
+        if self.metrics_addr.trim().is_empty() {
+            return Ok(None);
+        }
+        self.metrics_addr.trim().parse().map(Some)
+    }
+}

@@ -1,0 +1,164 @@
+//! NATS intake: the worker's NATS micro service endpoint, from message to batcher and back.
+//!
+//! The worker registers as NATS micro service [`embatch_protocol::SERVICE_NAME`] with one
+//! endpoint on the request subject in the shared queue group, so `$SRV.PING`, `$SRV.INFO` and
+//! `$SRV.STATS` discovery comes from async-nats for free (the gateway's `/health` pings it).
+//!
+//! The intake loop never waits on the batcher: it parses, validates, admits (or answers an error
+//! at once) and moves on, so the client's subscription buffer, which would drop messages silently
+//! when full, never fills; our own bound (`QUEUE_CAP`) bites first.
+
+use std::future::Future;
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::service::{Request, endpoint::Endpoint};
+use embatch_protocol::{EmbedError, EmbedRequest, PROTOCOL_VERSION, headers};
+use futures::StreamExt;
+use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
+
+use crate::batcher::{BatcherHandle, Outcome};
+
+/// Settings of the intake loop.
+#[derive(Debug, Clone)]
+pub struct IntakeConfig {
+    /// Deadline applied when a request carries no [`headers::DEADLINE_MS`].
+    pub default_deadline: Duration,
+    /// Most inputs in one request (413 beyond).
+    pub max_client_batch_size: usize,
+}
+
+/// Reads requests from `endpoint` until `shutdown` resolves, then unsubscribes, admits what the
+/// subscription had already buffered, and returns. Replies are sent by tasks on `replies`; wait
+/// on it (after dropping the batcher) to know every accepted request was answered.
+pub async fn run(
+    mut endpoint: Endpoint,
+    batcher: BatcherHandle,
+    config: IntakeConfig,
+    replies: TaskTracker,
+    shutdown: impl Future<Output = ()>,
+) {
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            request = endpoint.next() => match request {
+                Some(request) => admit(request, &batcher, &config, &replies).await,
+                None => return,
+            },
+            () = &mut shutdown => break,
+        }
+    }
+    tracing::info!("shutdown: unsubscribing from the request subject");
+    if let Err(err) = endpoint.stop().await {
+        tracing::warn!(%err, "unsubscribe failed");
+    }
+    // Messages the server delivered before the unsubscribe are still ours to answer.
+    while let Ok(Some(request)) =
+        tokio::time::timeout(Duration::from_millis(200), endpoint.next()).await
+    {
+        admit(request, &batcher, &config, &replies).await;
+    }
+}
+
+/// Admits one request into the batcher, or answers its error at once.
+async fn admit(
+    request: Request,
+    batcher: &BatcherHandle,
+    config: &IntakeConfig,
+    replies: &TaskTracker,
+) {
+    if request.message.reply.is_none() {
+        metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => "no_reply_subject")
+            .increment(1);
+        tracing::debug!(
+            "ignoring a message without a reply subject: it was published, not requested"
+        );
+        return;
+    }
+    match submit(&request, batcher, config) {
+        Ok(receiver) => {
+            replies.spawn(async move {
+                let outcome = receiver.await.unwrap_or_else(|_| {
+                    Err(EmbedError::Unavailable(
+                        "the worker stopped before answering".into(),
+                    ))
+                });
+                respond(&request, outcome).await;
+            });
+        }
+        Err(err) => {
+            metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => err.kind())
+                .increment(1);
+            respond(&request, Err(err)).await;
+        }
+    }
+}
+
+fn submit(
+    request: &Request,
+    batcher: &BatcherHandle,
+    config: &IntakeConfig,
+) -> Result<tokio::sync::oneshot::Receiver<Outcome>, EmbedError> {
+    let received = Instant::now();
+    let message_headers = request.message.headers.as_ref();
+    if let Some(version) = message_headers.and_then(|h| h.get(headers::VERSION)) {
+        let major = version.as_str().split('.').next().unwrap_or_default();
+        if major != PROTOCOL_VERSION {
+            return Err(EmbedError::Validation(format!(
+                "header `{}`: version {} is not supported; this worker speaks {PROTOCOL_VERSION}",
+                headers::VERSION,
+                version.as_str()
+            )));
+        }
+    }
+    let budget = match message_headers.and_then(|h| h.get(headers::DEADLINE_MS)) {
+        Some(value) => headers::parse_deadline(value.as_str()).ok_or_else(|| {
+            EmbedError::Validation(format!(
+                "header `{}` must be a whole number of milliseconds. Given: {:?}",
+                headers::DEADLINE_MS,
+                value.as_str()
+            ))
+        })?,
+        None => config.default_deadline,
+    };
+    let body = EmbedRequest::from_slice(&request.message.payload)?;
+    body.validate(config.max_client_batch_size)?;
+    let (inputs, options) = body.into_parts();
+    batcher.submit(inputs, options, received + budget)
+}
+
+/// Sends the reply: TEI's response body with timing headers, or TEI's error body with NATS
+/// micro error headers (`Nats-Service-Error-Code`, `Nats-Service-Error`).
+async fn respond(request: &Request, outcome: Outcome) {
+    let mut reply_headers = HeaderMap::new();
+    let payload = match outcome {
+        Ok(reply) => {
+            reply_headers.insert(
+                headers::QUEUE_TIME_MS,
+                reply.queue_time.as_millis().to_string().as_str(),
+            );
+            reply_headers.insert(
+                headers::INFERENCE_TIME_MS,
+                reply.inference_time.as_millis().to_string().as_str(),
+            );
+            reply.payload
+        }
+        Err(err) => {
+            reply_headers.insert(
+                headers::SERVICE_ERROR_CODE,
+                err.status().to_string().as_str(),
+            );
+            reply_headers.insert(headers::SERVICE_ERROR, err.to_string().as_str());
+            err.to_json().into()
+        }
+    };
+    // Error replies go out as payloads with error headers (not `Err(..)`), because async-nats
+    // sends an empty body for `Err` and the contract promises TEI's error body.
+    if let Err(err) = request
+        .respond_with_headers(Ok(payload), reply_headers)
+        .await
+    {
+        tracing::warn!(%err, "cannot publish reply");
+    }
+}

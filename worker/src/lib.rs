@@ -1,0 +1,218 @@
+//! embatch worker: joins the NATS queue group, collects requests into batches, calls the upstream
+//! model once per batch and answers each request with exactly its own slice.
+//!
+//! # Layout
+//! - [`config`]: every setting, as a CLI flag and an environment variable.
+//! - [`intake`]: the NATS micro service endpoint: parse, validate, admit, reply.
+//! - [`batcher`]: the batching actor: batch formation, overload control, fault isolation.
+//! - [`upstream`]: TEI over HTTP, or the built-in CPU model.
+//! - [`http`]: the worker's small HTTP server for `/metrics` and `/health`.
+//! - [`telemetry`]: logging, the Prometheus recorder and metric names.
+
+pub mod batcher;
+pub mod config;
+pub mod http;
+pub mod intake;
+pub mod telemetry;
+pub mod upstream;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use async_nats::service::ServiceExt;
+use embatch_protocol::{PROTOCOL_VERSION, SERVICE_NAME};
+use tokio_util::task::TaskTracker;
+
+pub use config::Config;
+
+use crate::upstream::{AnyUpstream, Upstream};
+
+/// Why the worker could not start or run.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// The NATS server could not be reached.
+    #[error("cannot connect to NATS at {url}: {source}")]
+    Connect {
+        /// The configured URL.
+        url: String,
+        /// The client's error.
+        source: async_nats::ConnectError,
+    },
+    /// The NATS micro service or its endpoint could not be registered.
+    #[error("cannot register the NATS service: {0}")]
+    Service(String),
+    /// The built-in model could not be loaded.
+    #[error(
+        "cannot load the model from {dir}: {message} (run scripts/fetch-model.sh, or set TEI_URL)"
+    )]
+    Model {
+        /// The configured model directory.
+        dir: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// The upstream client could not be built.
+    #[error("cannot set up the upstream: {0}")]
+    Upstream(#[from] embatch_protocol::EmbedError),
+    /// The metrics/health server could not start.
+    #[error("cannot serve /metrics on {addr}: {message}")]
+    Http {
+        /// The configured address.
+        addr: String,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+/// Builds the upstream the configuration names: TEI when `--tei-url` is set, else the built-in
+/// model from `--model-dir`.
+///
+/// # Errors
+/// [`WorkerError::Model`] when the model cannot be loaded, [`WorkerError::Upstream`] when the
+/// HTTP client cannot be built.
+pub async fn build_upstream(config: &Config) -> Result<AnyUpstream, WorkerError> {
+    match &config.tei_url {
+        Some(url) => {
+            let tei = upstream::tei::TeiUpstream::connect(
+                url,
+                config.upstream_timeout,
+                config.max_batch_size,
+            )
+            .await?;
+            Ok(AnyUpstream::Tei(tei))
+        }
+        None => {
+            let dir = config.model_dir.clone();
+            let model =
+                tokio::task::spawn_blocking(move || embatch_local_model::LocalModel::load(&dir))
+                    .await
+                    .map_err(|e| WorkerError::Model {
+                        dir: config.model_dir.display().to_string(),
+                        message: e.to_string(),
+                    })?
+                    .map_err(|e| WorkerError::Model {
+                        dir: config.model_dir.display().to_string(),
+                        message: e.to_string(),
+                    })?;
+            Ok(AnyUpstream::Local(upstream::local::LocalUpstream::new(
+                model,
+            )))
+        }
+    }
+}
+
+/// Runs a worker on `client` with `upstream` until `shutdown` resolves, then drains gracefully:
+/// stops taking messages, answers every accepted request (for at most `--shutdown-grace`),
+/// flushes the connection and returns.
+///
+/// # Errors
+/// [`WorkerError::Service`] when the NATS service cannot be registered.
+pub async fn run<U: Upstream>(
+    client: async_nats::Client,
+    upstream: U,
+    config: &Config,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), WorkerError> {
+    let upstream = Arc::new(upstream);
+    let (batcher, batcher_task) = batcher::spawn(Arc::clone(&upstream), config.batcher());
+    let service = client
+        .service_builder()
+        .description("embatch: batches embedding requests for an upstream model")
+        .metadata(
+            [("protocol_version".to_string(), PROTOCOL_VERSION.to_string())]
+                .into_iter()
+                .collect(),
+        )
+        .queue_group(&config.queue_group)
+        .start(SERVICE_NAME, env!("CARGO_PKG_VERSION"))
+        .await
+        .map_err(|e| WorkerError::Service(e.to_string()))?;
+    let endpoint = service
+        .endpoint_builder()
+        .name("embed")
+        .add(&config.subject)
+        .await
+        .map_err(|e| WorkerError::Service(e.to_string()))?;
+    tracing::info!(
+        subject = %config.subject,
+        queue_group = %config.queue_group,
+        upstream_max_batch = upstream.max_batch_size(),
+        "worker ready"
+    );
+
+    let replies = TaskTracker::new();
+    let intake_config = intake::IntakeConfig {
+        default_deadline: config.default_deadline,
+        max_client_batch_size: config.max_client_batch_size,
+    };
+    intake::run(endpoint, batcher, intake_config, replies.clone(), shutdown).await;
+
+    // The intake dropped the last batcher handle: the batcher flushes and answers what it holds.
+    replies.close();
+    let drained = async {
+        if let Err(err) = batcher_task.await {
+            tracing::error!(%err, "batcher task failed");
+        }
+        replies.wait().await;
+    };
+    if tokio::time::timeout(config.shutdown_grace, drained)
+        .await
+        .is_err()
+    {
+        tracing::warn!(grace = ?config.shutdown_grace, "shutdown grace period over; exiting with requests unanswered");
+    }
+    if let Err(err) = client.flush().await {
+        tracing::warn!(%err, "cannot flush replies");
+    }
+    if let Err(err) = service.stop().await {
+        tracing::debug!(%err, "service stop");
+    }
+    tracing::info!("worker stopped");
+    Ok(())
+}
+
+/// Connects to NATS as a worker: named, with a subscription buffer well above `QUEUE_CAP` so
+/// the worker's own bound is always the one that bites.
+///
+/// # Errors
+/// [`WorkerError::Connect`] when no server in `--nats-url` answers.
+pub async fn connect(config: &Config) -> Result<async_nats::Client, WorkerError> {
+    async_nats::ConnectOptions::new()
+        .name("embatch-worker")
+        .subscription_capacity(config.queue_cap.saturating_mul(4).max(65_536))
+        .connect(config.nats_url.as_str())
+        .await
+        .map_err(|source| WorkerError::Connect {
+            url: config.nats_url.clone(),
+            source,
+        })
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(err) = tokio::signal::ctrl_c().await {
+            tracing::error!(%err, "cannot listen for SIGINT");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(err) => {
+                tracing::error!(%err, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+    tracing::info!("shutdown signal received");
+}
