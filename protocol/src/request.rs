@@ -160,7 +160,9 @@ impl EmbedRequest {
         let request: EmbedRequest = serde_path_to_error::deserialize(&mut de).map_err(|err| {
             let path = err.path().to_string();
             let inner = err.into_inner();
-            if path == "." || path.is_empty() {
+            if inner.is_syntax() || inner.is_eof() {
+                EmbedError::Validation(format!("the request body is not valid JSON: {inner}"))
+            } else if path == "." || path.is_empty() {
                 EmbedError::Validation(format!("invalid request body: {inner}"))
             } else {
                 EmbedError::Validation(format!("`{path}`: {inner}"))

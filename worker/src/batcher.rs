@@ -664,3 +664,407 @@ fn answer(request: Pending, outcome: Outcome) {
     metrics::histogram!(names::REQUEST_TIME).record(request.accepted.elapsed().as_secs_f64());
     let _ = request.reply.send(outcome);
 }
+
+#[cfg(test)]
+mod tests {
+    //! Batching behaviour on paused tokio time with an in-process upstream double: no wall-clock
+    //! sleeps, exact timings.
+
+    use super::*;
+    use serde_json::value::RawValue;
+
+    /// Records calls; answers each input with `["<input>"]` so replies prove identity.
+    struct Recording {
+        calls: Mutex<Vec<(Vec<String>, EmbedOptions)>>,
+        delay: Duration,
+        max: usize,
+        fail: Mutex<Option<UpstreamError>>,
+    }
+
+    impl Recording {
+        fn new(delay: Duration, max: usize) -> Arc<Recording> {
+            Arc::new(Recording {
+                calls: Mutex::new(Vec::new()),
+                delay,
+                max,
+                fail: Mutex::new(None),
+            })
+        }
+
+        fn calls(&self) -> Vec<(Vec<String>, EmbedOptions)> {
+            self.calls.lock().expect("lock").clone()
+        }
+    }
+
+    impl Upstream for Recording {
+        async fn embed(
+            &self,
+            inputs: &[String],
+            options: &EmbedOptions,
+        ) -> Result<Vec<Embedding>, UpstreamError> {
+            self.calls
+                .lock()
+                .expect("lock")
+                .push((inputs.to_vec(), options.clone()));
+            tokio::time::sleep(self.delay).await;
+            if let Some(err) = self.fail.lock().expect("lock").clone() {
+                return Err(err);
+            }
+            if inputs.iter().any(|i| i.contains("poison")) {
+                return Err(UpstreamError::Rejected(EmbedError::Validation(
+                    "poisoned input".into(),
+                )));
+            }
+            Ok(inputs
+                .iter()
+                .map(|i| {
+                    RawValue::from_string(serde_json::json!([i]).to_string()).expect("valid json")
+                })
+                .collect())
+        }
+
+        fn max_batch_size(&self) -> usize {
+            self.max
+        }
+    }
+
+    fn config(max_batch_size: usize, max_wait_ms: u64, concurrent: usize) -> BatcherConfig {
+        BatcherConfig {
+            max_batch_size,
+            max_wait: Duration::from_millis(max_wait_ms),
+            max_concurrent_batches: concurrent,
+            queue_cap: 10_000,
+        }
+    }
+
+    fn far() -> Instant {
+        Instant::now() + Duration::from_secs(3600)
+    }
+
+    fn texts(reply: &Reply) -> Vec<String> {
+        let parsed: Vec<Vec<String>> =
+            serde_json::from_slice(&reply.payload).expect("reply is JSON");
+        parsed.into_iter().map(|mut v| v.remove(0)).collect()
+    }
+
+    async fn outcome(rx: oneshot::Receiver<Outcome>) -> Outcome {
+        rx.await.expect("the batcher answers")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn concurrent_single_requests_fill_batches_and_each_gets_its_own_vector() {
+        let upstream = Recording::new(Duration::from_millis(5), usize::MAX);
+        let (batcher, _task) = spawn(Arc::clone(&upstream), config(8, 5, 2));
+        let receivers: Vec<_> = (0..64)
+            .map(|i| {
+                batcher
+                    .submit(vec![format!("text {i}")], EmbedOptions::default(), far())
+                    .expect("accepted")
+            })
+            .collect();
+        for (i, rx) in receivers.into_iter().enumerate() {
+            let reply = outcome(rx).await.expect("ok");
+            assert_eq!(texts(&reply), vec![format!("text {i}")]);
+        }
+        let calls = upstream.calls();
+        assert_eq!(calls.len(), 8, "64 inputs / MAX_BATCH_SIZE 8 = 8 calls");
+        assert!(calls.iter().all(|(inputs, _)| inputs.len() == 8));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lone_request_leaves_after_max_wait_time() {
+        let upstream = Recording::new(Duration::ZERO, usize::MAX);
+        let (batcher, _task) = spawn(Arc::clone(&upstream), config(32, 5, 2));
+        let start = Instant::now();
+        let rx = batcher
+            .submit(vec!["alone".into()], EmbedOptions::default(), far())
+            .expect("accepted");
+        tokio::time::sleep(Duration::from_millis(4)).await;
+        assert!(upstream.calls().is_empty(), "sent before MAX_WAIT_TIME");
+        let reply = outcome(rx).await.expect("ok");
+        assert_eq!(start.elapsed(), Duration::from_millis(5));
+        assert_eq!(reply.queue_time, Duration::from_millis(5));
+        assert_eq!(upstream.calls().len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_batch_leaves_at_once() {
+        let upstream = Recording::new(Duration::ZERO, usize::MAX);
+        let (batcher, _task) = spawn(Arc::clone(&upstream), config(4, 1000, 2));
+        let start = Instant::now();
+        let receivers: Vec<_> = (0..4)
+            .map(|i| {
+                batcher
+                    .submit(vec![format!("{i}")], EmbedOptions::default(), far())
+                    .expect("accepted")
+            })
+            .collect();
+        for rx in receivers {
+            outcome(rx).await.expect("ok");
+        }
+        assert_eq!(
+            start.elapsed(),
+            Duration::ZERO,
+            "a full batch does not wait for MAX_WAIT_TIME"
+        );
+        assert_eq!(upstream.calls().len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requests_with_different_options_never_share_a_call() {
+        let upstream = Recording::new(Duration::ZERO, usize::MAX);
+        let (batcher, _task) = spawn(Arc::clone(&upstream), config(32, 5, 2));
+        let variants = [
+            EmbedOptions::default(),
+            EmbedOptions {
+                normalize: false,
+                ..EmbedOptions::default()
+            },
+            EmbedOptions {
+                truncate: Some(true),
+                ..EmbedOptions::default()
+            },
+            EmbedOptions {
+                dimensions: Some(2),
+                ..EmbedOptions::default()
+            },
+            EmbedOptions {
+                prompt_name: Some("query".into()),
+                ..EmbedOptions::default()
+            },
+        ];
+        let mut receivers = Vec::new();
+        for round in 0..3 {
+            for (v, options) in variants.iter().enumerate() {
+                let text = format!("v{v} r{round}");
+                receivers.push((
+                    text.clone(),
+                    batcher
+                        .submit(vec![text], options.clone(), far())
+                        .expect("accepted"),
+                ));
+            }
+        }
+        for (text, rx) in receivers {
+            assert_eq!(texts(&outcome(rx).await.expect("ok")), vec![text]);
+        }
+        let calls = upstream.calls();
+        assert_eq!(
+            calls.len(),
+            variants.len(),
+            "one call per distinct option set"
+        );
+        for (inputs, options) in calls {
+            let v = variants
+                .iter()
+                .position(|o| *o == options)
+                .expect("known options");
+            assert!(
+                inputs.iter().all(|i| i.starts_with(&format!("v{v} "))),
+                "{inputs:?} mixed options"
+            );
+            assert_eq!(inputs.len(), 3);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_oversized_request_is_split_and_reassembled_in_order() {
+        let upstream = Recording::new(Duration::from_millis(1), 3);
+        let (batcher, _task) = spawn(Arc::clone(&upstream), config(32, 5, 2));
+        let inputs: Vec<String> = (0..10).map(|i| format!("part {i}")).collect();
+        let rx = batcher
+            .submit(inputs.clone(), EmbedOptions::default(), far())
+            .expect("accepted");
+        assert_eq!(texts(&outcome(rx).await.expect("ok")), inputs);
+        let sizes: Vec<usize> = upstream.calls().iter().map(|(i, _)| i.len()).collect();
+        assert_eq!(
+            sizes,
+            vec![3, 3, 3, 1],
+            "upstream limit 3 → calls of at most 3"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_poisoned_request_is_isolated_and_its_batch_mates_still_succeed() {
+        let upstream = Recording::new(Duration::ZERO, usize::MAX);
+        let (batcher, _task) = spawn(Arc::clone(&upstream), config(8, 5, 1));
+        let receivers: Vec<_> = (0..8)
+            .map(|i| {
+                let text = if i == 5 {
+                    "poison pill".to_string()
+                } else {
+                    format!("good {i}")
+                };
+                (
+                    text.clone(),
+                    batcher
+                        .submit(vec![text], EmbedOptions::default(), far())
+                        .expect("accepted"),
+                )
+            })
+            .collect();
+        for (text, rx) in receivers {
+            match outcome(rx).await {
+                Ok(reply) => assert_eq!(texts(&reply), vec![text]),
+                Err(err) => {
+                    assert_eq!(text, "poison pill");
+                    assert_eq!(err.status(), 422);
+                }
+            }
+        }
+        let calls = upstream.calls();
+        assert_eq!(calls[0].0.len(), 8, "first the whole batch");
+        assert!(
+            calls.len() <= 1 + 2 * 3,
+            "bisection, not one call per request: {}",
+            calls.len()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_upstream_failure_fails_only_its_batch_and_the_worker_keeps_serving() {
+        let upstream = Recording::new(Duration::ZERO, usize::MAX);
+        *upstream.fail.lock().expect("lock") = Some(UpstreamError::Failed(
+            EmbedError::Unavailable("down".into()),
+        ));
+        let (batcher, _task) = spawn(Arc::clone(&upstream), config(4, 5, 1));
+        let rx = batcher
+            .submit(vec!["a".into()], EmbedOptions::default(), far())
+            .expect("accepted");
+        let err = outcome(rx).await.expect_err("upstream is down");
+        assert_eq!(err.status(), 503);
+        assert_eq!(upstream.calls().len(), 1, "no retry storm");
+        *upstream.fail.lock().expect("lock") = None;
+        let rx = batcher
+            .submit(vec!["b".into()], EmbedOptions::default(), far())
+            .expect("accepted");
+        assert_eq!(
+            texts(&outcome(rx).await.expect("recovered")),
+            vec!["b".to_string()]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_that_expires_in_the_queue_gets_504_and_no_upstream_work() {
+        let upstream = Recording::new(Duration::from_millis(100), usize::MAX);
+        let (batcher, _task) = spawn(Arc::clone(&upstream), config(1, 0, 1));
+        let first = batcher
+            .submit(vec!["first".into()], EmbedOptions::default(), far())
+            .expect("accepted");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let late = batcher
+            .submit(
+                vec!["late".into()],
+                EmbedOptions::default(),
+                Instant::now() + Duration::from_millis(50),
+            )
+            .expect("accepted: nothing measured yet");
+        assert_eq!(outcome(late).await.expect_err("expired").status(), 504);
+        outcome(first).await.expect("ok");
+        let calls = upstream.calls();
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0].0, vec!["first".to_string()]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_already_expired_request_is_refused_at_once() {
+        let upstream = Recording::new(Duration::ZERO, usize::MAX);
+        let (batcher, _task) = spawn(Arc::clone(&upstream), config(4, 5, 1));
+        let err = batcher
+            .submit(vec!["x".into()], EmbedOptions::default(), Instant::now())
+            .expect_err("expired");
+        assert_eq!(err.status(), 504);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(upstream.calls().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_queue_sheds_with_429() {
+        let upstream = Recording::new(Duration::from_secs(1), usize::MAX);
+        let cfg = BatcherConfig {
+            queue_cap: 4,
+            ..config(2, 5, 1)
+        };
+        let (batcher, _task) = spawn(Arc::clone(&upstream), cfg);
+        let accepted = batcher.submit(
+            vec!["a".into(), "b".into(), "c".into()],
+            EmbedOptions::default(),
+            far(),
+        );
+        assert!(accepted.is_ok());
+        let one_more = batcher.submit(vec!["d".into()], EmbedOptions::default(), far());
+        assert!(one_more.is_ok(), "exactly QUEUE_CAP inputs fit");
+        let err = batcher
+            .submit(vec!["e".into()], EmbedOptions::default(), far())
+            .expect_err("full");
+        assert_eq!(err.status(), 429);
+        assert!(err.to_string().contains("QUEUE_CAP = 4"), "{err}");
+        // Answering frees the room again.
+        outcome(accepted.expect("accepted")).await.expect("ok");
+        assert!(
+            batcher
+                .submit(vec!["f".into()], EmbedOptions::default(), far())
+                .is_ok()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_that_cannot_finish_before_its_deadline_is_shed_at_admission() {
+        // 4 inputs per 100 ms call, one call at a time: 40 inputs/s.
+        let upstream = Recording::new(Duration::from_millis(100), usize::MAX);
+        let (batcher, _task) = spawn(Arc::clone(&upstream), config(4, 0, 1));
+        let warm = batcher
+            .submit(
+                (0..4).map(|i| i.to_string()).collect(),
+                EmbedOptions::default(),
+                far(),
+            )
+            .expect("accepted");
+        outcome(warm).await.expect("ok");
+        // 40 inputs queued ahead need ~1 s; a 200 ms deadline cannot be met.
+        let _queued = batcher
+            .submit(
+                (0..40).map(|i| i.to_string()).collect(),
+                EmbedOptions::default(),
+                far(),
+            )
+            .expect("accepted");
+        let err = batcher
+            .submit(
+                vec!["hurry".into()],
+                EmbedOptions::default(),
+                Instant::now() + Duration::from_millis(200),
+            )
+            .expect_err("cannot finish in time");
+        assert_eq!(err.status(), 429);
+        assert!(err.to_string().contains("deadline"), "{err}");
+        // A patient request is still accepted.
+        assert!(
+            batcher
+                .submit(
+                    vec!["patient".into()],
+                    EmbedOptions::default(),
+                    Instant::now() + Duration::from_secs(5)
+                )
+                .is_ok()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn closing_the_batcher_flushes_and_answers_everything_accepted() {
+        let upstream = Recording::new(Duration::from_millis(10), usize::MAX);
+        let (batcher, task) = spawn(Arc::clone(&upstream), config(32, 60_000, 1));
+        let receivers: Vec<_> = (0..5)
+            .map(|i| {
+                batcher
+                    .submit(vec![format!("{i}")], EmbedOptions::default(), far())
+                    .expect("accepted")
+            })
+            .collect();
+        drop(batcher);
+        task.await.expect("batcher ends");
+        for rx in receivers {
+            outcome(rx).await.expect("answered before exit");
+        }
+    }
+}
