@@ -61,7 +61,12 @@ pub fn nats_server_bin() -> PathBuf {
     }
     let mut candidates = vec![repo_root().join(".bin").join("nats-server")];
     if let Some(home) = std::env::var_os("HOME") {
-        candidates.push(PathBuf::from(home).join("go").join("bin").join("nats-server"));
+        candidates.push(
+            PathBuf::from(home)
+                .join("go")
+                .join("bin")
+                .join("nats-server"),
+        );
     }
     if let Some(path) = std::env::var_os("PATH") {
         candidates.extend(std::env::split_paths(&path).map(|p| p.join("nats-server")));
@@ -69,7 +74,11 @@ pub fn nats_server_bin() -> PathBuf {
     candidates
         .into_iter()
         .find(|p| p.is_file())
-        .unwrap_or_else(|| panic!("nats-server not found: run scripts/install-nats-server.sh or set NATS_SERVER_BIN"))
+        .unwrap_or_else(|| {
+            panic!(
+                "nats-server not found: run scripts/install-nats-server.sh or set NATS_SERVER_BIN"
+            )
+        })
 }
 
 /// A free TCP port on 127.0.0.1 (bound and released; good enough for tests).
@@ -87,7 +96,10 @@ pub fn free_port() -> u16 {
 pub fn wait_for_port(addr: SocketAddr, timeout: Duration) {
     let started = Instant::now();
     while TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_err() {
-        assert!(started.elapsed() < timeout, "nothing listens on {addr} after {timeout:?}");
+        assert!(
+            started.elapsed() < timeout,
+            "nothing listens on {addr} after {timeout:?}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -115,7 +127,10 @@ impl NatsServer {
             .stderr(Stdio::null())
             .spawn()
             .expect("nats-server starts");
-        wait_for_port(SocketAddr::from(([127, 0, 0, 1], port)), Duration::from_secs(10));
+        wait_for_port(
+            SocketAddr::from(([127, 0, 0, 1], port)),
+            Duration::from_secs(10),
+        );
         NatsServer { child, port }
     }
 
@@ -241,14 +256,21 @@ impl Drop for TeiDouble {
 }
 
 async fn info(State(state): State<DoubleState>) -> Json<Value> {
-    let max = state.behaviour.lock().expect("behaviour lock").max_client_batch_size;
+    let max = state
+        .behaviour
+        .lock()
+        .expect("behaviour lock")
+        .max_client_batch_size;
     Json(json!({"model_id": "tei-double", "max_client_batch_size": max, "max_input_length": 256}))
 }
 
 async fn embed(State(state): State<DoubleState>, Json(body): Json<Value>) -> Response {
     let inputs: Vec<String> = match &body["inputs"] {
         Value::String(s) => vec![s.clone()],
-        Value::Array(items) => items.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect(),
+        Value::Array(items) => items
+            .iter()
+            .filter_map(|v| v.as_str().map(str::to_owned))
+            .collect(),
         _ => Vec::new(),
     };
     let behaviour = state.behaviour.lock().expect("behaviour lock").clone();
@@ -271,4 +293,73 @@ async fn embed(State(state): State<DoubleState>, Json(body): Json<Value>) -> Res
         return error(422, "poisoned input", "Validation");
     }
     Json(inputs.iter().map(|i| double_vector(i)).collect::<Vec<_>>()).into_response()
+}
+
+/// An embatch worker running inside the test process until [`RunningWorker::stop`].
+pub struct RunningWorker {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RunningWorker {
+    /// Starts a worker on `nats` with the command-line `args` (as `embatch-worker` takes them;
+    /// `--nats-url` and `--metrics-addr ""` are added), and waits until it answers NATS micro
+    /// pings, so requests cannot race its subscription. The upstream is TEI when `--tei-url` is
+    /// among `args`, else the built-in model from `--model-dir`.
+    pub async fn start(nats: &NatsServer, args: &[&str]) -> RunningWorker {
+        use clap::Parser;
+        let url = nats.url();
+        let mut argv = vec![
+            "embatch-worker",
+            "--nats-url",
+            url.as_str(),
+            "--metrics-addr",
+            "",
+        ];
+        argv.extend(args);
+        let config = embatch_worker::Config::parse_from(argv);
+        let client = embatch_worker::connect(&config)
+            .await
+            .expect("worker connects");
+        let upstream = embatch_worker::build_upstream(&config)
+            .await
+            .expect("upstream ready");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            embatch_worker::run(client, upstream, &config, async {
+                let _ = stopped.await;
+            })
+            .await
+            .expect("worker runs");
+        });
+        let probe = async_nats::connect(url).await.expect("probe connects");
+        let mut ready = false;
+        for _ in 0..200 {
+            if probe
+                .request("$SRV.PING.embatch", bytes::Bytes::new())
+                .await
+                .is_ok()
+            {
+                ready = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(ready, "worker never answered a ping");
+        RunningWorker {
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    /// Stops the worker gracefully and waits for it (at most 10 s).
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(10), &mut self.task)
+            .await
+            .expect("worker stops in time")
+            .expect("worker task");
+    }
 }

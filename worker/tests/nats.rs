@@ -4,62 +4,15 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use clap::Parser;
 use embatch_protocol::headers;
-use embatch_testkit::{Behaviour, NatsServer, POISON, TeiDouble, double_vector};
-use embatch_worker::Config;
-use embatch_worker::upstream::tei::TeiUpstream;
-use tokio::sync::oneshot;
-
-/// A worker running in this process until the returned sender fires (or is dropped).
-struct RunningWorker {
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl RunningWorker {
-    async fn start(nats: &NatsServer, tei_url: &str, extra: &[&str]) -> RunningWorker {
-        let url = nats.url();
-        let mut args = Vec::new();
-        args.extend(["embatch-worker", "--nats-url", url.as_str(), "--tei-url", tei_url, "--metrics-addr", ""]);
-        args.extend(extra);
-        let config = Config::parse_from(args);
-        let client = embatch_worker::connect(&config).await.expect("worker connects");
-        let upstream = TeiUpstream::connect(tei_url, config.upstream_timeout, config.max_batch_size)
-            .await
-            .expect("upstream client");
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            embatch_worker::run(client, upstream, &config, async {
-                let _ = stopped.await;
-            })
-            .await
-            .expect("worker runs");
-        });
-        // Wait until the service endpoint answers pings, so requests cannot race the subscription.
-        let probe = async_nats::connect(url).await.expect("probe connects");
-        for _ in 0..100 {
-            if probe.request("$SRV.PING.embatch", Bytes::new()).await.is_ok() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        RunningWorker { stop: Some(stop), task }
-    }
-
-    async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        tokio::time::timeout(Duration::from_secs(10), &mut self.task)
-            .await
-            .expect("worker stops in time")
-            .expect("worker task");
-    }
-}
+use embatch_testkit::{Behaviour, NatsServer, POISON, RunningWorker, TeiDouble, double_vector};
 
 /// The reply of a direct NATS request: status (200 or the error code) and the payload.
-async fn request(client: &async_nats::Client, body: &str, deadline_ms: Option<u64>) -> (u16, serde_json::Value) {
+async fn request(
+    client: &async_nats::Client,
+    body: &str,
+    deadline_ms: Option<u64>,
+) -> (u16, serde_json::Value) {
     let mut h = async_nats::HeaderMap::new();
     if let Some(ms) = deadline_ms {
         h.insert(headers::DEADLINE_MS, ms.to_string().as_str());
@@ -93,15 +46,33 @@ fn vectors(body: &serde_json::Value) -> Vec<Vec<f32>> {
 async fn concurrent_clients_share_full_batches_and_each_gets_its_own_slice() {
     let nats = NatsServer::start();
     let tei = TeiDouble::start(Behaviour::default()).await;
-    let worker = RunningWorker::start(&nats, &tei.url, &["--max-batch-size", "32", "--max-wait-time", "250ms"]).await;
-    let client = async_nats::connect(nats.url()).await.expect("client connects");
+    let worker = RunningWorker::start(
+        &nats,
+        &[
+            "--tei-url",
+            &tei.url,
+            "--max-batch-size",
+            "32",
+            "--max-wait-time",
+            "250ms",
+        ],
+    )
+    .await;
+    let client = async_nats::connect(nats.url())
+        .await
+        .expect("client connects");
 
     let tasks: Vec<_> = (0..64)
         .map(|i| {
             let client = client.clone();
             tokio::spawn(async move {
                 let text = format!("client {i} says hello");
-                let (code, body) = request(&client, &serde_json::json!({"inputs": text}).to_string(), None).await;
+                let (code, body) = request(
+                    &client,
+                    &serde_json::json!({"inputs": text}).to_string(),
+                    None,
+                )
+                .await;
                 (text, code, body)
             })
         })
@@ -109,12 +80,20 @@ async fn concurrent_clients_share_full_batches_and_each_gets_its_own_slice() {
     for task in tasks {
         let (text, code, body) = task.await.expect("client task");
         assert_eq!(code, 200, "{body}");
-        assert_eq!(vectors(&body), vec![double_vector(&text)], "{text} got someone else's vector");
+        assert_eq!(
+            vectors(&body),
+            vec![double_vector(&text)],
+            "{text} got someone else's vector"
+        );
     }
     let sizes: Vec<usize> = tei.calls().iter().map(|c| c.inputs.len()).collect();
     println!("upstream batch sizes for 64 concurrent single-input clients: {sizes:?}");
     assert_eq!(sizes.iter().sum::<usize>(), 64);
-    assert_eq!(sizes, vec![32, 32], "⌈64 / MAX_BATCH_SIZE 32⌉ = 2 full calls");
+    assert_eq!(
+        sizes,
+        vec![32, 32],
+        "⌈64 / MAX_BATCH_SIZE 32⌉ = 2 full calls"
+    );
     worker.stop().await;
 }
 
@@ -122,13 +101,30 @@ async fn concurrent_clients_share_full_batches_and_each_gets_its_own_slice() {
 async fn a_poisoned_request_fails_alone_over_nats() {
     let nats = NatsServer::start();
     let tei = TeiDouble::start(Behaviour::default()).await;
-    let worker = RunningWorker::start(&nats, &tei.url, &["--max-batch-size", "16", "--max-wait-time", "250ms"]).await;
-    let client = async_nats::connect(nats.url()).await.expect("client connects");
+    let worker = RunningWorker::start(
+        &nats,
+        &[
+            "--tei-url",
+            &tei.url,
+            "--max-batch-size",
+            "16",
+            "--max-wait-time",
+            "250ms",
+        ],
+    )
+    .await;
+    let client = async_nats::connect(nats.url())
+        .await
+        .expect("client connects");
     let tasks: Vec<_> = (0..16)
         .map(|i| {
             let client = client.clone();
             tokio::spawn(async move {
-                let inputs = if i == 7 { vec![format!("ok {i}"), POISON.to_string()] } else { vec![format!("ok {i}")] };
+                let inputs = if i == 7 {
+                    vec![format!("ok {i}"), POISON.to_string()]
+                } else {
+                    vec![format!("ok {i}")]
+                };
                 let body = serde_json::json!({ "inputs": inputs }).to_string();
                 (i, request(&client, &body, None).await)
             })
@@ -151,23 +147,38 @@ async fn a_poisoned_request_fails_alone_over_nats() {
 async fn upstream_down_answers_503_fast_and_upstream_5xx_answers_424() {
     let nats = NatsServer::start();
     let closed = format!("http://127.0.0.1:{}", embatch_testkit::free_port());
-    let worker = RunningWorker::start(&nats, &closed, &["--max-wait-time", "1ms"]).await;
-    let client = async_nats::connect(nats.url()).await.expect("client connects");
+    let worker =
+        RunningWorker::start(&nats, &["--tei-url", &closed, "--max-wait-time", "1ms"]).await;
+    let client = async_nats::connect(nats.url())
+        .await
+        .expect("client connects");
     let started = std::time::Instant::now();
     let (code, body) = request(&client, r#"{"inputs":"x"}"#, None).await;
     assert_eq!(code, 503, "{body}");
     assert_eq!(body["error_type"], "Unhealthy");
-    assert!(started.elapsed() < Duration::from_secs(3), "failed slowly: {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "failed slowly: {:?}",
+        started.elapsed()
+    );
     worker.stop().await;
 
-    let tei = TeiDouble::start(Behaviour { fail_with: Some(500), ..Behaviour::default() }).await;
-    let worker = RunningWorker::start(&nats, &tei.url, &["--max-wait-time", "1ms"]).await;
+    let tei = TeiDouble::start(Behaviour {
+        fail_with: Some(500),
+        ..Behaviour::default()
+    })
+    .await;
+    let worker =
+        RunningWorker::start(&nats, &["--tei-url", &tei.url, "--max-wait-time", "1ms"]).await;
     let (code, body) = request(&client, r#"{"inputs":"x"}"#, None).await;
     assert_eq!(code, 424, "{body}");
     assert_eq!(body["error_type"], "Backend");
     tei.set_behaviour(Behaviour::default());
     let (code, _) = request(&client, r#"{"inputs":"x"}"#, None).await;
-    assert_eq!(code, 200, "the worker keeps serving once the upstream recovers");
+    assert_eq!(
+        code, 200,
+        "the worker keeps serving once the upstream recovers"
+    );
     worker.stop().await;
 }
 
@@ -175,26 +186,47 @@ async fn upstream_down_answers_503_fast_and_upstream_5xx_answers_424() {
 async fn an_expired_deadline_gets_504_without_an_upstream_call() {
     let nats = NatsServer::start();
     let tei = TeiDouble::start(Behaviour::default()).await;
-    let worker = RunningWorker::start(&nats, &tei.url, &[]).await;
-    let client = async_nats::connect(nats.url()).await.expect("client connects");
+    let worker = RunningWorker::start(&nats, &["--tei-url", &tei.url]).await;
+    let client = async_nats::connect(nats.url())
+        .await
+        .expect("client connects");
     let (code, body) = request(&client, r#"{"inputs":"late"}"#, Some(0)).await;
     assert_eq!(code, 504, "{body}");
     assert_eq!(body["error_type"], "Timeout");
-    assert!(tei.calls().is_empty(), "no upstream work for an expired request");
+    assert!(
+        tei.calls().is_empty(),
+        "no upstream work for an expired request"
+    );
     worker.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn beyond_queue_cap_requests_are_answered_429_at_once() {
     let nats = NatsServer::start();
-    let tei = TeiDouble::start(Behaviour { delay: Duration::from_millis(800), ..Behaviour::default() }).await;
+    let tei = TeiDouble::start(Behaviour {
+        delay: Duration::from_millis(800),
+        ..Behaviour::default()
+    })
+    .await;
     let worker = RunningWorker::start(
         &nats,
-        &tei.url,
-        &["--queue-cap", "4", "--max-batch-size", "4", "--max-concurrent-batches", "1", "--max-wait-time", "1ms"],
+        &[
+            "--tei-url",
+            &tei.url,
+            "--queue-cap",
+            "4",
+            "--max-batch-size",
+            "4",
+            "--max-concurrent-batches",
+            "1",
+            "--max-wait-time",
+            "1ms",
+        ],
     )
     .await;
-    let client = async_nats::connect(nats.url()).await.expect("client connects");
+    let client = async_nats::connect(nats.url())
+        .await
+        .expect("client connects");
     let slow = {
         let client = client.clone();
         tokio::spawn(async move { request(&client, r#"{"inputs":["a","b","c","d"]}"#, None).await })
@@ -204,7 +236,11 @@ async fn beyond_queue_cap_requests_are_answered_429_at_once() {
     let (code, body) = request(&client, r#"{"inputs":"one too many"}"#, None).await;
     assert_eq!(code, 429, "{body}");
     assert_eq!(body["error_type"], "Overloaded");
-    assert!(started.elapsed() < Duration::from_millis(500), "shed slowly: {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "shed slowly: {:?}",
+        started.elapsed()
+    );
     let (code, _) = slow.await.expect("slow request");
     assert_eq!(code, 200, "the accepted request is still served");
     worker.stop().await;
@@ -214,24 +250,51 @@ async fn beyond_queue_cap_requests_are_answered_429_at_once() {
 async fn bad_requests_get_teis_error_body_and_nats_error_headers() {
     let nats = NatsServer::start();
     let tei = TeiDouble::start(Behaviour::default()).await;
-    let worker = RunningWorker::start(&nats, &tei.url, &["--max-client-batch-size", "3"]).await;
-    let client = async_nats::connect(nats.url()).await.expect("client connects");
+    let worker = RunningWorker::start(
+        &nats,
+        &["--tei-url", &tei.url, "--max-client-batch-size", "3"],
+    )
+    .await;
+    let client = async_nats::connect(nats.url())
+        .await
+        .expect("client connects");
     let cases = [
         ("{not json", 422, "Validation", "not valid JSON"),
         (r#"{"inputs":[]}"#, 400, "Empty", "`inputs` cannot be empty"),
         (r#"{"inputs":[1,2]}"#, 422, "Validation", "`inputs[0]`"),
-        (r#"{"inputs":"a","normalize":"yes"}"#, 422, "Validation", "`normalize`"),
-        (r#"{"normalize":true}"#, 422, "Validation", "missing field `inputs`"),
-        (r#"{"inputs":["a","b","c","d"]}"#, 413, "Validation", "at most 3 elements. Given: 4"),
+        (
+            r#"{"inputs":"a","normalize":"yes"}"#,
+            422,
+            "Validation",
+            "`normalize`",
+        ),
+        (
+            r#"{"normalize":true}"#,
+            422,
+            "Validation",
+            "missing field `inputs`",
+        ),
+        (
+            r#"{"inputs":["a","b","c","d"]}"#,
+            413,
+            "Validation",
+            "at most 3 elements. Given: 4",
+        ),
     ];
     for (body, status, kind, needle) in cases {
         let (code, reply) = request(&client, body, None).await;
         assert_eq!(code, status, "{body} → {reply}");
         assert_eq!(reply["error_type"], kind, "{body}");
         let message = reply["error"].as_str().expect("error message");
-        assert!(message.contains(needle), "{body}: {message:?} lacks {needle:?}");
+        assert!(
+            message.contains(needle),
+            "{body}: {message:?} lacks {needle:?}"
+        );
     }
-    assert!(tei.calls().is_empty(), "bad requests never reach the upstream");
+    assert!(
+        tei.calls().is_empty(),
+        "bad requests never reach the upstream"
+    );
     // And a good request after all of them still works.
     let (code, _) = request(&client, r#"{"inputs":"fine"}"#, None).await;
     assert_eq!(code, 200);
@@ -242,12 +305,20 @@ async fn bad_requests_get_teis_error_body_and_nats_error_headers() {
 async fn the_worker_registers_as_a_nats_micro_service() {
     let nats = NatsServer::start();
     let tei = TeiDouble::start(Behaviour::default()).await;
-    let worker = RunningWorker::start(&nats, &tei.url, &[]).await;
-    let client = async_nats::connect(nats.url()).await.expect("client connects");
-    let info = client.request("$SRV.INFO.embatch", Bytes::new()).await.expect("info reply");
+    let worker = RunningWorker::start(&nats, &["--tei-url", &tei.url]).await;
+    let client = async_nats::connect(nats.url())
+        .await
+        .expect("client connects");
+    let info = client
+        .request("$SRV.INFO.embatch", Bytes::new())
+        .await
+        .expect("info reply");
     let info: serde_json::Value = serde_json::from_slice(&info.payload).expect("json");
     assert_eq!(info["name"], "embatch");
-    assert_eq!(info["metadata"]["protocol_version"], embatch_protocol::PROTOCOL_VERSION);
+    assert_eq!(
+        info["metadata"]["protocol_version"],
+        embatch_protocol::PROTOCOL_VERSION
+    );
     assert_eq!(info["endpoints"][0]["subject"], "embed");
     assert_eq!(info["endpoints"][0]["queue_group"], "embatch");
     worker.stop().await;
