@@ -1,0 +1,88 @@
+//! End to end on the real model: HTTP → gateway → NATS → worker → built-in CPU model, and a
+//! direct NATS request, checked against embeddings a real TEI server produced for the same
+//! inputs (`../shared/testdata`).
+
+mod common;
+
+use bytes::Bytes;
+use common::start_gateway;
+use embatch_testkit::{NatsServer, RunningWorker, model_dir, shared_testdata};
+use serde::Deserialize;
+
+#[derive(Deserialize)]
+struct Reference {
+    cases: Vec<Case>,
+}
+
+#[derive(Deserialize)]
+struct Case {
+    request: serde_json::Value,
+    embeddings: Vec<Vec<f32>>,
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+    let na: f32 = a.iter().map(|x| x * x).sum::<f32>().sqrt();
+    let nb: f32 = b.iter().map(|x| x * x).sum::<f32>().sqrt();
+    dot / (na * nb)
+}
+
+fn assert_matches(case: &Case, got: &[Vec<f32>], path: &str) {
+    assert_eq!(got.len(), case.embeddings.len(), "{path}: one embedding per input");
+    for (i, (g, want)) in got.iter().zip(&case.embeddings).enumerate() {
+        assert_eq!(g.len(), want.len(), "{path}: dimension of input {i}");
+        let cos = cosine(g, want);
+        assert!(cos >= 0.999, "{path}: input {i} cosine {cos} < 0.999 against TEI's reference");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_real_model_through_gateway_and_direct_nats_matches_tei() {
+    let raw = std::fs::read(shared_testdata().join("minilm-reference-embeddings.json"))
+        .expect("reference embeddings in ../shared/testdata");
+    let reference: Reference = serde_json::from_slice(&raw).expect("reference JSON");
+    assert!(reference.cases.len() >= 3, "all reference cases present");
+
+    let nats = NatsServer::start();
+    let dir = model_dir();
+    let dir = dir.to_str().expect("UTF-8 model path");
+    let worker = RunningWorker::start(&nats, &["--model-dir", dir, "--max-wait-time", "2ms"]).await;
+    let gateway = start_gateway(&nats, 2 << 20, 512).await;
+    let http = reqwest::Client::new();
+    let nats_client = async_nats::connect(nats.url()).await.expect("client connects");
+
+    for case in &reference.cases {
+        let body = case.request.to_string();
+        let response = http
+            .post(format!("{}/embed", gateway.url))
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await
+            .expect("HTTP response");
+        assert_eq!(response.status().as_u16(), 200);
+        let got: Vec<Vec<f32>> = response.json().await.expect("vectors");
+        assert_matches(case, &got, "gateway");
+
+        let reply = nats_client
+            .request(embatch_protocol::DEFAULT_SUBJECT, Bytes::from(body))
+            .await
+            .expect("NATS reply");
+        let got: Vec<Vec<f32>> = serde_json::from_slice(&reply.payload).expect("vectors");
+        assert_matches(case, &got, "direct NATS");
+    }
+
+    // The long input without `truncate` is over the model's 256 tokens: TEI's 413.
+    let long = std::fs::read_to_string(shared_testdata().join("reference-long-input.txt")).expect("long input");
+    let response = http
+        .post(format!("{}/embed", gateway.url))
+        .json(&serde_json::json!({ "inputs": long.trim() }))
+        .send()
+        .await
+        .expect("HTTP response");
+    assert_eq!(response.status().as_u16(), 413);
+    let error: serde_json::Value = response.json().await.expect("error body");
+    assert_eq!(error["error_type"], "Validation");
+    assert!(error["error"].as_str().expect("message").contains("256"), "{error}");
+    worker.stop().await;
+}
