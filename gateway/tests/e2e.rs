@@ -28,11 +28,18 @@ fn cosine(a: &[f32], b: &[f32]) -> f32 {
 }
 
 fn assert_matches(case: &Case, got: &[Vec<f32>], path: &str) {
-    assert_eq!(got.len(), case.embeddings.len(), "{path}: one embedding per input");
+    assert_eq!(
+        got.len(),
+        case.embeddings.len(),
+        "{path}: one embedding per input"
+    );
     for (i, (g, want)) in got.iter().zip(&case.embeddings).enumerate() {
         assert_eq!(g.len(), want.len(), "{path}: dimension of input {i}");
         let cos = cosine(g, want);
-        assert!(cos >= 0.999, "{path}: input {i} cosine {cos} < 0.999 against TEI's reference");
+        assert!(
+            cos >= 0.999,
+            "{path}: input {i} cosine {cos} < 0.999 against TEI's reference"
+        );
     }
 }
 
@@ -49,7 +56,9 @@ async fn the_real_model_through_gateway_and_direct_nats_matches_tei() {
     let worker = RunningWorker::start(&nats, &["--model-dir", dir, "--max-wait-time", "2ms"]).await;
     let gateway = start_gateway(&nats, 2 << 20, 512).await;
     let http = reqwest::Client::new();
-    let nats_client = async_nats::connect(nats.url()).await.expect("client connects");
+    let nats_client = async_nats::connect(nats.url())
+        .await
+        .expect("client connects");
 
     for case in &reference.cases {
         let body = case.request.to_string();
@@ -73,7 +82,8 @@ async fn the_real_model_through_gateway_and_direct_nats_matches_tei() {
     }
 
     // The long input without `truncate` is over the model's 256 tokens: TEI's 413.
-    let long = std::fs::read_to_string(shared_testdata().join("reference-long-input.txt")).expect("long input");
+    let long = std::fs::read_to_string(shared_testdata().join("reference-long-input.txt"))
+        .expect("long input");
     let response = http
         .post(format!("{}/embed", gateway.url))
         .json(&serde_json::json!({ "inputs": long.trim() }))
@@ -83,6 +93,9 @@ async fn the_real_model_through_gateway_and_direct_nats_matches_tei() {
     assert_eq!(response.status().as_u16(), 413);
     let error: serde_json::Value = response.json().await.expect("error body");
     assert_eq!(error["error_type"], "Validation");
-    assert!(error["error"].as_str().expect("message").contains("256"), "{error}");
+    assert!(
+        error["error"].as_str().expect("message").contains("256"),
+        "{error}"
+    );
     worker.stop().await;
 }

@@ -1,1 +1,33 @@
-//! placeholder
+//! The built-in CPU embedding model of embatch: a sentence-transformers BERT model (e.g.
+//! all-MiniLM-L6-v2) run with candle in f32, answering like text-embeddings-inference (TEI).
+//!
+//! ```no_run
+//! # use std::path::Path;
+//! # use embatch_local_model::LocalModel;
+//! # use embatch_protocol::EmbedOptions;
+//! let model = LocalModel::load(Path::new("models/all-MiniLM-L6-v2"))?;
+//! let inputs = vec!["What is vector search?".to_string()];
+//! let embeddings = model.embed(&inputs, &EmbedOptions::default())?; // blocking
+//! assert_eq!(embeddings[0].len(), model.dim());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! `scripts/fetch-model.sh` puts all-MiniLM-L6-v2 into `models/all-MiniLM-L6-v2`.
+//!
+//! # Layout
+//! - [`model`]: [`LocalModel`], loading, the embed call, batching into forward passes, pooling.
+//! - `tokenize`: text → token ids with TEI's prompts, limits and truncation.
+//! - `config`: the files of a model directory and what is read from them.
+//! - [`error`]: [`LoadError`], why a model directory could not be loaded.
+//! - `hub` (feature `hub`): `LocalModel::from_hub`, fetching a model directory from the
+//!   Hugging Face Hub.
+
+mod config;
+pub mod error;
+#[cfg(feature = "hub")]
+mod hub;
+pub mod model;
+mod tokenize;
+
+pub use error::LoadError;
+pub use model::LocalModel;

@@ -18,6 +18,7 @@ pub mod upstream;
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_nats::service::ServiceExt;
 use embatch_protocol::{PROTOCOL_VERSION, SERVICE_NAME};
@@ -161,8 +162,11 @@ pub async fn run<U: Upstream>(
     {
         tracing::warn!(grace = ?config.shutdown_grace, "shutdown grace period over; exiting with requests unanswered");
     }
-    if let Err(err) = client.flush().await {
-        tracing::warn!(%err, "cannot flush replies");
+    // Bounded: flushing waits for the server's PONG, which never comes while disconnected.
+    match tokio::time::timeout(Duration::from_secs(5), client.flush()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => tracing::warn!(%err, "cannot flush replies"),
+        Err(_) => tracing::warn!("cannot flush replies: NATS did not answer within 5 s"),
     }
     if let Err(err) = service.stop().await {
         tracing::debug!(%err, "service stop");

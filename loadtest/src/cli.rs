@@ -1,0 +1,390 @@
+//! Command-line arguments (clap derive) and their validation into a [`RunConfig`].
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::LoadtestError;
+use crate::fake_upstream::FakeUpstreamConfig;
+use crate::load::{Plan, Stop};
+
+/// Load generator and GPU-like upstream simulator for embatch benchmarks.
+#[derive(Debug, Parser)]
+#[command(name = "embatch-loadtest", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Generate load against a TEI-compatible /embed URL or the embatch NATS subject and print
+    /// throughput, goodput and latency percentiles.
+    Run(RunArgs),
+    /// Serve a TEI-compatible /embed that simulates one GPU (a benchmark instrument and test
+    /// double): each call sleeps base + per-input cost, at most --concurrency calls at once, and
+    /// answers deterministic vectors derived from a hash of each input text.
+    FakeUpstream(FakeUpstreamArgs),
+}
+
+/// `embatch-loadtest run`.
+#[derive(Debug, Clone, Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["url", "nats"])))]
+pub struct RunArgs {
+    /// Target: a TEI-compatible /embed URL (gateway, TEI or fake upstream), e.g.
+    /// http://127.0.0.1:8080/embed. Plain http only.
+    #[arg(long)]
+    pub url: Option<String>,
+
+    /// Target: a NATS server URL, e.g. nats://127.0.0.1:4222; requests go to --subject.
+    #[arg(long)]
+    pub nats: Option<String>,
+
+    /// NATS subject of the embed requests (with --nats).
+    #[arg(long, env = "EMBATCH_SUBJECT", default_value = embatch_protocol::DEFAULT_SUBJECT)]
+    pub subject: String,
+
+    /// Closed loop: this many workers, each sending its next request when the previous one
+    /// completed (default 1 when --rate is not given).
+    #[arg(long, short = 'c', conflicts_with = "rate")]
+    pub concurrency: Option<usize>,
+
+    /// Open loop: this many requests per second at a constant arrival rate, whatever the
+    /// responses; latency is measured from each request's scheduled send time.
+    #[arg(long, short = 'r')]
+    pub rate: Option<f64>,
+
+    /// Open loop: at most this many requests in flight; a due request beyond it is not sent and
+    /// counted as a `not_sent` failure.
+    #[arg(long, default_value_t = 10_000)]
+    pub max_in_flight: usize,
+
+    /// How long to measure after the warm-up, e.g. 10s, 1m (default 10s unless --requests).
+    #[arg(long, short = 'd', value_parser = humantime::parse_duration, conflicts_with = "requests")]
+    pub duration: Option<Duration>,
+
+    /// Measure exactly this many requests after the warm-up instead of a duration.
+    #[arg(long, short = 'n')]
+    pub requests: Option<u64>,
+
+    /// Send load for this long first without measuring it, e.g. 2s.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
+    pub warmup: Duration,
+
+    /// Per-request timeout, e.g. 2s (HTTP: the whole request; NATS: the reply timeout and the
+    /// Embatch-Deadline-Ms budget). Successes slower than this do not count as goodput.
+    #[arg(long, short = 't', value_parser = humantime::parse_duration, default_value = "2s")]
+    pub timeout: Duration,
+
+    /// File of input texts, one per line (empty lines skipped), sampled uniformly.
+    #[arg(long)]
+    pub corpus: Option<PathBuf>,
+
+    /// Without --corpus: words per generated sentence.
+    #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u16).range(1..))]
+    pub words: u16,
+
+    /// Texts per request (1 sends `"inputs": "text"`, more an array).
+    #[arg(long, short = 'k', default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub inputs_per_request: u32,
+
+    /// Seed of the input sampling.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+
+    /// Also write the report as JSON to this file (`-` for stdout; the human summary then goes
+    /// to stderr).
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+
+    /// No progress bar (it is also hidden when stderr is not a terminal).
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+}
+
+/// The load model of a run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LoadModel {
+    /// `--concurrency` workers.
+    Closed {
+        /// Number of workers.
+        concurrency: usize,
+    },
+    /// `--rate` requests per second.
+    Open {
+        /// Arrival rate, requests per second.
+        rate: f64,
+        /// In-flight cap.
+        max_in_flight: usize,
+    },
+}
+
+/// Where the load goes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TargetSpec {
+    /// `--url`.
+    Http {
+        /// The /embed URL.
+        url: String,
+    },
+    /// `--nats` and `--subject`.
+    Nats {
+        /// The NATS server URL.
+        url: String,
+        /// The subject.
+        subject: String,
+    },
+}
+
+/// A validated `run` configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunConfig {
+    /// The target.
+    pub target: TargetSpec,
+    /// The load model.
+    pub load: LoadModel,
+    /// Warm-up and stop condition.
+    pub plan: Plan,
+    /// Per-request timeout.
+    pub timeout: Duration,
+    /// Corpus file; `None` for generated sentences.
+    pub corpus: Option<PathBuf>,
+    /// Words per generated sentence.
+    pub words: usize,
+    /// Texts per request (>= 1).
+    pub inputs_per_request: usize,
+    /// RNG seed.
+    pub seed: u64,
+    /// JSON report destination (`-` = stdout).
+    pub json: Option<PathBuf>,
+    /// Hide the progress bar.
+    pub quiet: bool,
+}
+
+impl RunArgs {
+    /// Validates the arguments.
+    ///
+    /// # Errors
+    /// [`LoadtestError::Config`] for a zero concurrency, a non-positive rate, a zero timeout or
+    /// zero `--requests`.
+    pub fn into_config(self) -> Result<RunConfig, LoadtestError> {
+        let target = match (self.url, self.nats) {
+            (Some(url), None) => TargetSpec::Http { url },
+            (None, Some(url)) => TargetSpec::Nats {
+                url,
+                subject: self.subject,
+            },
+            _ => {
+                return Err(LoadtestError::Config(
+                    "give exactly one of --url and --nats".into(),
+                ));
+            }
+        };
+        let load = match (self.rate, self.concurrency) {
+            (Some(rate), _) => {
+                if !(rate.is_finite() && rate > 0.0) {
+                    return Err(LoadtestError::Config(format!(
+                        "--rate must be a positive number of requests per second, got {rate}"
+                    )));
+                }
+                if self.max_in_flight == 0 {
+                    return Err(LoadtestError::Config(
+                        "--max-in-flight must be at least 1".into(),
+                    ));
+                }
+                LoadModel::Open {
+                    rate,
+                    max_in_flight: self.max_in_flight,
+                }
+            }
+            (None, concurrency) => {
+                let concurrency = concurrency.unwrap_or(1);
+                if concurrency == 0 {
+                    return Err(LoadtestError::Config(
+                        "--concurrency must be at least 1".into(),
+                    ));
+                }
+                LoadModel::Closed { concurrency }
+            }
+        };
+        let stop = match (self.requests, self.duration) {
+            (Some(0), _) => {
+                return Err(LoadtestError::Config(
+                    "--requests must be at least 1".into(),
+                ));
+            }
+            (Some(n), _) => Stop::Requests(n),
+            (None, d) => Stop::Duration(d.unwrap_or(Duration::from_secs(10))),
+        };
+        if self.timeout.is_zero() {
+            return Err(LoadtestError::Config("--timeout must be positive".into()));
+        }
+        Ok(RunConfig {
+            target,
+            load,
+            plan: Plan {
+                warmup: self.warmup,
+                stop,
+            },
+            timeout: self.timeout,
+            corpus: self.corpus,
+            words: usize::from(self.words),
+            inputs_per_request: self.inputs_per_request as usize,
+            seed: self.seed,
+            json: self.json,
+            quiet: self.quiet,
+        })
+    }
+}
+
+/// `embatch-loadtest fake-upstream`.
+#[derive(Debug, Clone, Args)]
+pub struct FakeUpstreamArgs {
+    /// Address to listen on; port 0 picks a free port. The bound address is printed on stdout as
+    /// the first line: `listening on 127.0.0.1:PORT`.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: SocketAddr,
+
+    /// Fixed cost of each /embed call, milliseconds.
+    #[arg(long, default_value_t = 5)]
+    pub base_ms: u64,
+
+    /// Additional cost per input of a call, microseconds.
+    #[arg(long, default_value_t = 20)]
+    pub per_input_us: u64,
+
+    /// At most this many /embed calls are computed at once; others wait (1 = one GPU).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub concurrency: u32,
+
+    /// Embedding dimension.
+    #[arg(long, default_value_t = 384, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub dim: u32,
+
+    /// Largest number of inputs one call may hold (413 above it), as TEI's
+    /// --max-client-batch-size; announced by /info.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_client_batch_size: u32,
+}
+
+impl FakeUpstreamArgs {
+    /// The server configuration.
+    pub fn config(&self) -> FakeUpstreamConfig {
+        FakeUpstreamConfig {
+            base: Duration::from_millis(self.base_ms),
+            per_input: Duration::from_micros(self.per_input_us),
+            concurrency: self.concurrency as usize,
+            dim: self.dim as usize,
+            max_client_batch_size: self.max_client_batch_size as usize,
+            ..FakeUpstreamConfig::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("embatch-loadtest").chain(args.iter().copied()))
+    }
+
+    fn run_config(args: &[&str]) -> RunConfig {
+        match parse(args).expect("parses").command {
+            Command::Run(run) => run.into_config().expect("valid"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults_to_one_closed_loop_worker_for_ten_seconds() {
+        let c = run_config(&["run", "--url", "http://127.0.0.1:1/embed"]);
+        assert_eq!(c.load, LoadModel::Closed { concurrency: 1 });
+        assert_eq!(c.plan.stop, Stop::Duration(Duration::from_secs(10)));
+        assert_eq!(c.timeout, Duration::from_secs(2));
+        assert_eq!(c.inputs_per_request, 1);
+    }
+
+    #[test]
+    fn open_loop_with_nats() {
+        let c = run_config(&[
+            "run",
+            "--nats",
+            "nats://127.0.0.1:4222",
+            "--subject",
+            "emb",
+            "--rate",
+            "150",
+            "--requests",
+            "300",
+            "--warmup",
+            "2s",
+            "-k",
+            "4",
+        ]);
+        assert_eq!(
+            c.target,
+            TargetSpec::Nats {
+                url: "nats://127.0.0.1:4222".into(),
+                subject: "emb".into()
+            }
+        );
+        assert_eq!(
+            c.load,
+            LoadModel::Open {
+                rate: 150.0,
+                max_in_flight: 10_000
+            }
+        );
+        assert_eq!(c.plan.stop, Stop::Requests(300));
+        assert_eq!(c.plan.warmup, Duration::from_secs(2));
+        assert_eq!(c.inputs_per_request, 4);
+    }
+
+    #[test]
+    fn rejects_contradictions_and_nonsense() {
+        assert!(parse(&["run"]).is_err(), "a target is required");
+        assert!(parse(&["run", "--url", "http://x/embed", "--nats", "nats://x"]).is_err());
+        assert!(parse(&["run", "--url", "http://x/embed", "-c", "2", "-r", "5"]).is_err());
+        assert!(parse(&["run", "--url", "http://x/embed", "-d", "1s", "-n", "5"]).is_err());
+        assert!(parse(&["run", "--url", "http://x/embed", "-d", "soon"]).is_err());
+        for bad in [["-r", "0"], ["-r", "nan"], ["-c", "0"], ["-n", "0"]] {
+            let Command::Run(args) = parse(&["run", "--url", "http://x/embed", bad[0], bad[1]])
+                .expect("parses")
+                .command
+            else {
+                panic!("run");
+            };
+            assert!(args.into_config().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn fake_upstream_args() {
+        let Command::FakeUpstream(args) = parse(&[
+            "fake-upstream",
+            "--base-ms",
+            "2",
+            "--per-input-us",
+            "7",
+            "--dim",
+            "8",
+        ])
+        .expect("parses")
+        .command
+        else {
+            panic!("fake-upstream");
+        };
+        let config = args.config();
+        assert_eq!(config.base, Duration::from_millis(2));
+        assert_eq!(config.per_input, Duration::from_micros(7));
+        assert_eq!(config.dim, 8);
+        assert_eq!(config.concurrency, 1);
+        assert_eq!(config.max_client_batch_size, 512);
+        assert_eq!(args.listen.port(), 0);
+    }
+}

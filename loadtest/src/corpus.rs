@@ -1,0 +1,321 @@
+//! Input texts and request bodies.
+//!
+//! A [`Corpus`] is either the lines of a file (sampled uniformly) or a generator of sentences of a
+//! fixed number of words. A [`PayloadFactory`] turns samples into TEI `/embed` bodies with a
+//! seeded RNG, so a run with the same `--seed` sends the same texts in the same order per stream.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use rand::rngs::StdRng;
+use rand::seq::IndexedRandom;
+use rand::{RngExt, SeedableRng};
+use serde::Serialize;
+
+use crate::LoadtestError;
+
+/// Words the sentence generator draws from.
+const VOCABULARY: &[&str] = &[
+    "the",
+    "a",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "lazy",
+    "dog",
+    "embedding",
+    "vector",
+    "model",
+    "batch",
+    "queue",
+    "worker",
+    "gateway",
+    "request",
+    "reply",
+    "latency",
+    "throughput",
+    "search",
+    "semantic",
+    "query",
+    "document",
+    "index",
+    "river",
+    "mountain",
+    "city",
+    "ocean",
+    "forest",
+    "library",
+    "kitchen",
+    "garden",
+    "engine",
+    "signal",
+    "network",
+    "cluster",
+    "message",
+    "subject",
+    "stream",
+    "token",
+    "sentence",
+    "paragraph",
+    "chapter",
+    "story",
+    "music",
+    "colour",
+    "light",
+    "shadow",
+    "morning",
+    "evening",
+    "winter",
+    "summer",
+    "coffee",
+    "bread",
+    "market",
+    "price",
+    "report",
+    "science",
+    "history",
+    "language",
+    "machine",
+    "learning",
+    "attention",
+    "transformer",
+    "layer",
+    "weight",
+    "gradient",
+    "memory",
+    "cache",
+    "disk",
+    "packet",
+    "server",
+    "client",
+    "timeout",
+    "deadline",
+    "budget",
+    "green",
+    "blue",
+    "red",
+    "small",
+    "large",
+    "fast",
+    "slow",
+    "bright",
+    "quiet",
+    "loud",
+    "ancient",
+    "modern",
+    "simple",
+    "complex",
+    "happy",
+    "careful",
+    "runs",
+    "reads",
+    "writes",
+    "finds",
+    "builds",
+    "sends",
+    "waits",
+    "answers",
+    "measures",
+    "counts",
+    "and",
+    "or",
+    "with",
+    "without",
+    "under",
+    "near",
+    "after",
+    "before",
+    "because",
+    "while",
+];
+
+/// Where input texts come from.
+#[derive(Debug, Clone)]
+pub enum Corpus {
+    /// The non-empty lines of a file, sampled uniformly.
+    Lines(Vec<String>),
+    /// Random sentences of this many words from a built-in vocabulary.
+    Generated {
+        /// Words per sentence (at least 1).
+        words: usize,
+    },
+}
+
+impl Corpus {
+    /// Reads a corpus file: one text per line; empty lines and trailing `\r` are dropped.
+    ///
+    /// # Errors
+    /// [`LoadtestError::Corpus`] when the file cannot be read, [`LoadtestError::Config`] when it
+    /// holds no text.
+    pub fn from_file(path: &Path) -> Result<Corpus, LoadtestError> {
+        let text = std::fs::read_to_string(path).map_err(|source| LoadtestError::Corpus {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Corpus::from_text(&text).ok_or_else(|| {
+            LoadtestError::Config(format!("corpus {} has no non-empty line", path.display()))
+        })
+    }
+
+    /// A corpus of the non-empty lines of `text`; `None` when there is none.
+    pub fn from_text(text: &str) -> Option<Corpus> {
+        let lines: Vec<String> = text
+            .lines()
+            .map(|l| l.trim_end_matches('\r'))
+            .filter(|l| !l.trim().is_empty())
+            .map(str::to_owned)
+            .collect();
+        (!lines.is_empty()).then_some(Corpus::Lines(lines))
+    }
+
+    /// One text drawn with `rng`.
+    pub fn sample(&self, rng: &mut StdRng) -> String {
+        match self {
+            Corpus::Lines(lines) => lines.choose(rng).cloned().unwrap_or_default(),
+            Corpus::Generated { words } => {
+                let mut sentence = String::with_capacity(words * 8);
+                for i in 0..(*words).max(1) {
+                    if i > 0 {
+                        sentence.push(' ');
+                    }
+                    sentence.push_str(VOCABULARY[rng.random_range(0..VOCABULARY.len())]);
+                }
+                sentence
+            }
+        }
+    }
+}
+
+/// One request ready to send: the serialized `/embed` body and how many embeddings the reply must
+/// hold.
+#[derive(Debug, Clone)]
+pub struct Payload {
+    /// TEI `/embed` JSON body.
+    pub body: Bytes,
+    /// Number of inputs in the body (= embeddings expected in the reply).
+    pub inputs: usize,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum InputsBody<'a> {
+    Single(&'a str),
+    Batch(&'a [String]),
+}
+
+#[derive(Serialize)]
+struct EmbedBody<'a> {
+    inputs: InputsBody<'a>,
+    normalize: bool,
+}
+
+/// Builds request bodies from a corpus with its own seeded RNG. Use [`PayloadFactory::fork`] for
+/// an independent stream.
+#[derive(Debug)]
+pub struct PayloadFactory {
+    corpus: Arc<Corpus>,
+    inputs_per_request: usize,
+    seed: u64,
+    rng: StdRng,
+}
+
+impl PayloadFactory {
+    /// A factory of bodies with `inputs_per_request` texts each (at least 1; 1 is sent as a single
+    /// string `"inputs": "text"`, more as an array), seeded with `seed`.
+    pub fn new(corpus: Arc<Corpus>, inputs_per_request: usize, seed: u64) -> PayloadFactory {
+        PayloadFactory {
+            corpus,
+            inputs_per_request: inputs_per_request.max(1),
+            seed,
+            rng: StdRng::seed_from_u64(seed),
+        }
+    }
+
+    /// An independent, deterministic stream for worker `stream` of a closed loop.
+    pub fn fork(&self, stream: u64) -> PayloadFactory {
+        let seed = self
+            .seed
+            .wrapping_add(stream.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        PayloadFactory::new(self.corpus.clone(), self.inputs_per_request, seed)
+    }
+
+    /// Inputs per request.
+    pub fn inputs_per_request(&self) -> usize {
+        self.inputs_per_request
+    }
+
+    /// The next request body.
+    pub fn next_payload(&mut self) -> Payload {
+        let texts: Vec<String> = (0..self.inputs_per_request)
+            .map(|_| self.corpus.sample(&mut self.rng))
+            .collect();
+        let inputs = match texts.as_slice() {
+            [one] => InputsBody::Single(one),
+            many => InputsBody::Batch(many),
+        };
+        let body = EmbedBody {
+            inputs,
+            normalize: true,
+        };
+        // Serializing strings and a bool into a Vec cannot fail.
+        let body = serde_json::to_vec(&body).unwrap_or_default();
+        Payload {
+            body: Bytes::from(body),
+            inputs: self.inputs_per_request,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_skip_blanks_and_carriage_returns() {
+        let corpus = Corpus::from_text("one\r\n\n  \ntwo\n").expect("has lines");
+        match corpus {
+            Corpus::Lines(lines) => assert_eq!(lines, ["one", "two"]),
+            other => panic!("{other:?}"),
+        }
+        assert!(Corpus::from_text("\n \n").is_none());
+    }
+
+    #[test]
+    fn generated_sentences_have_the_word_count_and_are_seeded() {
+        let corpus = Corpus::Generated { words: 7 };
+        let mut a = StdRng::seed_from_u64(1);
+        let mut b = StdRng::seed_from_u64(1);
+        let s = corpus.sample(&mut a);
+        assert_eq!(s.split(' ').count(), 7);
+        assert_eq!(s, corpus.sample(&mut b));
+    }
+
+    #[test]
+    fn bodies_are_tei_shaped() {
+        let corpus = Arc::new(Corpus::from_text("hello").expect("has lines"));
+        let mut single = PayloadFactory::new(corpus.clone(), 1, 0);
+        let p = single.next_payload();
+        assert_eq!(p.inputs, 1);
+        let v: serde_json::Value = serde_json::from_slice(&p.body).expect("json");
+        assert_eq!(v, serde_json::json!({"inputs": "hello", "normalize": true}));
+
+        let mut batch = PayloadFactory::new(corpus, 3, 0);
+        let p = batch.next_payload();
+        assert_eq!(p.inputs, 3);
+        let req = embatch_protocol::EmbedRequest::from_slice(&p.body).expect("valid request");
+        assert_eq!(req.inputs.len(), 3);
+    }
+
+    #[test]
+    fn forks_differ_but_are_deterministic() {
+        let corpus = Arc::new(Corpus::Generated { words: 5 });
+        let base = PayloadFactory::new(corpus, 1, 42);
+        let a = base.fork(1).next_payload().body;
+        let b = base.fork(2).next_payload().body;
+        assert_ne!(a, b);
+        assert_eq!(a, base.fork(1).next_payload().body);
+    }
+}

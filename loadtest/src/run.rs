@@ -1,0 +1,106 @@
+//! `embatch-loadtest run`: builds the target and the inputs, runs the load model, and returns
+//! the [`Report`].
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::LoadtestError;
+use crate::cli::{LoadModel, RunConfig, TargetSpec};
+use crate::corpus::{Corpus, PayloadFactory};
+use crate::load::{self, Window};
+use crate::progress::Progress;
+use crate::report::{Report, RunInfo};
+use crate::stats::Recorder;
+use crate::targets::{HttpTarget, NatsTarget, Target};
+
+/// Connects to the target and runs the load described by `config`.
+///
+/// # Errors
+/// Configuration errors (unreadable corpus, bad URL) and a failed initial NATS connection.
+/// Failed requests are not errors: they are counted in the report.
+pub async fn run(config: &RunConfig) -> Result<Report, LoadtestError> {
+    let corpus = match &config.corpus {
+        Some(path) => Corpus::from_file(path)?,
+        None => Corpus::Generated {
+            words: config.words,
+        },
+    };
+    let factory = PayloadFactory::new(Arc::new(corpus), config.inputs_per_request, config.seed);
+    let target = match &config.target {
+        TargetSpec::Http { url } => Target::Http(HttpTarget::new(url, config.timeout)?),
+        TargetSpec::Nats { url, subject } => {
+            Target::Nats(NatsTarget::connect(url, subject, config.timeout).await?)
+        }
+    };
+    tracing::info!(target = %target.describe(), load = ?config.load, plan = ?config.plan, "starting");
+
+    let recorder = Arc::new(Recorder::new(config.timeout));
+    let progress = Progress::start(recorder.clone(), config.plan, config.quiet);
+    let target = Arc::new(target);
+    let send = move |payload| {
+        let target = target.clone();
+        async move { target.send(payload).await }
+    };
+    let window: Window = match config.load {
+        LoadModel::Closed { concurrency } => {
+            load::closed::run(concurrency, config.plan, &factory, recorder.clone(), send).await
+        }
+        LoadModel::Open {
+            rate,
+            max_in_flight,
+        } => {
+            load::open::run(
+                rate,
+                max_in_flight,
+                config.plan,
+                factory,
+                recorder.clone(),
+                send,
+            )
+            .await
+        }
+    };
+    progress.finish();
+
+    let (load_model, concurrency, rate_per_s) = match config.load {
+        LoadModel::Closed { concurrency } => ("closed", Some(concurrency), None),
+        LoadModel::Open { rate, .. } => ("open", None, Some(rate)),
+    };
+    let info = RunInfo {
+        target: match &config.target {
+            TargetSpec::Http { url } => url.clone(),
+            TargetSpec::Nats { url, subject } => format!("{url} subject {subject}"),
+        },
+        load_model: load_model.into(),
+        concurrency,
+        rate_per_s,
+        inputs_per_request: config.inputs_per_request,
+        timeout_ms: u64::try_from(config.timeout.as_millis()).unwrap_or(u64::MAX),
+        warmup_ms: u64::try_from(config.plan.warmup.as_millis()).unwrap_or(u64::MAX),
+    };
+    Ok(Report::new(info, &recorder.snapshot(), window.duration()))
+}
+
+/// Writes the human summary and, when asked, the JSON report: the JSON to `json` (`-` = stdout,
+/// the summary then goes to stderr), the summary to stdout otherwise.
+///
+/// # Errors
+/// [`LoadtestError::Output`] when the JSON file cannot be written.
+pub fn write_report(report: &Report, json: Option<&Path>) -> Result<(), LoadtestError> {
+    let json_text = || serde_json::to_string_pretty(report).unwrap_or_default();
+    match json {
+        Some(path) if path == Path::new("-") => {
+            eprint!("{report}");
+            println!("{}", json_text());
+        }
+        Some(path) => {
+            print!("{report}");
+            std::fs::write(path, json_text() + "\n").map_err(|source| LoadtestError::Output {
+                path: path.display().to_string(),
+                source,
+            })?;
+        }
+        None => print!("{report}"),
+    }
+    Ok(())
+}

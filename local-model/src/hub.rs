@@ -1,0 +1,56 @@
+//! [`LocalModel::from_hub`]: a model directory fetched from the Hugging Face Hub.
+
+use hf_hub::api::sync::{ApiBuilder, ApiError};
+
+use crate::config::{CONFIG, POOLING, SENTENCE_BERT, SENTENCE_TRANSFORMERS, TOKENIZER, WEIGHTS};
+use crate::{LoadError, LocalModel};
+
+impl LocalModel {
+    /// Fetches the files [`LocalModel::load`] reads from the Hugging Face Hub model repository
+    /// `model_id` (e.g. `sentence-transformers/all-MiniLM-L6-v2`) into the Hugging Face cache,
+    /// then loads them. Files already in the cache are not fetched again, so a filled cache works
+    /// offline. `HF_HOME`, `HF_ENDPOINT` and the cached token are honoured, as by the Python
+    /// client. Blocking.
+    ///
+    /// [`LocalModel::model_id`] is `model_id`.
+    ///
+    /// # Errors
+    /// [`LoadError::Hub`] naming the file that could not be fetched (network, authentication or
+    /// a required file missing from the repository), or any error of [`LocalModel::load`].
+    pub fn from_hub(model_id: &str) -> Result<LocalModel, LoadError> {
+        let hub_error = |file: &str, source| LoadError::Hub {
+            model_id: model_id.to_string(),
+            file: file.to_string(),
+            source,
+        };
+        let api = ApiBuilder::from_env()
+            .with_progress(false)
+            .build()
+            .map_err(|source| hub_error("(hub client setup)", source))?;
+        let repo = api.model(model_id.to_string());
+
+        let config = repo
+            .get(CONFIG)
+            .map_err(|source| hub_error(CONFIG, source))?;
+        for file in [TOKENIZER, WEIGHTS, POOLING] {
+            repo.get(file).map_err(|source| hub_error(file, source))?;
+        }
+        for file in [SENTENCE_BERT, SENTENCE_TRANSFORMERS] {
+            match repo.get(file) {
+                Ok(_) => {}
+                Err(ApiError::RequestError(err)) if matches!(*err, ureq::Error::Status(404, _)) => {
+                    tracing::debug!(model_id, file, "optional model file not in the repository");
+                }
+                Err(source) => return Err(hub_error(file, source)),
+            }
+        }
+
+        // Every file of one revision lands in the same snapshot directory.
+        let dir = config.parent().ok_or_else(|| LoadError::Missing {
+            path: config.clone(),
+        })?;
+        let mut model = LocalModel::load(dir)?;
+        model.set_model_id(model_id.to_string());
+        Ok(model)
+    }
+}

@@ -1,0 +1,353 @@
+//! The local model against text-embeddings-inference's answers for the same model
+//! (`../shared/testdata/minilm-reference-embeddings.json`), and its request-level behaviour.
+//!
+//! Needs the model: `scripts/fetch-model.sh` (or `EMBATCH_MODEL_DIR` pointing at a model dir).
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use embatch_local_model::LocalModel;
+use embatch_protocol::{EmbedError, EmbedOptions, EmbedRequest, TruncationDirection};
+use serde::Deserialize;
+
+/// TEI on CPU uses tanh-approximated GeLU, like this crate, but sums in another order.
+const MIN_COSINE: f32 = 0.999;
+
+fn model_dir() -> PathBuf {
+    std::env::var_os("EMBATCH_MODEL_DIR").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/all-MiniLM-L6-v2"),
+        PathBuf::from,
+    )
+}
+
+fn testdata(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/testdata")
+        .join(name)
+}
+
+/// The model, loaded once for all tests of this binary.
+fn model() -> &'static LocalModel {
+    static MODEL: OnceLock<LocalModel> = OnceLock::new();
+    MODEL.get_or_init(|| {
+        let dir = model_dir();
+        assert!(
+            dir.join("model.safetensors").is_file(),
+            "no model in {}: run scripts/fetch-model.sh (or set EMBATCH_MODEL_DIR to a model dir)",
+            dir.display()
+        );
+        LocalModel::load(&dir).unwrap_or_else(|err| panic!("loading {}: {err}", dir.display()))
+    })
+}
+
+#[derive(Deserialize)]
+struct Reference {
+    cases: Vec<Case>,
+}
+
+#[derive(Deserialize)]
+struct Case {
+    request: EmbedRequest,
+    embeddings: Vec<Vec<f32>>,
+}
+
+fn reference() -> Reference {
+    let path = testdata("minilm-reference-embeddings.json");
+    let bytes = std::fs::read(&path).unwrap_or_else(|err| panic!("{}: {err}", path.display()));
+    serde_json::from_slice(&bytes).unwrap_or_else(|err| panic!("{}: {err}", path.display()))
+}
+
+fn long_input() -> String {
+    let path = testdata("reference-long-input.txt");
+    std::fs::read_to_string(&path).unwrap_or_else(|err| panic!("{}: {err}", path.display()))
+}
+
+fn norm(v: &[f32]) -> f32 {
+    v.iter().map(|x| x * x).sum::<f32>().sqrt()
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+    dot / (norm(a) * norm(b))
+}
+
+fn embed_one(input: &str, options: &EmbedOptions) -> Result<Vec<f32>, EmbedError> {
+    let mut out = model().embed(&[input.to_string()], options)?;
+    assert_eq!(out.len(), 1);
+    Ok(out.remove(0))
+}
+
+#[test]
+fn matches_tei_reference_embeddings() {
+    let model = model();
+    let mut min_cosine = f32::INFINITY;
+    for (case_index, case) in reference().cases.into_iter().enumerate() {
+        let (inputs, options) = case.request.into_parts();
+        let started = Instant::now();
+        let got = model
+            .embed(&inputs, &options)
+            .unwrap_or_else(|err| panic!("case {case_index}: {err}"));
+        eprintln!(
+            "case {case_index}: {} inputs ({options:?}) embedded in one call in {:?}",
+            inputs.len(),
+            started.elapsed()
+        );
+        assert_eq!(got.len(), case.embeddings.len(), "case {case_index}");
+
+        for (i, (got, want)) in got.iter().zip(&case.embeddings).enumerate() {
+            let what = format!("case {case_index} input {i} {:?}", inputs[i]);
+            assert_eq!(got.len(), want.len(), "{what}: dimension");
+            assert_eq!(got.len(), model.dim(), "{what}: dimension");
+            let cos = cosine(got, want);
+            min_cosine = min_cosine.min(cos);
+            assert!(cos >= MIN_COSINE, "{what}: cosine {cos} < {MIN_COSINE}");
+            if options.normalize {
+                assert!((norm(got) - 1.0).abs() < 1e-4, "{what}: norm {}", norm(got));
+            } else {
+                let (got_norm, want_norm) = (norm(got), norm(want));
+                assert!(
+                    (got_norm - want_norm).abs() <= 1e-2 * want_norm,
+                    "{what}: norm {got_norm}, TEI's {want_norm}"
+                );
+            }
+        }
+    }
+    eprintln!("minimum cosine similarity with TEI: {min_cosine}");
+}
+
+#[test]
+fn limits_and_dimensions_are_reported() {
+    let model = model();
+    assert_eq!(model.dim(), 384);
+    assert_eq!(model.max_input_length(), 256);
+    assert_eq!(model.model_id(), "all-MiniLM-L6-v2");
+}
+
+#[test]
+fn long_input_without_truncate_is_too_large() {
+    let long = long_input();
+    for truncate in [None, Some(false)] {
+        let options = EmbedOptions {
+            truncate,
+            ..EmbedOptions::default()
+        };
+        let err = embed_one(&long, &options).expect_err("over 256 tokens");
+        assert!(matches!(err, EmbedError::TooLarge(_)), "{err:?}");
+        assert_eq!(err.status(), 413);
+        let message = err.to_string();
+        assert!(
+            message.contains("`inputs` must have less than 256 tokens. Given: "),
+            "{message}"
+        );
+        let given: usize = message
+            .rsplit("Given: ")
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no token count in {message}"));
+        assert!(given > 256, "{message}");
+    }
+}
+
+#[test]
+fn one_long_input_fails_the_whole_call() {
+    let inputs = vec!["short".to_string(), long_input()];
+    let err = model()
+        .embed(&inputs, &EmbedOptions::default())
+        .expect_err("second input is too long");
+    assert_eq!(err.status(), 413);
+}
+
+#[test]
+fn left_truncation_keeps_the_end() {
+    let long = long_input();
+    let truncate = |direction| EmbedOptions {
+        truncate: Some(true),
+        truncation_direction: direction,
+        ..EmbedOptions::default()
+    };
+    let right = embed_one(&long, &truncate(None)).expect("truncated");
+    let explicit_right =
+        embed_one(&long, &truncate(Some(TruncationDirection::Right))).expect("truncated");
+    let left = embed_one(&long, &truncate(Some(TruncationDirection::Left))).expect("truncated");
+    assert!(
+        cosine(&right, &explicit_right) > 0.99999,
+        "Right is the default"
+    );
+    assert!(
+        cosine(&left, &right) < 0.999,
+        "left truncation embeds another part of the text"
+    );
+    assert!((norm(&left) - 1.0).abs() < 1e-4);
+}
+
+#[test]
+fn dimensions_keep_a_normalized_prefix() {
+    let input = "Matryoshka embeddings keep their meaning when cut short.";
+    let full = embed_one(
+        input,
+        &EmbedOptions {
+            normalize: false,
+            ..EmbedOptions::default()
+        },
+    )
+    .expect("embeds");
+    let short = embed_one(
+        input,
+        &EmbedOptions {
+            dimensions: Some(64),
+            ..EmbedOptions::default()
+        },
+    )
+    .expect("embeds");
+    assert_eq!(short.len(), 64);
+    assert!((norm(&short) - 1.0).abs() < 1e-4);
+    assert!(cosine(&short, &full[..64]) > 0.99999);
+
+    let all = embed_one(
+        input,
+        &EmbedOptions {
+            dimensions: Some(384),
+            ..EmbedOptions::default()
+        },
+    )
+    .expect("the model's own size is allowed");
+    assert_eq!(all.len(), 384);
+}
+
+#[test]
+fn dimensions_over_the_model_size_are_invalid() {
+    for dimensions in [385, 4096, 0] {
+        let options = EmbedOptions {
+            dimensions: Some(dimensions),
+            ..EmbedOptions::default()
+        };
+        let err = embed_one("hello", &options).expect_err("invalid dimensions");
+        assert!(matches!(err, EmbedError::Validation(_)), "{err:?}");
+        assert_eq!(err.status(), 422);
+        let message = err.to_string();
+        assert!(message.contains("`dimensions`"), "{message}");
+        if dimensions > 0 {
+            assert!(message.contains("384"), "{message}");
+        }
+    }
+}
+
+#[test]
+fn unknown_prompt_name_is_invalid() {
+    let options = EmbedOptions {
+        prompt_name: Some("query".into()),
+        ..EmbedOptions::default()
+    };
+    let err = embed_one("hello", &options).expect_err("MiniLM has no prompts");
+    assert!(matches!(err, EmbedError::Validation(_)), "{err:?}");
+    assert_eq!(err.status(), 422);
+    let message = err.to_string();
+    assert!(message.contains("`prompt_name`"), "{message}");
+    assert!(message.contains("query"), "{message}");
+}
+
+#[test]
+fn prompts_from_the_sentence_transformers_config_are_prepended() {
+    // The real model, with a config_sentence_transformers.json that defines prompts.
+    let source = model_dir();
+    let _ = model(); // fails with the fetch hint when the model is missing
+    let dir = tempfile::tempdir().expect("temp dir");
+    let copy = dir.path().join("minilm-with-prompts");
+    std::fs::create_dir_all(copy.join("1_Pooling")).expect("mkdir");
+    for file in [
+        "config.json",
+        "tokenizer.json",
+        "model.safetensors",
+        "sentence_bert_config.json",
+        "1_Pooling/config.json",
+    ] {
+        std::os::unix::fs::symlink(
+            source.join(file).canonicalize().expect(file),
+            copy.join(file),
+        )
+        .expect("symlink");
+    }
+    std::fs::write(
+        copy.join("config_sentence_transformers.json"),
+        r#"{"prompts": {"query": "query: ", "passage": "passage: "}}"#,
+    )
+    .expect("write");
+    let with_prompts = LocalModel::load(&copy).expect("loads");
+    assert_eq!(with_prompts.model_id(), "minilm-with-prompts");
+
+    let inputs = vec!["What is vector search?".to_string()];
+    let prompted = with_prompts
+        .embed(
+            &inputs,
+            &EmbedOptions {
+                prompt_name: Some("query".into()),
+                ..EmbedOptions::default()
+            },
+        )
+        .expect("known prompt");
+    let by_hand = with_prompts
+        .embed(
+            &["query: What is vector search?".to_string()],
+            &EmbedOptions::default(),
+        )
+        .expect("embeds");
+    assert!(cosine(&prompted[0], &by_hand[0]) > 0.99999);
+
+    let err = with_prompts
+        .embed(
+            &inputs,
+            &EmbedOptions {
+                prompt_name: Some("document".into()),
+                ..EmbedOptions::default()
+            },
+        )
+        .expect_err("unknown prompt");
+    assert_eq!(err.status(), 422);
+    let message = err.to_string();
+    assert!(message.contains("`prompt_name`"), "{message}");
+    assert!(message.contains("passage, query"), "{message}");
+}
+
+#[test]
+fn a_batch_gives_the_same_vectors_as_one_input_at_a_time() {
+    let inputs: Vec<String> = [
+        "x",
+        "",
+        "   leading and trailing whitespace   ",
+        "Emoji test: 🚀🔥 embeddings are fun 🎉",
+        "東京は日本の首都です。",
+        "The stock market fell sharply after the central bank raised interest rates, and \
+         analysts expect further volatility as investors reassess their portfolios.",
+    ]
+    .map(String::from)
+    .to_vec();
+    for normalize in [true, false] {
+        let options = EmbedOptions {
+            normalize,
+            ..EmbedOptions::default()
+        };
+        let batch = model().embed(&inputs, &options).expect("batch");
+        assert_eq!(batch.len(), inputs.len());
+        for (input, batched) in inputs.iter().zip(&batch) {
+            let alone = embed_one(input, &options).expect("alone");
+            let cos = cosine(batched, &alone);
+            assert!(cos >= 0.9999, "{input:?}: cosine {cos}");
+            let (a, b) = (norm(batched), norm(&alone));
+            assert!((a - b).abs() <= 1e-3 * b, "{input:?}: norm {a} vs {b}");
+        }
+    }
+}
+
+#[test]
+fn empty_string_and_empty_batch() {
+    let empty = embed_one("", &EmbedOptions::default()).expect("only [CLS] [SEP]");
+    assert_eq!(empty.len(), 384);
+    assert!((norm(&empty) - 1.0).abs() < 1e-4);
+    assert!(
+        model()
+            .embed(&[], &EmbedOptions::default())
+            .expect("nothing to do")
+            .is_empty()
+    );
+}

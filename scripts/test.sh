@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The whole test suite: installs what the tests need (nats-server, the model weights), then runs
+# every test of the workspace. Tests start their own nats-server on free ports.
+#
+# Usage: scripts/test.sh [extra cargo test args]
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+export NATS_SERVER_BIN
+NATS_SERVER_BIN=$(scripts/install-nats-server.sh)
+export EMBATCH_MODEL_DIR
+EMBATCH_MODEL_DIR=$(scripts/fetch-model.sh)
+
+cargo test --workspace --locked "$@"
