@@ -502,11 +502,11 @@ impl<U: Upstream> Actor<U> {
                         *slot = Some(vector);
                     }
                     request.received += segment.len;
-                    if request.received == request.results.len() {
-                        if let Some(request) = self.requests.remove(&segment.request) {
-                            let reply = assemble(&request, now);
-                            answer(request, reply);
-                        }
+                    if request.received == request.results.len()
+                        && let Some(request) = self.requests.remove(&segment.request)
+                    {
+                        let reply = assemble(&request, now);
+                        answer(request, reply);
                     }
                 }
                 Err(err) => {
@@ -557,7 +557,9 @@ async fn run_batch<U: Upstream>(
     let mut results: Vec<Option<Result<Vec<Embedding>, EmbedError>>> =
         segments.iter().map(|_| None).collect();
     let mut clean_call = None;
-    let mut work: Vec<Range<usize>> = vec![0..segments.len()];
+    // Segment ranges still to send, as a stack: the whole batch first, then halves.
+    let mut work: Vec<Range<usize>> = Vec::with_capacity(8);
+    work.push(0..segments.len());
     let mut first = true;
     while let Some(range) = work.pop() {
         let (Some(head), Some(tail)) = (
