@@ -37,6 +37,13 @@ pub struct Config {
     #[arg(long, env = "MODEL_DIR", default_value = "models/all-MiniLM-L6-v2")]
     pub model_dir: PathBuf,
 
+    /// Hugging Face Hub model id for the built-in CPU upstream (e.g.
+    /// sentence-transformers/all-MiniLM-L6-v2), fetched into the Hugging Face cache (HF_HOME) at
+    /// start. Used when --tei-url is unset; takes precedence over --model-dir. Needs the `hub`
+    /// feature (on by default) and a reachable hub.
+    #[arg(long, env = "MODEL_ID")]
+    pub model_id: Option<String>,
+
     /// Most inputs (not requests) in one upstream call. Larger batches raise throughput on a GPU
     /// until it saturates; capped by the upstream's own max_client_batch_size.
     #[arg(long, env = "MAX_BATCH_SIZE", default_value_t = 32)]

@@ -44,11 +44,11 @@ pub enum WorkerError {
     Service(String),
     /// The built-in model could not be loaded.
     #[error(
-        "cannot load the model from {dir}: {message} (run scripts/fetch-model.sh, or set TEI_URL)"
+        "cannot load the model from {origin}: {message} (run scripts/fetch-model.sh, or set TEI_URL)"
     )]
     Model {
-        /// The configured model directory.
-        dir: String,
+        /// The configured model directory or hub id.
+        origin: String,
         /// What went wrong.
         message: String,
     },
@@ -83,23 +83,40 @@ pub async fn build_upstream(config: &Config) -> Result<AnyUpstream, WorkerError>
             Ok(AnyUpstream::Tei(tei))
         }
         None => {
+            let source = match &config.model_id {
+                Some(id) => id.clone(),
+                None => config.model_dir.display().to_string(),
+            };
+            let model_error = |message: String| WorkerError::Model {
+                origin: source.clone(),
+                message,
+            };
+            let model_id = config.model_id.clone();
             let dir = config.model_dir.clone();
-            let model =
-                tokio::task::spawn_blocking(move || embatch_local_model::LocalModel::load(&dir))
-                    .await
-                    .map_err(|e| WorkerError::Model {
-                        dir: config.model_dir.display().to_string(),
-                        message: e.to_string(),
-                    })?
-                    .map_err(|e| WorkerError::Model {
-                        dir: config.model_dir.display().to_string(),
-                        message: e.to_string(),
-                    })?;
+            let model = tokio::task::spawn_blocking(move || match model_id {
+                Some(id) => load_from_hub(&id),
+                None => embatch_local_model::LocalModel::load(&dir).map_err(|e| e.to_string()),
+            })
+            .await
+            .map_err(|e| model_error(e.to_string()))?
+            .map_err(model_error)?;
             Ok(AnyUpstream::Local(upstream::local::LocalUpstream::new(
                 model,
             )))
         }
     }
+}
+
+#[cfg(feature = "hub")]
+fn load_from_hub(model_id: &str) -> Result<embatch_local_model::LocalModel, String> {
+    embatch_local_model::LocalModel::from_hub(model_id).map_err(|e| e.to_string())
+}
+
+#[cfg(not(feature = "hub"))]
+fn load_from_hub(model_id: &str) -> Result<embatch_local_model::LocalModel, String> {
+    Err(format!(
+        "cannot fetch {model_id}: this build has no `hub` feature; use --model-dir"
+    ))
 }
 
 /// Runs a worker on `client` with `upstream` until `shutdown` resolves, then drains gracefully:
@@ -178,13 +195,20 @@ pub async fn run<U: Upstream>(
 /// Connects to NATS as a worker: named, with a subscription buffer well above `QUEUE_CAP` so
 /// the worker's own bound is always the one that bites.
 ///
+/// `--nats-url` may list several servers, comma-separated (async-nats takes a string as one
+/// URL, so the list is split here). They are tried in the order given, first to connect and
+/// again on every reconnect: a worker attaches to the node listed first (its nearest) and
+/// falls back to the next ones while it is down.
+///
 /// # Errors
 /// [`WorkerError::Connect`] when no server in `--nats-url` answers.
 pub async fn connect(config: &Config) -> Result<async_nats::Client, WorkerError> {
+    let servers: Vec<&str> = config.nats_url.split(',').map(str::trim).collect();
     async_nats::ConnectOptions::new()
         .name("embatch-worker")
         .subscription_capacity(config.queue_cap.saturating_mul(4).max(65_536))
-        .connect(config.nats_url.as_str())
+        .retain_servers_order()
+        .connect(servers)
         .await
         .map_err(|source| WorkerError::Connect {
             url: config.nats_url.clone(),
