@@ -11,7 +11,8 @@ use crate::telemetry::LogFormat;
 #[derive(Debug, Clone, Parser)]
 #[command(name = "embatch-gateway", version)]
 pub struct Config {
-    /// NATS server URL(s), comma-separated for a cluster.
+    /// NATS server URL(s), comma-separated for a cluster, tried in the order given: list the
+    /// nearest node first.
     #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
     pub nats_url: String,
 

@@ -41,12 +41,19 @@ pub enum GatewayError {
 
 /// Connects to NATS as the gateway.
 ///
+/// `--nats-url` may list several servers, comma-separated (async-nats takes a string as one
+/// URL, so the list is split here). They are tried in the order given, first to connect and
+/// again on every reconnect: the gateway attaches to the node listed first (its nearest) and
+/// falls back to the next ones while it is down.
+///
 /// # Errors
 /// [`GatewayError::Connect`] when no server in `--nats-url` answers.
 pub async fn connect(config: &Config) -> Result<async_nats::Client, GatewayError> {
+    let servers: Vec<&str> = config.nats_url.split(',').map(str::trim).collect();
     async_nats::ConnectOptions::new()
         .name("embatch-gateway")
-        .connect(config.nats_url.as_str())
+        .retain_servers_order()
+        .connect(servers)
         .await
         .map_err(|source| GatewayError::Connect {
             url: config.nats_url.clone(),

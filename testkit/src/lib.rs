@@ -1,6 +1,7 @@
 //! Test support shared by embatch's test suites (a dev-dependency only).
 //!
 //! - [`NatsServer`]: a real `nats-server` process on a free loopback port, stopped on drop.
+//! - [`NatsCluster`]: three of them forming a cluster from `nats/cluster/*.conf` ([`cluster`]).
 //! - [`TeiDouble`]: an in-process HTTP test double of text-embeddings-inference's `/embed` and
 //!   `/info` that records every call and can be told to fail.
 //! - [`model_dir`] / [`shared_testdata`]: where the real model and the reference data live.
@@ -21,6 +22,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
+
+pub mod cluster;
+pub use cluster::NatsCluster;
 
 /// The repository root (this crate lives in `<repo>/testkit`).
 pub fn repo_root() -> PathBuf {
@@ -159,6 +163,8 @@ pub struct RecordedCall {
     pub inputs: Vec<String>,
     /// The whole JSON body (inputs and options).
     pub body: Value,
+    /// When the double received the call.
+    pub at: std::time::Instant,
 }
 
 /// How the [`TeiDouble`] answers `/embed`.
@@ -277,6 +283,7 @@ async fn embed(State(state): State<DoubleState>, Json(body): Json<Value>) -> Res
     state.calls.lock().expect("calls lock").push(RecordedCall {
         inputs: inputs.clone(),
         body: body.clone(),
+        at: std::time::Instant::now(),
     });
     tokio::time::sleep(behaviour.delay).await;
     let error = |code: u16, message: &str, kind: &str| {
@@ -307,15 +314,16 @@ impl RunningWorker {
     /// pings, so requests cannot race its subscription. The upstream is TEI when `--tei-url` is
     /// among `args`, else the built-in model from `--model-dir`.
     pub async fn start(nats: &NatsServer, args: &[&str]) -> RunningWorker {
+        RunningWorker::start_at(&nats.url(), args).await
+    }
+
+    /// As [`RunningWorker::start`], on the NATS server(s) at `url`: one URL or a comma-separated
+    /// list, as `--nats-url` takes it (e.g. [`NatsCluster::urls_preferring`]). With several
+    /// workers on a cluster, "answers a ping" may be another worker's answer: wait for the
+    /// interest to reach the publisher's node too ([`NatsCluster::remote_interest`]).
+    pub async fn start_at(url: &str, args: &[&str]) -> RunningWorker {
         use clap::Parser;
-        let url = nats.url();
-        let mut argv = vec![
-            "embatch-worker",
-            "--nats-url",
-            url.as_str(),
-            "--metrics-addr",
-            "",
-        ];
+        let mut argv = vec!["embatch-worker", "--nats-url", url, "--metrics-addr", ""];
         argv.extend(args);
         let config = embatch_worker::Config::parse_from(argv);
         let client = embatch_worker::connect(&config)
@@ -332,7 +340,8 @@ impl RunningWorker {
             .await
             .expect("worker runs");
         });
-        let probe = async_nats::connect(url).await.expect("probe connects");
+        let servers: Vec<&str> = url.split(',').map(str::trim).collect();
+        let probe = async_nats::connect(servers).await.expect("probe connects");
         let mut ready = false;
         for _ in 0..200 {
             if probe

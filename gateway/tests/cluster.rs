@@ -1,0 +1,370 @@
+//! A three-node NATS cluster (real nats-server processes on loopback, from `nats/cluster/*.conf`):
+//! worker A attached to node 1, worker B to node 2, the gateway to node 3, each given all three
+//! URLs with its own node first.
+//!
+//! Shows that requests are served by workers on every node, and that killing node 1 while
+//! requests flow loses only what was in flight through it: worker A reconnects to a surviving
+//! node and serves again, and the service never stops. Prints the failure figures.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use embatch_gateway::AppState;
+use embatch_testkit::{Behaviour, NatsCluster, RunningWorker, TeiDouble};
+
+/// Requests are sent every `PERIOD` (100 per second) ...
+const PERIOD: Duration = Duration::from_millis(10);
+/// ... `TOTAL` of them (6 s) ...
+const TOTAL: usize = 600;
+/// ... and node 1 is killed just before request `KILL_AT` is sent (1.5 s in).
+const KILL_AT: usize = 150;
+/// Each request's own timeout (`x-embatch-timeout-ms`): a request lost with node 1 is answered
+/// 504 at most this long after it was sent.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// Every failure must have completed within this long after the kill: the request timeout (a
+/// request lost with node 1 was sent before the kill and times out 2 s after it was sent) plus
+/// a second of slack for a slow CI machine.
+const FAILURE_WINDOW: Duration = Duration::from_secs(3);
+/// At most this share of all requests may fail. Only requests in flight through node 1 at the
+/// kill should: about rate × latency ≈ 100/s × ~20 ms ≈ 2 requests in flight at any moment,
+/// half of them through node 1, so ~1 expected; 5 % (30 requests) leaves a wide margin for a
+/// slow machine without hiding a real outage (a 1.5 s outage alone would be 150 requests).
+const MAX_FAILED_SHARE: f64 = 0.05;
+
+/// A gateway attached to `nats_url` through the gateway's own `connect`, serving on a free port.
+async fn start_gateway(nats_url: &str) -> (String, tokio::task::JoinHandle<()>) {
+    let config = embatch_gateway::Config::parse_from(["embatch-gateway", "--nats-url", nats_url]);
+    let client = embatch_gateway::connect(&config)
+        .await
+        .expect("gateway connects");
+    let state = AppState {
+        client,
+        subject: config.subject.clone(),
+        request_timeout: config.request_timeout,
+        max_client_batch_size: config.max_client_batch_size,
+        max_body_bytes: config.max_body_bytes,
+        health_timeout: config.health_timeout,
+        metrics: None,
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let task = tokio::spawn(async move {
+        embatch_gateway::serve(listener, state, std::future::pending())
+            .await
+            .expect("serves");
+    });
+    (url, task)
+}
+
+/// How many of node `i`'s client connections are called `name`.
+fn attached(cluster: &NatsCluster, i: usize, name: &str) -> usize {
+    cluster
+        .connection_names(i)
+        .iter()
+        .filter(|n| n.as_str() == name)
+        .count()
+}
+
+/// Polls `check` every 50 ms for at most `timeout`.
+async fn eventually(timeout: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !check() {
+        assert!(started.elapsed() < timeout, "{what}: not after {timeout:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The input of request `i` of the load (so a TEI call tells which requests it carried).
+fn input(i: usize) -> String {
+    format!("request {i}")
+}
+
+fn request_index(input: &str) -> Option<usize> {
+    input.strip_prefix("request ")?.parse().ok()
+}
+
+/// One request of the load: when it was sent and answered, and how (`None`: no HTTP response).
+struct Outcome {
+    index: usize,
+    sent: Instant,
+    done: Instant,
+    status: Option<u16>,
+}
+
+async fn send(http: reqwest::Client, url: Arc<str>, index: usize) -> Outcome {
+    let sent = Instant::now();
+    let response = http
+        .post(format!("{url}/embed"))
+        .header("content-type", "application/json")
+        .header(
+            embatch_gateway::routes::TIMEOUT_HEADER,
+            REQUEST_TIMEOUT.as_millis().to_string(),
+        )
+        .body(serde_json::json!({ "inputs": input(index) }).to_string())
+        .send()
+        .await;
+    let status = match response {
+        Ok(response) => {
+            let status = response.status().as_u16();
+            // A 200 counts only with its body read in full.
+            match response.bytes().await {
+                Ok(_) => Some(status),
+                Err(_) => None,
+            }
+        }
+        Err(_) => None,
+    };
+    Outcome {
+        index,
+        sent,
+        done: Instant::now(),
+        status,
+    }
+}
+
+fn ms(d: Duration) -> u128 {
+    d.as_millis()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_on_every_node_serve_and_losing_a_node_loses_only_its_in_flight_requests() {
+    let mut cluster = NatsCluster::start();
+    // A little upstream time, as a real model has, so some requests are in flight at the kill.
+    let behaviour = Behaviour {
+        delay: Duration::from_millis(10),
+        ..Behaviour::default()
+    };
+    let tei_a = TeiDouble::start(behaviour.clone()).await;
+    let tei_b = TeiDouble::start(behaviour).await;
+    let worker_args = |tei: &TeiDouble| {
+        vec![
+            "--tei-url".to_owned(),
+            tei.url.clone(),
+            "--max-wait-time".to_owned(),
+            "2ms".to_owned(),
+        ]
+    };
+    let args_a = worker_args(&tei_a);
+    let args_b = worker_args(&tei_b);
+    let worker_a = RunningWorker::start_at(
+        &cluster.urls_preferring(0),
+        &args_a.iter().map(String::as_str).collect::<Vec<_>>(),
+    )
+    .await;
+    let worker_b = RunningWorker::start_at(
+        &cluster.urls_preferring(1),
+        &args_b.iter().map(String::as_str).collect::<Vec<_>>(),
+    )
+    .await;
+    let (gateway, _gateway_task) = start_gateway(&cluster.urls_preferring(2)).await;
+
+    // Each client is attached to the node listed first in its URLs.
+    eventually(Duration::from_secs(5), "attachment per node", || {
+        attached(&cluster, 0, "embatch-worker") == 1
+            && attached(&cluster, 1, "embatch-worker") == 1
+            && attached(&cluster, 2, "embatch-worker") == 0
+            && attached(&cluster, 2, "embatch-gateway") == 1
+    })
+    .await;
+    // The gateway's node knows both workers' queue subscriptions, through the routes.
+    eventually(Duration::from_secs(5), "interest on n3", || {
+        cluster.remote_interest(2, embatch_protocol::DEFAULT_SUBJECT) == ["n1", "n2"]
+    })
+    .await;
+
+    let http = reqwest::Client::builder()
+        .timeout(REQUEST_TIMEOUT * 3)
+        .build()
+        .expect("HTTP client");
+    let url: Arc<str> = Arc::from(gateway.as_str());
+
+    // (a) Requests through the gateway on n3 are served by the workers on n1 and on n2: n3
+    // has no local subscriber, so it picks one of the remote queue members at random.
+    let warmup: Vec<_> = (0..40)
+        .map(|i| tokio::spawn(send(http.clone(), Arc::clone(&url), 100_000 + i)))
+        .collect();
+    for task in warmup {
+        let outcome = task.await.expect("request task");
+        assert_eq!(
+            outcome.status,
+            Some(200),
+            "warm-up request {}",
+            outcome.index
+        );
+    }
+    let served = |tei: &TeiDouble| tei.calls().iter().map(|c| c.inputs.len()).sum::<usize>();
+    let (served_a, served_b) = (served(&tei_a), served(&tei_b));
+    println!("warm-up: 40 requests, served by worker A (n1) {served_a}, worker B (n2) {served_b}");
+    assert!(served_a > 0, "worker A on n1 served nothing");
+    assert!(served_b > 0, "worker B on n2 served nothing");
+    assert_eq!(served_a + served_b, 40);
+
+    // (b) A steady 100 requests/s for 6 s; node 1 is killed 1.5 s in.
+    let mut tick = tokio::time::interval(PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let mut tasks = Vec::with_capacity(TOTAL);
+    let mut killed = None;
+    for i in 0..TOTAL {
+        tick.tick().await;
+        if i == KILL_AT {
+            cluster.kill(0);
+            killed = Some(Instant::now());
+        }
+        tasks.push(tokio::spawn(send(http.clone(), Arc::clone(&url), i)));
+    }
+    let killed = killed.expect("node 1 killed");
+    let mut outcomes = Vec::with_capacity(TOTAL);
+    for task in tasks {
+        outcomes.push(task.await.expect("request task"));
+    }
+
+    let failures: Vec<&Outcome> = outcomes.iter().filter(|o| o.status != Some(200)).collect();
+    let mut by_status: BTreeMap<String, usize> = BTreeMap::new();
+    for failure in &failures {
+        let key = failure
+            .status
+            .map_or_else(|| "no response".to_owned(), |s| s.to_string());
+        *by_status.entry(key).or_default() += 1;
+    }
+    let since_kill = |t: Instant| t.checked_duration_since(killed);
+    let first_failure = failures.iter().map(|o| o.done).min();
+    let last_failure = failures.iter().map(|o| o.done).max();
+    // Worker A's first upstream call carrying a request sent after the kill: it can only have
+    // received that request after reconnecting to a surviving node.
+    let a_back = tei_a
+        .calls()
+        .iter()
+        .filter(|call| {
+            call.inputs
+                .iter()
+                .filter_map(|i| request_index(i))
+                .any(|i| (KILL_AT..TOTAL).contains(&i))
+        })
+        .map(|call| call.at)
+        .min();
+    // Requests worker A had received when n1 died, answered after it: A's replies wait in
+    // its client while it reconnects and go out through the new node.
+    let a_inputs: std::collections::HashSet<usize> = tei_a
+        .calls()
+        .iter()
+        .flat_map(|call| {
+            call.inputs
+                .iter()
+                .filter_map(|i| request_index(i))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let a_in_flight = outcomes
+        .iter()
+        .filter(|o| o.sent < killed && o.done > killed && a_inputs.contains(&o.index))
+        .count();
+    let a_in_flight_ok = outcomes
+        .iter()
+        .filter(|o| {
+            o.sent < killed
+                && o.done > killed
+                && a_inputs.contains(&o.index)
+                && o.status == Some(200)
+        })
+        .count();
+    let a_after = tei_a.calls().iter().filter(|call| call.at > killed).count();
+    let b_after = tei_b.calls().iter().filter(|call| call.at > killed).count();
+
+    println!(
+        "load: {TOTAL} requests at {}/s, node n1 killed before request {KILL_AT}",
+        1000 / PERIOD.as_millis()
+    );
+    println!(
+        "failed: {} of {TOTAL} ({:.2} %), by status: {by_status:?}",
+        failures.len(),
+        100.0 * failures.len() as f64 / TOTAL as f64
+    );
+    for failure in &failures {
+        println!(
+            "  request {} sent {} ms {} the kill, answered {:?} after {} ms",
+            failure.index,
+            ms(failure.sent.max(killed) - failure.sent.min(killed)),
+            if failure.sent < killed {
+                "before"
+            } else {
+                "after"
+            },
+            failure.status,
+            ms(failure.done - failure.sent)
+        );
+    }
+    match (first_failure, last_failure) {
+        (Some(first), Some(last)) => println!(
+            "failure window: {} ms long, from {} ms to {} ms after the kill",
+            ms(last - first),
+            since_kill(first).map_or(0, ms),
+            since_kill(last).map_or(0, ms)
+        ),
+        _ => println!("failure window: none (no request failed)"),
+    }
+    println!(
+        "in flight at worker A at the kill: {a_in_flight}, answered 200 after it: {a_in_flight_ok}"
+    );
+    match a_back.and_then(since_kill) {
+        Some(d) => println!(
+            "worker A served again {} ms after the kill (upstream calls after the kill: A {a_after}, B {b_after})",
+            ms(d)
+        ),
+        None => println!("worker A never served again"),
+    }
+
+    // Nothing failed before the kill, and every failure was over within the window.
+    for failure in &failures {
+        assert!(
+            failure.done >= killed,
+            "request {} failed ({:?}) before the kill",
+            failure.index,
+            failure.status
+        );
+        assert!(
+            failure.done - killed <= FAILURE_WINDOW,
+            "request {} failed ({:?}) {} ms after the kill",
+            failure.index,
+            failure.status,
+            ms(failure.done - killed)
+        );
+    }
+    assert!(
+        failures.len() as f64 <= MAX_FAILED_SHARE * TOTAL as f64,
+        "{} of {TOTAL} requests failed: {by_status:?}",
+        failures.len()
+    );
+    // After the window every request succeeds: the service continued.
+    let after_window: Vec<&Outcome> = outcomes
+        .iter()
+        .filter(|o| o.sent >= killed + FAILURE_WINDOW)
+        .collect();
+    assert!(
+        after_window.len() >= 100,
+        "only {} requests after the window",
+        after_window.len()
+    );
+    assert!(after_window.iter().all(|o| o.status == Some(200)));
+    // Worker A reconnected to a surviving node and serves again.
+    assert!(
+        a_back.is_some(),
+        "worker A served no request sent after the kill"
+    );
+    assert_eq!(
+        attached(&cluster, 1, "embatch-worker") + attached(&cluster, 2, "embatch-worker"),
+        2,
+        "both workers on the surviving nodes"
+    );
+    println!(
+        "after the kill: n2 has {} workers, n3 has {} workers",
+        attached(&cluster, 1, "embatch-worker"),
+        attached(&cluster, 2, "embatch-worker")
+    );
+
+    worker_a.stop().await;
+    worker_b.stop().await;
+}
