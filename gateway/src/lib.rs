@@ -13,6 +13,7 @@ pub mod telemetry;
 use std::future::Future;
 
 pub use config::Config;
+pub use embatch_runtime::shutdown_signal;
 pub use routes::{AppState, app};
 
 /// Why the gateway could not start or run.
@@ -79,29 +80,4 @@ pub async fn serve(
         .with_graceful_shutdown(shutdown)
         .await
         .map_err(|source| GatewayError::Serve { addr, source })
-}
-
-/// Resolves on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = terminate => {},
-    }
-    tracing::info!("shutdown signal received");
 }

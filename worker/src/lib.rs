@@ -25,6 +25,7 @@ use embatch_protocol::{PROTOCOL_VERSION, SERVICE_NAME};
 use tokio_util::task::TaskTracker;
 
 pub use config::Config;
+pub use embatch_runtime::shutdown_signal;
 
 use crate::upstream::{AnyUpstream, Upstream};
 
@@ -214,33 +215,4 @@ pub async fn connect(config: &Config) -> Result<async_nats::Client, WorkerError>
             url: config.nats_url.clone(),
             source,
         })
-}
-
-/// Resolves on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(err) = tokio::signal::ctrl_c().await {
-            tracing::error!(%err, "cannot listen for SIGINT");
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(err) => {
-                tracing::error!(%err, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = terminate => {},
-    }
-    tracing::info!("shutdown signal received");
 }

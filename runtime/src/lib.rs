@@ -1,0 +1,87 @@
+//! Process plumbing shared by `embatch-gateway` and `embatch-worker` (not part of the wire
+//! contract, which lives in `embatch-protocol`): log setup, the Prometheus recorder and the
+//! shutdown signal.
+
+use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
+
+/// Log output format (`--log-format` / `LOG_FORMAT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Installs the global tracing subscriber; the filter comes from `RUST_LOG` (default `info`).
+/// A second call is a no-op.
+pub fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let result = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+    if result.is_err() {
+        tracing::debug!("a tracing subscriber was already installed");
+    }
+}
+
+/// Histogram buckets of every `*_seconds` metric: 0.5 ms to 30 s.
+pub const SECONDS_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// Installs the process's global Prometheus recorder with [`SECONDS_BUCKETS`] for every metric
+/// named `*_seconds` plus `buckets` for the named metrics, runs its upkeep (draining histogram
+/// buffers) every 5 s on the current tokio runtime, and returns the handle that renders
+/// `/metrics`.
+///
+/// # Errors
+/// When a recorder is already installed or a bucket list is empty.
+pub fn install_metrics(buckets: &[(&str, &[f64])]) -> Result<PrometheusHandle, BuildError> {
+    let mut builder = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)?;
+    for (name, values) in buckets {
+        builder = builder.set_buckets_for_metric(Matcher::Full((*name).to_string()), values)?;
+    }
+    let handle = builder.install_recorder()?;
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+        loop {
+            tick.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
+    Ok(handle)
+}
+
+/// Resolves on SIGINT or SIGTERM (logging which).
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(err) = tokio::signal::ctrl_c().await {
+            tracing::error!(%err, "cannot listen for SIGINT");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(err) => {
+                tracing::error!(%err, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => tracing::info!("SIGINT received"),
+        () = terminate => tracing::info!("SIGTERM received"),
+    }
+}
