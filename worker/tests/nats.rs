@@ -232,14 +232,12 @@ async fn beyond_queue_cap_requests_are_answered_429_at_once() {
         tokio::spawn(async move { request(&client, r#"{"inputs":["a","b","c","d"]}"#, None).await })
     };
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let started = std::time::Instant::now();
     let (code, body) = request(&client, r#"{"inputs":"one too many"}"#, None).await;
     assert_eq!(code, 429, "{body}");
     assert_eq!(body["error_type"], "Overloaded");
     assert!(
-        started.elapsed() < Duration::from_millis(500),
-        "shed slowly: {:?}",
-        started.elapsed()
+        !slow.is_finished(),
+        "the excess request was answered at once, not after the queue drained"
     );
     let (code, _) = slow.await.expect("slow request");
     assert_eq!(code, 200, "the accepted request is still served");
