@@ -100,6 +100,13 @@ struct Rate {
 /// Weight of the newest sample in the [`Rate`] averages.
 const RATE_ALPHA: f64 = 0.2;
 
+/// Admission by deadline admits a request only when the work ahead of it is expected to finish
+/// within this share of its remaining budget. The rest absorbs the estimate's error (inputs of
+/// different lengths, a CPU shared with other processes): admitting right up to the deadline
+/// would let a large share of admitted requests miss it. The upstream stays just as busy, the
+/// queue is only shorter.
+const ADMISSION_HEADROOM: f64 = 0.75;
+
 impl Shared {
     fn rate(&self) -> Option<Rate> {
         *self.rate.lock().unwrap_or_else(|e| e.into_inner())
@@ -180,7 +187,7 @@ impl BatcherHandle {
                 (queued + n) as f64 / throughput.max(1e-3) + rate.call_secs,
             );
             let budget = deadline - now;
-            if expected > budget {
+            if expected > budget.mul_f64(ADMISSION_HEADROOM) {
                 metrics::counter!(names::SHED, "reason" => "deadline").increment(1);
                 return Err(EmbedError::Overloaded(format!(
                     "cannot finish before the deadline: {queued} inputs queued ahead at ~{throughput:.0} \
@@ -408,6 +415,14 @@ impl<U: Upstream> Actor<U> {
         now: Instant,
     ) -> Option<(EmbedOptions, Vec<String>, Vec<Segment>)> {
         use std::sync::atomic::Ordering;
+        // A request whose deadline comes before one upstream call could finish is not wanted by
+        // the time its answer would come: answer 504 now and spend no upstream time on it.
+        let cutoff = now
+            + self
+                .shared
+                .rate()
+                .map(|r| Duration::from_secs_f64(r.call_secs))
+                .unwrap_or_default();
         let group = self.groups.get_mut(key)?;
         let mut inputs: Vec<String> = Vec::with_capacity(self.batch_limit.min(group.inputs));
         let mut segments = Vec::new();
@@ -420,7 +435,7 @@ impl<U: Upstream> Actor<U> {
                 continue;
             };
             let untouched = request.dispatched == 0;
-            if untouched && (now >= request.deadline || request.reply.is_closed()) {
+            if untouched && (cutoff >= request.deadline || request.reply.is_closed()) {
                 group.queue.pop_front();
                 let left = request.inputs.len();
                 group.inputs -= left;
@@ -430,7 +445,8 @@ impl<U: Upstream> Actor<U> {
                     answer(
                         request,
                         Err(EmbedError::DeadlineExceeded(
-                            "the request's deadline passed while it was queued".into(),
+                            "the request's deadline passes before an upstream call could finish"
+                                .into(),
                         )),
                     );
                 }
@@ -966,6 +982,28 @@ mod tests {
         let calls = upstream.calls();
         assert_eq!(calls.len(), 1);
         assert_eq!(calls[0].0, vec!["first".to_string()]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_whose_deadline_comes_before_a_call_could_finish_is_not_sent() {
+        let upstream = Recording::new(Duration::from_millis(100), usize::MAX);
+        let (batcher, _task) = spawn(Arc::clone(&upstream), config(1, 0, 1));
+        let first = batcher
+            .submit(vec!["first".into()], EmbedOptions::default(), far())
+            .expect("accepted");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        // Still alive when `first` returns at 100 ms, but a 100 ms call would end at 200 ms.
+        let doomed = batcher
+            .submit(
+                vec!["doomed".into()],
+                EmbedOptions::default(),
+                Instant::now() + Duration::from_millis(150),
+            )
+            .expect("accepted: nothing measured yet");
+        outcome(first).await.expect("ok");
+        let err = outcome(doomed).await.expect_err("cannot finish in time");
+        assert_eq!(err.status(), 504);
+        assert_eq!(upstream.calls().len(), 1, "no upstream time spent on it");
     }
 
     #[tokio::test(start_paused = true)]
