@@ -1,5 +1,6 @@
 //! HTTP routes: TEI-compatible `POST /embed`, `GET /health`, `GET /metrics`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -46,7 +47,10 @@ pub fn app(state: AppState) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(limit))
-        .with_state(state)
+        // Shared behind an `Arc`: axum clones the state for every request, and a deep clone (the
+        // subject `String`, the NATS client's handles) was the gateway's own top symbol in the
+        // profile.
+        .with_state(Arc::new(state))
 }
 
 /// An error answered in TEI's shape: its status and `{"error": ..., "error_type": ...}`.
@@ -75,7 +79,7 @@ fn json_response(status: StatusCode, body: Bytes) -> Response {
 /// `POST /embed`: one NATS request per HTTP request; the worker's reply payload becomes the body
 /// as is (the vectors are never decoded here).
 async fn embed(
-    State(state): State<AppState>,
+    State(state): State<Arc<AppState>>,
     request_headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
@@ -199,7 +203,7 @@ fn client_timeout(request_headers: &HeaderMap, default: Duration) -> Result<Dura
 
 /// `GET /health`: 200 only while connected to NATS and at least one worker answers a NATS micro
 /// ping (`$SRV.PING.embatch`) within `--health-timeout`; else 503.
-async fn health(State(state): State<AppState>) -> StatusCode {
+async fn health(State(state): State<Arc<AppState>>) -> StatusCode {
     if state.client.connection_state() != async_nats::connection::State::Connected {
         return StatusCode::SERVICE_UNAVAILABLE;
     }
@@ -213,7 +217,7 @@ async fn health(State(state): State<AppState>) -> StatusCode {
 }
 
 /// `GET /metrics`: Prometheus text exposition.
-async fn metrics(State(state): State<AppState>) -> Response {
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     match &state.metrics {
         Some(handle) => handle.render().into_response(),
         None => StatusCode::NOT_FOUND.into_response(),

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderName, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, serve};
@@ -144,28 +144,34 @@ impl CallLog {
 struct AppState {
     config: FakeUpstreamConfig,
     gpu: Semaphore,
-    calls: CallLog,
+    /// `None` when nobody can read the log (the `fake-upstream` command): recording would only
+    /// grow memory and cost CPU for as long as the server runs.
+    calls: Option<CallLog>,
 }
 
-/// The fake upstream's router: `POST /embed`, `GET /info`, `GET /health`.
+/// The fake upstream's router: `POST /embed`, `GET /info`, `GET /health`. Calls are not recorded
+/// (use [`app_with_calls`] for a readable log).
 pub fn app(config: FakeUpstreamConfig) -> Router {
-    app_with_calls(config).0
+    router(config, None)
 }
 
 /// The router and a handle on its call log.
 pub fn app_with_calls(config: FakeUpstreamConfig) -> (Router, CallLog) {
     let calls = CallLog::default();
+    (router(config, Some(calls.clone())), calls)
+}
+
+fn router(config: FakeUpstreamConfig, calls: Option<CallLog>) -> Router {
     let state = Arc::new(AppState {
         gpu: Semaphore::new(config.concurrency.max(1)),
         config,
-        calls: calls.clone(),
+        calls,
     });
-    let router = Router::new()
+    Router::new()
         .route("/embed", post(embed))
         .route("/info", get(info))
         .route("/health", get(health))
-        .with_state(state);
-    (router, calls)
+        .with_state(state)
 }
 
 /// Serves the fake upstream on `listener` until `shutdown` completes.
@@ -314,7 +320,7 @@ async fn embed(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         Ok(r) => r,
         Err(err) => return error_response(&err),
     };
-    let options = serde_json::to_value(request.options()).unwrap_or(serde_json::Value::Null);
+    let request_options = request.options();
     let normalize = request.normalize;
     let dimensions = request.dimensions;
     let checked = {
@@ -325,11 +331,13 @@ async fn embed(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         check(&request, inputs, &state.config)
     };
     let inputs = request.inputs.into_vec();
-    state.calls.push(RecordedCall {
-        inputs: inputs.clone(),
-        options,
-        status: checked.as_ref().map_or_else(EmbedError::status, |()| 200),
-    });
+    if let Some(calls) = &state.calls {
+        calls.push(RecordedCall {
+            inputs: inputs.clone(),
+            options: serde_json::to_value(request_options).unwrap_or(serde_json::Value::Null),
+            status: checked.as_ref().map_or_else(EmbedError::status, |()| 200),
+        });
+    }
     if let Err(err) = checked {
         return error_response(&err);
     }
@@ -343,17 +351,47 @@ async fn embed(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     precise_sleep(cost).await;
     // The simulated GPU is free again: building and serializing the reply is not part of the cost.
     drop(gpu);
-    let vectors: Vec<Vec<f32>> = inputs
-        .iter()
-        .map(|t| embedding(t, state.config.dim, dimensions, normalize))
-        .collect();
+    // That CPU work (about 1 ms for 32 vectors of 384 floats) runs on the blocking pool: done
+    // here, it would delay the next call, which the semaphore just woke into this runtime
+    // thread's LIFO slot, so the simulated GPU would idle while this reply is serialized.
+    let dim = state.config.dim;
+    let body = tokio::task::spawn_blocking(move || {
+        let vectors: Vec<Vec<f32>> = inputs
+            .iter()
+            .map(|t| embedding(t, dim, dimensions, normalize))
+            .collect();
+        serde_json::to_vec(&vectors)
+    })
+    .await;
+    let body = match body {
+        Ok(Ok(body)) => body,
+        Ok(Err(err)) => {
+            return error_response(&EmbedError::Backend(format!("cannot encode: {err}")));
+        }
+        Err(err) => {
+            return error_response(&EmbedError::Backend(format!("reply task failed: {err}")));
+        }
+    };
     let headers = [
-        ("x-compute-type", "fake-upstream".to_string()),
-        ("x-compute-time", arrived.elapsed().as_millis().to_string()),
-        ("x-queue-time", queue_time.as_millis().to_string()),
-        ("x-inference-time", cost.as_millis().to_string()),
+        (header::CONTENT_TYPE, "application/json".to_string()),
+        (
+            HeaderName::from_static("x-compute-type"),
+            "fake-upstream".to_string(),
+        ),
+        (
+            HeaderName::from_static("x-compute-time"),
+            arrived.elapsed().as_millis().to_string(),
+        ),
+        (
+            HeaderName::from_static("x-queue-time"),
+            queue_time.as_millis().to_string(),
+        ),
+        (
+            HeaderName::from_static("x-inference-time"),
+            cost.as_millis().to_string(),
+        ),
     ];
-    (headers, Json(vectors)).into_response()
+    (headers, body).into_response()
 }
 
 async fn info(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {

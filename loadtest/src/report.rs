@@ -130,8 +130,8 @@ pub struct RunInfo {
 pub struct Report {
     /// What was run.
     pub run: RunInfo,
-    /// Length of the measured window, seconds: from the end of the warm-up to the later of the
-    /// planned end and the last measured completion.
+    /// Length of the measured window, seconds: the planned `--duration`, or with `--requests`
+    /// from the end of the warm-up to the last measured completion.
     pub measured_s: f64,
     /// Request counts.
     pub requests: Counts,
@@ -146,6 +146,10 @@ pub struct Report {
     pub latency: Option<LatencySummary>,
     /// Latency of failures that reached the target; `null` when there were none.
     pub error_latency: Option<ErrorLatencySummary>,
+    /// The same per failure kind (keys as in `failures`, without `not_sent`), so fast rejections
+    /// (`429`) and slow failures (`timeout`) can be told apart.
+    #[serde(default)]
+    pub error_latency_by_kind: BTreeMap<String, ErrorLatencySummary>,
 }
 
 impl Report {
@@ -168,6 +172,13 @@ impl Report {
             goodput: stats.goodput(measured).into(),
             latency: LatencySummary::from_histogram(&stats.success_latency),
             error_latency: ErrorLatencySummary::from_histogram(&stats.error_latency),
+            error_latency_by_kind: stats
+                .failure_latency
+                .iter()
+                .filter_map(|(kind, hist)| {
+                    ErrorLatencySummary::from_histogram(hist).map(|s| (kind.to_string(), s))
+                })
+                .collect(),
         }
     }
 }
@@ -227,6 +238,15 @@ impl fmt::Display for Report {
                 "errors      p50 {:.2} ms, p99 {:.2} ms (n={})",
                 e.p50_ms, e.p99_ms, e.count
             )?;
+        }
+        if self.error_latency_by_kind.len() > 1 {
+            for (kind, e) in &self.error_latency_by_kind {
+                writeln!(
+                    f,
+                    "  {kind:<9} p50 {:.2} ms, p99 {:.2} ms (n={})",
+                    e.p50_ms, e.p99_ms, e.count
+                )?;
+            }
         }
         Ok(())
     }
@@ -316,6 +336,11 @@ mod tests {
         assert_eq!(report.goodput.inputs_per_s, 16.0);
         assert_eq!(report.throughput.requests_per_s, 5.0);
         assert_eq!(report.error_latency.as_ref().map(|e| e.count), Some(2));
+        assert_eq!(report.error_latency_by_kind["429"].count, 1);
+        assert_eq!(
+            report.error_latency_by_kind["503 no responders"].p50_ms,
+            2.0
+        );
 
         let json = serde_json::to_string(&report).expect("serializes");
         let back: Report = serde_json::from_str(&json).expect("deserializes");

@@ -147,6 +147,8 @@ pub struct Stats {
     pub success_latency: Histogram<u64>,
     /// Latency of failures that reached the target (everything but `not_sent`), µs.
     pub error_latency: Histogram<u64>,
+    /// The same, per failure kind (e.g. fast `429` rejections apart from slow timeouts), µs.
+    pub failure_latency: BTreeMap<FailureKind, Histogram<u64>>,
     /// When the last recorded request completed.
     pub last_completion: Option<Instant>,
     /// The timeout successes are compared with for goodput.
@@ -170,6 +172,7 @@ impl Stats {
             failures: BTreeMap::new(),
             success_latency: new_histogram(),
             error_latency: new_histogram(),
+            failure_latency: BTreeMap::new(),
             last_completion: None,
             timeout,
             #[cfg(test)]
@@ -203,6 +206,10 @@ impl Stats {
                 *self.failures.entry(kind).or_default() += 1;
                 if kind != FailureKind::NotSent {
                     self.error_latency.saturating_record(micros(latency));
+                    self.failure_latency
+                        .entry(kind)
+                        .or_insert_with(new_histogram)
+                        .saturating_record(micros(latency));
                 }
             }
         }
@@ -442,6 +449,10 @@ mod tests {
         assert_eq!(stats.failures[&FailureKind::Status(429)], 2);
         assert_eq!(stats.completed, 7);
         assert_eq!(stats.error_latency.len(), 2, "not_sent has no latency");
+        assert_eq!(stats.failure_latency.len(), 1, "only 429 has latencies");
+        let rejections = &stats.failure_latency[&FailureKind::Status(429)];
+        assert_eq!(rejections.len(), 2);
+        assert!(rejections.equivalent(rejections.max(), 3000));
 
         let (rps, ips) = stats.goodput(Duration::from_secs(2));
         assert!((rps - 2.0).abs() < 1e-9, "{rps}");

@@ -118,6 +118,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn duration_mode_stops_starting_at_the_end_and_counts_failures() {
         let recorder = Arc::new(Recorder::new(Duration::from_secs(1)));
+        let start = tokio::time::Instant::now();
         let plan = Plan {
             warmup: Duration::ZERO,
             stop: Stop::Duration(Duration::from_millis(95)),
@@ -128,9 +129,14 @@ mod tests {
         })
         .await;
         let stats = recorder.snapshot();
-        // Starts at 0, 10, …, 90 ms: 10 requests; the last completes at 100 ms.
+        // Starts at 0, 10, …, 90 ms: 10 requests; the last completes at 100 ms, after the
+        // planned end, which still closes the window (rates are per planned second).
         assert_eq!(stats.sent, 10);
         assert_eq!(stats.failures[&FailureKind::Status(429)], 10);
-        assert_eq!(window.duration(), Duration::from_millis(100));
+        assert_eq!(
+            stats.last_completion.map(|t| t - start),
+            Some(Duration::from_millis(100))
+        );
+        assert_eq!(window.duration(), Duration::from_millis(95));
     }
 }
