@@ -100,6 +100,11 @@ struct Rate {
 /// Weight of the newest sample in the [`Rate`] averages.
 const RATE_ALPHA: f64 = 0.2;
 
+/// tokio's timer fires on whole-millisecond ticks, rounding a deadline up by as much as 1 ms. The
+/// flush timer aims this much early so that a batch leaves no later than `max_wait` after its
+/// first request (it may leave up to this much before).
+const TIMER_SLACK: Duration = Duration::from_micros(999);
+
 /// Admission by deadline admits a request only when the work ahead of it is expected to finish
 /// within this share of its remaining budget. The rest absorbs the estimate's error (inputs of
 /// different lengths, a CPU shared with other processes): admitting right up to the deadline
@@ -377,7 +382,11 @@ impl<U: Upstream> Actor<U> {
             .values()
             .filter_map(|g| g.queue.front())
             .filter_map(|id| self.requests.get(id))
-            .map(|r| r.accepted + self.config.max_wait)
+            .map(|r| {
+                (r.accepted + self.config.max_wait)
+                    .checked_sub(TIMER_SLACK)
+                    .unwrap_or(r.accepted)
+            })
             .min()
     }
 
@@ -392,7 +401,7 @@ impl<U: Upstream> Actor<U> {
                     let head = self.requests.get(g.queue.front()?)?;
                     let ready = self.closed
                         || g.inputs >= self.batch_limit
-                        || now >= head.accepted + self.config.max_wait;
+                        || now + TIMER_SLACK >= head.accepted + self.config.max_wait;
                     ready.then_some((head.accepted, key))
                 })
                 .min_by_key(|(accepted, _)| *accepted)
