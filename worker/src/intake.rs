@@ -149,7 +149,13 @@ async fn respond(request: &Request, outcome: Outcome) {
                 headers::SERVICE_ERROR_CODE,
                 err.status().to_string().as_str(),
             );
-            reply_headers.insert(headers::SERVICE_ERROR, err.to_string().as_str());
+            // A header value is one line: an upstream's multi-line message is folded.
+            let message: String = err
+                .to_string()
+                .chars()
+                .map(|c| if c.is_control() { ' ' } else { c })
+                .collect();
+            reply_headers.insert(headers::SERVICE_ERROR, message.as_str());
             err.to_json().into()
         }
     };
