@@ -20,5 +20,13 @@ pub use embatch_runtime::{LogFormat, init_logging};
 /// # Errors
 /// When a recorder is already installed.
 pub fn init_metrics() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildError> {
-    embatch_runtime::install_metrics(&[])
+    let handle = embatch_runtime::install_metrics(&[])?;
+    metrics::describe_counter!(names::REQUESTS, "/embed requests answered, by HTTP status.");
+    metrics::describe_histogram!(
+        names::REQUEST_TIME,
+        metrics::Unit::Seconds,
+        "/embed latency in the gateway."
+    );
+    metrics::describe_gauge!(names::IN_FLIGHT, "/embed requests in progress.");
+    Ok(handle)
 }

@@ -35,8 +35,44 @@ pub use embatch_runtime::{LogFormat, init_logging};
 /// When a recorder is already installed.
 pub fn init_metrics() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildError> {
     const COUNTS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0];
-    embatch_runtime::install_metrics(&[
+    let handle = embatch_runtime::install_metrics(&[
         (names::BATCH_INPUTS, COUNTS),
         (names::BATCH_REQUESTS, COUNTS),
-    ])
+    ])?;
+    describe();
+    Ok(handle)
+}
+
+/// HELP texts for every metric, and the shed counters at 0 so that dashboards and alerts see
+/// them before the first request is shed.
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        names::REQUESTS,
+        "Requests answered, by outcome (ok or the error kind)."
+    );
+    describe_counter!(names::SHED, "Requests shed at admission, by reason.");
+    describe_histogram!(
+        names::QUEUE_WAIT,
+        metrics::Unit::Seconds,
+        "Acceptance to first upstream call."
+    );
+    describe_histogram!(
+        names::UPSTREAM_TIME,
+        metrics::Unit::Seconds,
+        "Duration of one upstream call."
+    );
+    describe_histogram!(
+        names::REQUEST_TIME,
+        metrics::Unit::Seconds,
+        "Acceptance to answer."
+    );
+    describe_histogram!(names::BATCH_INPUTS, "Inputs per upstream call.");
+    describe_histogram!(names::BATCH_REQUESTS, "Requests per upstream call.");
+    describe_gauge!(names::BATCHES_IN_FLIGHT, "Upstream calls in progress.");
+    describe_gauge!(names::QUEUE_DEPTH, "Inputs waiting for an upstream call.");
+    describe_counter!(names::UPSTREAM_CALLS, "Upstream calls, by outcome.");
+    for reason in ["queue_full", "deadline", "expired"] {
+        metrics::counter!(names::SHED, "reason" => reason).absolute(0);
+    }
 }
