@@ -24,14 +24,6 @@ async fn run(config: Config) -> Result<(), GatewayError> {
             addr: config.listen.clone(),
             source,
         })?;
-    let state = AppState {
-        client,
-        subject: config.subject.clone(),
-        request_timeout: config.request_timeout,
-        max_client_batch_size: config.max_client_batch_size,
-        max_body_bytes: config.max_body_bytes,
-        health_timeout: config.health_timeout,
-        metrics: Some(metrics),
-    };
+    let state = AppState::new(client, &config, Some(metrics));
     embatch_gateway::serve(listener, state, embatch_gateway::shutdown_signal()).await
 }

@@ -39,6 +39,26 @@ pub struct AppState {
     pub metrics: Option<PrometheusHandle>,
 }
 
+impl AppState {
+    /// The state for `config`, on an open NATS connection; `metrics` renders `/metrics` (`None`:
+    /// 404).
+    pub fn new(
+        client: async_nats::Client,
+        config: &crate::Config,
+        metrics: Option<PrometheusHandle>,
+    ) -> AppState {
+        AppState {
+            client,
+            subject: config.subject.clone(),
+            request_timeout: config.request_timeout,
+            max_client_batch_size: config.max_client_batch_size,
+            max_body_bytes: config.max_body_bytes,
+            health_timeout: config.health_timeout,
+            metrics,
+        }
+    }
+}
+
 /// The gateway's router, apart from serving, so tests can drive it without a socket.
 pub fn app(state: AppState) -> Router {
     let limit = state.max_body_bytes;

@@ -6,12 +6,12 @@
 //! requests flow loses only what was in flight through it: worker A reconnects to a surviving
 //! node and serves again, and the service never stops. Prints the failure figures.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use clap::Parser;
-use embatch_gateway::AppState;
 use embatch_testkit::{Behaviour, NatsCluster, RunningWorker, TeiDouble};
 
 /// Requests are sent every `PERIOD` (100 per second) ...
@@ -32,33 +32,6 @@ const FAILURE_WINDOW: Duration = Duration::from_secs(3);
 /// half of them through node 1, so ~1 expected; 5 % (30 requests) leaves a wide margin for a
 /// slow machine without hiding a real outage (a 1.5 s outage alone would be 150 requests).
 const MAX_FAILED_SHARE: f64 = 0.05;
-
-/// A gateway attached to `nats_url` through the gateway's own `connect`, serving on a free port.
-async fn start_gateway(nats_url: &str) -> (String, tokio::task::JoinHandle<()>) {
-    let config = embatch_gateway::Config::parse_from(["embatch-gateway", "--nats-url", nats_url]);
-    let client = embatch_gateway::connect(&config)
-        .await
-        .expect("gateway connects");
-    let state = AppState {
-        client,
-        subject: config.subject.clone(),
-        request_timeout: config.request_timeout,
-        max_client_batch_size: config.max_client_batch_size,
-        max_body_bytes: config.max_body_bytes,
-        health_timeout: config.health_timeout,
-        metrics: None,
-    };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
-    let task = tokio::spawn(async move {
-        embatch_gateway::serve(listener, state, std::future::pending())
-            .await
-            .expect("serves");
-    });
-    (url, task)
-}
 
 /// How many of node `i`'s client connections are called `name`.
 fn attached(cluster: &NatsCluster, i: usize, name: &str) -> usize {
@@ -160,7 +133,8 @@ async fn workers_on_every_node_serve_and_losing_a_node_loses_only_its_in_flight_
         &args_b.iter().map(String::as_str).collect::<Vec<_>>(),
     )
     .await;
-    let (gateway, _gateway_task) = start_gateway(&cluster.urls_preferring(2)).await;
+    let gateway = common::start_gateway_at(&cluster.urls_preferring(2), &[], None).await;
+    let gateway = gateway.url.clone();
 
     // Each client is attached to the node listed first in its URLs.
     eventually(Duration::from_secs(5), "attachment per node", || {

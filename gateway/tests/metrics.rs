@@ -119,17 +119,13 @@ async fn gateway_and_worker_metrics_after_a_short_load() {
         "--max-client-batch-size",
         "16",
     ]);
-    let gateway = serve(embatch_gateway::app(AppState {
-        client: embatch_gateway::connect(&gateway_config)
+    let gateway = serve(embatch_gateway::app(AppState::new(
+        embatch_gateway::connect(&gateway_config)
             .await
             .expect("gateway connects"),
-        subject: gateway_config.subject.clone(),
-        request_timeout: gateway_config.request_timeout,
-        max_client_batch_size: gateway_config.max_client_batch_size,
-        max_body_bytes: gateway_config.max_body_bytes,
-        health_timeout: gateway_config.health_timeout,
-        metrics: Some(handle.clone()),
-    }))
+        &gateway_config,
+        Some(handle.clone()),
+    )))
     .await;
     let worker_http = serve(worker_app(HttpState {
         metrics: handle.clone(),

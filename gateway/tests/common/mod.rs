@@ -1,9 +1,9 @@
 //! Starts a gateway on a free port in the test process.
 
-use std::time::Duration;
-
-use embatch_gateway::AppState;
+use clap::Parser;
+use embatch_gateway::{AppState, Config};
 use embatch_testkit::NatsServer;
+use metrics_exporter_prometheus::PrometheusHandle;
 
 /// A gateway serving until the test ends; `url` is `http://127.0.0.1:PORT`.
 pub struct RunningGateway {
@@ -11,23 +11,41 @@ pub struct RunningGateway {
     _task: tokio::task::JoinHandle<()>,
 }
 
+/// A gateway on `nats` with the given body and input limits and `--health-timeout 500ms`.
+#[allow(dead_code)] // not every test binary uses every helper
 pub async fn start_gateway(
     nats: &NatsServer,
     max_body_bytes: usize,
     max_client_batch_size: usize,
 ) -> RunningGateway {
-    let client = async_nats::connect(nats.url())
+    let body = max_body_bytes.to_string();
+    let inputs = max_client_batch_size.to_string();
+    let args = [
+        "--max-body-bytes",
+        body.as_str(),
+        "--max-client-batch-size",
+        inputs.as_str(),
+        "--health-timeout",
+        "500ms",
+    ];
+    start_gateway_at(&nats.url(), &args, None).await
+}
+
+/// A gateway on `nats_url` (a comma-separated list), configured by `args` as `embatch-gateway`
+/// takes them, connected through the gateway's own `connect`.
+#[allow(dead_code)] // not every test binary uses every helper
+pub async fn start_gateway_at(
+    nats_url: &str,
+    args: &[&str],
+    metrics: Option<PrometheusHandle>,
+) -> RunningGateway {
+    let mut argv = vec!["embatch-gateway", "--nats-url", nats_url];
+    argv.extend(args);
+    let config = Config::parse_from(argv);
+    let client = embatch_gateway::connect(&config)
         .await
         .expect("gateway connects");
-    let state = AppState {
-        client,
-        subject: embatch_protocol::DEFAULT_SUBJECT.to_string(),
-        request_timeout: Duration::from_secs(30),
-        max_client_batch_size,
-        max_body_bytes,
-        health_timeout: Duration::from_millis(500),
-        metrics: None,
-    };
+    let state = AppState::new(client, &config, metrics);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
