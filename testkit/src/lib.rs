@@ -165,6 +165,8 @@ pub struct RecordedCall {
     pub body: Value,
     /// When the double received the call.
     pub at: std::time::Instant,
+    /// The `Authorization` header, if any.
+    pub authorization: Option<String>,
 }
 
 /// How the [`TeiDouble`] answers `/embed`.
@@ -270,7 +272,11 @@ async fn info(State(state): State<DoubleState>) -> Json<Value> {
     Json(json!({"model_id": "tei-double", "max_client_batch_size": max, "max_input_length": 256}))
 }
 
-async fn embed(State(state): State<DoubleState>, Json(body): Json<Value>) -> Response {
+async fn embed(
+    State(state): State<DoubleState>,
+    headers: axum::http::HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
     let inputs: Vec<String> = match &body["inputs"] {
         Value::String(s) => vec![s.clone()],
         Value::Array(items) => items
@@ -281,6 +287,10 @@ async fn embed(State(state): State<DoubleState>, Json(body): Json<Value>) -> Res
     };
     let behaviour = state.behaviour.lock().expect("behaviour lock").clone();
     state.calls.lock().expect("calls lock").push(RecordedCall {
+        authorization: headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
         inputs: inputs.clone(),
         body: body.clone(),
         at: std::time::Instant::now(),

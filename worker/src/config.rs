@@ -32,6 +32,10 @@ pub struct Config {
     #[arg(long, env = "TEI_URL")]
     pub tei_url: Option<String>,
 
+    /// Bearer token sent to TEI (TEI's `--api-key`, or a hosted endpoint's token). Never logged.
+    #[arg(long, env = "TEI_API_KEY", hide_env_values = true)]
+    pub tei_api_key: Option<Secret>,
+
     /// Directory of a sentence-transformers BERT-family model for the built-in CPU upstream
     /// (config.json, tokenizer.json, model.safetensors, 1_Pooling/config.json). Used when
     /// --tei-url is unset; `scripts/fetch-model.sh` fills the default.
@@ -112,5 +116,23 @@ impl Config {
             return Ok(None);
         }
         self.metrics_addr.trim().parse().map(Some)
+    }
+}
+
+/// A setting that must not appear in logs: `Debug` prints `"***"`.
+#[derive(Clone)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("\"***\"")
+    }
+}
+
+impl std::str::FromStr for Secret {
+    type Err = std::convert::Infallible;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Secret(s.to_string()))
     }
 }

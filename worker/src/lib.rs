@@ -75,11 +75,12 @@ pub enum WorkerError {
 pub async fn build_upstream(config: &Config) -> Result<AnyUpstream, WorkerError> {
     match &config.tei_url {
         Some(url) => {
-            let tei = upstream::tei::TeiUpstream::connect(
-                url,
-                config.upstream_timeout,
-                config.max_batch_size,
-            )
+            let tei = upstream::tei::TeiUpstream::connect(&upstream::tei::TeiConfig {
+                base_url: url.clone(),
+                api_key: config.tei_api_key.clone(),
+                timeout: config.upstream_timeout,
+                fallback_max_batch_size: config.max_batch_size,
+            })
             .await?;
             Ok(AnyUpstream::Tei(tei))
         }

@@ -14,6 +14,19 @@ pub struct TeiUpstream {
     max_batch_size: usize,
 }
 
+/// How to reach one TEI server.
+#[derive(Debug, Clone)]
+pub struct TeiConfig {
+    /// Base URL, `http://` or `https://` (e.g. `http://tei:80`).
+    pub base_url: String,
+    /// Bearer token for `Authorization`, when TEI runs with `--api-key` or behind a hosted endpoint.
+    pub api_key: Option<crate::config::Secret>,
+    /// Timeout of one call.
+    pub timeout: Duration,
+    /// Batch limit used when `/info` cannot be read.
+    pub fallback_max_batch_size: usize,
+}
+
 /// The part of TEI's `GET /info` the worker uses.
 #[derive(Debug, Deserialize)]
 struct TeiInfo {
@@ -29,20 +42,32 @@ struct TeiRequest<'a> {
 }
 
 impl TeiUpstream {
-    /// Builds a client for the TEI server at `base_url` (e.g. `http://tei:80`) with a per-call
-    /// `timeout`, and reads `max_client_batch_size` from its `/info`. When `/info` cannot be read
-    /// (TEI still starting, or a proxy without it), `fallback_max_batch_size` is used and a warning
-    /// logged.
+    /// Builds a pooled client for the TEI server of `config` (https through rustls with the
+    /// system's roots; the bearer token on every request) and reads `max_client_batch_size` from
+    /// its `/info`. When `/info` cannot be read (TEI still starting, or a proxy without it),
+    /// `fallback_max_batch_size` is used and a warning logged.
     ///
     /// # Errors
-    /// [`EmbedError::Unavailable`] when the HTTP client cannot be built.
-    pub async fn connect(
-        base_url: &str,
-        timeout: Duration,
-        fallback_max_batch_size: usize,
-    ) -> Result<TeiUpstream, EmbedError> {
-        let base = base_url.trim_end_matches('/');
+    /// [`EmbedError::Unavailable`] when the HTTP client cannot be built (e.g. an API key that is
+    /// not a valid header value).
+    pub async fn connect(config: &TeiConfig) -> Result<TeiUpstream, EmbedError> {
+        // reqwest is built without a crypto provider of its own: use ring's (already in the tree).
+        // Fails harmlessly when a provider is already installed.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let base = config.base_url.trim_end_matches('/');
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(key) = &config.api_key {
+            let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {}", key.0))
+                .map_err(|_| {
+                    EmbedError::Unavailable("TEI_API_KEY is not a valid header value".into())
+                })?;
+            value.set_sensitive(true);
+            headers.insert(reqwest::header::AUTHORIZATION, value);
+        }
+        let timeout = config.timeout;
+        let fallback_max_batch_size = config.fallback_max_batch_size;
         let client = reqwest::Client::builder()
+            .default_headers(headers)
             .timeout(timeout)
             .connect_timeout(Duration::from_secs(2).min(timeout))
             .pool_max_idle_per_host(64)
