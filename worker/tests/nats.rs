@@ -351,25 +351,3 @@ async fn the_tei_api_key_is_sent_as_a_bearer_token_and_never_logged() {
     );
     worker.stop().await;
 }
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_https_tei_url_is_supported() {
-    // Nothing listens there: a client with TLS support fails to connect (503), one without it
-    // would reject the scheme.
-    let nats = NatsServer::start();
-    let url = format!("https://127.0.0.1:{}", embatch_testkit::free_port());
-    let worker = RunningWorker::start(&nats, &["--tei-url", &url, "--max-wait-time", "1ms"]).await;
-    let client = async_nats::connect(nats.url())
-        .await
-        .expect("client connects");
-    let (code, body) = request(&client, r#"{"inputs":"x"}"#, None).await;
-    assert_eq!(code, 503, "{body}");
-    assert!(
-        body["error"]
-            .as_str()
-            .expect("message")
-            .contains("unreachable"),
-        "{body}"
-    );
-    worker.stop().await;
-}

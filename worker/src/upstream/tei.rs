@@ -17,7 +17,7 @@ pub struct TeiUpstream {
 /// How to reach one TEI server.
 #[derive(Debug, Clone)]
 pub struct TeiConfig {
-    /// Base URL, `http://` or `https://` (e.g. `http://tei:80`).
+    /// Base URL, `http://` (e.g. `http://tei:80`); this build has no TLS.
     pub base_url: String,
     /// Bearer token for `Authorization`, when TEI runs with `--api-key` or behind a hosted endpoint.
     pub api_key: Option<crate::config::Secret>,
@@ -42,8 +42,8 @@ struct TeiRequest<'a> {
 }
 
 impl TeiUpstream {
-    /// Builds a pooled client for the TEI server of `config` (https through rustls with the
-    /// system's roots; the bearer token on every request) and reads `max_client_batch_size` from
+    /// Builds a pooled client for the TEI server of `config` (plain HTTP; the bearer token on
+    /// every request) and reads `max_client_batch_size` from
     /// its `/info`. When `/info` cannot be read (TEI still starting, or a proxy without it),
     /// `fallback_max_batch_size` is used and a warning logged.
     ///
@@ -51,9 +51,6 @@ impl TeiUpstream {
     /// [`EmbedError::Unavailable`] when the HTTP client cannot be built (e.g. an API key that is
     /// not a valid header value).
     pub async fn connect(config: &TeiConfig) -> Result<TeiUpstream, EmbedError> {
-        // reqwest is built without a crypto provider of its own: use ring's (already in the tree).
-        // Fails harmlessly when a provider is already installed.
-        let _ = rustls::crypto::ring::default_provider().install_default();
         let base = config.base_url.trim_end_matches('/');
         let mut headers = reqwest::header::HeaderMap::new();
         if let Some(key) = &config.api_key {
