@@ -5,13 +5,7 @@ use embatch_gateway::{AppState, Config, GatewayError, telemetry};
 async fn main() -> std::process::ExitCode {
     let config = Config::parse();
     telemetry::init_logging(config.log_format);
-    match run(config).await {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(err) => {
-            tracing::error!("{err}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    embatch_runtime::exit_code(run(config).await)
 }
 
 async fn run(config: Config) -> Result<(), GatewayError> {

@@ -58,6 +58,18 @@ pub fn install_metrics(buckets: &[(&str, &[f64])]) -> Result<PrometheusHandle, B
     Ok(handle)
 }
 
+/// The process exit code for the result of a binary's `run`: success, or the error logged and
+/// failure.
+pub fn exit_code<E: std::fmt::Display>(result: Result<(), E>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            tracing::error!("{err}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// Resolves on SIGINT or SIGTERM (logging which).
 pub async fn shutdown_signal() {
     let ctrl_c = async {
