@@ -7,6 +7,32 @@ use bytes::Bytes;
 use embatch_protocol::headers;
 use embatch_testkit::{Behaviour, NatsServer, POISON, RunningWorker, TeiDouble, double_vector};
 
+/// A real nats-server, a TEI double answering as `behaviour`, a worker on both (with `args` after
+/// `--tei-url`) and a client; the server lives as long as the `Stack`.
+struct Stack {
+    _nats: NatsServer,
+    tei: TeiDouble,
+    worker: RunningWorker,
+    client: async_nats::Client,
+}
+
+async fn stack(behaviour: Behaviour, args: &[&str]) -> Stack {
+    let nats = NatsServer::start();
+    let tei = TeiDouble::start(behaviour).await;
+    let mut argv = vec!["--tei-url", tei.url.as_str()];
+    argv.extend(args);
+    let worker = RunningWorker::start(&nats, &argv).await;
+    let client = async_nats::connect(nats.url())
+        .await
+        .expect("client connects");
+    Stack {
+        _nats: nats,
+        tei,
+        worker,
+        client,
+    }
+}
+
 /// The reply of a direct NATS request: status (200 or the error code) and the payload.
 async fn request(
     client: &async_nats::Client,
@@ -44,23 +70,16 @@ fn vectors(body: &serde_json::Value) -> Vec<Vec<f32>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_clients_share_full_batches_and_each_gets_its_own_slice() {
-    let nats = NatsServer::start();
-    let tei = TeiDouble::start(Behaviour::default()).await;
-    let worker = RunningWorker::start(
-        &nats,
-        &[
-            "--tei-url",
-            &tei.url,
-            "--max-batch-size",
-            "32",
-            "--max-wait-time",
-            "250ms",
-        ],
+    let Stack {
+        _nats,
+        tei,
+        worker,
+        client,
+    } = stack(
+        Behaviour::default(),
+        &["--max-batch-size", "32", "--max-wait-time", "250ms"],
     )
     .await;
-    let client = async_nats::connect(nats.url())
-        .await
-        .expect("client connects");
 
     let tasks: Vec<_> = (0..64)
         .map(|i| {
@@ -99,23 +118,16 @@ async fn concurrent_clients_share_full_batches_and_each_gets_its_own_slice() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poisoned_request_fails_alone_over_nats() {
-    let nats = NatsServer::start();
-    let tei = TeiDouble::start(Behaviour::default()).await;
-    let worker = RunningWorker::start(
-        &nats,
-        &[
-            "--tei-url",
-            &tei.url,
-            "--max-batch-size",
-            "16",
-            "--max-wait-time",
-            "250ms",
-        ],
+    let Stack {
+        _nats,
+        tei: _,
+        worker,
+        client,
+    } = stack(
+        Behaviour::default(),
+        &["--max-batch-size", "16", "--max-wait-time", "250ms"],
     )
     .await;
-    let client = async_nats::connect(nats.url())
-        .await
-        .expect("client connects");
     let tasks: Vec<_> = (0..16)
         .map(|i| {
             let client = client.clone();
@@ -184,12 +196,12 @@ async fn upstream_down_answers_503_fast_and_upstream_5xx_answers_424() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_deadline_gets_504_without_an_upstream_call() {
-    let nats = NatsServer::start();
-    let tei = TeiDouble::start(Behaviour::default()).await;
-    let worker = RunningWorker::start(&nats, &["--tei-url", &tei.url]).await;
-    let client = async_nats::connect(nats.url())
-        .await
-        .expect("client connects");
+    let Stack {
+        _nats,
+        tei,
+        worker,
+        client,
+    } = stack(Behaviour::default(), &[]).await;
     let (code, body) = request(&client, r#"{"inputs":"late"}"#, Some(0)).await;
     assert_eq!(code, 504, "{body}");
     assert_eq!(body["error_type"], "Timeout");
@@ -202,17 +214,17 @@ async fn an_expired_deadline_gets_504_without_an_upstream_call() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn beyond_queue_cap_requests_are_answered_429_at_once() {
-    let nats = NatsServer::start();
-    let tei = TeiDouble::start(Behaviour {
-        delay: Duration::from_millis(800),
-        ..Behaviour::default()
-    })
-    .await;
-    let worker = RunningWorker::start(
-        &nats,
+    let Stack {
+        _nats,
+        tei: _,
+        worker,
+        client,
+    } = stack(
+        Behaviour {
+            delay: Duration::from_millis(800),
+            ..Behaviour::default()
+        },
         &[
-            "--tei-url",
-            &tei.url,
             "--queue-cap",
             "4",
             "--max-batch-size",
@@ -224,9 +236,6 @@ async fn beyond_queue_cap_requests_are_answered_429_at_once() {
         ],
     )
     .await;
-    let client = async_nats::connect(nats.url())
-        .await
-        .expect("client connects");
     let slow = {
         let client = client.clone();
         tokio::spawn(async move { request(&client, r#"{"inputs":["a","b","c","d"]}"#, None).await })
@@ -246,16 +255,12 @@ async fn beyond_queue_cap_requests_are_answered_429_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_teis_error_body_and_nats_error_headers() {
-    let nats = NatsServer::start();
-    let tei = TeiDouble::start(Behaviour::default()).await;
-    let worker = RunningWorker::start(
-        &nats,
-        &["--tei-url", &tei.url, "--max-client-batch-size", "3"],
-    )
-    .await;
-    let client = async_nats::connect(nats.url())
-        .await
-        .expect("client connects");
+    let Stack {
+        _nats,
+        tei,
+        worker,
+        client,
+    } = stack(Behaviour::default(), &["--max-client-batch-size", "3"]).await;
     let cases = [
         ("{not json", 422, "Validation", "not valid JSON"),
         (r#"{"inputs":[]}"#, 400, "Empty", "`inputs` cannot be empty"),
@@ -301,12 +306,12 @@ async fn bad_requests_get_teis_error_body_and_nats_error_headers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_worker_registers_as_a_nats_micro_service() {
-    let nats = NatsServer::start();
-    let tei = TeiDouble::start(Behaviour::default()).await;
-    let worker = RunningWorker::start(&nats, &["--tei-url", &tei.url]).await;
-    let client = async_nats::connect(nats.url())
-        .await
-        .expect("client connects");
+    let Stack {
+        _nats,
+        tei: _,
+        worker,
+        client,
+    } = stack(Behaviour::default(), &[]).await;
     let info = client
         .request("$SRV.INFO.embatch", Bytes::new())
         .await
