@@ -120,7 +120,7 @@ async fn concurrent_clients_share_full_batches_and_each_gets_its_own_slice() {
 async fn a_poisoned_request_fails_alone_over_nats() {
     let Stack {
         _nats,
-        tei: _,
+        tei: _tei,
         worker,
         client,
     } = stack(
@@ -216,7 +216,7 @@ async fn an_expired_deadline_gets_504_without_an_upstream_call() {
 async fn beyond_queue_cap_requests_are_answered_429_at_once() {
     let Stack {
         _nats,
-        tei: _,
+        tei: _tei,
         worker,
         client,
     } = stack(
@@ -308,7 +308,7 @@ async fn bad_requests_get_teis_error_body_and_nats_error_headers() {
 async fn the_worker_registers_as_a_nats_micro_service() {
     let Stack {
         _nats,
-        tei: _,
+        tei: _tei,
         worker,
         client,
     } = stack(Behaviour::default(), &[]).await;
