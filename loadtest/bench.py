@@ -586,7 +586,7 @@ def scenario_low_load(b: Bench) -> dict:
 
 
 def corpus_path() -> str | None:
-    p = (REPO / ".." / "shared" / "testdata" / "reference-inputs.txt").resolve()
+    p = REPO / "testdata" / "reference-inputs.txt"
     return str(p) if p.is_file() else None
 
 

@@ -11,4 +11,4 @@ NATS_SERVER_BIN=$(scripts/install-nats-server.sh)
 export EMBATCH_MODEL_DIR
 EMBATCH_MODEL_DIR=$(scripts/fetch-model.sh)
 
-cargo test --workspace --locked "$@"
+cargo test --workspace --locked --no-fail-fast "$@"

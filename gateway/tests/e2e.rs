@@ -1,12 +1,12 @@
 //! End to end on the real model: HTTP → gateway → NATS → worker → built-in CPU model, and a
 //! direct NATS request, checked against embeddings a real TEI server produced for the same
-//! inputs (`../shared/testdata`).
+//! inputs (`testdata/` in the repo).
 
 mod common;
 
 use bytes::Bytes;
 use common::start_gateway;
-use embatch_testkit::{NatsServer, RunningWorker, model_dir, shared_testdata};
+use embatch_testkit::{NatsServer, RunningWorker, model_dir, testdata};
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -45,8 +45,8 @@ fn assert_matches(case: &Case, got: &[Vec<f32>], path: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_real_model_through_gateway_and_direct_nats_matches_tei() {
-    let raw = std::fs::read(shared_testdata().join("minilm-reference-embeddings.json"))
-        .expect("reference embeddings in ../shared/testdata");
+    let raw = std::fs::read(testdata().join("minilm-reference-embeddings.json"))
+        .expect("reference embeddings in testdata/");
     let reference: Reference = serde_json::from_slice(&raw).expect("reference JSON");
     assert!(reference.cases.len() >= 3, "all reference cases present");
 
@@ -82,7 +82,7 @@ async fn the_real_model_through_gateway_and_direct_nats_matches_tei() {
     }
 
     // The long input without `truncate` is over the model's 256 tokens: TEI's 413.
-    let long = std::fs::read_to_string(shared_testdata().join("reference-long-input.txt"))
+    let long = std::fs::read_to_string(testdata().join("reference-long-input.txt"))
         .expect("long input");
     let response = http
         .post(format!("{}/embed", gateway.url))

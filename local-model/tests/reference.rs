@@ -1,5 +1,5 @@
 //! The local model against text-embeddings-inference's answers for the same model
-//! (`../shared/testdata/minilm-reference-embeddings.json`), and its request-level behaviour.
+//! (`testdata/minilm-reference-embeddings.json` in the repo), and its request-level behaviour.
 //!
 //! Needs the model: `scripts/fetch-model.sh` (or `EMBATCH_MODEL_DIR` pointing at a model dir).
 
@@ -23,7 +23,7 @@ fn model_dir() -> PathBuf {
 
 fn testdata(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/testdata")
+        .join("../testdata")
         .join(name)
 }
 

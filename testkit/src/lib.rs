@@ -4,7 +4,7 @@
 //! - [`NatsCluster`]: three of them forming a cluster from `nats/cluster/*.conf` ([`cluster`]).
 //! - [`TeiDouble`]: an in-process HTTP test double of text-embeddings-inference's `/embed` and
 //!   `/info` that records every call and can be told to fail.
-//! - [`model_dir`] / [`shared_testdata`]: where the real model and the reference data live.
+//! - [`model_dir`] / [`testdata`]: where the real model and the reference data live.
 //!
 //! Finding `nats-server`: `$NATS_SERVER_BIN`, then `<repo>/.bin/nats-server` (what
 //! `scripts/install-nats-server.sh` installs), then `$HOME/go/bin/nats-server`, then `PATH`.
@@ -34,9 +34,9 @@ pub fn repo_root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("."))
 }
 
-/// `../shared/testdata` beside the repository: reference inputs and embeddings.
-pub fn shared_testdata() -> PathBuf {
-    repo_root().join("..").join("shared").join("testdata")
+/// `<repo>/testdata`: reference inputs and embeddings from a real TEI server (see its README).
+pub fn testdata() -> PathBuf {
+    repo_root().join("testdata")
 }
 
 /// The built-in model's directory: `$EMBATCH_MODEL_DIR`, else `<repo>/models/all-MiniLM-L6-v2`.
