@@ -42,6 +42,29 @@ pub struct Config {
     #[arg(long, env = "HEALTH_TIMEOUT", default_value = "1s", value_parser = humantime::parse_duration)]
     pub health_timeout: Duration,
 
+    /// Most open HTTP connections; a new connection beyond it is closed at once. Keep it below
+    /// the process's file-descriptor limit (`ulimit -n`).
+    #[arg(long, env = "MAX_CONNECTIONS", default_value_t = 4096)]
+    pub max_connections: usize,
+
+    /// Most `/embed` requests in flight; beyond it a request is answered 429 `Overloaded` at
+    /// once (load shedding at the edge; the workers shed by their own queues first).
+    #[arg(long, env = "MAX_IN_FLIGHT", default_value_t = 8192)]
+    pub max_in_flight: usize,
+
+    /// Pending-connection queue of the listening socket (capped by the kernel's
+    /// net.core.somaxconn).
+    #[arg(long, env = "LISTEN_BACKLOG", default_value_t = 4096)]
+    pub listen_backlog: u32,
+
+    /// Longest time to receive a request's headers (e.g. 10s); slower clients are disconnected.
+    #[arg(long, env = "HEADER_READ_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub header_read_timeout: Duration,
+
+    /// On SIGTERM/SIGINT: how long to let in-flight requests finish before exiting (e.g. 30s).
+    #[arg(long, env = "SHUTDOWN_GRACE", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub shutdown_grace: Duration,
+
     /// Log format.
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,

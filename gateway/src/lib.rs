@@ -4,10 +4,12 @@
 //! # Layout
 //! - [`config`]: every setting, as a CLI flag and an environment variable.
 //! - [`routes`]: `POST /embed`, `GET /health`, `GET /metrics` and the error → HTTP mapping.
+//! - [`serve`]: the HTTP server loop: listen backlog, connection limit, header-read timeout.
 //! - [`telemetry`]: logging, the Prometheus recorder and metric names.
 
 pub mod config;
 pub mod routes;
+pub mod serve;
 pub mod telemetry;
 
 use std::future::Future;
@@ -40,21 +42,13 @@ pub enum GatewayError {
     Metrics(#[from] metrics_exporter_prometheus::BuildError),
 }
 
-/// Connects to NATS as the gateway.
-///
-/// `--nats-url` may list several servers, comma-separated (async-nats takes a string as one
-/// URL, so the list is split here). They are tried in the order given, first to connect and
-/// again on every reconnect: the gateway attaches to the node listed first (its nearest) and
-/// falls back to the next ones while it is down.
+/// Connects to NATS as the gateway (`embatch-gateway`), to the servers of `--nats-url` in the
+/// order given (see [`embatch_client::connect`]).
 ///
 /// # Errors
 /// [`GatewayError::Connect`] when no server in `--nats-url` answers.
 pub async fn connect(config: &Config) -> Result<async_nats::Client, GatewayError> {
-    let servers: Vec<&str> = config.nats_url.split(',').map(str::trim).collect();
-    async_nats::ConnectOptions::new()
-        .name("embatch-gateway")
-        .retain_servers_order()
-        .connect(servers)
+    embatch_client::connect(&config.nats_url, "embatch-gateway")
         .await
         .map_err(|source| GatewayError::Connect {
             url: config.nats_url.clone(),
@@ -62,10 +56,11 @@ pub async fn connect(config: &Config) -> Result<async_nats::Client, GatewayError
         })
 }
 
-/// Serves `app` on `listener` until `shutdown` resolves, then lets in-flight requests finish.
+/// Serves `app` on `listener` until `shutdown` resolves, then lets in-flight requests finish
+/// (see [`serve::run`] for the connection limits).
 ///
 /// # Errors
-/// [`GatewayError::Serve`] when serving fails.
+/// None today; the `Result` keeps room for serving errors.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: AppState,
@@ -75,9 +70,8 @@ pub async fn serve(
         .local_addr()
         .map(|a| a.to_string())
         .unwrap_or_else(|_| "?".into());
-    tracing::info!(%addr, subject = %state.subject, "gateway listening");
-    axum::serve(listener, app(state))
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(|source| GatewayError::Serve { addr, source })
+    tracing::info!(%addr, subject = %state.client.subject(), "gateway listening");
+    let limits = state.limits;
+    serve::run(listener, app(state), limits, shutdown).await;
+    Ok(())
 }

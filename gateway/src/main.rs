@@ -1,3 +1,5 @@
+//! `embatch-gateway`: parses the configuration, connects to NATS and serves HTTP (see the library docs).
+
 use clap::Parser;
 use embatch_gateway::{AppState, Config, GatewayError, telemetry};
 
@@ -12,11 +14,12 @@ async fn run(config: Config) -> Result<(), GatewayError> {
     tracing::info!(config = ?config, "starting embatch-gateway");
     let metrics = telemetry::init_metrics()?;
     let client = embatch_gateway::connect(&config).await?;
-    let listener = tokio::net::TcpListener::bind(&config.listen)
-        .await
-        .map_err(|source| GatewayError::Serve {
-            addr: config.listen.clone(),
-            source,
+    let listener =
+        embatch_gateway::serve::bind(&config.listen, config.listen_backlog).map_err(|source| {
+            GatewayError::Serve {
+                addr: config.listen.clone(),
+                source,
+            }
         })?;
     let state = AppState::new(client, &config, Some(metrics));
     embatch_gateway::serve(listener, state, embatch_gateway::shutdown_signal()).await

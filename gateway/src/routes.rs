@@ -10,10 +10,13 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use embatch_protocol::{EmbedError, EmbedRequest, PROTOCOL_VERSION, SERVICE_NAME, headers};
+use embatch_client::EmbedClient;
+use embatch_protocol::{EmbedError, EmbedRequest, SERVICE_NAME};
 use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
+use crate::serve::ServeLimits;
 use crate::telemetry::names;
 
 /// HTTP request header with which a client shortens its own timeout, in whole milliseconds
@@ -23,10 +26,8 @@ pub const TIMEOUT_HEADER: &str = "x-embatch-timeout-ms";
 /// What the routes share.
 #[derive(Clone)]
 pub struct AppState {
-    /// Connection to NATS.
-    pub client: async_nats::Client,
-    /// Subject requests are published on.
-    pub subject: String,
+    /// Sends requests on the configured subject over the NATS connection.
+    pub client: EmbedClient,
     /// Longest end-to-end time of a request.
     pub request_timeout: Duration,
     /// Most inputs in one request (413 beyond).
@@ -37,6 +38,12 @@ pub struct AppState {
     pub health_timeout: Duration,
     /// Renders `/metrics`; `None` when no recorder is installed (tests).
     pub metrics: Option<PrometheusHandle>,
+    /// Connection limits of the HTTP server.
+    pub limits: ServeLimits,
+    /// Most `/embed` requests in flight (`MAX_IN_FLIGHT`).
+    pub max_in_flight: usize,
+    /// One permit per `/embed` request in flight (`MAX_IN_FLIGHT`); none left: 429.
+    pub in_flight: Arc<Semaphore>,
 }
 
 impl AppState {
@@ -48,13 +55,21 @@ impl AppState {
         metrics: Option<PrometheusHandle>,
     ) -> AppState {
         AppState {
-            client,
-            subject: config.subject.clone(),
+            client: EmbedClient::new(client, config.subject.clone()),
             request_timeout: config.request_timeout,
             max_client_batch_size: config.max_client_batch_size,
             max_body_bytes: config.max_body_bytes,
             health_timeout: config.health_timeout,
             metrics,
+            limits: ServeLimits {
+                max_connections: config.max_connections,
+                header_read_timeout: config.header_read_timeout,
+                shutdown_grace: config.shutdown_grace,
+            },
+            max_in_flight: config.max_in_flight,
+            in_flight: Arc::new(Semaphore::new(
+                config.max_in_flight.clamp(1, Semaphore::MAX_PERMITS),
+            )),
         }
     }
 }
@@ -80,7 +95,15 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status =
             StatusCode::from_u16(self.0.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        json_response(status, Bytes::from(self.0.to_json()))
+        let mut response = json_response(status, Bytes::from(self.0.to_json()));
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            // Load shedding answers at once; a client that retries should wait a moment, not
+            // hammer (RFC 9110 Retry-After, whole seconds).
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
     }
 }
 
@@ -96,23 +119,48 @@ fn json_response(status: StatusCode, body: Bytes) -> Response {
         .into_response()
 }
 
+/// Counts a `/embed` request in flight and records how it ended, also when the client hung up
+/// and the handler was dropped before answering (status `499`, as nginx logs it).
+struct InFlight {
+    started: Instant,
+    status: Option<StatusCode>,
+}
+
+impl InFlight {
+    fn start() -> InFlight {
+        metrics::gauge!(names::IN_FLIGHT).increment(1.0);
+        InFlight {
+            started: Instant::now(),
+            status: None,
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        metrics::gauge!(names::IN_FLIGHT).decrement(1.0);
+        let status = self
+            .status
+            .map_or_else(|| "499".to_owned(), |s| s.as_str().to_owned());
+        metrics::counter!(names::REQUESTS, "status" => status).increment(1);
+        metrics::histogram!(names::REQUEST_TIME).record(self.started.elapsed().as_secs_f64());
+    }
+}
+
 /// `POST /embed`: one NATS request per HTTP request; the worker's reply payload becomes the body
-/// as is (the vectors are never decoded here).
+/// as is (the vectors are never decoded here). When the client disconnects first, the request
+/// is withdrawn from the worker's queue (see `embatch_client::EmbedClient::embed`).
 async fn embed(
     State(state): State<Arc<AppState>>,
     request_headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let started = Instant::now();
-    metrics::gauge!(names::IN_FLIGHT).increment(1.0);
-    let response = match forward(&state, &request_headers, body, started).await {
+    let mut in_flight = InFlight::start();
+    let response = match forward(&state, &request_headers, body, in_flight.started).await {
         Ok(response) => response,
         Err(err) => ApiError(err).into_response(),
     };
-    metrics::gauge!(names::IN_FLIGHT).decrement(1.0);
-    metrics::counter!(names::REQUESTS, "status" => response.status().as_str().to_owned())
-        .increment(1);
-    metrics::histogram!(names::REQUEST_TIME).record(started.elapsed().as_secs_f64());
+    in_flight.status = Some(response.status());
     response
 }
 
@@ -134,63 +182,30 @@ async fn forward(
     })?;
     let timeout = client_timeout(request_headers, state.request_timeout)?;
     EmbedRequest::from_slice(&body)?.validate(state.max_client_batch_size)?;
-
-    let mut nats_headers = async_nats::HeaderMap::new();
-    let remaining = timeout.saturating_sub(started.elapsed());
-    nats_headers.insert(
-        headers::DEADLINE_MS,
-        headers::encode_deadline(remaining).as_str(),
-    );
-    nats_headers.insert(headers::VERSION, PROTOCOL_VERSION);
-    let request = async_nats::Request::new()
-        .payload(body)
-        .headers(nats_headers)
-        .timeout(Some(remaining));
-    let message = state
-        .client
-        .send_request(state.subject.clone(), request)
-        .await
-        .map_err(|err| match err.kind() {
-            async_nats::RequestErrorKind::NoResponders => EmbedError::Unavailable(format!(
-                "no embatch worker is listening on subject `{}`",
-                state.subject
-            )),
-            async_nats::RequestErrorKind::TimedOut => {
-                EmbedError::DeadlineExceeded(format!("no reply within {} ms", timeout.as_millis()))
-            }
-            async_nats::RequestErrorKind::MaxPayloadExceeded => EmbedError::TooLarge(format!(
-                "the request body is larger than the NATS server's max_payload: {err}"
-            )),
-            _ => EmbedError::Unavailable(format!("NATS request failed: {err}")),
-        })?;
-
-    let reply_headers = message.headers.as_ref();
-    let header_str = |name: &str| reply_headers.and_then(|h| h.get(name)).map(|v| v.as_str());
-    if let Some(code) = header_str(headers::SERVICE_ERROR_CODE) {
-        let code = code.trim().parse::<u16>().unwrap_or(424);
-        let status = StatusCode::from_u16(code).unwrap_or(StatusCode::FAILED_DEPENDENCY);
-        // The worker sends TEI's error body; a foreign responder may send only the headers.
-        let body = if message.payload.is_empty() {
-            Bytes::from(
-                EmbedError::from_reply(code, header_str(headers::SERVICE_ERROR).unwrap_or(""))
-                    .to_json(),
-            )
-        } else {
-            message.payload
-        };
-        return Ok(json_response(status, body));
+    let Ok(_permit) = state.in_flight.try_acquire() else {
+        return Err(EmbedError::Overloaded(format!(
+            "the gateway has {} requests in flight (MAX_IN_FLIGHT)",
+            state.max_in_flight
+        )));
+    };
+    // While NATS is down a request would wait in the client's buffer and reach a worker with a
+    // stale deadline after its caller gave up: answer 503 now instead.
+    if state.client.nats().connection_state() != async_nats::connection::State::Connected {
+        return Err(EmbedError::Unavailable(
+            "the gateway is not connected to NATS".into(),
+        ));
     }
 
-    let mut response = json_response(StatusCode::OK, message.payload);
+    let remaining = timeout.saturating_sub(started.elapsed());
+    let reply = state
+        .client
+        .embed(body, remaining)
+        .await
+        .map_err(EmbedError::from)?;
+    let mut response = json_response(StatusCode::OK, reply.payload);
     let timings = [
-        (
-            "x-queue-time",
-            headers::parse_millis(header_str(headers::QUEUE_TIME_MS)),
-        ),
-        (
-            "x-inference-time",
-            headers::parse_millis(header_str(headers::INFERENCE_TIME_MS)),
-        ),
+        ("x-queue-time", reply.timings.queue_time_ms),
+        ("x-inference-time", reply.timings.inference_time_ms),
         ("x-total-time", Some(started.elapsed().as_millis() as u64)),
     ];
     for (name, value) in timings {
@@ -224,12 +239,11 @@ fn client_timeout(request_headers: &HeaderMap, default: Duration) -> Result<Dura
 /// `GET /health`: 200 only while connected to NATS and at least one worker answers a NATS micro
 /// ping (`$SRV.PING.embatch`) within `--health-timeout`; else 503.
 async fn health(State(state): State<Arc<AppState>>) -> StatusCode {
-    if state.client.connection_state() != async_nats::connection::State::Connected {
+    let nats = state.client.nats();
+    if nats.connection_state() != async_nats::connection::State::Connected {
         return StatusCode::SERVICE_UNAVAILABLE;
     }
-    let ping = state
-        .client
-        .request(format!("$SRV.PING.{SERVICE_NAME}"), Bytes::new());
+    let ping = nats.request(format!("$SRV.PING.{SERVICE_NAME}"), Bytes::new());
     match tokio::time::timeout(state.health_timeout, ping).await {
         Ok(Ok(_)) => StatusCode::OK,
         _ => StatusCode::SERVICE_UNAVAILABLE,

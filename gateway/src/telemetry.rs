@@ -10,6 +10,10 @@ pub mod names {
     pub const REQUEST_TIME: &str = "embatch_gateway_request_seconds";
     /// Gauge: `/embed` requests in flight.
     pub const IN_FLIGHT: &str = "embatch_gateway_requests_in_flight";
+    /// Gauge: open HTTP connections.
+    pub const CONNECTIONS: &str = "embatch_gateway_connections";
+    /// Counter: connections closed at once because `MAX_CONNECTIONS` were open.
+    pub const CONNECTIONS_REFUSED: &str = "embatch_gateway_connections_refused_total";
 }
 
 pub use embatch_runtime::{LogFormat, init_logging};
@@ -28,5 +32,11 @@ pub fn init_metrics() -> Result<PrometheusHandle, metrics_exporter_prometheus::B
         "/embed latency in the gateway."
     );
     metrics::describe_gauge!(names::IN_FLIGHT, "/embed requests in progress.");
+    metrics::describe_gauge!(names::CONNECTIONS, "Open HTTP connections.");
+    metrics::describe_counter!(
+        names::CONNECTIONS_REFUSED,
+        "Connections closed at once because MAX_CONNECTIONS were open."
+    );
+    metrics::counter!(names::CONNECTIONS_REFUSED).absolute(0);
     Ok(handle)
 }

@@ -82,8 +82,8 @@ async fn the_real_model_through_gateway_and_direct_nats_matches_tei() {
     }
 
     // The long input without `truncate` is over the model's 256 tokens: TEI's 413.
-    let long = std::fs::read_to_string(testdata().join("reference-long-input.txt"))
-        .expect("long input");
+    let long =
+        std::fs::read_to_string(testdata().join("reference-long-input.txt")).expect("long input");
     let response = http
         .post(format!("{}/embed", gateway.url))
         .json(&serde_json::json!({ "inputs": long.trim() }))

@@ -77,33 +77,6 @@ pub fn classify_http(status: u16, body: &[u8], expected: usize) -> Outcome {
     }
 }
 
-/// Classifies a NATS reply: `status` is the NATS status of the message, if any, and `error_code`
-/// the value of its `Nats-Service-Error-Code` header, if any.
-///
-/// # Errors
-/// [`FailureKind::Status`] for an error reply (an unparsable code counts as
-/// [`FailureKind::BadReply`]) or a non-2xx NATS status; [`FailureKind::BadReply`] for a success
-/// reply without `expected` embeddings.
-pub fn classify_nats(
-    status: Option<u16>,
-    error_code: Option<&str>,
-    payload: &[u8],
-    expected: usize,
-) -> Outcome {
-    if let Some(code) = error_code {
-        return match code.trim().parse::<u16>() {
-            Ok(code) => Err(FailureKind::Status(code)),
-            Err(_) => Err(FailureKind::BadReply),
-        };
-    }
-    if let Some(status) = status
-        && !(200..300).contains(&status)
-    {
-        return Err(FailureKind::Status(status));
-    }
-    check_embeddings(payload, expected)
-}
-
 /// Lowest latency the histograms hold: 1 µs.
 const HIST_LOW_US: u64 = 1;
 /// Highest latency the histograms hold: 1 hour in µs (larger values are clamped to it).
@@ -393,31 +366,6 @@ mod tests {
             Err(FailureKind::Status(429))
         );
         assert_eq!(classify_http(503, b"", 1), Err(FailureKind::Status(503)));
-    }
-
-    #[test]
-    fn nats_classification() {
-        assert_eq!(classify_nats(None, None, b"[[1.0]]", 1), Ok(()));
-        assert_eq!(
-            classify_nats(None, Some("429"), b"{}", 1),
-            Err(FailureKind::Status(429))
-        );
-        assert_eq!(
-            classify_nats(None, Some(" 504 "), b"", 1),
-            Err(FailureKind::Status(504))
-        );
-        assert_eq!(
-            classify_nats(None, Some("oops"), b"", 1),
-            Err(FailureKind::BadReply)
-        );
-        assert_eq!(
-            classify_nats(Some(408), None, b"", 1),
-            Err(FailureKind::Status(408))
-        );
-        assert_eq!(
-            classify_nats(None, None, b"[[1.0]]", 3),
-            Err(FailureKind::BadReply)
-        );
     }
 
     #[test]

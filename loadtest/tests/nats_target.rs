@@ -7,7 +7,7 @@ use std::time::Duration;
 use embatch_loadtest::corpus::Payload;
 use embatch_loadtest::stats::FailureKind;
 use embatch_loadtest::targets::NatsTarget;
-use embatch_protocol::{EmbedError, EmbedRequest, headers};
+use embatch_protocol::{EmbedError, EmbedRequest, headers, reply};
 use futures::StreamExt;
 
 async fn connect(url: &str) -> async_nats::Client {
@@ -41,11 +41,9 @@ async fn responder(client: async_nats::Client, subject: &'static str) {
             if inputs.iter().any(|t| t.contains("__poison__")) {
                 let err = EmbedError::Validation("poison".into());
                 let mut h = async_nats::HeaderMap::new();
-                h.insert(
-                    headers::SERVICE_ERROR_CODE,
-                    err.status().to_string().as_str(),
-                );
-                h.insert(headers::SERVICE_ERROR, err.to_string().as_str());
+                for (name, value) in reply::error_headers(&err) {
+                    h.insert(name, value.as_str());
+                }
                 let _ = client
                     .publish_with_headers(reply, h, err.to_json().into())
                     .await;

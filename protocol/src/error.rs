@@ -23,6 +23,22 @@ pub enum ErrorType {
     Timeout,
 }
 
+impl ErrorType {
+    /// The `error_type` TEI uses for an HTTP status (for an error that arrived with a status
+    /// only): 400 `Empty`, 413/422 `Validation`, 429 `Overloaded`, 503 `Unhealthy`, 504/408
+    /// `Timeout`, anything else `Backend`.
+    pub fn for_status(status: u16) -> ErrorType {
+        match status {
+            400 => ErrorType::Empty,
+            413 | 422 => ErrorType::Validation,
+            429 => ErrorType::Overloaded,
+            503 => ErrorType::Unhealthy,
+            504 | 408 => ErrorType::Timeout,
+            _ => ErrorType::Backend,
+        }
+    }
+}
+
 /// TEI's error body: `{"error": "<message>", "error_type": "<ErrorType>"}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorResponse {
@@ -66,6 +82,16 @@ pub enum EmbedError {
     /// The request's deadline passed before it was answered (504, `Timeout`).
     #[error("Deadline exceeded: {0}")]
     DeadlineExceeded(String),
+    /// An error another party answered (a worker's error reply, or a TEI upstream's error
+    /// response), carried verbatim: its status and TEI's error body, message and `error_type`
+    /// unchanged (so TEI's `Tokenizer` stays `Tokenizer` and no prefix is added twice).
+    #[error("{}", .response.error)]
+    Remote {
+        /// The HTTP-style status it was answered with (400–599).
+        status: u16,
+        /// TEI's error body as received.
+        response: ErrorResponse,
+    },
 }
 
 impl EmbedError {
@@ -80,6 +106,7 @@ impl EmbedError {
             EmbedError::Overloaded(_) => 429,
             EmbedError::Unavailable(_) => 503,
             EmbedError::DeadlineExceeded(_) => 504,
+            EmbedError::Remote { status, .. } => *status,
         }
     }
 
@@ -93,6 +120,7 @@ impl EmbedError {
             EmbedError::Overloaded(_) => ErrorType::Overloaded,
             EmbedError::Unavailable(_) => ErrorType::Unhealthy,
             EmbedError::DeadlineExceeded(_) => ErrorType::Timeout,
+            EmbedError::Remote { response, .. } => response.error_type,
         }
     }
 
@@ -107,11 +135,24 @@ impl EmbedError {
             EmbedError::Overloaded(_) => "overloaded",
             EmbedError::Unavailable(_) => "unavailable",
             EmbedError::DeadlineExceeded(_) => "deadline_exceeded",
+            EmbedError::Remote { status, response } => match (status, response.error_type) {
+                (413, _) => "too_large",
+                (_, ErrorType::Validation) => "validation",
+                (_, ErrorType::Empty) => "empty",
+                (_, ErrorType::Tokenizer) => "tokenizer",
+                (_, ErrorType::Backend) => "backend",
+                (_, ErrorType::Overloaded) => "overloaded",
+                (_, ErrorType::Unhealthy) => "unavailable",
+                (_, ErrorType::Timeout) => "deadline_exceeded",
+            },
         }
     }
 
     /// TEI's error body for this error.
     pub fn to_response(&self) -> ErrorResponse {
+        if let EmbedError::Remote { response, .. } = self {
+            return response.clone();
+        }
         ErrorResponse {
             error: self.to_string(),
             error_type: self.error_type(),
@@ -123,21 +164,6 @@ impl EmbedError {
     pub fn to_json(&self) -> Vec<u8> {
         // Serializing a struct of a String and a unit enum cannot fail.
         serde_json::to_vec(&self.to_response()).unwrap_or_default()
-    }
-
-    /// Rebuilds an error from a NATS error reply: its status code header, its message header and
-    /// its payload (TEI's error body, when present). Unknown codes map to [`EmbedError::Backend`].
-    pub fn from_reply(code: u16, message: &str) -> EmbedError {
-        let message = message.to_string();
-        match code {
-            400 => EmbedError::Empty(message),
-            413 => EmbedError::TooLarge(message),
-            422 => EmbedError::Validation(message),
-            429 => EmbedError::Overloaded(message),
-            503 => EmbedError::Unavailable(message),
-            504 | 408 => EmbedError::DeadlineExceeded(message),
-            _ => EmbedError::Backend(message),
-        }
     }
 }
 
@@ -190,10 +216,19 @@ mod tests {
     }
 
     #[test]
-    fn reply_codes_map_back_to_the_same_status() {
-        for code in [400u16, 413, 422, 424, 429, 503, 504] {
-            assert_eq!(EmbedError::from_reply(code, "m").status(), code);
-        }
-        assert_eq!(EmbedError::from_reply(500, "m").status(), 424);
+    fn a_remote_error_is_carried_verbatim() {
+        let response = ErrorResponse {
+            error: "Input validation error: `inputs` cannot be empty".into(),
+            error_type: ErrorType::Tokenizer,
+        };
+        let err = EmbedError::Remote {
+            status: 422,
+            response: response.clone(),
+        };
+        assert_eq!(err.status(), 422);
+        assert_eq!(err.error_type(), ErrorType::Tokenizer);
+        assert_eq!(err.to_string(), response.error);
+        assert_eq!(err.to_response(), response);
+        assert_eq!(err.kind(), "tokenizer");
     }
 }

@@ -11,6 +11,19 @@ use std::time::Duration;
 /// `--default-deadline-ms` applies.
 pub const DEADLINE_MS: &str = "Embatch-Deadline-Ms";
 
+/// Request header (optional): an id the caller picks for this request, unique among its requests
+/// in flight (e.g. its reply inbox or a UUID). Publishing the same id as the payload of a message
+/// on [`cancel_subject`] withdraws the request: a worker that still holds it in its queue drops
+/// it without upstream work and sends no reply.
+pub const REQUEST_ID: &str = "Embatch-Request-Id";
+
+/// The subject on which callers withdraw requests they no longer wait for (payload: the
+/// [`REQUEST_ID`] value): `<subject>.cancel`. Every worker listens on it (no queue group), so the
+/// one holding the request drops it.
+pub fn cancel_subject(subject: &str) -> String {
+    format!("{subject}.cancel")
+}
+
 /// Request header (optional): the contract version the client speaks, e.g. `1`.
 pub const VERSION: &str = "Embatch-Version";
 

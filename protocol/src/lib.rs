@@ -14,9 +14,11 @@
 //! - [`error`]: the one error type ([`EmbedError`]) and its single mapping to HTTP status codes,
 //!   TEI error bodies and NATS error headers.
 //! - [`headers`]: header names, and the deadline header's encoding.
+//! - [`reply`]: the reply codec (success and error headers, decoding a reply into a result).
 
 pub mod error;
 pub mod headers;
+pub mod reply;
 pub mod request;
 
 pub use error::{EmbedError, ErrorResponse, ErrorType};

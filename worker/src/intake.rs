@@ -8,14 +8,17 @@
 //! at once) and moves on, so the client's subscription buffer, which would drop messages silently
 //! when full, never fills; our own bound (`QUEUE_CAP`) bites first.
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::HeaderMap;
 use async_nats::service::{Request, endpoint::Endpoint};
-use embatch_protocol::{EmbedError, EmbedRequest, PROTOCOL_VERSION, headers};
+use embatch_protocol::{EmbedError, EmbedRequest, PROTOCOL_VERSION, headers, reply};
 use futures::StreamExt;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::batcher::{BatcherHandle, Outcome};
@@ -29,23 +32,63 @@ pub struct IntakeConfig {
     pub max_client_batch_size: usize,
 }
 
+/// Requests in the batcher that carry a [`headers::REQUEST_ID`], by id: cancelling one ends the
+/// task waiting for its outcome without a reply, which drops its receiver, and the batcher then
+/// drops the request before it costs upstream work (see `batcher`).
+#[derive(Default)]
+struct Withdrawable {
+    by_id: Mutex<HashMap<String, CancellationToken>>,
+}
+
+impl Withdrawable {
+    fn insert(&self, id: String, handle: CancellationToken) {
+        self.by_id
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, handle);
+    }
+
+    fn remove(&self, id: &str) -> Option<CancellationToken> {
+        self.by_id
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id)
+    }
+
+    /// Withdraws the request with the id in `payload`, if this worker holds it.
+    fn cancel(&self, payload: &[u8]) {
+        let Ok(id) = std::str::from_utf8(payload) else {
+            return;
+        };
+        if let Some(handle) = self.remove(id.trim()) {
+            handle.cancel();
+            metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => "cancelled")
+                .increment(1);
+        }
+    }
+}
+
 /// Reads requests from `endpoint` until `shutdown` resolves, then unsubscribes, admits what the
 /// subscription had already buffered, and returns. Replies are sent by tasks on `replies`; wait
-/// on it (after dropping the batcher) to know every accepted request was answered.
+/// on it (after dropping the batcher) to know every accepted request was answered. Messages on
+/// `cancels` (the [`headers::cancel_subject`]) withdraw requests by id.
 pub async fn run(
     mut endpoint: Endpoint,
+    mut cancels: async_nats::Subscriber,
     batcher: BatcherHandle,
     config: IntakeConfig,
     replies: TaskTracker,
     shutdown: impl Future<Output = ()>,
 ) {
+    let withdrawable = Arc::new(Withdrawable::default());
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             request = endpoint.next() => match request {
-                Some(request) => admit(request, &batcher, &config, &replies).await,
+                Some(request) => admit(request, &batcher, &config, &replies, &withdrawable).await,
                 None => return,
             },
+            Some(cancel) = cancels.next() => withdrawable.cancel(&cancel.payload),
             () = &mut shutdown => break,
         }
     }
@@ -57,7 +100,7 @@ pub async fn run(
     while let Ok(Some(request)) =
         tokio::time::timeout(Duration::from_millis(200), endpoint.next()).await
     {
-        admit(request, &batcher, &config, &replies).await;
+        admit(request, &batcher, &config, &replies, &withdrawable).await;
     }
 }
 
@@ -67,6 +110,7 @@ async fn admit(
     batcher: &BatcherHandle,
     config: &IntakeConfig,
     replies: &TaskTracker,
+    withdrawable: &Arc<Withdrawable>,
 ) {
     if request.message.reply.is_none() {
         metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => "no_reply_subject")
@@ -78,12 +122,30 @@ async fn admit(
     }
     match submit(&request, batcher, config) {
         Ok(receiver) => {
+            let id = request
+                .message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(headers::REQUEST_ID))
+                .map(|v| v.as_str().to_owned());
+            let cancelled = CancellationToken::new();
+            let registered = id.map(|id| {
+                withdrawable.insert(id.clone(), cancelled.clone());
+                (Arc::clone(withdrawable), id)
+            });
             replies.spawn(async move {
-                let outcome = receiver.await.unwrap_or_else(|_| {
-                    Err(EmbedError::Unavailable(
-                        "the worker stopped before answering".into(),
-                    ))
-                });
+                let outcome = tokio::select! {
+                    outcome = receiver => outcome.unwrap_or_else(|_| {
+                        Err(EmbedError::Unavailable(
+                            "the worker stopped before answering".into(),
+                        ))
+                    }),
+                    // Withdrawn by its caller: dropping the receiver tells the batcher.
+                    () = cancelled.cancelled() => return,
+                };
+                if let Some((registry, id)) = registered {
+                    registry.remove(&id);
+                }
                 respond(&request, outcome).await;
             });
         }
@@ -134,28 +196,15 @@ async fn respond(request: &Request, outcome: Outcome) {
     let mut reply_headers = HeaderMap::new();
     let payload = match outcome {
         Ok(reply) => {
-            reply_headers.insert(
-                headers::QUEUE_TIME_MS,
-                reply.queue_time.as_millis().to_string().as_str(),
-            );
-            reply_headers.insert(
-                headers::INFERENCE_TIME_MS,
-                reply.inference_time.as_millis().to_string().as_str(),
-            );
+            for (name, value) in reply::success_headers(reply.queue_time, reply.inference_time) {
+                reply_headers.insert(name, value.as_str());
+            }
             reply.payload
         }
         Err(err) => {
-            reply_headers.insert(
-                headers::SERVICE_ERROR_CODE,
-                err.status().to_string().as_str(),
-            );
-            // A header value is one line: an upstream's multi-line message is folded.
-            let message: String = err
-                .to_string()
-                .chars()
-                .map(|c| if c.is_control() { ' ' } else { c })
-                .collect();
-            reply_headers.insert(headers::SERVICE_ERROR, message.as_str());
+            for (name, value) in reply::error_headers(&err) {
+                reply_headers.insert(name, value.as_str());
+            }
             err.to_json().into()
         }
     };

@@ -165,7 +165,19 @@ pub async fn run<U: Upstream>(
         default_deadline: config.default_deadline,
         max_client_batch_size: config.max_client_batch_size,
     };
-    intake::run(endpoint, batcher, intake_config, replies.clone(), shutdown).await;
+    let cancels = client
+        .subscribe(embatch_protocol::headers::cancel_subject(&config.subject))
+        .await
+        .map_err(|e| WorkerError::Service(format!("cannot subscribe to the cancel subject: {e}")))?;
+    intake::run(
+        endpoint,
+        cancels,
+        batcher,
+        intake_config,
+        replies.clone(),
+        shutdown,
+    )
+    .await;
 
     // The intake dropped the last batcher handle: the batcher flushes and answers what it holds.
     replies.close();
@@ -197,20 +209,16 @@ pub async fn run<U: Upstream>(
 /// Connects to NATS as a worker: named, with a subscription buffer well above `QUEUE_CAP` so
 /// the worker's own bound is always the one that bites.
 ///
-/// `--nats-url` may list several servers, comma-separated (async-nats takes a string as one
-/// URL, so the list is split here). They are tried in the order given, first to connect and
-/// again on every reconnect: a worker attaches to the node listed first (its nearest) and
-/// falls back to the next ones while it is down.
+/// `--nats-url` may list several servers, comma-separated, tried in the order given (see
+/// [`embatch_client::connect`]).
 ///
 /// # Errors
 /// [`WorkerError::Connect`] when no server in `--nats-url` answers.
 pub async fn connect(config: &Config) -> Result<async_nats::Client, WorkerError> {
-    let servers: Vec<&str> = config.nats_url.split(',').map(str::trim).collect();
-    async_nats::ConnectOptions::new()
+    let options = async_nats::ConnectOptions::new()
         .name("embatch-worker")
-        .subscription_capacity(config.queue_cap.saturating_mul(4).max(65_536))
-        .retain_servers_order()
-        .connect(servers)
+        .subscription_capacity(config.queue_cap.saturating_mul(4).max(65_536));
+    embatch_client::connect_with(&config.nats_url, options)
         .await
         .map_err(|source| WorkerError::Connect {
             url: config.nats_url.clone(),

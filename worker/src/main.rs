@@ -1,3 +1,5 @@
+//! `embatch-worker`: parses the configuration, connects to NATS, loads the upstream and serves (see the library docs).
+
 use clap::Parser;
 use embatch_worker::{Config, WorkerError, http, telemetry};
 

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use embatch_client::{EmbedClient, RequestError};
 use embatch_protocol::headers;
 use embatch_testkit::{Behaviour, NatsServer, POISON, RunningWorker, TeiDouble, double_vector};
 
@@ -33,34 +34,24 @@ async fn stack(behaviour: Behaviour, args: &[&str]) -> Stack {
     }
 }
 
-/// The reply of a direct NATS request: status (200 or the error code) and the payload.
-async fn request(
-    client: &async_nats::Client,
-    body: &str,
-    deadline_ms: Option<u64>,
-) -> (u16, serde_json::Value) {
-    let mut h = async_nats::HeaderMap::new();
-    if let Some(ms) = deadline_ms {
-        h.insert(headers::DEADLINE_MS, ms.to_string().as_str());
-    }
-    let message = client
-        .send_request(
-            "embed",
-            async_nats::Request::new()
-                .payload(Bytes::from(body.to_owned()))
-                .headers(h)
-                .timeout(Some(Duration::from_secs(10))),
-        )
+/// The reply of a direct NATS request sent through `embatch-client` with a 10 s budget: status
+/// (200 or the error code) and the payload (TEI's response or error body).
+async fn request(client: &async_nats::Client, body: &str) -> (u16, serde_json::Value) {
+    let client = EmbedClient::new(client.clone(), "embed");
+    match client
+        .embed(Bytes::from(body.to_owned()), Duration::from_secs(10))
         .await
-        .expect("a reply");
-    let code = message
-        .headers
-        .as_ref()
-        .and_then(|h| h.get(headers::SERVICE_ERROR_CODE))
-        .map(|v| v.as_str().parse::<u16>().expect("numeric code"))
-        .unwrap_or(200);
-    let payload = serde_json::from_slice(&message.payload).expect("JSON payload");
-    (code, payload)
+    {
+        Ok(reply) => (
+            200,
+            serde_json::from_slice(&reply.payload).expect("JSON payload"),
+        ),
+        Err(RequestError::Reply(err)) => (
+            err.status(),
+            serde_json::to_value(err.to_response()).expect("serializes"),
+        ),
+        Err(err) => panic!("no reply: {err}"),
+    }
 }
 
 /// The reply's vectors as f32, as a client decodes them.
@@ -86,12 +77,8 @@ async fn concurrent_clients_share_full_batches_and_each_gets_its_own_slice() {
             let client = client.clone();
             tokio::spawn(async move {
                 let text = format!("client {i} says hello");
-                let (code, body) = request(
-                    &client,
-                    &serde_json::json!({"inputs": text}).to_string(),
-                    None,
-                )
-                .await;
+                let (code, body) =
+                    request(&client, &serde_json::json!({"inputs": text}).to_string()).await;
                 (text, code, body)
             })
         })
@@ -138,7 +125,7 @@ async fn a_poisoned_request_fails_alone_over_nats() {
                     vec![format!("ok {i}")]
                 };
                 let body = serde_json::json!({ "inputs": inputs }).to_string();
-                (i, request(&client, &body, None).await)
+                (i, request(&client, &body).await)
             })
         })
         .collect();
@@ -165,7 +152,7 @@ async fn upstream_down_answers_503_fast_and_upstream_5xx_answers_424() {
         .await
         .expect("client connects");
     let started = std::time::Instant::now();
-    let (code, body) = request(&client, r#"{"inputs":"x"}"#, None).await;
+    let (code, body) = request(&client, r#"{"inputs":"x"}"#).await;
     assert_eq!(code, 503, "{body}");
     assert_eq!(body["error_type"], "Unhealthy");
     assert!(
@@ -182,11 +169,11 @@ async fn upstream_down_answers_503_fast_and_upstream_5xx_answers_424() {
     .await;
     let worker =
         RunningWorker::start(&nats, &["--tei-url", &tei.url, "--max-wait-time", "1ms"]).await;
-    let (code, body) = request(&client, r#"{"inputs":"x"}"#, None).await;
+    let (code, body) = request(&client, r#"{"inputs":"x"}"#).await;
     assert_eq!(code, 424, "{body}");
     assert_eq!(body["error_type"], "Backend");
     tei.set_behaviour(Behaviour::default());
-    let (code, _) = request(&client, r#"{"inputs":"x"}"#, None).await;
+    let (code, _) = request(&client, r#"{"inputs":"x"}"#).await;
     assert_eq!(
         code, 200,
         "the worker keeps serving once the upstream recovers"
@@ -202,7 +189,26 @@ async fn an_expired_deadline_gets_504_without_an_upstream_call() {
         worker,
         client,
     } = stack(Behaviour::default(), &[]).await;
-    let (code, body) = request(&client, r#"{"inputs":"late"}"#, Some(0)).await;
+    // By hand, not through `embatch-client`: a 0 ms budget would time out in the client itself.
+    let mut h = async_nats::HeaderMap::new();
+    h.insert(headers::DEADLINE_MS, "0");
+    let message = client
+        .send_request(
+            "embed",
+            async_nats::Request::new()
+                .payload(Bytes::from_static(br#"{"inputs":"late"}"#))
+                .headers(h)
+                .timeout(Some(Duration::from_secs(10))),
+        )
+        .await
+        .expect("a reply");
+    let code = message
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(headers::SERVICE_ERROR_CODE))
+        .map(|v| v.as_str().to_owned());
+    let body: serde_json::Value = serde_json::from_slice(&message.payload).expect("JSON");
+    let code: u16 = code.and_then(|c| c.parse().ok()).unwrap_or(200);
     assert_eq!(code, 504, "{body}");
     assert_eq!(body["error_type"], "Timeout");
     assert!(
@@ -238,10 +244,10 @@ async fn beyond_queue_cap_requests_are_answered_429_at_once() {
     .await;
     let slow = {
         let client = client.clone();
-        tokio::spawn(async move { request(&client, r#"{"inputs":["a","b","c","d"]}"#, None).await })
+        tokio::spawn(async move { request(&client, r#"{"inputs":["a","b","c","d"]}"#).await })
     };
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let (code, body) = request(&client, r#"{"inputs":"one too many"}"#, None).await;
+    let (code, body) = request(&client, r#"{"inputs":"one too many"}"#).await;
     assert_eq!(code, 429, "{body}");
     assert_eq!(body["error_type"], "Overloaded");
     assert!(
@@ -285,7 +291,7 @@ async fn bad_requests_get_teis_error_body_and_nats_error_headers() {
         ),
     ];
     for (body, status, kind, needle) in cases {
-        let (code, reply) = request(&client, body, None).await;
+        let (code, reply) = request(&client, body).await;
         assert_eq!(code, status, "{body} → {reply}");
         assert_eq!(reply["error_type"], kind, "{body}");
         let message = reply["error"].as_str().expect("error message");
@@ -299,7 +305,7 @@ async fn bad_requests_get_teis_error_body_and_nats_error_headers() {
         "bad requests never reach the upstream"
     );
     // And a good request after all of them still works.
-    let (code, _) = request(&client, r#"{"inputs":"fine"}"#, None).await;
+    let (code, _) = request(&client, r#"{"inputs":"fine"}"#).await;
     assert_eq!(code, 200);
     worker.stop().await;
 }
@@ -347,7 +353,7 @@ async fn the_tei_api_key_is_sent_as_a_bearer_token_and_never_logged() {
     let client = async_nats::connect(nats.url())
         .await
         .expect("client connects");
-    let (code, _) = request(&client, r#"{"inputs":"x"}"#, None).await;
+    let (code, _) = request(&client, r#"{"inputs":"x"}"#).await;
     assert_eq!(code, 200);
     let calls = tei.calls();
     assert_eq!(

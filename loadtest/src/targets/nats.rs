@@ -2,26 +2,23 @@
 
 use std::time::Duration;
 
-use async_nats::client::RequestErrorKind;
-use async_nats::{HeaderMap, Request};
-use embatch_protocol::headers;
+use embatch_client::{EmbedClient, RequestError};
 
 use crate::LoadtestError;
 use crate::corpus::Payload;
-use crate::stats::{FailureKind, Outcome, classify_nats};
+use crate::stats::{FailureKind, Outcome, check_embeddings};
 
 /// The embatch NATS subject, reached with one multiplexed NATS connection.
 #[derive(Debug, Clone)]
 pub struct NatsTarget {
-    client: async_nats::Client,
+    client: EmbedClient,
     url: String,
-    subject: String,
     timeout: Duration,
 }
 
 impl NatsTarget {
     /// Connects to `url`; requests go to `subject` with a reply timeout of `timeout`, which is
-    /// also sent as the [`headers::DEADLINE_MS`] budget (whole ms).
+    /// also sent as the [`embatch_protocol::headers::DEADLINE_MS`] budget (whole ms).
     ///
     /// # Errors
     /// [`LoadtestError::NatsConnect`] when the initial connection fails.
@@ -30,69 +27,47 @@ impl NatsTarget {
         subject: &str,
         timeout: Duration,
     ) -> Result<NatsTarget, LoadtestError> {
-        let client = async_nats::ConnectOptions::new()
+        let options = async_nats::ConnectOptions::new()
             .name("embatch-loadtest")
             .connection_timeout(timeout.max(Duration::from_secs(5)))
-            .request_timeout(Some(timeout))
-            .connect(url)
+            .request_timeout(Some(timeout));
+        let nats = embatch_client::connect_with(url, options)
             .await
             .map_err(|e| LoadtestError::NatsConnect {
                 url: url.to_string(),
                 message: e.to_string(),
             })?;
         Ok(NatsTarget {
-            client,
+            client: EmbedClient::new(nats, subject),
             url: url.to_string(),
-            subject: subject.to_string(),
             timeout,
         })
     }
 
     /// Sends one request and classifies its reply.
     pub async fn send(&self, payload: Payload) -> Outcome {
-        let mut hdrs = HeaderMap::new();
-        hdrs.insert(
-            headers::DEADLINE_MS,
-            headers::encode_deadline(self.timeout).as_str(),
-        );
-        hdrs.insert(headers::VERSION, embatch_protocol::PROTOCOL_VERSION);
-        let request = Request::new()
-            .payload(payload.body)
-            .headers(hdrs)
-            .timeout(Some(self.timeout));
-        match self
-            .client
-            .send_request(self.subject.clone(), request)
-            .await
-        {
-            Ok(message) => classify_nats(
-                message.status.map(|s| s.as_u16()),
-                message
-                    .headers
-                    .as_ref()
-                    .and_then(|h| h.get(headers::SERVICE_ERROR_CODE))
-                    .map(|v| v.as_str()),
-                &message.payload,
-                payload.inputs,
-            ),
-            Err(err) => Err(classify_request_error(err.kind())),
+        match self.client.embed(payload.body, self.timeout).await {
+            Ok(reply) => check_embeddings(&reply.payload, payload.inputs),
+            Err(err) => Err(classify_request_error(&err)),
         }
     }
 
     /// `nats://… subject …`.
     pub fn describe(&self) -> String {
-        format!("{} subject {}", self.url, self.subject)
+        format!("{} subject {}", self.url, self.client.subject())
     }
 }
 
-/// Classifies a failed NATS request.
-pub fn classify_request_error(kind: RequestErrorKind) -> FailureKind {
-    match kind {
-        RequestErrorKind::TimedOut => FailureKind::Timeout,
-        RequestErrorKind::NoResponders => FailureKind::NoResponders,
+/// Classifies a failed NATS request: an error the worker answered by its status, the client's
+/// own failures by kind.
+pub fn classify_request_error(err: &RequestError) -> FailureKind {
+    match err {
+        RequestError::TimedOut { .. } => FailureKind::Timeout,
+        RequestError::NoResponders { .. } => FailureKind::NoResponders,
         // The client refuses a payload over the server's max_payload before sending it.
-        RequestErrorKind::MaxPayloadExceeded => FailureKind::Status(413),
-        RequestErrorKind::InvalidSubject | RequestErrorKind::Other => FailureKind::Transport,
+        RequestError::MaxPayload(_) => FailureKind::Status(413),
+        RequestError::Transport(_) => FailureKind::Transport,
+        RequestError::Reply(err) => FailureKind::Status(err.status()),
     }
 }
 
@@ -103,16 +78,24 @@ mod tests {
     #[test]
     fn request_errors() {
         assert_eq!(
-            classify_request_error(RequestErrorKind::TimedOut),
+            classify_request_error(&RequestError::TimedOut { budget_ms: 5 }),
             FailureKind::Timeout
         );
         assert_eq!(
-            classify_request_error(RequestErrorKind::NoResponders),
+            classify_request_error(&RequestError::NoResponders {
+                subject: "embed".into()
+            }),
             FailureKind::NoResponders
         );
         assert_eq!(
-            classify_request_error(RequestErrorKind::Other),
+            classify_request_error(&RequestError::Transport("closed".into())),
             FailureKind::Transport
+        );
+        assert_eq!(
+            classify_request_error(&RequestError::Reply(
+                embatch_protocol::EmbedError::Overloaded("full".into())
+            )),
+            FailureKind::Status(429)
         );
     }
 }

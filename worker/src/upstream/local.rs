@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use embatch_local_model::LocalModel;
-use embatch_protocol::{EmbedError, EmbedOptions};
+use embatch_protocol::EmbedOptions;
 use serde_json::value::RawValue;
 
 use super::{Embedding, Upstream, UpstreamError};
@@ -34,25 +34,14 @@ impl Upstream for LocalUpstream {
         let inputs = inputs.to_vec();
         let vectors = tokio::task::spawn_blocking(move || model.embed(&inputs, &options))
             .await
-            .map_err(|e| {
-                UpstreamError::Failed(EmbedError::Backend(format!("model task failed: {e}")))
-            })?
-            .map_err(|e| match e {
-                EmbedError::Validation(_) | EmbedError::TooLarge(_) | EmbedError::Tokenizer(_) => {
-                    UpstreamError::Rejected(e)
-                }
-                other => UpstreamError::Failed(other),
-            })?;
+            .map_err(|e| UpstreamError::Crashed(format!("model task failed: {e}")))?
+            .map_err(UpstreamError::Model)?;
         vectors
             .iter()
             .map(|v| {
                 serde_json::to_string(v)
                     .and_then(RawValue::from_string)
-                    .map_err(|e| {
-                        UpstreamError::Failed(EmbedError::Backend(format!(
-                            "cannot encode embedding: {e}"
-                        )))
-                    })
+                    .map_err(|e| UpstreamError::Malformed(format!("cannot encode embedding: {e}")))
             })
             .collect()
     }

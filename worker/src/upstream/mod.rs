@@ -10,30 +10,106 @@ pub mod tei;
 
 use std::future::Future;
 
-use embatch_protocol::{EmbedError, EmbedOptions};
+use embatch_protocol::{EmbedError, EmbedOptions, ErrorResponse};
 use serde_json::value::RawValue;
 
 /// One embedding, kept as the raw JSON array text the upstream produced (`[0.1,-0.2,...]`), so the
 /// worker slices an upstream reply into per-request replies without re-encoding any float.
 pub type Embedding = Box<RawValue>;
 
-/// Why an upstream call failed, split by whose fault it is.
+/// Why an upstream call failed, by cause. [`UpstreamError::blames_input`] decides whether the
+/// batcher bisects the batch to isolate an input; `From<UpstreamError> for EmbedError` is the
+/// one mapping to what the requests of the call are answered.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum UpstreamError {
-    /// The upstream rejected the inputs (a 4xx such as 413 "input too long" or 422): one input is
-    /// at fault, so the batcher retries the batch's requests apart to isolate it.
+    /// The upstream cannot be reached (connection refused, DNS, TLS): 503 `Unhealthy`.
+    #[error("upstream unreachable: {0}")]
+    Unreachable(String),
+    /// The call took longer than `UPSTREAM_TIMEOUT`: 424 `Backend`.
+    #[error("upstream timed out after {} ms", .0.as_millis())]
+    Timeout(std::time::Duration),
+    /// The upstream answered an error status with TEI's error body, passed through verbatim
+    /// (TEI's 413/422/400 blame an input; its 429, 503 and 424 do not).
+    #[error("upstream answered {status}: {}", .response.error)]
+    Status {
+        /// The HTTP status.
+        status: u16,
+        /// TEI's error body as received.
+        response: ErrorResponse,
+    },
+    /// The upstream answered an error status without TEI's error body (a proxy's 502, say):
+    /// 424 `Backend` (503 stays 503).
+    #[error("upstream answered {status}: {body}")]
+    Http {
+        /// The HTTP status.
+        status: u16,
+        /// The body, as text (truncated to 512 bytes).
+        body: String,
+    },
+    /// The call failed in transit, or the reply is not TEI's response shape: 424 `Backend`.
+    #[error("malformed upstream reply: {0}")]
+    Malformed(String),
+    /// The reply holds another number of embeddings than inputs were sent: 424 `Backend`.
+    #[error("upstream returned {got} embeddings for {sent} inputs")]
+    CountMismatch {
+        /// Inputs sent.
+        sent: usize,
+        /// Embeddings received.
+        got: usize,
+    },
+    /// The built-in model refused or failed (its own typed error; validation and tokenizer
+    /// errors blame an input).
     #[error("{0}")]
-    Rejected(EmbedError),
-    /// The upstream itself failed (refused, 5xx, timeout, malformed reply): every request of the
-    /// call fails with this error (`Unavailable` 503 or `Backend` 424).
-    #[error("{0}")]
-    Failed(EmbedError),
+    Model(EmbedError),
+    /// The task running the call panicked or was cancelled: 500-class `Backend` for exactly the
+    /// requests of that call.
+    #[error("upstream call crashed: {0}")]
+    Crashed(String),
+}
+
+impl UpstreamError {
+    /// `true` when an input of the batch is at fault (TEI's 400/413/422, the model's validation
+    /// or tokenizer errors): the batcher then retries the batch's requests apart to isolate it.
+    pub fn blames_input(&self) -> bool {
+        match self {
+            UpstreamError::Status { status, .. } | UpstreamError::Http { status, .. } => {
+                matches!(status, 400 | 413 | 422)
+            }
+            UpstreamError::Model(err) => matches!(err.status(), 400 | 413 | 422),
+            _ => false,
+        }
+    }
 }
 
 impl From<UpstreamError> for EmbedError {
     fn from(err: UpstreamError) -> EmbedError {
         match err {
-            UpstreamError::Rejected(e) | UpstreamError::Failed(e) => e,
+            UpstreamError::Unreachable(_) => EmbedError::Unavailable(err.to_string()),
+            UpstreamError::Status { status, response } => {
+                // TEI's own statuses pass through; another 5xx is the backend failing (424).
+                let status = if (400..500).contains(&status) || matches!(status, 503 | 424) {
+                    status
+                } else {
+                    424
+                };
+                EmbedError::Remote { status, response }
+            }
+            UpstreamError::Http { status: 503, .. } => EmbedError::Unavailable(err.to_string()),
+            UpstreamError::Http { status, .. } if (400..500).contains(&status) => {
+                EmbedError::Remote {
+                    status,
+                    response: ErrorResponse {
+                        error: err.to_string(),
+                        error_type: embatch_protocol::ErrorType::for_status(status),
+                    },
+                }
+            }
+            UpstreamError::Model(err) => err,
+            UpstreamError::Timeout(_)
+            | UpstreamError::Http { .. }
+            | UpstreamError::Malformed(_)
+            | UpstreamError::CountMismatch { .. }
+            | UpstreamError::Crashed(_) => EmbedError::Backend(err.to_string()),
         }
     }
 }

@@ -12,6 +12,8 @@ pub struct TeiUpstream {
     client: reqwest::Client,
     embed_url: String,
     max_batch_size: usize,
+    /// `UPSTREAM_TIMEOUT`, reported in [`UpstreamError::Timeout`].
+    timeout: Duration,
 }
 
 /// How to reach one TEI server.
@@ -88,6 +90,7 @@ impl TeiUpstream {
             client,
             embed_url: format!("{base}/embed"),
             max_batch_size,
+            timeout,
         })
     }
 }
@@ -115,36 +118,26 @@ impl Upstream for TeiUpstream {
             .json(&TeiRequest { inputs, options })
             .send()
             .await
-            .map_err(transport_error)?;
+            .map_err(|e| transport_error(e, self.timeout))?;
         let status = response.status();
-        let body = response.bytes().await.map_err(transport_error)?;
+        let body = response.bytes().await.map_err(|e| transport_error(e, self.timeout))?;
         if !status.is_success() {
-            let message = serde_json::from_slice::<ErrorResponse>(&body)
-                .map(|e| e.error)
-                .unwrap_or_else(|_| String::from_utf8_lossy(&body).into_owned());
-            let code = status.as_u16();
-            return Err(match code {
-                // The upstream is overloaded or unhealthy: pass its 429 / 503 through.
-                429 | 503 => UpstreamError::Failed(EmbedError::from_reply(code, &message)),
-                // Any other 4xx: the inputs are at fault (413 too long, 422 invalid, ...).
-                _ if status.is_client_error() => {
-                    UpstreamError::Rejected(EmbedError::from_reply(code, &message))
-                }
-                _ => UpstreamError::Failed(EmbedError::Backend(format!(
-                    "upstream {status}: {message}"
-                ))),
+            let status = status.as_u16();
+            return Err(match serde_json::from_slice::<ErrorResponse>(&body) {
+                Ok(response) => UpstreamError::Status { status, response },
+                Err(_) => UpstreamError::Http {
+                    status,
+                    body: String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned(),
+                },
             });
         }
-        let embeddings: Vec<Embedding> = serde_json::from_slice(&body).map_err(|e| {
-            UpstreamError::Failed(EmbedError::Backend(format!(
-                "malformed upstream reply: {e}"
-            )))
-        })?;
+        let embeddings: Vec<Embedding> =
+            serde_json::from_slice(&body).map_err(|e| UpstreamError::Malformed(e.to_string()))?;
         if embeddings.len() != n {
-            return Err(UpstreamError::Failed(EmbedError::Backend(format!(
-                "upstream returned {} embeddings for {n} inputs",
-                embeddings.len()
-            ))));
+            return Err(UpstreamError::CountMismatch {
+                sent: n,
+                got: embeddings.len(),
+            });
         }
         Ok(embeddings)
     }
@@ -154,15 +147,13 @@ impl Upstream for TeiUpstream {
     }
 }
 
-/// Connection refused / DNS → 503 (the upstream is not there); timeouts and broken bodies → 424.
-fn transport_error(err: reqwest::Error) -> UpstreamError {
+/// Connection refused / DNS → unreachable (503); timeouts → 424; a broken body → malformed (424).
+fn transport_error(err: reqwest::Error, timeout: Duration) -> UpstreamError {
     if err.is_connect() {
-        UpstreamError::Failed(EmbedError::Unavailable(format!(
-            "upstream unreachable: {err}"
-        )))
+        UpstreamError::Unreachable(err.to_string())
     } else if err.is_timeout() {
-        UpstreamError::Failed(EmbedError::Backend(format!("upstream timed out: {err}")))
+        UpstreamError::Timeout(timeout)
     } else {
-        UpstreamError::Failed(EmbedError::Backend(format!("upstream call failed: {err}")))
+        UpstreamError::Malformed(format!("upstream call failed: {err}"))
     }
 }

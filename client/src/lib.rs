@@ -1,0 +1,257 @@
+//! The Rust client of the embatch NATS contract (see `embatch-protocol` and the README's "NATS
+//! contract"): connect to NATS, send one embed request with its deadline, get back the embeddings
+//! or a typed error.
+//!
+//! The gateway, the load generator and the tests all send requests through [`EmbedClient`], so
+//! the request headers, the reply decoding and the mapping of NATS request failures to
+//! [`EmbedError`]s are written once.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! let nats = embatch_client::connect("nats://127.0.0.1:4222", "my-service").await?;
+//! let client = embatch_client::EmbedClient::new(nats, embatch_protocol::DEFAULT_SUBJECT);
+//! let reply = client
+//!     .embed(r#"{"inputs":["hello"]}"#.into(), Duration::from_secs(2))
+//!     .await?;
+//! println!("{}", String::from_utf8_lossy(&reply.payload)); // [[0.01, ...]]
+//! # Ok(()) }
+//! ```
+
+use std::time::Duration;
+
+use async_nats::client::RequestErrorKind;
+use bytes::Bytes;
+use embatch_protocol::reply::{self, Timings};
+use embatch_protocol::{EmbedError, PROTOCOL_VERSION, headers};
+
+/// Connects to NATS as `name` (shown by `nats server report connections` and in the monitoring
+/// endpoints).
+///
+/// `urls` may list several servers, comma-separated (async-nats takes a string as one URL, so
+/// the list is split here). They are tried in the order given, first to connect and again on
+/// every reconnect: list the nearest node first.
+///
+/// # Errors
+/// When no server in `urls` answers.
+pub async fn connect(
+    urls: &str,
+    name: &str,
+) -> Result<async_nats::Client, async_nats::ConnectError> {
+    connect_with(urls, async_nats::ConnectOptions::new().name(name)).await
+}
+
+/// [`connect`] with the caller's own options (e.g. a subscription capacity).
+///
+/// # Errors
+/// When no server in `urls` answers.
+pub async fn connect_with(
+    urls: &str,
+    options: async_nats::ConnectOptions,
+) -> Result<async_nats::Client, async_nats::ConnectError> {
+    let servers: Vec<&str> = urls
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    options.retain_servers_order().connect(servers).await
+}
+
+/// A successful reply: TEI's response body and the worker's timings.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    /// TEI's `POST /embed` response body, `[[f32, ...], ...]`, one array per input, as JSON bytes.
+    pub payload: Bytes,
+    /// Milliseconds waited in the worker before the upstream call, and spent in it.
+    pub timings: Timings,
+}
+
+/// Why a request failed, as the NATS client saw it. [`RequestError::Reply`] is an error the
+/// worker answered; the others mean no worker answered. `From<RequestError> for EmbedError` is
+/// the one mapping to statuses (503, 504, 413, ...).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    /// The NATS server has no subscriber on the subject: no worker runs (503).
+    #[error("no embatch worker is listening on subject `{subject}`")]
+    NoResponders {
+        /// The subject sent to.
+        subject: String,
+    },
+    /// No reply within the budget (504).
+    #[error("no reply within {budget_ms} ms")]
+    TimedOut {
+        /// The budget in whole ms.
+        budget_ms: u128,
+    },
+    /// The body is larger than the NATS server's `max_payload` (413).
+    #[error("the request body is larger than the NATS server's max_payload: {0}")]
+    MaxPayload(String),
+    /// The connection failed or the subject is invalid (503).
+    #[error("NATS request failed: {0}")]
+    Transport(String),
+    /// The worker answered with an error.
+    #[error("{0}")]
+    Reply(EmbedError),
+}
+
+impl From<RequestError> for EmbedError {
+    fn from(err: RequestError) -> EmbedError {
+        match err {
+            RequestError::Reply(err) => err,
+            RequestError::TimedOut { .. } => EmbedError::DeadlineExceeded(err.to_string()),
+            RequestError::MaxPayload(_) => EmbedError::TooLarge(err.to_string()),
+            RequestError::NoResponders { .. } | RequestError::Transport(_) => {
+                EmbedError::Unavailable(err.to_string())
+            }
+        }
+    }
+}
+
+/// Sends embed requests on one subject over a shared NATS connection (cheap to clone).
+#[derive(Debug, Clone)]
+pub struct EmbedClient {
+    nats: async_nats::Client,
+    subject: String,
+}
+
+impl EmbedClient {
+    /// A client for `subject` (the workers' `EMBATCH_SUBJECT`, by default
+    /// [`embatch_protocol::DEFAULT_SUBJECT`]) on an open connection.
+    pub fn new(nats: async_nats::Client, subject: impl Into<String>) -> EmbedClient {
+        EmbedClient {
+            nats,
+            subject: subject.into(),
+        }
+    }
+
+    /// The NATS connection.
+    pub fn nats(&self) -> &async_nats::Client {
+        &self.nats
+    }
+
+    /// The subject requests are sent on.
+    pub fn subject(&self) -> &str {
+        &self.subject
+    }
+
+    /// Sends `body` (TEI's `POST /embed` JSON, passed through unparsed) with `budget` as its
+    /// deadline ([`headers::DEADLINE_MS`], whole ms) and waits at most `budget` for the reply.
+    ///
+    /// Every request carries a fresh [`headers::REQUEST_ID`]; when this future is dropped before
+    /// the reply came (the caller went away, e.g. an HTTP client disconnected), the id is
+    /// published on [`headers::cancel_subject`] so the worker drops the request before it costs
+    /// upstream work. "No responders" is retried for up to [`NO_RESPONDERS_RETRY`] within the
+    /// budget: workers re-subscribe a few ms after a NATS reconnect or a rolling restart.
+    ///
+    /// # Errors
+    /// See [`RequestError`].
+    pub async fn embed(&self, body: Bytes, budget: Duration) -> Result<Reply, RequestError> {
+        let started = tokio::time::Instant::now();
+        let id = self.nats.new_inbox();
+        let mut cancel = CancelOnDrop {
+            nats: Some(self.nats.clone()),
+            subject: &self.subject,
+            id: &id,
+        };
+        let mut backoff = Duration::from_millis(10);
+        let message = loop {
+            let remaining = budget.saturating_sub(started.elapsed());
+            let mut request_headers = async_nats::HeaderMap::new();
+            request_headers.insert(
+                headers::DEADLINE_MS,
+                headers::encode_deadline(remaining).as_str(),
+            );
+            request_headers.insert(headers::VERSION, PROTOCOL_VERSION);
+            request_headers.insert(headers::REQUEST_ID, id.as_str());
+            let request = async_nats::Request::new()
+                .payload(body.clone())
+                .headers(request_headers)
+                .timeout(Some(remaining));
+            match self.nats.send_request(self.subject.clone(), request).await {
+                Ok(message) => break message,
+                Err(err) if err.kind() == RequestErrorKind::NoResponders => {
+                    let waited = started.elapsed();
+                    if waited + backoff >= NO_RESPONDERS_RETRY.min(budget) {
+                        cancel.disarm();
+                        return Err(RequestError::NoResponders {
+                            subject: self.subject.clone(),
+                        });
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff *= 2;
+                }
+                Err(err) => {
+                    if err.kind() != RequestErrorKind::TimedOut {
+                        cancel.disarm();
+                    }
+                    return Err(match err.kind() {
+                        RequestErrorKind::TimedOut => RequestError::TimedOut {
+                            budget_ms: budget.as_millis(),
+                        },
+                        RequestErrorKind::MaxPayloadExceeded => {
+                            RequestError::MaxPayload(err.to_string())
+                        }
+                        _ => RequestError::Transport(err.to_string()),
+                    });
+                }
+            }
+        };
+        cancel.disarm();
+        let header = |name: &str| {
+            message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(name))
+                .map(|v| v.as_str())
+        };
+        reply::decode(
+            header(headers::SERVICE_ERROR_CODE),
+            header(headers::SERVICE_ERROR),
+            &message.payload,
+        )
+        .map_err(RequestError::Reply)?;
+        let timings = Timings::read(header);
+        Ok(Reply {
+            payload: message.payload,
+            timings,
+        })
+    }
+}
+
+/// How long [`EmbedClient::embed`] keeps retrying a "no responders" answer (within the
+/// request's budget) before it reports [`RequestError::NoResponders`]: 150 ms.
+pub const NO_RESPONDERS_RETRY: Duration = Duration::from_millis(150);
+
+/// Publishes a request's id on the cancel subject when dropped while armed (the caller stopped
+/// waiting, or the request timed out): the worker that holds it drops it.
+struct CancelOnDrop<'a> {
+    nats: Option<async_nats::Client>,
+    subject: &'a str,
+    id: &'a str,
+}
+
+impl CancelOnDrop<'_> {
+    fn disarm(&mut self) {
+        self.nats = None;
+    }
+}
+
+impl Drop for CancelOnDrop<'_> {
+    fn drop(&mut self) {
+        let Some(nats) = self.nats.take() else {
+            return;
+        };
+        let subject = headers::cancel_subject(self.subject);
+        let id = Bytes::copy_from_slice(self.id.as_bytes());
+        // Drop cannot wait: publishing only queues the message on the connection, so a task
+        // of its own finishes it. Without a runtime (the caller's runtime is shutting down)
+        // nothing can be sent, and the worker's deadline check drops the request instead.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(err) = nats.publish(subject, id).await {
+                    tracing::debug!(%err, "cannot publish a cancel");
+                }
+            });
+        }
+    }
+}
