@@ -1,0 +1,211 @@
+//! The gateway under clients that go away, hold connections, or arrive while NATS is down:
+//! cancellation of a disconnected client's request, the connection cap and header-read timeout,
+//! the in-flight cap (429 with `Retry-After`), and 503 at once while NATS is unreachable.
+
+mod common;
+
+use std::time::Duration;
+
+use common::start_gateway_at;
+use embatch_testkit::{Behaviour, NatsServer, RunningWorker, TeiDouble};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+fn embed_body(text: &str) -> String {
+    serde_json::json!({ "inputs": text }).to_string()
+}
+
+async fn post(
+    url: &str,
+    text: &str,
+    timeout: Duration,
+) -> Result<reqwest::Response, reqwest::Error> {
+    reqwest::Client::new()
+        .post(format!("{url}/embed"))
+        .header("content-type", "application/json")
+        .body(embed_body(text))
+        .timeout(timeout)
+        .send()
+        .await
+}
+
+/// Reads until the server closes the connection; the bytes read.
+async fn read_to_close(stream: &mut TcpStream, limit: Duration) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    tokio::time::timeout(limit, stream.read_to_end(&mut out))
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .map(|_| out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_disconnects_costs_no_upstream_call() {
+    let nats = NatsServer::start();
+    // One call at a time, one input per call, 600 ms each: a second request waits in the queue.
+    let tei = TeiDouble::start(Behaviour {
+        delay: Duration::from_millis(600),
+        ..Behaviour::default()
+    })
+    .await;
+    let worker = RunningWorker::start(
+        &nats,
+        &[
+            "--tei-url",
+            &tei.url,
+            "--max-batch-size",
+            "1",
+            "--max-concurrent-batches",
+            "1",
+            "--max-wait-time",
+            "1ms",
+        ],
+    )
+    .await;
+    let gateway = start_gateway_at(&nats.url(), &[], None).await;
+
+    let url = gateway.url.clone();
+    let first =
+        tokio::spawn(
+            async move { post(&url, "occupies the upstream", Duration::from_secs(10)).await },
+        );
+    // Wait until the first request is upstream, then send one that gives up while queued.
+    for _ in 0..200 {
+        if !tei.calls().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        tei.calls().len(),
+        1,
+        "the first request reached the upstream"
+    );
+    let gave_up = post(
+        &gateway.url,
+        "the caller hangs up",
+        Duration::from_millis(150),
+    )
+    .await;
+    assert!(gave_up.is_err_and(|e| e.is_timeout()), "the client gave up");
+
+    let first = first.await.expect("joins").expect("HTTP response");
+    assert_eq!(first.status().as_u16(), 200);
+    // A third request after the queue drained proves the worker moved past the withdrawn one.
+    let third = post(&gateway.url, "after", Duration::from_secs(10))
+        .await
+        .expect("HTTP response");
+    assert_eq!(third.status().as_u16(), 200);
+    let inputs: Vec<String> = tei.calls().into_iter().flat_map(|c| c.inputs).collect();
+    assert_eq!(
+        inputs,
+        vec!["occupies the upstream".to_string(), "after".to_string()],
+        "the withdrawn request never reached the upstream"
+    );
+    worker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_slow_connections_are_bounded() {
+    let nats = NatsServer::start();
+    let tei = TeiDouble::start(Behaviour::default()).await;
+    let worker = RunningWorker::start(&nats, &["--tei-url", &tei.url]).await;
+    let gateway = start_gateway_at(
+        &nats.url(),
+        &["--max-connections", "2", "--header-read-timeout", "500ms"],
+        None,
+    )
+    .await;
+    let addr = gateway.url.trim_start_matches("http://").to_owned();
+
+    // Two slowloris connections: half a request line, then nothing.
+    let mut slow = Vec::new();
+    for _ in 0..2 {
+        let mut stream = TcpStream::connect(&addr).await.expect("connects");
+        stream
+            .write_all(b"POST /embed HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .expect("writes");
+        slow.push(stream);
+    }
+    // A third connection is over the cap: closed at once, nothing answered.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut third = TcpStream::connect(&addr).await.expect("the kernel accepts");
+    let _ = third
+        .write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await;
+    let answered = read_to_close(&mut third, Duration::from_secs(5)).await;
+    assert_eq!(answered, Some(Vec::new()), "closed without an answer");
+
+    // The header-read timeout closes the slow ones (hyper answers 408 or just closes).
+    for mut stream in slow {
+        let closed = read_to_close(&mut stream, Duration::from_secs(5)).await;
+        assert!(
+            closed.is_some(),
+            "a slowloris connection is closed by the header-read timeout"
+        );
+    }
+    // With the slots free again, a normal request is served.
+    let response = post(&gateway.url, "hello", Duration::from_secs(10))
+        .await
+        .expect("HTTP response");
+    assert_eq!(response.status().as_u16(), 200);
+    worker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beyond_max_in_flight_the_gateway_sheds_with_429_and_retry_after() {
+    let nats = NatsServer::start();
+    let tei = TeiDouble::start(Behaviour {
+        delay: Duration::from_millis(500),
+        ..Behaviour::default()
+    })
+    .await;
+    let worker = RunningWorker::start(&nats, &["--tei-url", &tei.url]).await;
+    let gateway = start_gateway_at(&nats.url(), &["--max-in-flight", "1"], None).await;
+
+    let url = gateway.url.clone();
+    let first = tokio::spawn(async move { post(&url, "first", Duration::from_secs(10)).await });
+    for _ in 0..200 {
+        if !tei.calls().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let shed = post(&gateway.url, "second", Duration::from_secs(10))
+        .await
+        .expect("HTTP response");
+    assert_eq!(shed.status().as_u16(), 429);
+    assert_eq!(shed.headers()["retry-after"], "1");
+    let body: serde_json::Value = shed.json().await.expect("TEI error body");
+    assert_eq!(body["error_type"], "Overloaded");
+    assert!(
+        body["error"]
+            .as_str()
+            .is_some_and(|m| m.contains("MAX_IN_FLIGHT")),
+        "{body}"
+    );
+    let first = first.await.expect("joins").expect("HTTP response");
+    assert_eq!(first.status().as_u16(), 200);
+    worker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_nats_is_down_requests_get_503_not_a_timeout() {
+    let mut nats = NatsServer::start();
+    let gateway = start_gateway_at(&nats.url(), &["--request-timeout", "20s"], None).await;
+    nats.kill();
+    // Wait for the client to notice the connection is gone.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let response = post(&gateway.url, "hello", Duration::from_secs(30))
+        .await
+        .expect("HTTP response");
+    assert_eq!(response.status().as_u16(), 503);
+    let body: serde_json::Value = response.json().await.expect("TEI error body");
+    assert!(
+        body["error"]
+            .as_str()
+            .is_some_and(|m| m.contains("not connected to NATS")),
+        "{body}"
+    );
+}
