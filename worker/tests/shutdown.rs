@@ -1,12 +1,122 @@
 //! SIGTERM on the real worker binary: it stops taking messages, answers every request it had
-//! accepted, and exits 0.
+//! accepted, and exits 0; with a second worker, a client that keeps sending through the SIGTERM
+//! loses nothing.
 
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use bytes::Bytes;
+use embatch_client::EmbedClient;
 use embatch_protocol::headers;
 use embatch_testkit::{Behaviour, NatsServer, TeiDouble};
+
+/// How many workers answer a NATS micro ping within 200 ms.
+async fn workers_answering(client: &async_nats::Client) -> usize {
+    use futures::StreamExt;
+    let inbox = client.new_inbox();
+    let Ok(mut replies) = client.subscribe(inbox.clone()).await else {
+        return 0;
+    };
+    if client
+        .publish_with_reply("$SRV.PING.embatch", inbox, Bytes::new())
+        .await
+        .is_err()
+    {
+        return 0;
+    }
+    let mut count = 0;
+    while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(200), replies.next()).await {
+        count += 1;
+    }
+    count
+}
+
+/// Starts the worker binary on `nats` and `tei` with `env` settings, and waits until
+/// `expected` workers (this one included) answer a NATS micro ping.
+async fn spawn_worker(
+    nats: &NatsServer,
+    tei: &TeiDouble,
+    env: &[(&str, &str)],
+    client: &async_nats::Client,
+    expected: usize,
+) -> Child {
+    let worker = Command::new(env!("CARGO_BIN_EXE_embatch-worker"))
+        .env("NATS_URL", nats.url())
+        .env("TEI_URL", &tei.url)
+        .env("METRICS_ADDR", "")
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("worker binary starts");
+    for _ in 0..50 {
+        if workers_answering(client).await >= expected {
+            return worker;
+        }
+    }
+    panic!("worker never became ready");
+}
+
+fn sigterm(worker: &Child) {
+    let killed = Command::new("kill")
+        .args(["-TERM", &worker.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(killed.success());
+}
+
+async fn exit_status(mut worker: Child) -> std::process::ExitStatus {
+    tokio::task::spawn_blocking(move || worker.wait())
+        .await
+        .expect("join")
+        .expect("worker exits")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_sending_through_sigterm_of_one_of_two_workers_loses_nothing() {
+    let nats = NatsServer::start();
+    let tei = TeiDouble::start(Behaviour {
+        delay: Duration::from_millis(20),
+        ..Behaviour::default()
+    })
+    .await;
+    let nats_client = async_nats::connect(nats.url())
+        .await
+        .expect("client connects");
+    let settings = [("MAX_WAIT_TIME", "2ms")];
+    let leaving = spawn_worker(&nats, &tei, &settings, &nats_client, 1).await;
+    let staying = spawn_worker(&nats, &tei, &settings, &nats_client, 2).await;
+    let client = EmbedClient::new(nats_client.clone(), "embed");
+
+    // 300 requests at ~150/s; SIGTERM to one worker after 1 s, while requests keep coming.
+    let mut tasks = Vec::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(7));
+    for i in 0..300 {
+        tick.tick().await;
+        if i == 150 {
+            sigterm(&leaving);
+        }
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            let text = format!("request {i}");
+            let body = Bytes::from(serde_json::json!({ "inputs": text }).to_string());
+            (text, client.embed(body, Duration::from_secs(5)).await)
+        }));
+    }
+    for task in tasks {
+        let (text, result) = task.await.expect("task");
+        let reply = result.unwrap_or_else(|e| panic!("{text} failed: {e}"));
+        let vectors: Vec<Vec<f32>> = serde_json::from_slice(&reply.payload).expect("vectors");
+        assert_eq!(vectors, vec![embatch_testkit::double_vector(&text)]);
+    }
+    let status = exit_status(leaving).await;
+    assert!(
+        status.success(),
+        "the leaving worker's exit status: {status}"
+    );
+    sigterm(&staying);
+    assert!(exit_status(staying).await.success());
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_loses_no_accepted_request() {
@@ -17,34 +127,15 @@ async fn sigterm_loses_no_accepted_request() {
         ..Behaviour::default()
     })
     .await;
-    let mut worker = Command::new(env!("CARGO_BIN_EXE_embatch-worker"))
-        .env("NATS_URL", nats.url())
-        .env("TEI_URL", &tei.url)
-        .env("MAX_BATCH_SIZE", "4")
-        .env("MAX_CONCURRENT_BATCHES", "1")
-        .env("MAX_WAIT_TIME", "1ms")
-        .env("METRICS_ADDR", "")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("worker binary starts");
-
     let client = async_nats::connect(nats.url())
         .await
         .expect("client connects");
-    let mut ready = false;
-    for _ in 0..200 {
-        if client
-            .request("$SRV.PING.embatch", Bytes::new())
-            .await
-            .is_ok()
-        {
-            ready = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    assert!(ready, "worker never became ready");
+    let settings = [
+        ("MAX_BATCH_SIZE", "4"),
+        ("MAX_CONCURRENT_BATCHES", "1"),
+        ("MAX_WAIT_TIME", "1ms"),
+    ];
+    let worker = spawn_worker(&nats, &tei, &settings, &client, 1).await;
 
     let tasks: Vec<_> = (0..12)
         .map(|i| {
@@ -63,11 +154,7 @@ async fn sigterm_loses_no_accepted_request() {
         .collect();
     // Let every request reach the worker's queue, then ask it to stop while most still wait.
     tokio::time::sleep(Duration::from_millis(150)).await;
-    let killed = Command::new("kill")
-        .args(["-TERM", &worker.id().to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(killed.success());
+    sigterm(&worker);
 
     for (i, task) in tasks.into_iter().enumerate() {
         let reply = task
@@ -89,10 +176,7 @@ async fn sigterm_loses_no_accepted_request() {
             vec![embatch_testkit::double_vector(&format!("request {i}"))]
         );
     }
-    let status = tokio::task::spawn_blocking(move || worker.wait())
-        .await
-        .expect("join")
-        .expect("worker exits");
+    let status = exit_status(worker).await;
     assert!(status.success(), "worker exit status: {status}");
     assert_eq!(
         tei.calls().iter().map(|c| c.inputs.len()).sum::<usize>(),
