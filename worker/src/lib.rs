@@ -168,7 +168,9 @@ pub async fn run<U: Upstream>(
     let cancels = client
         .subscribe(embatch_protocol::headers::cancel_subject(&config.subject))
         .await
-        .map_err(|e| WorkerError::Service(format!("cannot subscribe to the cancel subject: {e}")))?;
+        .map_err(|e| {
+            WorkerError::Service(format!("cannot subscribe to the cancel subject: {e}"))
+        })?;
     intake::run(
         endpoint,
         cancels,

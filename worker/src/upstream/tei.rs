@@ -120,7 +120,10 @@ impl Upstream for TeiUpstream {
             .await
             .map_err(|e| transport_error(e, self.timeout))?;
         let status = response.status();
-        let body = response.bytes().await.map_err(|e| transport_error(e, self.timeout))?;
+        let body = response
+            .bytes()
+            .await
+            .map_err(|e| transport_error(e, self.timeout))?;
         if !status.is_success() {
             let status = status.as_u16();
             return Err(match serde_json::from_slice::<ErrorResponse>(&body) {
