@@ -7,9 +7,18 @@
 //! The intake loop never waits on the batcher: it parses, validates, admits (or answers an error
 //! at once) and moves on, so the client's subscription buffer, which would drop messages silently
 //! when full, never fills; our own bound (`QUEUE_CAP`) bites first.
+//!
+//! Two things are answered here rather than left to time out:
+//! - withdrawal: a message on `<subject>.cancel` carrying a request's [`headers::REQUEST_ID`]
+//!   drops it (no reply, no upstream work);
+//! - replies over the NATS server's `max_payload`: the server would refuse them and the caller
+//!   would wait its whole deadline. Once the worker has seen one embedding, it knows the reply
+//!   size per input and refuses a request whose reply cannot fit at once with 413 naming the
+//!   limit; a reply that still turns out too large is replaced by that 413.
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -30,6 +39,60 @@ pub struct IntakeConfig {
     pub default_deadline: Duration,
     /// Most inputs in one request (413 beyond).
     pub max_client_batch_size: usize,
+    /// The NATS server's `max_payload` in bytes (from its INFO): the largest reply it relays.
+    pub max_payload: usize,
+}
+
+/// Bytes a reply may need per input, learnt from the replies sent (the largest seen), so a
+/// request whose reply cannot fit `max_payload` is refused before any upstream work.
+struct ReplyLimit {
+    max_payload: usize,
+    bytes_per_input: AtomicUsize,
+}
+
+/// Room kept in a reply for NATS headers and framing, in bytes.
+const REPLY_OVERHEAD: usize = 1024;
+
+impl ReplyLimit {
+    fn new(max_payload: usize) -> ReplyLimit {
+        ReplyLimit {
+            max_payload,
+            bytes_per_input: AtomicUsize::new(0),
+        }
+    }
+
+    fn too_large(&self, inputs: usize, bytes: usize) -> EmbedError {
+        let per_input = self.bytes_per_input.load(Ordering::Relaxed).max(1);
+        let fits = self.max_payload.saturating_sub(REPLY_OVERHEAD) / per_input;
+        EmbedError::TooLarge(format!(
+            "the reply for {inputs} inputs needs ~{bytes} bytes, over the NATS server's \
+             max_payload of {} bytes; send at most {fits} inputs per request",
+            self.max_payload
+        ))
+    }
+
+    /// Refuses a request of `inputs` inputs whose reply cannot fit, once the size is known.
+    fn check(&self, inputs: usize) -> Result<(), EmbedError> {
+        let per_input = self.bytes_per_input.load(Ordering::Relaxed);
+        let needed = per_input
+            .saturating_mul(inputs)
+            .saturating_add(REPLY_OVERHEAD);
+        if per_input > 0 && needed > self.max_payload {
+            return Err(self.too_large(inputs, needed));
+        }
+        Ok(())
+    }
+
+    /// Learns from a reply of `bytes` for `inputs` inputs; the replacement error when it does
+    /// not fit.
+    fn observe(&self, inputs: usize, bytes: usize) -> Result<(), EmbedError> {
+        self.bytes_per_input
+            .fetch_max(bytes.div_ceil(inputs.max(1)), Ordering::Relaxed);
+        if bytes + REPLY_OVERHEAD > self.max_payload {
+            return Err(self.too_large(inputs, bytes));
+        }
+        Ok(())
+    }
 }
 
 /// Requests in the batcher that carry a [`headers::REQUEST_ID`], by id: cancelling one ends the
@@ -68,6 +131,15 @@ impl Withdrawable {
     }
 }
 
+/// What every admitted request shares.
+struct Intake {
+    batcher: BatcherHandle,
+    config: IntakeConfig,
+    replies: TaskTracker,
+    withdrawable: Arc<Withdrawable>,
+    reply_limit: Arc<ReplyLimit>,
+}
+
 /// Reads requests from `endpoint` until `shutdown` resolves, then unsubscribes, admits what the
 /// subscription had already buffered, and returns. Replies are sent by tasks on `replies`; wait
 /// on it (after dropping the batcher) to know every accepted request was answered. Messages on
@@ -80,15 +152,21 @@ pub async fn run(
     replies: TaskTracker,
     shutdown: impl Future<Output = ()>,
 ) {
-    let withdrawable = Arc::new(Withdrawable::default());
+    let intake = Intake {
+        batcher,
+        reply_limit: Arc::new(ReplyLimit::new(config.max_payload)),
+        config,
+        replies,
+        withdrawable: Arc::new(Withdrawable::default()),
+    };
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             request = endpoint.next() => match request {
-                Some(request) => admit(request, &batcher, &config, &replies, &withdrawable).await,
+                Some(request) => intake.admit(request).await,
                 None => return,
             },
-            Some(cancel) = cancels.next() => withdrawable.cancel(&cancel.payload),
+            Some(cancel) = cancels.next() => intake.withdrawable.cancel(&cancel.payload),
             () = &mut shutdown => break,
         }
     }
@@ -100,94 +178,98 @@ pub async fn run(
     while let Ok(Some(request)) =
         tokio::time::timeout(Duration::from_millis(200), endpoint.next()).await
     {
-        admit(request, &batcher, &config, &replies, &withdrawable).await;
+        intake.admit(request).await;
     }
 }
 
-/// Admits one request into the batcher, or answers its error at once.
-async fn admit(
-    request: Request,
-    batcher: &BatcherHandle,
-    config: &IntakeConfig,
-    replies: &TaskTracker,
-    withdrawable: &Arc<Withdrawable>,
-) {
-    if request.message.reply.is_none() {
-        metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => "no_reply_subject")
-            .increment(1);
-        tracing::debug!(
-            "ignoring a message without a reply subject: it was published, not requested"
-        );
-        return;
-    }
-    match submit(&request, batcher, config) {
-        Ok(receiver) => {
-            let id = request
-                .message
-                .headers
-                .as_ref()
-                .and_then(|h| h.get(headers::REQUEST_ID))
-                .map(|v| v.as_str().to_owned());
-            let cancelled = CancellationToken::new();
-            let registered = id.map(|id| {
-                withdrawable.insert(id.clone(), cancelled.clone());
-                (Arc::clone(withdrawable), id)
-            });
-            replies.spawn(async move {
-                let outcome = tokio::select! {
-                    outcome = receiver => outcome.unwrap_or_else(|_| {
-                        Err(EmbedError::Unavailable(
-                            "the worker stopped before answering".into(),
-                        ))
-                    }),
-                    // Withdrawn by its caller: dropping the receiver tells the batcher.
-                    () = cancelled.cancelled() => return,
-                };
-                if let Some((registry, id)) = registered {
-                    registry.remove(&id);
-                }
-                respond(&request, outcome).await;
-            });
-        }
-        Err(err) => {
-            metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => err.kind())
+impl Intake {
+    /// Admits one request into the batcher, or answers its error at once.
+    async fn admit(&self, request: Request) {
+        if request.message.reply.is_none() {
+            metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => "no_reply_subject")
                 .increment(1);
-            respond(&request, Err(err)).await;
+            tracing::debug!(
+                "ignoring a message without a reply subject: it was published, not requested"
+            );
+            return;
         }
+        let (receiver, inputs) = match self.submit(&request) {
+            Ok(accepted) => accepted,
+            Err(err) => {
+                metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => err.kind())
+                    .increment(1);
+                respond(&request, Err(err)).await;
+                return;
+            }
+        };
+        let id = request
+            .message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(headers::REQUEST_ID))
+            .map(|v| v.as_str().to_owned());
+        let cancelled = CancellationToken::new();
+        let registered = id.map(|id| {
+            self.withdrawable.insert(id.clone(), cancelled.clone());
+            (Arc::clone(&self.withdrawable), id)
+        });
+        let reply_limit = Arc::clone(&self.reply_limit);
+        self.replies.spawn(async move {
+            let outcome = tokio::select! {
+                outcome = receiver => outcome.unwrap_or_else(|_| {
+                    Err(EmbedError::Unavailable(
+                        "the worker stopped before answering".into(),
+                    ))
+                }),
+                // Withdrawn by its caller: dropping the receiver tells the batcher.
+                () = cancelled.cancelled() => return,
+            };
+            if let Some((registry, id)) = registered {
+                registry.remove(&id);
+            }
+            let outcome = outcome.and_then(|reply| {
+                reply_limit.observe(inputs, reply.payload.len())?;
+                Ok(reply)
+            });
+            respond(&request, outcome).await;
+        });
     }
-}
 
-fn submit(
-    request: &Request,
-    batcher: &BatcherHandle,
-    config: &IntakeConfig,
-) -> Result<tokio::sync::oneshot::Receiver<Outcome>, EmbedError> {
-    let received = Instant::now();
-    let message_headers = request.message.headers.as_ref();
-    if let Some(version) = message_headers.and_then(|h| h.get(headers::VERSION)) {
-        let major = version.as_str().split('.').next().unwrap_or_default();
-        if major != PROTOCOL_VERSION {
-            return Err(EmbedError::Validation(format!(
-                "header `{}`: version {} is not supported; this worker speaks {PROTOCOL_VERSION}",
-                headers::VERSION,
-                version.as_str()
-            )));
+    /// Parses, validates and submits a request; its receiver and input count.
+    fn submit(
+        &self,
+        request: &Request,
+    ) -> Result<(tokio::sync::oneshot::Receiver<Outcome>, usize), EmbedError> {
+        let received = Instant::now();
+        let message_headers = request.message.headers.as_ref();
+        if let Some(version) = message_headers.and_then(|h| h.get(headers::VERSION)) {
+            let major = version.as_str().split('.').next().unwrap_or_default();
+            if major != PROTOCOL_VERSION {
+                return Err(EmbedError::Validation(format!(
+                    "header `{}`: version {} is not supported; this worker speaks {PROTOCOL_VERSION}",
+                    headers::VERSION,
+                    version.as_str()
+                )));
+            }
         }
+        let budget = match message_headers.and_then(|h| h.get(headers::DEADLINE_MS)) {
+            Some(value) => headers::parse_deadline(value.as_str()).ok_or_else(|| {
+                EmbedError::Validation(format!(
+                    "header `{}` must be a whole number of milliseconds. Given: {:?}",
+                    headers::DEADLINE_MS,
+                    value.as_str()
+                ))
+            })?,
+            None => self.config.default_deadline,
+        };
+        let body = EmbedRequest::from_slice(&request.message.payload)?;
+        body.validate(self.config.max_client_batch_size)?;
+        let (inputs, options) = body.into_parts();
+        let n = inputs.len();
+        self.reply_limit.check(n)?;
+        let receiver = self.batcher.submit(inputs, options, received + budget)?;
+        Ok((receiver, n))
     }
-    let budget = match message_headers.and_then(|h| h.get(headers::DEADLINE_MS)) {
-        Some(value) => headers::parse_deadline(value.as_str()).ok_or_else(|| {
-            EmbedError::Validation(format!(
-                "header `{}` must be a whole number of milliseconds. Given: {:?}",
-                headers::DEADLINE_MS,
-                value.as_str()
-            ))
-        })?,
-        None => config.default_deadline,
-    };
-    let body = EmbedRequest::from_slice(&request.message.payload)?;
-    body.validate(config.max_client_batch_size)?;
-    let (inputs, options) = body.into_parts();
-    batcher.submit(inputs, options, received + budget)
 }
 
 /// Sends the reply: TEI's response body with timing headers, or TEI's error body with NATS

@@ -164,6 +164,7 @@ pub async fn run<U: Upstream>(
     let intake_config = intake::IntakeConfig {
         default_deadline: config.default_deadline,
         max_client_batch_size: config.max_client_batch_size,
+        max_payload: client.server_info().max_payload,
     };
     let cancels = client
         .subscribe(embatch_protocol::headers::cancel_subject(&config.subject))

@@ -362,3 +362,39 @@ async fn the_tei_api_key_is_sent_as_a_bearer_token_and_never_logged() {
     );
     worker.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_over_the_servers_max_payload_is_a_413_not_a_timeout() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let conf = dir.path().join("small.conf");
+    std::fs::write(&conf, "max_payload: 4096\n").expect("writes the config");
+    let nats = NatsServer::start_with_args(&["-c", conf.to_str().expect("UTF-8 path")]);
+    let tei = TeiDouble::start(Behaviour::default()).await;
+    let worker = RunningWorker::start(&nats, &["--tei-url", &tei.url]).await;
+    let client = async_nats::connect(nats.url())
+        .await
+        .expect("client connects");
+    let many = |n: usize| {
+        serde_json::json!({ "inputs": (0..n).map(|i| format!("input {i}")).collect::<Vec<_>>() })
+            .to_string()
+    };
+
+    // The first too-large reply is computed, then replaced by the 413 (the size was not known).
+    let (code, body) = request(&client, &many(300)).await;
+    assert_eq!(code, 413, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .is_some_and(|m| m.contains("max_payload of 4096 bytes")),
+        "{body}"
+    );
+    let calls = tei.calls().len();
+    // Now the size per input is known: refused up front, with no upstream work.
+    let (code, body) = request(&client, &many(200)).await;
+    assert_eq!(code, 413, "{body}");
+    assert_eq!(tei.calls().len(), calls, "refused before any upstream call");
+    // Small requests are still served.
+    let (code, body) = request(&client, &many(10)).await;
+    assert_eq!(code, 200, "{body}");
+    worker.stop().await;
+}
