@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::start_gateway_at;
+use common::{start_gateway_at, wait_until};
 use embatch_testkit::{Behaviour, NatsServer, RunningWorker, TeiDouble};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -70,17 +70,10 @@ async fn a_client_that_disconnects_costs_no_upstream_call() {
             async move { post(&url, "occupies the upstream", Duration::from_secs(10)).await },
         );
     // Wait until the first request is upstream, then send one that gives up while queued.
-    for _ in 0..200 {
-        if !tei.calls().is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(
-        tei.calls().len(),
-        1,
-        "the first request reached the upstream"
-    );
+    wait_until("the first request reached the upstream", || {
+        !tei.calls().is_empty()
+    })
+    .await;
     let gave_up = post(
         &gateway.url,
         "the caller hangs up",
@@ -166,12 +159,10 @@ async fn beyond_max_in_flight_the_gateway_sheds_with_429_and_retry_after() {
 
     let url = gateway.url.clone();
     let first = tokio::spawn(async move { post(&url, "first", Duration::from_secs(10)).await });
-    for _ in 0..200 {
-        if !tei.calls().is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_until("the first request reached the upstream", || {
+        !tei.calls().is_empty()
+    })
+    .await;
     let shed = post(&gateway.url, "second", Duration::from_secs(10))
         .await
         .expect("HTTP response");

@@ -61,16 +61,12 @@ fn vectors(body: &serde_json::Value) -> Vec<Vec<f32>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_clients_share_full_batches_and_each_gets_its_own_slice() {
-    let Stack {
-        _nats,
-        tei,
-        worker,
-        client,
-    } = stack(
+    let stack = stack(
         Behaviour::default(),
         &["--max-batch-size", "32", "--max-wait-time", "250ms"],
     )
     .await;
+    let (tei, client) = (&stack.tei, &stack.client);
 
     let tasks: Vec<_> = (0..64)
         .map(|i| {
@@ -100,21 +96,17 @@ async fn concurrent_clients_share_full_batches_and_each_gets_its_own_slice() {
         vec![32, 32],
         "⌈64 / MAX_BATCH_SIZE 32⌉ = 2 full calls"
     );
-    worker.stop().await;
+    stack.worker.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poisoned_request_fails_alone_over_nats() {
-    let Stack {
-        _nats,
-        tei: _tei,
-        worker,
-        client,
-    } = stack(
+    let stack = stack(
         Behaviour::default(),
         &["--max-batch-size", "16", "--max-wait-time", "250ms"],
     )
     .await;
+    let client = &stack.client;
     let tasks: Vec<_> = (0..16)
         .map(|i| {
             let client = client.clone();
@@ -139,7 +131,7 @@ async fn a_poisoned_request_fails_alone_over_nats() {
             assert_eq!(vectors(&body), vec![double_vector(&format!("ok {i}"))]);
         }
     }
-    worker.stop().await;
+    stack.worker.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -183,12 +175,8 @@ async fn upstream_down_answers_503_fast_and_upstream_5xx_answers_424() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_deadline_gets_504_without_an_upstream_call() {
-    let Stack {
-        _nats,
-        tei,
-        worker,
-        client,
-    } = stack(Behaviour::default(), &[]).await;
+    let stack = stack(Behaviour::default(), &[]).await;
+    let (tei, client) = (&stack.tei, &stack.client);
     // By hand, not through `embatch-client`: a 0 ms budget would time out in the client itself.
     let mut h = async_nats::HeaderMap::new();
     h.insert(headers::DEADLINE_MS, "0");
@@ -215,17 +203,12 @@ async fn an_expired_deadline_gets_504_without_an_upstream_call() {
         tei.calls().is_empty(),
         "no upstream work for an expired request"
     );
-    worker.stop().await;
+    stack.worker.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn beyond_queue_cap_requests_are_answered_429_at_once() {
-    let Stack {
-        _nats,
-        tei: _tei,
-        worker,
-        client,
-    } = stack(
+    let stack = stack(
         Behaviour {
             delay: Duration::from_millis(800),
             ..Behaviour::default()
@@ -242,6 +225,7 @@ async fn beyond_queue_cap_requests_are_answered_429_at_once() {
         ],
     )
     .await;
+    let client = &stack.client;
     let slow = {
         let client = client.clone();
         tokio::spawn(async move { request(&client, r#"{"inputs":["a","b","c","d"]}"#).await })
@@ -256,17 +240,13 @@ async fn beyond_queue_cap_requests_are_answered_429_at_once() {
     );
     let (code, _) = slow.await.expect("slow request");
     assert_eq!(code, 200, "the accepted request is still served");
-    worker.stop().await;
+    stack.worker.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_teis_error_body_and_nats_error_headers() {
-    let Stack {
-        _nats,
-        tei,
-        worker,
-        client,
-    } = stack(Behaviour::default(), &["--max-client-batch-size", "3"]).await;
+    let stack = stack(Behaviour::default(), &["--max-client-batch-size", "3"]).await;
+    let (tei, client) = (&stack.tei, &stack.client);
     let cases = [
         ("{not json", 422, "Validation", "not valid JSON"),
         (r#"{"inputs":[]}"#, 400, "Empty", "`inputs` cannot be empty"),
@@ -307,17 +287,13 @@ async fn bad_requests_get_teis_error_body_and_nats_error_headers() {
     // And a good request after all of them still works.
     let (code, _) = request(&client, r#"{"inputs":"fine"}"#).await;
     assert_eq!(code, 200);
-    worker.stop().await;
+    stack.worker.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_worker_registers_as_a_nats_micro_service() {
-    let Stack {
-        _nats,
-        tei: _tei,
-        worker,
-        client,
-    } = stack(Behaviour::default(), &[]).await;
+    let stack = stack(Behaviour::default(), &[]).await;
+    let client = &stack.client;
     let info = client
         .request("$SRV.INFO.embatch", Bytes::new())
         .await
@@ -330,7 +306,7 @@ async fn the_worker_registers_as_a_nats_micro_service() {
     );
     assert_eq!(info["endpoints"][0]["subject"], "embed");
     assert_eq!(info["endpoints"][0]["queue_group"], "embatch");
-    worker.stop().await;
+    stack.worker.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

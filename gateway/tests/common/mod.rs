@@ -57,3 +57,18 @@ pub async fn start_gateway_at(
     });
     RunningGateway { url, _task: task }
 }
+
+/// Polls `done` every 10 ms until it holds, for at most 5 s.
+///
+/// # Panics
+/// When it does not hold by then, naming `what`.
+#[allow(dead_code)] // not every test binary uses every helper
+pub async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    for _ in 0..500 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting until {what}");
+}
