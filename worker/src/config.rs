@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use crate::batcher::BatcherConfig;
+use crate::batcher::{BatcherConfig, QueueDelay};
 use crate::telemetry::LogFormat;
 
 /// embatch worker: joins the NATS queue group, collects requests into batches and calls the
@@ -69,6 +69,19 @@ pub struct Config {
     #[arg(long, env = "QUEUE_CAP", default_value_t = 4096)]
     pub queue_cap: usize,
 
+    /// Most bytes of input text accepted and not yet answered; beyond it requests are answered
+    /// 429 at once, and a single request larger than this is answered 413. Bounds the worker's
+    /// memory when inputs are long (64 MiB by default).
+    #[arg(long, env = "MAX_QUEUE_BYTES", default_value_t = 64 << 20)]
+    pub max_queue_bytes: usize,
+
+    /// Longest expected queue wait (acceptance to first upstream call) a request is admitted
+    /// with, whatever its deadline; beyond it 429 at once. `auto`: 2 x the measured upstream
+    /// call time + MAX_WAIT_TIME (the queue that keeps the upstream busy, plus as much slack);
+    /// or a duration (e.g. 500ms).
+    #[arg(long, env = "MAX_QUEUE_DELAY", default_value = "auto")]
+    pub max_queue_delay: QueueDelay,
+
     /// Most inputs in one request (mirrors TEI's max_client_batch_size; answered 413 beyond).
     #[arg(long, env = "MAX_CLIENT_BATCH_SIZE", default_value_t = 512)]
     pub max_client_batch_size: usize,
@@ -104,6 +117,8 @@ impl Config {
             max_wait: self.max_wait_time,
             max_concurrent_batches: self.max_concurrent_batches,
             queue_cap: self.queue_cap,
+            max_queue_bytes: self.max_queue_bytes,
+            max_queue_delay: self.max_queue_delay,
         }
     }
 

@@ -4,9 +4,12 @@ use metrics_exporter_prometheus::PrometheusHandle;
 
 /// Metric names (prefix `embatch_worker_`, Prometheus unit suffixes).
 pub mod names {
-    /// Counter, label `outcome` (`ok` or an error kind such as `overloaded`): requests answered.
+    /// Counter, label `outcome` (`ok`, an error kind such as `overloaded`, or `cancelled` when
+    /// the caller went away first): requests answered.
     pub const REQUESTS: &str = "embatch_worker_requests_total";
-    /// Counter, label `reason` (`queue_full`, `deadline`, `expired`): requests shed at admission.
+    /// Counter, label `reason`: requests shed at admission. `queue_full` (`QUEUE_CAP`),
+    /// `queue_bytes` (`MAX_QUEUE_BYTES`), `queue_delay` (`MAX_QUEUE_DELAY`), `deadline` (cannot
+    /// finish in time), `expired` (deadline already passed).
     pub const SHED: &str = "embatch_worker_requests_shed_total";
     /// Histogram: seconds from acceptance to the request's first upstream call.
     pub const QUEUE_WAIT: &str = "embatch_worker_queue_wait_seconds";
@@ -24,6 +27,8 @@ pub mod names {
     pub const QUEUE_DEPTH: &str = "embatch_worker_queue_inputs";
     /// Counter, label `outcome` (`ok`, `rejected`, `failed`): upstream calls.
     pub const UPSTREAM_CALLS: &str = "embatch_worker_upstream_calls_total";
+    /// Counter: batch tasks that panicked (their requests were answered 424).
+    pub const BATCHES_CRASHED: &str = "embatch_worker_batches_crashed_total";
 }
 
 pub use embatch_runtime::{LogFormat, init_logging};
@@ -72,7 +77,12 @@ fn describe() {
     describe_gauge!(names::BATCHES_IN_FLIGHT, "Upstream calls in progress.");
     describe_gauge!(names::QUEUE_DEPTH, "Inputs waiting for an upstream call.");
     describe_counter!(names::UPSTREAM_CALLS, "Upstream calls, by outcome.");
-    for reason in ["queue_full", "deadline", "expired"] {
+    describe_counter!(
+        names::BATCHES_CRASHED,
+        "Batch tasks that panicked; their requests were answered 424."
+    );
+    metrics::counter!(names::BATCHES_CRASHED).absolute(0);
+    for reason in crate::batcher::SHED_REASONS {
         metrics::counter!(names::SHED, "reason" => reason).absolute(0);
     }
 }

@@ -1,0 +1,394 @@
+//! The actor: one task owning the queue, the supervised batch tasks and the replies; the one
+//! place that records metrics.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use embatch_protocol::EmbedError;
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::{JoinError, JoinSet};
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use super::admission::ShedReason;
+use super::isolate::{self, Done};
+use super::queue::{Formed, Queue, Take};
+use super::{Job, Outcome, Reply, Reservation, Shared};
+use crate::telemetry::names;
+use crate::upstream::{Embedding, Upstream, UpstreamError};
+
+/// Counts a request refused at admission (called by the handle).
+pub(super) fn count_shed(reason: ShedReason) {
+    if let Some(label) = reason.label() {
+        metrics::counter!(names::SHED, "reason" => label).increment(1);
+    }
+}
+
+/// An accepted request until it is answered.
+struct Pending {
+    results: Vec<Option<Embedding>>,
+    received: usize,
+    accepted: Instant,
+    first_call: Option<Instant>,
+    /// To the request's relay (see [`relay`]).
+    reply: oneshot::Sender<Outcome>,
+    span: tracing::Span,
+    /// Holds the request's share of the queue bounds until it is dropped.
+    _reservation: Reservation,
+}
+
+/// A batch task in flight.
+struct Running {
+    requests: Vec<u64>,
+    probe: bool,
+}
+
+pub(super) struct Actor<U> {
+    upstream: Arc<U>,
+    shared: Arc<Shared>,
+    rx: mpsc::UnboundedReceiver<Job>,
+    queue: Queue,
+    requests: HashMap<u64, Pending>,
+    batches: JoinSet<Done>,
+    running: HashMap<tokio::task::Id, Running>,
+    /// One per request: forwards its outcome to the caller, or reports that the caller went away.
+    relays: FuturesUnordered<BoxFuture<'static, Option<u64>>>,
+    next_id: u64,
+    closed: bool,
+}
+
+/// Forwards the actor's answer to the caller's receiver; resolves to `Some(id)` when the caller
+/// dropped its receiver first (the request is cancelled).
+fn relay(
+    id: u64,
+    answer: oneshot::Receiver<Outcome>,
+    mut caller: oneshot::Sender<Outcome>,
+) -> BoxFuture<'static, Option<u64>> {
+    Box::pin(async move {
+        tokio::select! {
+            biased;
+            outcome = answer => {
+                if let Ok(outcome) = outcome {
+                    let _ = caller.send(outcome);
+                }
+                None
+            }
+            () = caller.closed() => Some(id),
+        }
+    })
+}
+
+impl<U: Upstream> Actor<U> {
+    pub(super) fn new(
+        upstream: Arc<U>,
+        shared: Arc<Shared>,
+        rx: mpsc::UnboundedReceiver<Job>,
+    ) -> Self {
+        Actor {
+            upstream,
+            shared,
+            rx,
+            queue: Queue::default(),
+            requests: HashMap::new(),
+            batches: JoinSet::new(),
+            running: HashMap::new(),
+            relays: FuturesUnordered::new(),
+            next_id: 0,
+            closed: false,
+        }
+    }
+
+    pub(super) async fn run(mut self) {
+        loop {
+            self.dispatch_ready();
+            metrics::gauge!(names::QUEUE_DEPTH).set(self.queue.inputs() as f64);
+            metrics::gauge!(names::BATCHES_IN_FLIGHT).set(self.batches.len() as f64);
+            if self.closed
+                && self.requests.is_empty()
+                && self.batches.is_empty()
+                && self.relays.is_empty()
+            {
+                break;
+            }
+            let flush_at = if self.batches.len() < self.shared.limits.slots {
+                self.queue.next_due(self.shared.limits.max_wait)
+            } else {
+                None // only a completion can make progress
+            };
+            tokio::select! {
+                biased;
+                Some(joined) = self.batches.join_next_with_id() => match joined {
+                    Ok((id, done)) => self.complete(id, done),
+                    Err(err) => self.crashed(err),
+                },
+                Some(relayed) = self.relays.next(), if !self.relays.is_empty() => {
+                    if let Some(id) = relayed {
+                        self.cancel(id);
+                    }
+                }
+                job = self.rx.recv(), if !self.closed => match job {
+                    Some(job) => self.enqueue(job),
+                    None => self.closed = true,
+                },
+                () = sleep_until_opt(flush_at) => {}
+            }
+        }
+        tracing::debug!("batcher stopped");
+    }
+
+    fn enqueue(&mut self, job: Job) {
+        let id = self.next_id;
+        self.next_id += 1;
+        let n = job.inputs.len();
+        self.queue
+            .push(id, job.inputs, job.options, job.accepted, job.deadline);
+        let (tx, rx) = oneshot::channel();
+        self.relays.push(relay(id, rx, job.reply));
+        self.requests.insert(
+            id,
+            Pending {
+                results: (0..n).map(|_| None).collect(),
+                received: 0,
+                accepted: job.accepted,
+                first_call: None,
+                reply: tx,
+                span: job.span,
+                _reservation: job.reservation,
+            },
+        );
+    }
+
+    /// The caller went away: forget the request, its queued inputs and its share of the bounds.
+    /// Inputs already in flight are still answered by the upstream, and dropped.
+    fn cancel(&mut self, id: u64) {
+        let removed = self.queue.remove(id);
+        self.unqueue(removed);
+        if let Some(request) = self.requests.remove(&id) {
+            request.span.record("outcome", "cancelled");
+            metrics::counter!(names::REQUESTS, "outcome" => "cancelled").increment(1);
+            tracing::debug!(parent: &request.span, removed, "request cancelled by its caller");
+        }
+    }
+
+    fn unqueue(&self, inputs: usize) {
+        if inputs > 0 {
+            let mut ledger = self.shared.ledger();
+            ledger.queued_inputs = ledger.queued_inputs.saturating_sub(inputs);
+        }
+    }
+
+    /// Sends every due group upstream while call slots are free, oldest first.
+    fn dispatch_ready(&mut self) {
+        let (slots, batch_limit, max_wait) = {
+            let limits = &self.shared.limits;
+            (limits.slots, limits.batch_limit, limits.max_wait)
+        };
+        while self.batches.len() < slots {
+            let now = Instant::now();
+            let (call, probe_allowed) = {
+                let ledger = self.shared.ledger();
+                let fresh = ledger.estimate.is_fresh(now);
+                let call = ledger.estimate.call_at(now).filter(|_| fresh);
+                (call.unwrap_or_default(), ledger.probe_allowed(now))
+            };
+            let take = Take {
+                now,
+                batch_limit,
+                max_wait,
+                flush_all: self.closed,
+                cutoff: now + call,
+                probe_allowed,
+            };
+            let Some(formed) = self.queue.take(take) else {
+                break;
+            };
+            let expired: usize = formed.expired.iter().map(|(_, n)| n).sum();
+            self.unqueue(expired + formed.inputs.len());
+            for &(id, _) in &formed.expired {
+                if let Some(request) = self.requests.remove(&id) {
+                    answer(
+                        request,
+                        Err(EmbedError::DeadlineExceeded(
+                            "the request's deadline passes before an upstream call could finish"
+                                .into(),
+                        )),
+                    );
+                }
+            }
+            if !formed.inputs.is_empty() {
+                self.launch(formed, now);
+            }
+        }
+    }
+
+    fn launch(&mut self, formed: Formed, now: Instant) {
+        let Formed {
+            options,
+            inputs,
+            segments,
+            probe,
+            ..
+        } = formed;
+        let span = tracing::info_span!(
+            "upstream_batch",
+            inputs = inputs.len(),
+            requests = segments.len(),
+            probe
+        );
+        for segment in &segments {
+            if let Some(request) = self.requests.get_mut(&segment.request) {
+                span.follows_from(&request.span);
+                if request.first_call.is_none() {
+                    request.first_call = Some(now);
+                    metrics::histogram!(names::QUEUE_WAIT)
+                        .record((now - request.accepted).as_secs_f64());
+                }
+            }
+        }
+        metrics::histogram!(names::BATCH_INPUTS).record(inputs.len() as f64);
+        metrics::histogram!(names::BATCH_REQUESTS).record(segments.len() as f64);
+        let requests = segments.iter().map(|s| s.request).collect();
+        let upstream = Arc::clone(&self.upstream);
+        let task = async move { isolate::run_batch(&*upstream, &inputs, &options, segments).await };
+        let handle = self.batches.spawn(task.instrument(span));
+        self.running
+            .insert(handle.id(), Running { requests, probe });
+        let mut ledger = self.shared.ledger();
+        ledger.in_flight = self.batches.len();
+        ledger.last_launch = Some(now);
+        ledger.probe_in_flight |= probe;
+    }
+
+    /// Frees the batch's slot (and its probe mark); returns what it carried.
+    fn finish(&mut self, id: tokio::task::Id) -> Option<Running> {
+        let running = self.running.remove(&id);
+        let mut ledger = self.shared.ledger();
+        ledger.in_flight = self.batches.len();
+        if running.as_ref().is_some_and(|r| r.probe) {
+            ledger.probe_in_flight = false;
+        }
+        running
+    }
+
+    fn complete(&mut self, id: tokio::task::Id, done: Done) {
+        self.finish(id);
+        for call in &done.calls {
+            metrics::histogram!(names::UPSTREAM_TIME).record(call.elapsed.as_secs_f64());
+            metrics::counter!(names::UPSTREAM_CALLS, "outcome" => call.outcome.label())
+                .increment(1);
+        }
+        let now = Instant::now();
+        if let Some(elapsed) = done.clean_call() {
+            self.shared.ledger().estimate.record(elapsed, now);
+        }
+        for (segment, result) in done.results {
+            let Some(request) = self.requests.get_mut(&segment.request) else {
+                continue; // already answered (failed by another segment) or cancelled
+            };
+            match result {
+                Ok(vectors) => {
+                    let slots = request.results.iter_mut().skip(segment.offset);
+                    for (slot, vector) in slots.zip(vectors) {
+                        *slot = Some(vector);
+                    }
+                    request.received += segment.len;
+                    if request.received == request.results.len()
+                        && let Some(request) = self.requests.remove(&segment.request)
+                    {
+                        let reply = assemble(&request, now);
+                        answer(request, reply);
+                    }
+                }
+                Err(err) => self.fail(segment.request, err),
+            }
+        }
+    }
+
+    /// A batch task panicked (or was cancelled): its requests fail with 424, its slot is free.
+    fn crashed(&mut self, err: JoinError) {
+        let running = self.finish(err.id());
+        let reason = if err.is_panic() {
+            let panic = err.into_panic();
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".into());
+            format!("the batch task panicked: {message}")
+        } else {
+            "the batch task was cancelled".into()
+        };
+        metrics::counter!(names::BATCHES_CRASHED).increment(1);
+        let Some(running) = running else {
+            tracing::error!(%reason, "a batch task the batcher does not know crashed");
+            return;
+        };
+        tracing::error!(%reason, requests = running.requests.len(), "upstream call crashed");
+        let error = EmbedError::from(UpstreamError::Crashed(reason));
+        for id in running.requests {
+            self.fail(id, error.clone());
+        }
+    }
+
+    /// Answers `err` to request `id` and drops what is left of it in the queue.
+    fn fail(&mut self, id: u64, err: EmbedError) {
+        if let Some(request) = self.requests.remove(&id) {
+            let removed = self.queue.remove(id);
+            self.unqueue(removed);
+            answer(request, Err(err));
+        }
+    }
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Joins a request's raw JSON vectors into TEI's response body, `[v0,v1,...]`.
+fn assemble(request: &Pending, now: Instant) -> Outcome {
+    let len: usize = request
+        .results
+        .iter()
+        .flatten()
+        .map(|v| v.get().len() + 1)
+        .sum();
+    let mut body = Vec::with_capacity(len + 2);
+    body.push(b'[');
+    for (i, vector) in request.results.iter().enumerate() {
+        let Some(vector) = vector else {
+            return Err(EmbedError::Backend(format!(
+                "missing embedding for input {i}"
+            )));
+        };
+        if i > 0 {
+            body.push(b',');
+        }
+        body.extend_from_slice(vector.get().as_bytes());
+    }
+    body.push(b']');
+    let first_call = request.first_call.unwrap_or(now);
+    Ok(Reply {
+        payload: Bytes::from(body),
+        queue_time: first_call - request.accepted,
+        inference_time: now - first_call,
+    })
+}
+
+/// Delivers an outcome (the caller may have gone away: nothing to do then) and records it.
+fn answer(request: Pending, outcome: Outcome) {
+    let label = match &outcome {
+        Ok(_) => "ok",
+        Err(e) => e.kind(),
+    };
+    request.span.record("outcome", label);
+    metrics::counter!(names::REQUESTS, "outcome" => label).increment(1);
+    metrics::histogram!(names::REQUEST_TIME).record(request.accepted.elapsed().as_secs_f64());
+    let _ = request.reply.send(outcome);
+}

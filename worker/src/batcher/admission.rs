@@ -1,0 +1,463 @@
+//! Admission: the queue bounds, the upstream call-time estimate and the admit decision.
+//!
+//! Plain data and functions (no channels, no clock reads: every function takes `now`), shared by
+//! the handle (which decides) and the actor (which reports what left the queue and how long
+//! calls took) under one mutex.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use embatch_protocol::EmbedError;
+use tokio::time::Instant;
+
+/// Bound on the time a request may expect to wait in the queue before its first upstream call
+/// (`MAX_QUEUE_DELAY`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum QueueDelay {
+    /// [`AUTO_CALLS`] × the measured upstream call time + `MAX_WAIT_TIME`: the queue a busy
+    /// upstream needs to never idle, plus as much again as slack (see the module docs of
+    /// [`crate::batcher`]). No bound until the first call was measured.
+    #[default]
+    Auto,
+    /// A fixed bound.
+    Fixed(Duration),
+}
+
+/// Upstream call times [`QueueDelay::Auto`] allows as queue wait (plus `MAX_WAIT_TIME`).
+pub const AUTO_CALLS: u32 = 2;
+
+impl FromStr for QueueDelay {
+    type Err = String;
+
+    /// `auto`, or a duration with unit (`250ms`, `2s`).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.trim();
+        if s.eq_ignore_ascii_case("auto") {
+            return Ok(QueueDelay::Auto);
+        }
+        humantime::parse_duration(s)
+            .map(QueueDelay::Fixed)
+            .map_err(|err| format!("expected `auto` or a duration such as `500ms`: {err}"))
+    }
+}
+
+impl fmt::Display for QueueDelay {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            QueueDelay::Auto => f.write_str("auto"),
+            QueueDelay::Fixed(d) => write!(f, "{}", humantime::format_duration(*d)),
+        }
+    }
+}
+
+/// The limits admission enforces (normalised: every count at least 1).
+#[derive(Debug, Clone)]
+pub(super) struct Limits {
+    /// Most inputs accepted and not yet answered (`QUEUE_CAP`).
+    pub queue_cap: usize,
+    /// Most bytes of input text accepted and not yet answered (`MAX_QUEUE_BYTES`).
+    pub max_queue_bytes: usize,
+    /// Bound on the expected queue wait (`MAX_QUEUE_DELAY`).
+    pub max_queue_delay: QueueDelay,
+    /// `MAX_WAIT_TIME`.
+    pub max_wait: Duration,
+    /// Upstream calls in flight at once (`MAX_CONCURRENT_BATCHES`).
+    pub slots: usize,
+    /// Most inputs per upstream call (the smaller of `MAX_BATCH_SIZE` and the upstream's limit).
+    pub batch_limit: usize,
+}
+
+/// Admission by deadline admits a request only when it is expected to finish within this share of
+/// its remaining budget; the rest absorbs the estimate's error (inputs of different lengths, a CPU
+/// shared with other processes).
+pub(super) const ADMISSION_HEADROOM: f64 = 0.75;
+
+/// Weight of a sample slower than the estimate (bad news is learnt at a normal pace: an estimate
+/// that is too low corrects itself, because the calls it admits are measured).
+const ALPHA_SLOWER: f64 = 0.25;
+/// Weight of a sample faster than the estimate. Good news is learnt fast: an estimate that is
+/// too high sheds the requests whose calls would prove it wrong, so it cannot correct itself.
+const ALPHA_FASTER: f64 = 0.5;
+/// An estimate is fresh for this many of its own call times after its last sample; older, it is
+/// discounted (see [`Estimate::call_at`]).
+const FRESH_CALLS: f64 = 2.0;
+/// Retry-after hint when nothing has been measured yet.
+const UNMEASURED_RETRY: Duration = Duration::from_secs(1);
+
+/// Moving estimate of the duration of one upstream call, from completed calls.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Estimate {
+    /// Seconds per call and the time of the last sample; `None` before the first.
+    last: Option<(f64, Instant)>,
+}
+
+impl Estimate {
+    /// Takes the duration of a completed call into the estimate.
+    ///
+    /// A sample's weight grows with the time since the previous one (`1 - e^(-gap / call)`: after
+    /// a call time without news the old estimate counts for a third), and is at least
+    /// [`ALPHA_FASTER`] or [`ALPHA_SLOWER`].
+    pub fn record(&mut self, elapsed: Duration, now: Instant) {
+        let sample = elapsed.as_secs_f64().max(1e-6);
+        let call = match (self.last, self.call_at(now)) {
+            (Some((raw, at)), Some(old)) => {
+                // The prior is the discounted estimate; the gap is measured in raw call times.
+                let old = old.as_secs_f64();
+                let gap = now.saturating_duration_since(at).as_secs_f64();
+                let floor = if sample < old {
+                    ALPHA_FASTER
+                } else {
+                    ALPHA_SLOWER
+                };
+                let alpha = floor.max(1.0 - (-gap / raw).exp());
+                old + alpha * (sample - old)
+            }
+            _ => sample,
+        };
+        self.last = Some((call, now));
+    }
+
+    /// The call time to plan with at `now`, `None` before the first sample. Within
+    /// [`FRESH_CALLS`] call times of the last sample it is the estimate; older, it shrinks in
+    /// proportion to its age (halved at twice that age), so an idle worker does not keep
+    /// planning with a slow phase long gone.
+    pub fn call_at(&self, now: Instant) -> Option<Duration> {
+        let (call, at) = self.last?;
+        let age = now.saturating_duration_since(at).as_secs_f64();
+        let fresh_for = call * FRESH_CALLS;
+        let call = if age <= fresh_for {
+            call
+        } else {
+            call * fresh_for / age
+        };
+        Some(Duration::from_secs_f64(call))
+    }
+
+    /// Whether the last sample is within [`FRESH_CALLS`] call times of `now`.
+    pub fn is_fresh(&self, now: Instant) -> bool {
+        self.last.is_some_and(|(call, at)| {
+            now.saturating_duration_since(at).as_secs_f64() <= call * FRESH_CALLS
+        })
+    }
+
+    /// When the last sample was taken.
+    fn sampled_at(&self) -> Option<Instant> {
+        self.last.map(|(_, at)| at)
+    }
+}
+
+/// Why admission refused a request: the label of `embatch_worker_requests_shed_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ShedReason {
+    /// No inputs (400; not counted as shed).
+    Empty,
+    /// More than the whole bound in one request (413; not counted as shed).
+    TooLarge,
+    /// The deadline passed before admission (504).
+    Expired,
+    /// `QUEUE_CAP` inputs held (429).
+    QueueFull,
+    /// `MAX_QUEUE_BYTES` held (429).
+    QueueBytes,
+    /// Expected queue wait beyond `MAX_QUEUE_DELAY` (429).
+    QueueDelay,
+    /// Expected finish after the deadline (429).
+    Deadline,
+}
+
+impl ShedReason {
+    /// The metric label, `None` for requests that are not load shedding.
+    pub fn label(self) -> Option<&'static str> {
+        match self {
+            ShedReason::Empty | ShedReason::TooLarge => None,
+            ShedReason::Expired => Some("expired"),
+            ShedReason::QueueFull => Some("queue_full"),
+            ShedReason::QueueBytes => Some("queue_bytes"),
+            ShedReason::QueueDelay => Some("queue_delay"),
+            ShedReason::Deadline => Some("deadline"),
+        }
+    }
+
+    /// Every label, for metrics that start at 0.
+    pub const LABELS: [&'static str; 5] = [
+        "queue_full",
+        "queue_bytes",
+        "queue_delay",
+        "deadline",
+        "expired",
+    ];
+}
+
+/// A refusal: the error to answer and, for 429s, an estimate of when a retry could be admitted.
+#[derive(Debug, Clone)]
+pub(super) struct Shed {
+    pub reason: ShedReason,
+    pub error: EmbedError,
+    pub retry_after: Option<Duration>,
+}
+
+/// One request as admission sees it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Ask {
+    /// Inputs.
+    pub inputs: usize,
+    /// Bytes of input text.
+    pub bytes: usize,
+    /// Absolute deadline.
+    pub deadline: Instant,
+}
+
+/// What the worker holds and does, kept by the handle (admission) and the actor (progress).
+#[derive(Debug, Clone, Default)]
+pub(super) struct Ledger {
+    /// Inputs accepted and not yet answered.
+    pub held_inputs: usize,
+    /// Bytes of input text accepted and not yet answered.
+    pub held_bytes: usize,
+    /// Inputs accepted and not yet sent upstream.
+    pub queued_inputs: usize,
+    /// Upstream calls in flight.
+    pub in_flight: usize,
+    /// Upstream call time.
+    pub estimate: Estimate,
+    /// When the last upstream call started.
+    pub last_launch: Option<Instant>,
+    /// A call sent despite the estimate (to re-measure it) is in flight.
+    pub probe_in_flight: bool,
+    /// When admission last let a request in despite the estimate.
+    last_admission_probe: Option<Instant>,
+}
+
+impl Ledger {
+    /// Admits `ask` (and reserves its share of the bounds) or says why not.
+    ///
+    /// Hard bounds first (413, 504, `QUEUE_CAP`, `MAX_QUEUE_BYTES`); then a worker with nothing
+    /// queued and a free upstream slot admits whatever the estimate says; otherwise the request
+    /// must be expected to start within `MAX_QUEUE_DELAY` and to finish within
+    /// [`ADMISSION_HEADROOM`] of its budget. When no call has completed for a whole call time, one
+    /// request that the estimate would shed is admitted as a probe.
+    pub fn admit(&mut self, limits: &Limits, ask: Ask, now: Instant) -> Result<(), Shed> {
+        self.check(limits, ask, now)?;
+        self.held_inputs += ask.inputs;
+        self.held_bytes += ask.bytes;
+        self.queued_inputs += ask.inputs;
+        Ok(())
+    }
+
+    fn check(&mut self, limits: &Limits, ask: Ask, now: Instant) -> Result<(), Shed> {
+        let shed = |reason, error, retry_after| {
+            Err(Shed {
+                reason,
+                error,
+                retry_after,
+            })
+        };
+        if ask.inputs == 0 {
+            return shed(
+                ShedReason::Empty,
+                EmbedError::Empty("`inputs` cannot be empty".into()),
+                None,
+            );
+        }
+        if ask.inputs > limits.queue_cap {
+            return shed(
+                ShedReason::TooLarge,
+                EmbedError::TooLarge(format!(
+                    "`inputs` must have at most {} elements (the worker's QUEUE_CAP). Given: {}",
+                    limits.queue_cap, ask.inputs
+                )),
+                None,
+            );
+        }
+        if ask.bytes > limits.max_queue_bytes {
+            return shed(
+                ShedReason::TooLarge,
+                EmbedError::TooLarge(format!(
+                    "`inputs` must hold at most {} bytes of text (the worker's MAX_QUEUE_BYTES). \
+                     Given: {}",
+                    limits.max_queue_bytes, ask.bytes
+                )),
+                None,
+            );
+        }
+        if now >= ask.deadline {
+            return shed(
+                ShedReason::Expired,
+                EmbedError::DeadlineExceeded(
+                    "the request's deadline passed before it reached a worker".into(),
+                ),
+                None,
+            );
+        }
+        let call = self.estimate.call_at(now);
+        if self.held_inputs + ask.inputs > limits.queue_cap {
+            let excess = self.held_inputs + ask.inputs - limits.queue_cap;
+            let retry = self.drain_time(limits, excess, call);
+            return shed(
+                ShedReason::QueueFull,
+                EmbedError::Overloaded(format!(
+                    "the worker's queue is full (QUEUE_CAP = {} inputs); retry in ~{} ms",
+                    limits.queue_cap,
+                    retry.as_millis()
+                )),
+                Some(retry),
+            );
+        }
+        if self.held_bytes + ask.bytes > limits.max_queue_bytes {
+            // Bytes drain in proportion to inputs; plan with the held inputs' share.
+            let share = (self.held_bytes + ask.bytes - limits.max_queue_bytes) as f64
+                / self.held_bytes.max(1) as f64;
+            let excess = (share * self.held_inputs as f64).ceil() as usize;
+            let retry = self.drain_time(limits, excess.max(1), call);
+            return shed(
+                ShedReason::QueueBytes,
+                EmbedError::Overloaded(format!(
+                    "the worker's queue is full (MAX_QUEUE_BYTES = {} bytes of input text); \
+                     retry in ~{} ms",
+                    limits.max_queue_bytes,
+                    retry.as_millis()
+                )),
+                Some(retry),
+            );
+        }
+        let free = limits.slots.saturating_sub(self.in_flight);
+        if self.queued_inputs == 0 && free > 0 {
+            return Ok(());
+        }
+        let Some(call) = call else {
+            return Ok(()); // nothing measured yet: no basis to shed on
+        };
+        let start = self.start_wait(limits, call);
+        let own_batches = ask.inputs.div_ceil(limits.batch_limit);
+        let finish =
+            start + call * u32::try_from(own_batches.div_ceil(limits.slots)).unwrap_or(u32::MAX);
+        let budget = ask.deadline.saturating_duration_since(now);
+        let allowed = budget.mul_f64(ADMISSION_HEADROOM);
+        let bound = self.delay_bound(limits, call);
+        let refusal = if finish > allowed {
+            Some((
+                ShedReason::Deadline,
+                finish - allowed,
+                format!(
+                    "cannot finish before the deadline: {} inputs queued ahead need ~{} ms, the \
+                     deadline is in {} ms",
+                    self.queued_inputs,
+                    finish.as_millis(),
+                    budget.as_millis()
+                ),
+            ))
+        } else if bound.is_some_and(|bound| start > bound) {
+            let bound = bound.unwrap_or_default();
+            Some((
+                ShedReason::QueueDelay,
+                start - bound,
+                format!(
+                    "the queue ahead needs ~{} ms, more than MAX_QUEUE_DELAY = {} ms ({})",
+                    start.as_millis(),
+                    bound.as_millis(),
+                    match limits.max_queue_delay {
+                        QueueDelay::Auto => format!(
+                            "auto: {AUTO_CALLS} x the {} ms upstream call + MAX_WAIT_TIME",
+                            call.as_millis()
+                        ),
+                        QueueDelay::Fixed(_) => "fixed".into(),
+                    }
+                ),
+            ))
+        } else {
+            None
+        };
+        let Some((reason, over, message)) = refusal else {
+            return Ok(());
+        };
+        if self.probe_due(now, call) {
+            self.last_admission_probe = Some(now);
+            return Ok(());
+        }
+        let retry = over.max(call);
+        shed(
+            reason,
+            EmbedError::Overloaded(format!("{message}; retry in ~{} ms", retry.as_millis())),
+            Some(retry),
+        )
+    }
+
+    /// Expected time until a request queued now gets its first upstream call: the batches queued
+    /// ahead (assumed full) pass `slots` at a time, after the free slots took theirs; with no
+    /// free slot, a running call must end first.
+    pub fn start_wait(&self, limits: &Limits, call: Duration) -> Duration {
+        let ahead = self.queued_inputs.div_ceil(limits.batch_limit);
+        let free = limits.slots.saturating_sub(self.in_flight);
+        let batches = (ahead + 1).saturating_sub(free);
+        call.mul_f64(batches as f64 / limits.slots as f64)
+    }
+
+    /// `MAX_QUEUE_DELAY` in effect, `None` when unbounded (auto before the first measurement).
+    pub fn delay_bound(&self, limits: &Limits, call: Duration) -> Option<Duration> {
+        match limits.max_queue_delay {
+            QueueDelay::Fixed(bound) => Some(bound),
+            QueueDelay::Auto => Some(call * AUTO_CALLS + limits.max_wait),
+        }
+    }
+
+    /// Time for `inputs` inputs to drain at the estimated pace, at least one call time.
+    fn drain_time(&self, limits: &Limits, inputs: usize, call: Option<Duration>) -> Duration {
+        let Some(call) = call else {
+            return UNMEASURED_RETRY;
+        };
+        let batches = inputs.div_ceil(limits.batch_limit) as f64;
+        call.mul_f64(batches / limits.slots as f64).max(call)
+    }
+
+    /// How long until a 1-input request without a tight deadline would be admitted again: the
+    /// time for the queue to drain to `MAX_QUEUE_DELAY` and below `QUEUE_CAP` /
+    /// `MAX_QUEUE_BYTES`; at least one upstream call time (1 s before the first measurement).
+    pub fn retry_after(&self, limits: &Limits, now: Instant) -> Duration {
+        let Some(call) = self.estimate.call_at(now) else {
+            return UNMEASURED_RETRY;
+        };
+        let over_delay = self
+            .delay_bound(limits, call)
+            .map(|bound| self.start_wait(limits, call).saturating_sub(bound))
+            .unwrap_or_default();
+        let over_cap = (self.held_inputs + 1).saturating_sub(limits.queue_cap);
+        let over_cap = if over_cap > 0 {
+            self.drain_time(limits, over_cap, Some(call))
+        } else {
+            Duration::ZERO
+        };
+        over_delay.max(over_cap).max(call)
+    }
+
+    /// Whether a call may be sent now despite the estimate, to re-measure it: none such is in
+    /// flight and the upstream has neither started nor finished a call for one (discounted)
+    /// call time.
+    pub fn probe_allowed(&self, now: Instant) -> bool {
+        let Some(call) = self.estimate.call_at(now) else {
+            return false; // nothing to re-measure
+        };
+        !self.probe_in_flight && self.quiet_for(now, call)
+    }
+
+    fn probe_due(&self, now: Instant, call: Duration) -> bool {
+        let last_probe = self
+            .last_admission_probe
+            .is_none_or(|at| now.saturating_duration_since(at) >= call);
+        last_probe && self.quiet_for(now, call)
+    }
+
+    fn quiet_for(&self, now: Instant, call: Duration) -> bool {
+        let last = self.estimate.sampled_at().max(self.last_launch);
+        last.is_none_or(|at| now.saturating_duration_since(at) >= call)
+    }
+
+    /// Releases an answered request's share of `QUEUE_CAP` and `MAX_QUEUE_BYTES`.
+    pub fn release(&mut self, inputs: usize, bytes: usize) {
+        self.held_inputs = self.held_inputs.saturating_sub(inputs);
+        self.held_bytes = self.held_bytes.saturating_sub(bytes);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,242 @@
+//! Admission decisions on explicit instants: no runtime, no clock.
+
+use super::*;
+
+fn limits() -> Limits {
+    Limits {
+        queue_cap: 1_000,
+        max_queue_bytes: 1 << 20,
+        max_queue_delay: QueueDelay::Auto,
+        max_wait: Duration::from_millis(5),
+        slots: 1,
+        batch_limit: 4,
+    }
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn ask(inputs: usize, deadline: Instant) -> Ask {
+    Ask {
+        inputs,
+        bytes: inputs * 10,
+        deadline,
+    }
+}
+
+/// A ledger whose estimate learnt `calls` back-to-back calls of `each`, ending at the returned
+/// instant.
+fn after_calls(ledger: &mut Ledger, mut now: Instant, calls: usize, each: Duration) -> Instant {
+    for _ in 0..calls {
+        ledger.last_launch = Some(now);
+        now += each;
+        ledger.estimate.record(each, now);
+    }
+    now
+}
+
+#[test]
+fn queue_delay_parses_auto_and_durations() {
+    assert_eq!("auto".parse::<QueueDelay>(), Ok(QueueDelay::Auto));
+    assert_eq!(" AUTO ".parse::<QueueDelay>(), Ok(QueueDelay::Auto));
+    assert_eq!(
+        "250ms".parse::<QueueDelay>(),
+        Ok(QueueDelay::Fixed(ms(250)))
+    );
+    assert!("soon".parse::<QueueDelay>().is_err());
+    assert_eq!(QueueDelay::Fixed(ms(250)).to_string(), "250ms");
+}
+
+#[test]
+fn an_idle_worker_admits_even_right_after_a_slow_call() {
+    let limits = limits();
+    let mut ledger = Ledger::default();
+    let now = after_calls(&mut ledger, Instant::now(), 1, Duration::from_millis(4_500));
+    // Nothing queued, a free slot: admitted although the estimate says 4.5 s > the 1 s deadline.
+    ledger
+        .admit(&limits, ask(1, now + Duration::from_secs(1)), now)
+        .expect("idle worker admits");
+    assert_eq!(ledger.queued_inputs, 1);
+}
+
+#[test]
+fn a_slow_phase_then_a_fast_phase_recovers_within_a_few_calls() {
+    let limits = limits();
+    let mut ledger = Ledger::default();
+    let now = after_calls(&mut ledger, Instant::now(), 5, Duration::from_secs(4));
+    // Slow phase: 8 inputs queued ahead (2 calls of 4 s), a 1 s deadline cannot be met.
+    ledger.queued_inputs = 8;
+    ledger.in_flight = 1;
+    let err = ledger
+        .admit(&limits, ask(1, now + Duration::from_secs(1)), now)
+        .expect_err("slow upstream: shed");
+    assert_eq!(err.reason, ShedReason::Deadline);
+    // Fast phase: 10 ms calls, one batch queued ahead. The 1 s deadline needs the estimate 16x
+    // lower (3 calls within 750 ms): each faster sample halves the distance.
+    ledger.queued_inputs = 4;
+    let mut now = now;
+    let mut admitted_after = None;
+    for call in 1..=10 {
+        now = after_calls(&mut ledger, now, 1, ms(10));
+        if ledger
+            .clone()
+            .admit(&limits, ask(1, now + Duration::from_secs(1)), now)
+            .is_ok()
+        {
+            admitted_after = Some(call);
+            break;
+        }
+    }
+    let calls = admitted_after.expect("recovers");
+    assert!(calls <= 5, "recovered only after {calls} fast calls");
+}
+
+#[test]
+fn a_stale_estimate_is_discounted_and_a_fresh_sample_after_a_gap_dominates() {
+    let mut estimate = Estimate::default();
+    let start = Instant::now();
+    estimate.record(Duration::from_secs(4), start);
+    assert_eq!(
+        estimate.call_at(start + Duration::from_secs(8)),
+        Some(Duration::from_secs(4))
+    );
+    assert!(estimate.is_fresh(start + Duration::from_secs(8)));
+    let later = start + Duration::from_secs(16);
+    assert!(!estimate.is_fresh(later));
+    assert_eq!(
+        estimate.call_at(later),
+        Some(Duration::from_secs(2)),
+        "halved at twice the age"
+    );
+    // A fast call 16 s after the slow one weighs e^-4 ≈ 98 %.
+    estimate.record(ms(10), later);
+    let now = estimate.call_at(later).expect("measured");
+    assert!(now < ms(100), "{now:?}");
+}
+
+#[test]
+fn a_slower_sample_is_learnt_at_a_normal_pace() {
+    let mut estimate = Estimate::default();
+    let start = Instant::now();
+    estimate.record(ms(100), start);
+    estimate.record(ms(200), start + ms(1));
+    assert_eq!(estimate.call_at(start + ms(1)), Some(ms(125)));
+}
+
+#[test]
+fn the_queue_delay_bound_sheds_without_a_client_deadline() {
+    let limits = limits();
+    let mut ledger = Ledger::default();
+    let now = after_calls(&mut ledger, Instant::now(), 3, ms(100));
+    let far = now + Duration::from_secs(3_600);
+    // Auto bound: 2 × 100 ms + 5 ms. 8 inputs ahead = 2 batches + the running one = 300 ms.
+    ledger.in_flight = 1;
+    ledger.queued_inputs = 8;
+    let err = ledger
+        .admit(&limits, ask(1, far), now)
+        .expect_err("too deep");
+    assert_eq!(err.reason, ShedReason::QueueDelay);
+    assert_eq!(err.error.status(), 429);
+    assert!(
+        err.error.to_string().contains("MAX_QUEUE_DELAY = 205 ms"),
+        "{}",
+        err.error
+    );
+    assert_eq!(
+        err.retry_after,
+        Some(ms(100)),
+        "over by 95 ms, at least one call"
+    );
+    // 4 inputs ahead: 1 batch + the running one = 200 ms, within the bound.
+    ledger.queued_inputs = 4;
+    ledger.admit(&limits, ask(1, far), now).expect("fits");
+    // A fixed bound replaces auto.
+    let fixed = Limits {
+        max_queue_delay: QueueDelay::Fixed(ms(150)),
+        ..limits
+    };
+    let err = ledger
+        .admit(&fixed, ask(1, far), now)
+        .expect_err("fixed bound");
+    assert!(
+        err.error
+            .to_string()
+            .contains("MAX_QUEUE_DELAY = 150 ms (fixed)"),
+        "{}",
+        err.error
+    );
+}
+
+#[test]
+fn the_byte_bound_sheds_429_and_a_request_larger_than_it_is_413() {
+    let limits = Limits {
+        max_queue_bytes: 100,
+        ..limits()
+    };
+    let mut ledger = Ledger::default();
+    let now = Instant::now();
+    let far = now + Duration::from_secs(60);
+    let big = Ask {
+        inputs: 1,
+        bytes: 101,
+        deadline: far,
+    };
+    let err = ledger
+        .admit(&limits, big, now)
+        .expect_err("alone over the bound");
+    assert_eq!(err.error.status(), 413);
+    assert!(
+        err.error.to_string().contains("MAX_QUEUE_BYTES"),
+        "{}",
+        err.error
+    );
+    let sixty = Ask { bytes: 60, ..big };
+    ledger.admit(&limits, sixty, now).expect("fits");
+    let err = ledger
+        .admit(&limits, sixty, now)
+        .expect_err("120 > 100 bytes");
+    assert_eq!(err.reason, ShedReason::QueueBytes);
+    assert_eq!(err.error.status(), 429);
+    assert!(
+        err.error.to_string().contains("MAX_QUEUE_BYTES = 100"),
+        "{}",
+        err.error
+    );
+    ledger.release(1, 60);
+    ledger.admit(&limits, sixty, now).expect("room again");
+}
+
+#[test]
+fn a_worker_that_sheds_everything_admits_one_probe_per_call_time() {
+    let limits = limits();
+    let mut ledger = Ledger::default();
+    let now = after_calls(&mut ledger, Instant::now(), 1, Duration::from_secs(4));
+    ledger.queued_inputs = 8;
+    ledger.in_flight = 1;
+    let hurry = |at: Instant| ask(1, at + Duration::from_secs(1));
+    assert!(
+        ledger.admit(&limits, hurry(now), now).is_err(),
+        "fresh estimate sheds"
+    );
+    // No call started or ended for a call time: one probe gets in, the next is shed again.
+    let quiet = now + Duration::from_secs(4);
+    ledger.admit(&limits, hurry(quiet), quiet).expect("probe");
+    assert!(
+        ledger.admit(&limits, hurry(quiet), quiet).is_err(),
+        "one probe at a time"
+    );
+}
+
+#[test]
+fn retry_after_is_at_least_a_call_and_covers_the_excess_queue() {
+    let limits = limits();
+    let mut ledger = Ledger::default();
+    let now = Instant::now();
+    assert_eq!(ledger.retry_after(&limits, now), UNMEASURED_RETRY);
+    let now = after_calls(&mut ledger, now, 3, ms(100));
+    assert_eq!(ledger.retry_after(&limits, now), ms(100));
+    ledger.in_flight = 1;
+    ledger.queued_inputs = 40; // 10 batches + the running one: 1.1 s, bound 205 ms
+    assert_eq!(ledger.retry_after(&limits, now), ms(895));
+}

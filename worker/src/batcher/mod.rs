@@ -1,0 +1,318 @@
+//! The batcher: an actor that turns many small requests into few full upstream calls.
+//!
+//! [`spawn`] starts one task that owns all queue state; callers talk to it through a cloneable
+//! [`BatcherHandle`] and get their answer on a `oneshot` channel.
+//!
+//! - `admission`: the queue bounds, the call-time estimate and the admit decision;
+//! - `queue`: groups by options, due times, batch formation;
+//! - `actor`: the select loop, the supervised batch tasks, and every metric;
+//! - `isolate`: one batch's upstream calls, and the bisection of a rejected batch.
+//!
+//! # How a batch forms
+//! Requests are grouped by their [`EmbedOptions`] (requests whose options differ never share an
+//! upstream call). A group is sent upstream when it holds `max_batch_size` inputs, or when its
+//! oldest request has waited `max_wait`, whichever comes first. At most `max_concurrent_batches`
+//! calls are in flight; while all are busy, groups keep filling, so the next batch leaves full.
+//! A request with more inputs than one call may carry (the smaller of `max_batch_size` and the
+//! upstream's own limit) is split over several calls and reassembled in order.
+//!
+//! # Overload
+//! Admission answers at once, never queueing a request it expects to fail:
+//! - Bounds: at most `queue_cap` inputs and `max_queue_bytes` bytes of input text are accepted
+//!   and not yet answered; beyond them a request gets 429 ([`EmbedError::Overloaded`]), and a
+//!   request larger than a whole bound gets 413.
+//! - A worker with nothing queued and a free upstream slot admits any request: the estimate
+//!   below cannot lock it out.
+//! - Otherwise the upstream call time, measured from completed calls, says when the request
+//!   would start (the batches queued ahead, assumed full, pass `max_concurrent_batches` at a
+//!   time) and finish. It is admitted only if it would start within `max_queue_delay` and finish
+//!   within 75 % of its deadline budget; else 429, with a retry-after estimate
+//!   ([`BatcherHandle::try_submit`], [`BatcherHandle::retry_after_hint`]).
+//! - `max_queue_delay` defaults to `auto`: 2 × the measured call time + `max_wait`. A queue
+//!   longer than what keeps the upstream busy adds latency, never throughput: with every slot
+//!   busy, the next batch of each slot must be ready when it frees, which is one call time of
+//!   queued work; `auto` allows as much again as slack for bursts and for the estimate's error
+//!   (it assumes full batches), plus the `max_wait` a forming batch may spend. A client's
+//!   deadline can only tighten the bound.
+//! - The call-time estimate is a moving average that leans to fresh news: a sample's weight
+//!   grows with the time since the previous one, a faster sample weighs at least 1/2 (a slower
+//!   one 1/4: an estimate too high sheds the calls that would correct it, one too low corrects
+//!   itself), and an estimate older than two call times shrinks with its age. When no call has
+//!   started or ended for a call time, one request the estimate would refuse is let through as a
+//!   probe, at admission and at dispatch (at most one probe call in flight).
+//! - A request whose deadline passes, or comes before a call started now could finish (by a
+//!   fresh estimate), before its first input left the queue gets 504
+//!   ([`EmbedError::DeadlineExceeded`]) and causes no upstream work.
+//! - A request whose receiver is dropped (the caller went away) is removed from the queue at
+//!   once, freeing its share of the bounds; its queued inputs cause no upstream work.
+//!
+//! # Faults
+//! Batch tasks are supervised: a batch task that panics fails exactly its requests with 424
+//! ([`EmbedError::Backend`], "upstream call crashed") and frees its upstream slot. When the
+//! upstream blames an input of a batch of several requests, the batch is bisected by request and
+//! retried until the offending request(s) are isolated; the others still get their embeddings.
+//! Upstream failures (refused, 5xx, timeout) fail only the requests of that call.
+//!
+//! # Tracing
+//! Each accepted request has a span (`embed_request`: inputs, bytes, then outcome) from submit to
+//! answer, a child of the submitter's current span; each batch task runs in a span
+//! (`upstream_batch`: inputs, requests, probe) that follows from the spans of its requests, so
+//! the upstream call's events carry it.
+//!
+//! # Shutdown
+//! When every [`BatcherHandle`] is dropped, the actor stops waiting for `max_wait`, sends all it
+//! holds upstream, answers every accepted request and exits.
+
+mod actor;
+mod admission;
+mod isolate;
+mod queue;
+#[cfg(test)]
+mod tests;
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use bytes::Bytes;
+use embatch_protocol::{EmbedError, EmbedOptions};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+pub use admission::{AUTO_CALLS, QueueDelay};
+use admission::{Ask, Ledger, Limits};
+
+use crate::upstream::Upstream;
+
+/// Every `reason` label of `embatch_worker_requests_shed_total`.
+pub const SHED_REASONS: [&str; 5] = admission::ShedReason::LABELS;
+
+/// Batching and overload limits (see the module docs).
+#[derive(Debug, Clone)]
+pub struct BatcherConfig {
+    /// Most inputs in one upstream call (inputs, not requests).
+    pub max_batch_size: usize,
+    /// Longest time the first request of a batch waits for more to join.
+    pub max_wait: Duration,
+    /// Most upstream calls in flight at once.
+    pub max_concurrent_batches: usize,
+    /// Most inputs accepted and not yet answered; more are shed with 429.
+    pub queue_cap: usize,
+    /// Most bytes of input text (UTF-8) accepted and not yet answered; more are shed with 429,
+    /// and a request larger than this alone gets 413.
+    pub max_queue_bytes: usize,
+    /// Longest expected queue wait (acceptance to first upstream call) a request is admitted
+    /// with; longer is shed with 429.
+    pub max_queue_delay: QueueDelay,
+}
+
+impl Default for BatcherConfig {
+    /// The worker's command-line defaults: 32 inputs, 5 ms, 2 calls, 4,096 inputs, 64 MiB, auto.
+    fn default() -> Self {
+        BatcherConfig {
+            max_batch_size: 32,
+            max_wait: Duration::from_millis(5),
+            max_concurrent_batches: 2,
+            queue_cap: 4096,
+            max_queue_bytes: 64 << 20,
+            max_queue_delay: QueueDelay::Auto,
+        }
+    }
+}
+
+/// A successful answer: TEI's response body for exactly the request's inputs, in order.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    /// `[[f32, ...], ...]` as JSON bytes, assembled from the upstream's raw JSON vectors.
+    pub payload: Bytes,
+    /// Time from acceptance to the first upstream call that carried this request.
+    pub queue_time: Duration,
+    /// Time from that first call to the last result (the upstream's share).
+    pub inference_time: Duration,
+}
+
+/// What a caller receives: its reply or the error that ended it.
+pub type Outcome = Result<Reply, EmbedError>;
+
+/// A request admission refused: the error to answer and, for 429s, when a retry could be
+/// admitted (for a `Retry-After` header).
+#[derive(Debug, Clone)]
+pub struct Refused {
+    /// The answer: 413, 429, 503 or 504.
+    pub error: EmbedError,
+    /// For [`EmbedError::Overloaded`]: the estimated time until this request would be admitted
+    /// (at least one upstream call time; 1 s before the first measurement). `None` otherwise.
+    pub retry_after: Option<Duration>,
+}
+
+impl From<Refused> for EmbedError {
+    fn from(refused: Refused) -> EmbedError {
+        refused.error
+    }
+}
+
+/// A cloneable handle to submit requests to the batcher.
+///
+/// Dropping a receiver returned by [`BatcherHandle::submit`] cancels the request: its queued
+/// inputs are removed before they cost upstream work.
+#[derive(Clone)]
+pub struct BatcherHandle {
+    tx: mpsc::UnboundedSender<Job>,
+    shared: Arc<Shared>,
+}
+
+/// State the handle (admission) and the actor (progress, measurement) share.
+struct Shared {
+    limits: Limits,
+    ledger: Mutex<Ledger>,
+}
+
+impl Shared {
+    fn ledger(&self) -> MutexGuard<'_, Ledger> {
+        self.ledger.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A request's share of `queue_cap` and `max_queue_bytes`, released when dropped (answered,
+/// cancelled, or never delivered).
+struct Reservation {
+    shared: Arc<Shared>,
+    inputs: usize,
+    bytes: usize,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.shared.ledger().release(self.inputs, self.bytes);
+    }
+}
+
+/// An admitted request on its way to the actor.
+struct Job {
+    inputs: Vec<String>,
+    options: EmbedOptions,
+    deadline: Instant,
+    accepted: Instant,
+    reply: oneshot::Sender<Outcome>,
+    reservation: Reservation,
+    span: tracing::Span,
+}
+
+impl BatcherHandle {
+    /// Submits one request: its inputs, options and absolute deadline.
+    ///
+    /// Returns the receiver of its [`Outcome`] once accepted; dropping it cancels the request.
+    ///
+    /// # Errors
+    /// As [`BatcherHandle::try_submit`], without the retry-after estimate.
+    pub fn submit(
+        &self,
+        inputs: Vec<String>,
+        options: EmbedOptions,
+        deadline: Instant,
+    ) -> Result<oneshot::Receiver<Outcome>, EmbedError> {
+        self.try_submit(inputs, options, deadline)
+            .map_err(EmbedError::from)
+    }
+
+    /// Submits one request, like [`BatcherHandle::submit`], and on refusal says when a retry
+    /// could be admitted.
+    ///
+    /// # Errors
+    /// Answered at once, without queueing:
+    /// - [`EmbedError::TooLarge`] (413) when the request alone holds more than `queue_cap`
+    ///   inputs or `max_queue_bytes` bytes;
+    /// - [`EmbedError::DeadlineExceeded`] (504) when `deadline` has already passed;
+    /// - [`EmbedError::Overloaded`] (429, with `retry_after`) when `queue_cap` or
+    ///   `max_queue_bytes` is reached, or when the work queued ahead is expected to delay the
+    ///   request beyond `max_queue_delay` or past its deadline;
+    /// - [`EmbedError::Unavailable`] (503) when the batcher has stopped.
+    pub fn try_submit(
+        &self,
+        inputs: Vec<String>,
+        options: EmbedOptions,
+        deadline: Instant,
+    ) -> Result<oneshot::Receiver<Outcome>, Refused> {
+        let now = Instant::now();
+        let ask = Ask {
+            inputs: inputs.len(),
+            bytes: inputs.iter().map(String::len).sum(),
+            deadline,
+        };
+        let admitted = self.shared.ledger().admit(&self.shared.limits, ask, now);
+        if let Err(shed) = admitted {
+            actor::count_shed(shed.reason);
+            return Err(Refused {
+                error: shed.error,
+                retry_after: shed.retry_after,
+            });
+        }
+        let reservation = Reservation {
+            shared: Arc::clone(&self.shared),
+            inputs: ask.inputs,
+            bytes: ask.bytes,
+        };
+        let span = tracing::info_span!(
+            "embed_request",
+            inputs = ask.inputs,
+            bytes = ask.bytes,
+            outcome = tracing::field::Empty
+        );
+        let (tx, rx) = oneshot::channel();
+        let job = Job {
+            inputs,
+            options,
+            deadline,
+            accepted: now,
+            reply: tx,
+            reservation,
+            span,
+        };
+        if let Err(mpsc::error::SendError(job)) = self.tx.send(job) {
+            let mut ledger = self.shared.ledger();
+            ledger.queued_inputs = ledger.queued_inputs.saturating_sub(ask.inputs);
+            drop(ledger);
+            drop(job); // releases the reservation
+            return Err(Refused {
+                error: EmbedError::Unavailable("the worker is shutting down".into()),
+                retry_after: None,
+            });
+        }
+        Ok(rx)
+    }
+
+    /// How long until this worker would admit a 1-input request with a generous deadline again:
+    /// the estimated time for its queue to drain below `max_queue_delay`, `queue_cap` and
+    /// `max_queue_bytes`; at least one upstream call time (1 s before the first measurement).
+    /// For a `Retry-After` header on 429s.
+    pub fn retry_after_hint(&self) -> Duration {
+        self.shared
+            .ledger()
+            .retry_after(&self.shared.limits, Instant::now())
+    }
+}
+
+/// Starts the batcher task for `upstream`.
+///
+/// The task ends after every [`BatcherHandle`] clone is dropped and every accepted request is
+/// answered (or cancelled).
+pub fn spawn<U: Upstream>(
+    upstream: Arc<U>,
+    config: BatcherConfig,
+) -> (BatcherHandle, JoinHandle<()>) {
+    let limits = Limits {
+        queue_cap: config.queue_cap.max(1),
+        max_queue_bytes: config.max_queue_bytes.max(1),
+        max_queue_delay: config.max_queue_delay,
+        max_wait: config.max_wait,
+        slots: config.max_concurrent_batches.max(1),
+        batch_limit: config.max_batch_size.min(upstream.max_batch_size()).max(1),
+    };
+    let shared = Arc::new(Shared {
+        limits,
+        ledger: Mutex::new(Ledger::default()),
+    });
+    let (tx, rx) = mpsc::unbounded_channel();
+    let task = tokio::spawn(actor::Actor::new(upstream, Arc::clone(&shared), rx).run());
+    (BatcherHandle { tx, shared }, task)
+}

@@ -1,0 +1,155 @@
+//! Batch formation: filling, waiting, options, splitting, shutdown.
+
+use super::*;
+use crate::batcher::spawn;
+
+#[tokio::test(start_paused = true)]
+async fn concurrent_single_requests_fill_batches_and_each_gets_its_own_vector() {
+    let upstream = Recording::new(Duration::from_millis(5), usize::MAX);
+    let (batcher, _task) = spawn(Arc::clone(&upstream), config(8, 5, 2));
+    let receivers: Vec<_> = (0..64)
+        .map(|i| {
+            batcher
+                .submit(vec![format!("text {i}")], EmbedOptions::default(), far())
+                .expect("accepted")
+        })
+        .collect();
+    for (i, rx) in receivers.into_iter().enumerate() {
+        let reply = outcome(rx).await.expect("ok");
+        assert_eq!(texts(&reply), vec![format!("text {i}")]);
+    }
+    let calls = upstream.calls();
+    assert_eq!(calls.len(), 8, "64 inputs / MAX_BATCH_SIZE 8 = 8 calls");
+    assert!(calls.iter().all(|(inputs, _)| inputs.len() == 8));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lone_request_leaves_after_max_wait_time() {
+    let upstream = Recording::new(Duration::ZERO, usize::MAX);
+    let (batcher, _task) = spawn(Arc::clone(&upstream), config(32, 5, 2));
+    let start = Instant::now();
+    let rx = batcher
+        .submit(vec!["alone".into()], EmbedOptions::default(), far())
+        .expect("accepted");
+    tokio::time::sleep(Duration::from_millis(4)).await;
+    assert!(upstream.calls().is_empty(), "sent before MAX_WAIT_TIME");
+    let reply = outcome(rx).await.expect("ok");
+    assert_eq!(start.elapsed(), Duration::from_millis(5));
+    assert_eq!(reply.queue_time, Duration::from_millis(5));
+    assert_eq!(upstream.calls().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_batch_leaves_at_once() {
+    let upstream = Recording::new(Duration::ZERO, usize::MAX);
+    let (batcher, _task) = spawn(Arc::clone(&upstream), config(4, 1000, 2));
+    let start = Instant::now();
+    let receivers: Vec<_> = (0..4)
+        .map(|i| {
+            batcher
+                .submit(vec![format!("{i}")], EmbedOptions::default(), far())
+                .expect("accepted")
+        })
+        .collect();
+    for rx in receivers {
+        outcome(rx).await.expect("ok");
+    }
+    assert_eq!(
+        start.elapsed(),
+        Duration::ZERO,
+        "a full batch does not wait for MAX_WAIT_TIME"
+    );
+    assert_eq!(upstream.calls().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn requests_with_different_options_never_share_a_call() {
+    let upstream = Recording::new(Duration::ZERO, usize::MAX);
+    let (batcher, _task) = spawn(Arc::clone(&upstream), config(32, 5, 2));
+    let variants = [
+        EmbedOptions::default(),
+        EmbedOptions {
+            normalize: false,
+            ..EmbedOptions::default()
+        },
+        EmbedOptions {
+            truncate: Some(true),
+            ..EmbedOptions::default()
+        },
+        EmbedOptions {
+            dimensions: Some(2),
+            ..EmbedOptions::default()
+        },
+        EmbedOptions {
+            prompt_name: Some("query".into()),
+            ..EmbedOptions::default()
+        },
+    ];
+    let mut receivers = Vec::new();
+    for round in 0..3 {
+        for (v, options) in variants.iter().enumerate() {
+            let text = format!("v{v} r{round}");
+            receivers.push((
+                text.clone(),
+                batcher
+                    .submit(vec![text], options.clone(), far())
+                    .expect("accepted"),
+            ));
+        }
+    }
+    for (text, rx) in receivers {
+        assert_eq!(texts(&outcome(rx).await.expect("ok")), vec![text]);
+    }
+    let calls = upstream.calls();
+    assert_eq!(
+        calls.len(),
+        variants.len(),
+        "one call per distinct option set"
+    );
+    for (inputs, options) in calls {
+        let v = variants
+            .iter()
+            .position(|o| *o == options)
+            .expect("known options");
+        assert!(
+            inputs.iter().all(|i| i.starts_with(&format!("v{v} "))),
+            "{inputs:?} mixed options"
+        );
+        assert_eq!(inputs.len(), 3);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_oversized_request_is_split_and_reassembled_in_order() {
+    let upstream = Recording::new(Duration::from_millis(1), 3);
+    let (batcher, _task) = spawn(Arc::clone(&upstream), config(32, 5, 2));
+    let inputs: Vec<String> = (0..10).map(|i| format!("part {i}")).collect();
+    let rx = batcher
+        .submit(inputs.clone(), EmbedOptions::default(), far())
+        .expect("accepted");
+    assert_eq!(texts(&outcome(rx).await.expect("ok")), inputs);
+    let sizes: Vec<usize> = upstream.calls().iter().map(|(i, _)| i.len()).collect();
+    assert_eq!(
+        sizes,
+        vec![3, 3, 3, 1],
+        "upstream limit 3 → calls of at most 3"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn closing_the_batcher_flushes_and_answers_everything_accepted() {
+    let upstream = Recording::new(Duration::from_millis(10), usize::MAX);
+    let (batcher, task) = spawn(Arc::clone(&upstream), config(32, 60_000, 1));
+    let receivers: Vec<_> = (0..5)
+        .map(|i| {
+            batcher
+                .submit(vec![format!("{i}")], EmbedOptions::default(), far())
+                .expect("accepted")
+        })
+        .collect();
+    drop(batcher);
+    task.await.expect("batcher ends");
+    for rx in receivers {
+        outcome(rx).await.expect("answered before exit");
+    }
+}

@@ -1,0 +1,105 @@
+//! Batcher behaviour on paused tokio time with an in-process upstream double: no wall-clock
+//! sleeps, exact timings.
+
+mod batching;
+mod faults;
+mod overload;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use embatch_protocol::{EmbedError, EmbedOptions};
+use serde_json::value::RawValue;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::{BatcherConfig, Outcome, QueueDelay, Reply};
+use crate::upstream::{Embedding, Upstream, UpstreamError};
+
+/// Records calls; answers each input with `["<input>"]` so replies prove identity. An input
+/// containing `poison` is rejected (422, blames the input); one containing `panic` makes the
+/// call panic.
+struct Recording {
+    calls: Mutex<Vec<(Vec<String>, EmbedOptions)>>,
+    delay: Mutex<Duration>,
+    max: usize,
+    fail: Mutex<Option<UpstreamError>>,
+}
+
+impl Recording {
+    fn new(delay: Duration, max: usize) -> Arc<Recording> {
+        Arc::new(Recording {
+            calls: Mutex::new(Vec::new()),
+            delay: Mutex::new(delay),
+            max,
+            fail: Mutex::new(None),
+        })
+    }
+
+    fn calls(&self) -> Vec<(Vec<String>, EmbedOptions)> {
+        self.calls.lock().expect("lock").clone()
+    }
+
+    fn set_delay(&self, delay: Duration) {
+        *self.delay.lock().expect("lock") = delay;
+    }
+}
+
+impl Upstream for Recording {
+    async fn embed(
+        &self,
+        inputs: &[String],
+        options: &EmbedOptions,
+    ) -> Result<Vec<Embedding>, UpstreamError> {
+        self.calls
+            .lock()
+            .expect("lock")
+            .push((inputs.to_vec(), options.clone()));
+        let delay = *self.delay.lock().expect("lock");
+        tokio::time::sleep(delay).await;
+        if let Some(err) = self.fail.lock().expect("lock").clone() {
+            return Err(err);
+        }
+        if inputs.iter().any(|i| i.contains("panic")) {
+            panic!("the upstream double panics on a marker input");
+        }
+        if inputs.iter().any(|i| i.contains("poison")) {
+            return Err(UpstreamError::Model(EmbedError::Validation(
+                "poisoned input".into(),
+            )));
+        }
+        Ok(inputs
+            .iter()
+            .map(|i| RawValue::from_string(serde_json::json!([i]).to_string()).expect("valid json"))
+            .collect())
+    }
+
+    fn max_batch_size(&self) -> usize {
+        self.max
+    }
+}
+
+/// Limits for tests that are not about the queue-delay bound (fixed at an hour).
+fn config(max_batch_size: usize, max_wait_ms: u64, concurrent: usize) -> BatcherConfig {
+    BatcherConfig {
+        max_batch_size,
+        max_wait: Duration::from_millis(max_wait_ms),
+        max_concurrent_batches: concurrent,
+        queue_cap: 10_000,
+        max_queue_bytes: 1 << 20,
+        max_queue_delay: QueueDelay::Fixed(Duration::from_secs(3600)),
+    }
+}
+
+fn far() -> Instant {
+    Instant::now() + Duration::from_secs(3600)
+}
+
+fn texts(reply: &Reply) -> Vec<String> {
+    let parsed: Vec<Vec<String>> = serde_json::from_slice(&reply.payload).expect("reply is JSON");
+    parsed.into_iter().map(|mut v| v.remove(0)).collect()
+}
+
+async fn outcome(rx: oneshot::Receiver<Outcome>) -> Outcome {
+    rx.await.expect("the batcher answers")
+}
