@@ -275,7 +275,7 @@ impl<U: Upstream> Actor<U> {
     }
 
     fn complete(&mut self, id: tokio::task::Id, done: Done) {
-        self.finish(id);
+        let probe = self.finish(id).is_some_and(|r| r.probe);
         for call in &done.calls {
             metrics::histogram!(names::UPSTREAM_TIME).record(call.elapsed.as_secs_f64());
             metrics::counter!(names::UPSTREAM_CALLS, "outcome" => call.outcome.label())
@@ -283,7 +283,7 @@ impl<U: Upstream> Actor<U> {
         }
         let now = Instant::now();
         if let Some(elapsed) = done.clean_call() {
-            self.shared.ledger().estimate.record(elapsed, now);
+            self.shared.ledger().estimate.record(elapsed, now, probe);
         }
         for (segment, result) in done.results {
             let Some(request) = self.requests.get_mut(&segment.request) else {

@@ -97,12 +97,14 @@ impl Estimate {
     ///
     /// A sample's weight grows with the time since the previous one (`1 - e^(-gap / call)`: after
     /// a call time without news the old estimate counts for a third), and is at least
-    /// [`ALPHA_FASTER`] or [`ALPHA_SLOWER`].
-    pub fn record(&mut self, elapsed: Duration, now: Instant) {
+    /// [`ALPHA_FASTER`] or [`ALPHA_SLOWER`]. The prior is the discounted estimate
+    /// ([`Estimate::call_at`]). A probe's sample replaces the estimate: the probe was sent
+    /// because the estimate was in doubt.
+    pub fn record(&mut self, elapsed: Duration, now: Instant, probe: bool) {
         let sample = elapsed.as_secs_f64().max(1e-6);
         let call = match (self.last, self.call_at(now)) {
-            (Some((raw, at)), Some(old)) => {
-                // The prior is the discounted estimate; the gap is measured in raw call times.
+            (Some((raw, at)), Some(old)) if !probe => {
+                // The gap is measured in undiscounted call times.
                 let old = old.as_secs_f64();
                 let gap = now.saturating_duration_since(at).as_secs_f64();
                 let floor = if sample < old {
@@ -330,11 +332,11 @@ impl Ledger {
         };
         let start = self.start_wait(limits, call);
         let own_batches = ask.inputs.div_ceil(limits.batch_limit);
-        let finish =
-            start + call * u32::try_from(own_batches.div_ceil(limits.slots)).unwrap_or(u32::MAX);
+        let own_rounds = u32::try_from(own_batches.div_ceil(limits.slots)).unwrap_or(u32::MAX);
+        let finish = start.saturating_add(call.saturating_mul(own_rounds));
         let budget = ask.deadline.saturating_duration_since(now);
         let allowed = budget.mul_f64(ADMISSION_HEADROOM);
-        let bound = self.delay_bound(limits, call);
+        let bound = Ledger::delay_bound(limits, call);
         let refusal = if finish > allowed {
             Some((
                 ShedReason::Deadline,
@@ -347,8 +349,7 @@ impl Ledger {
                     budget.as_millis()
                 ),
             ))
-        } else if bound.is_some_and(|bound| start > bound) {
-            let bound = bound.unwrap_or_default();
+        } else if start > bound {
             Some((
                 ShedReason::QueueDelay,
                 start - bound,
@@ -393,11 +394,13 @@ impl Ledger {
         call.mul_f64(batches as f64 / limits.slots as f64)
     }
 
-    /// `MAX_QUEUE_DELAY` in effect, `None` when unbounded (auto before the first measurement).
-    pub fn delay_bound(&self, limits: &Limits, call: Duration) -> Option<Duration> {
+    /// `MAX_QUEUE_DELAY` in effect with the upstream call time `call`.
+    pub fn delay_bound(limits: &Limits, call: Duration) -> Duration {
         match limits.max_queue_delay {
-            QueueDelay::Fixed(bound) => Some(bound),
-            QueueDelay::Auto => Some(call * AUTO_CALLS + limits.max_wait),
+            QueueDelay::Fixed(bound) => bound,
+            QueueDelay::Auto => call
+                .saturating_mul(AUTO_CALLS)
+                .saturating_add(limits.max_wait),
         }
     }
 
@@ -418,9 +421,8 @@ impl Ledger {
             return UNMEASURED_RETRY;
         };
         let over_delay = self
-            .delay_bound(limits, call)
-            .map(|bound| self.start_wait(limits, call).saturating_sub(bound))
-            .unwrap_or_default();
+            .start_wait(limits, call)
+            .saturating_sub(Ledger::delay_bound(limits, call));
         let over_cap = (self.held_inputs + 1).saturating_sub(limits.queue_cap);
         let over_cap = if over_cap > 0 {
             self.drain_time(limits, over_cap, Some(call))
@@ -441,6 +443,9 @@ impl Ledger {
     }
 
     fn probe_due(&self, now: Instant, call: Duration) -> bool {
+        if self.probe_in_flight {
+            return false;
+        }
         let last_probe = self
             .last_admission_probe
             .is_none_or(|at| now.saturating_duration_since(at) >= call);

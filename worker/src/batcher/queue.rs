@@ -301,7 +301,7 @@ mod tests {
             flush_all: true,
             ..take(t0, 4)
         };
-        let mut rest = vec![
+        let mut rest = [
             queue.take(all).expect("flush"),
             queue.take(all).expect("flush"),
         ];

@@ -31,7 +31,7 @@ fn after_calls(ledger: &mut Ledger, mut now: Instant, calls: usize, each: Durati
     for _ in 0..calls {
         ledger.last_launch = Some(now);
         now += each;
-        ledger.estimate.record(each, now);
+        ledger.estimate.record(each, now, false);
     }
     now
 }
@@ -96,7 +96,7 @@ fn a_slow_phase_then_a_fast_phase_recovers_within_a_few_calls() {
 fn a_stale_estimate_is_discounted_and_a_fresh_sample_after_a_gap_dominates() {
     let mut estimate = Estimate::default();
     let start = Instant::now();
-    estimate.record(Duration::from_secs(4), start);
+    estimate.record(Duration::from_secs(4), start, false);
     assert_eq!(
         estimate.call_at(start + Duration::from_secs(8)),
         Some(Duration::from_secs(4))
@@ -110,7 +110,7 @@ fn a_stale_estimate_is_discounted_and_a_fresh_sample_after_a_gap_dominates() {
         "halved at twice the age"
     );
     // A fast call 16 s after the slow one weighs e^-4 ≈ 98 %.
-    estimate.record(ms(10), later);
+    estimate.record(ms(10), later, false);
     let now = estimate.call_at(later).expect("measured");
     assert!(now < ms(100), "{now:?}");
 }
@@ -119,9 +119,12 @@ fn a_stale_estimate_is_discounted_and_a_fresh_sample_after_a_gap_dominates() {
 fn a_slower_sample_is_learnt_at_a_normal_pace() {
     let mut estimate = Estimate::default();
     let start = Instant::now();
-    estimate.record(ms(100), start);
-    estimate.record(ms(200), start + ms(1));
+    estimate.record(ms(100), start, false);
+    estimate.record(ms(200), start + ms(1), false);
     assert_eq!(estimate.call_at(start + ms(1)), Some(ms(125)));
+    // A probe's sample replaces it.
+    estimate.record(ms(20), start + ms(2), true);
+    assert_eq!(estimate.call_at(start + ms(2)), Some(ms(20)));
 }
 
 #[test]

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::batcher::spawn;
+use tokio::sync::oneshot;
 
 #[tokio::test(start_paused = true)]
 async fn a_poisoned_request_is_isolated_and_its_batch_mates_still_succeed() {
@@ -59,4 +60,59 @@ async fn an_upstream_failure_fails_only_its_batch_and_the_worker_keeps_serving()
         texts(&outcome(rx).await.expect("recovered")),
         vec!["b".to_string()]
     );
+}
+
+/// Waits for an outcome, failing (not hanging) if the batcher never answers: on paused time the
+/// timeout elapses as soon as every task is idle.
+async fn answered(rx: oneshot::Receiver<Outcome>) -> Outcome {
+    tokio::time::timeout(Duration::from_secs(600), outcome(rx))
+        .await
+        .expect("answered, not stuck")
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_batch_fails_exactly_its_requests_and_frees_its_slot() {
+    let upstream = Recording::new(Duration::from_millis(10), usize::MAX);
+    // One call slot: a slot the crash did not free would leave every later request unanswered.
+    let (batcher, _task) = spawn(Arc::clone(&upstream), config(2, 5, 1));
+    let other = EmbedOptions {
+        normalize: false,
+        ..EmbedOptions::default()
+    };
+    let submit = |text: &str, options: &EmbedOptions| {
+        batcher
+            .submit(vec![text.to_string()], options.clone(), far())
+            .expect("accepted")
+    };
+    let crashing = [
+        submit("panic 1", &EmbedOptions::default()),
+        submit("batch-mate", &EmbedOptions::default()),
+    ];
+    let elsewhere = submit("other options", &other);
+    for rx in crashing {
+        let err = answered(rx).await.expect_err("its call crashed");
+        assert_eq!(err.status(), 424, "{err}");
+        assert!(matches!(err, EmbedError::Backend(_)), "{err:?}");
+        assert!(err.to_string().contains("upstream call crashed"), "{err}");
+    }
+    assert_eq!(
+        texts(
+            &answered(elsewhere)
+                .await
+                .expect("another batch is unaffected")
+        ),
+        ["other options"]
+    );
+    // A 2nd and a 3rd crash do not lock the worker either.
+    for round in 2..=3 {
+        let err = answered(submit(&format!("panic {round}"), &EmbedOptions::default()))
+            .await
+            .expect_err("crashed");
+        assert_eq!(err.status(), 424);
+        let reply = answered(submit(&format!("after {round}"), &EmbedOptions::default()))
+            .await
+            .expect("the next request succeeds");
+        assert_eq!(texts(&reply), [format!("after {round}")]);
+    }
+    assert_eq!(upstream.calls().len(), 6, "3 crashed calls, 3 good ones");
 }

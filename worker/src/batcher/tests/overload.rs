@@ -130,3 +130,163 @@ async fn a_request_that_cannot_finish_before_its_deadline_is_shed_at_admission()
             .is_ok()
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_request_leaves_the_queue_at_once_and_costs_no_upstream_call() {
+    let upstream = Recording::new(Duration::from_millis(1), usize::MAX);
+    let cfg = BatcherConfig {
+        queue_cap: 2,
+        ..config(8, 1_000, 1)
+    };
+    let (batcher, _task) = spawn(Arc::clone(&upstream), cfg);
+    let gone = batcher
+        .submit(
+            vec!["gone 1".into(), "gone 2".into()],
+            EmbedOptions::default(),
+            far(),
+        )
+        .expect("accepted");
+    let err = batcher
+        .submit(vec!["wait".into()], EmbedOptions::default(), far())
+        .expect_err("queue full");
+    assert_eq!(err.status(), 429);
+    drop(gone); // the caller went away
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    // Long before its group was due (MAX_WAIT_TIME = 1 s), its share of QUEUE_CAP is free again.
+    let kept = batcher
+        .submit(
+            vec!["kept 1".into(), "kept 2".into()],
+            EmbedOptions::default(),
+            far(),
+        )
+        .expect("room freed by the cancellation");
+    let reply = outcome(kept).await.expect("ok");
+    assert_eq!(texts(&reply), ["kept 1", "kept 2"]);
+    let calls = upstream.calls();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(
+        calls[0].0,
+        ["kept 1", "kept 2"],
+        "no upstream work for the cancelled request"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_client_deadlines_the_queue_is_bounded_by_max_queue_delay() {
+    // One input per 100 ms call, one call at a time; auto bound = 2 × 100 ms + 0.
+    let upstream = Recording::new(Duration::from_millis(100), usize::MAX);
+    let cfg = BatcherConfig {
+        max_queue_delay: QueueDelay::Auto,
+        ..config(1, 0, 1)
+    };
+    let (batcher, _task) = spawn(Arc::clone(&upstream), cfg);
+    outcome(
+        batcher
+            .submit(vec!["warm".into()], EmbedOptions::default(), far())
+            .expect("accepted"),
+    )
+    .await
+    .expect("ok");
+    let mut accepted = Vec::new();
+    let refused = loop {
+        match batcher.try_submit(vec!["x".into()], EmbedOptions::default(), far()) {
+            Ok(rx) => accepted.push(rx),
+            Err(refused) => break refused,
+        }
+        assert!(accepted.len() < 10, "the queue grows without bound");
+    };
+    // 1 in flight + 2 queued (the 3rd would wait 300 ms > 200 ms); the 1st is admitted
+    // as the worker is idle.
+    assert_eq!(accepted.len(), 3);
+    assert_eq!(refused.error.status(), 429);
+    assert!(
+        refused
+            .error
+            .to_string()
+            .contains("MAX_QUEUE_DELAY = 200 ms"),
+        "{}",
+        refused.error
+    );
+    let retry = refused.retry_after.expect("a retry-after estimate");
+    assert!(retry >= Duration::from_millis(100), "{retry:?}");
+    assert!(batcher.retry_after_hint() >= Duration::from_millis(100));
+    for rx in accepted {
+        outcome(rx).await.expect("every admitted request is served");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_byte_bound_sheds_429_and_a_request_larger_than_it_gets_413() {
+    let upstream = Recording::new(Duration::from_millis(10), usize::MAX);
+    let cfg = BatcherConfig {
+        max_queue_bytes: 10,
+        ..config(8, 5, 1)
+    };
+    let (batcher, _task) = spawn(Arc::clone(&upstream), cfg);
+    let err = batcher
+        .submit(vec!["eleven char".into()], EmbedOptions::default(), far())
+        .expect_err("alone larger than the bound");
+    assert_eq!(err.status(), 413);
+    assert!(err.to_string().contains("MAX_QUEUE_BYTES"), "{err}");
+    let first = batcher
+        .submit(vec!["six 01".into()], EmbedOptions::default(), far())
+        .expect("6 bytes fit");
+    let err = batcher
+        .submit(vec!["six 02".into()], EmbedOptions::default(), far())
+        .expect_err("12 > 10 bytes");
+    assert_eq!(err.status(), 429);
+    assert!(err.to_string().contains("MAX_QUEUE_BYTES = 10"), "{err}");
+    outcome(first).await.expect("ok");
+    assert!(
+        batcher
+            .submit(vec!["six 03".into()], EmbedOptions::default(), far())
+            .is_ok(),
+        "answering frees the bytes"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_slow_call_does_not_lock_out_short_deadlines() {
+    let upstream = Recording::new(Duration::from_millis(4_500), usize::MAX);
+    let (batcher, _task) = spawn(Arc::clone(&upstream), config(4, 5, 1));
+    outcome(
+        batcher
+            .submit(vec!["slow".into()], EmbedOptions::default(), far())
+            .expect("accepted"),
+    )
+    .await
+    .expect("ok");
+    upstream.set_delay(Duration::from_millis(10));
+    // Requests with 2 s deadlines every 100 ms for 10 s.
+    let slow_done = Instant::now();
+    let mut answers = Vec::new();
+    for i in 0..100 {
+        let sent = Instant::now();
+        let rx = batcher
+            .submit(
+                vec![format!("r{i}")],
+                EmbedOptions::default(),
+                sent + Duration::from_secs(2),
+            )
+            .expect("an idle worker admits, whatever the estimate");
+        answers.push((sent, tokio::spawn(outcome(rx))));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut first_ok = None;
+    for (sent, answer) in answers {
+        match answer.await.expect("task") {
+            Ok(_) => {
+                first_ok.get_or_insert(sent);
+            }
+            Err(err) => {
+                assert_eq!(err.status(), 504, "{err}");
+                assert!(first_ok.is_none(), "failed after the recovery: {err}");
+            }
+        }
+    }
+    let recovered = first_ok.expect("recovers") - slow_done;
+    assert!(
+        recovered <= Duration::from_millis(4_600),
+        "a probe within about one (slow) call time, not {recovered:?}"
+    );
+}

@@ -1,0 +1,445 @@
+//! The deployment files against the binaries, which are the one source of defaults:
+//!
+//! - every environment variable compose.yaml sets on `gateway`, `worker` and `worker-local` is a
+//!   flag of that service's binary (clap `env = ...`), with a value the binary accepts;
+//! - where such a variable is `${NAME:-default}`, the default is the binary's own default (a
+//!   deployment fact such as a path inside the image is listed in [`DEPLOYMENT_DEFAULTS`]);
+//! - .env.example lists every `${NAME:-default}` of compose.yaml, commented out, with that default,
+//!   and nothing else.
+//!
+//! No Docker needed: compose.yaml is read as YAML (anchors and `<<` merge keys resolved here, as
+//! Compose does). `scripts/compose-check.sh` renders it with `docker compose config` as well.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::path::Path;
+
+use clap::{Command, CommandFactory, FromArgMatches};
+use yaml_rust2::{Yaml, YamlLoader};
+
+/// Read by the binaries but not clap flags.
+const NOT_FLAGS: &[&str] = &["RUST_LOG"];
+
+/// Flags whose compose default deliberately differs from the binary's: (variable, default, why).
+const DEPLOYMENT_DEFAULTS: &[(&str, &str, &str)] = &[(
+    "MODEL_DIR",
+    "/app/models/all-MiniLM-L6-v2",
+    "the model's path inside the worker-local image",
+)];
+
+/// Compose's own variables, which .env.example may set although compose.yaml doesn't read them.
+const COMPOSE_VARIABLES: &[&str] = &["COMPOSE_PROFILES"];
+
+fn repo_file(name: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// A YAML node with every `<<` merge key applied (explicit keys win over merged ones).
+fn merged(node: &Yaml) -> Yaml {
+    match node {
+        Yaml::Hash(hash) => {
+            let mut out = yaml_rust2::yaml::Hash::new();
+            if let Some(sources) = hash.get(&Yaml::String("<<".into())) {
+                let sources = match sources {
+                    Yaml::Array(list) => list.clone(),
+                    one => vec![one.clone()],
+                };
+                for source in sources {
+                    if let Yaml::Hash(h) = merged(&source) {
+                        for (k, v) in h {
+                            out.entry(k).or_insert(v);
+                        }
+                    }
+                }
+            }
+            for (k, v) in hash {
+                if k.as_str() != Some("<<") {
+                    out.insert(k.clone(), merged(v));
+                }
+            }
+            Yaml::Hash(out)
+        }
+        Yaml::Array(list) => Yaml::Array(list.iter().map(merged).collect()),
+        other => other.clone(),
+    }
+}
+
+fn compose() -> Yaml {
+    let docs = YamlLoader::load_from_str(&repo_file("compose.yaml")).expect("compose.yaml parses");
+    merged(&docs[0])
+}
+
+/// A scalar as Compose sees it in an environment map.
+fn scalar(node: &Yaml) -> String {
+    match node {
+        Yaml::String(s) | Yaml::Real(s) => s.clone(),
+        Yaml::Integer(i) => i.to_string(),
+        Yaml::Boolean(b) => b.to_string(),
+        Yaml::Null => String::new(),
+        other => panic!("not a scalar: {other:?}"),
+    }
+}
+
+/// One `${NAME}`, `${NAME-default}` or `${NAME:-default}` in a string.
+#[derive(Debug, Clone, PartialEq)]
+struct Interpolation {
+    name: String,
+    default: Option<String>,
+    /// The whole string is this one interpolation.
+    whole: bool,
+}
+
+fn interpolations(s: &str) -> Vec<Interpolation> {
+    let mut out = Vec::new();
+    let mut rest = s;
+    while let Some(i) = rest.find('$') {
+        let after = &rest[i + 1..];
+        if let Some(escaped) = after.strip_prefix('$') {
+            rest = escaped; // `$$` is a literal `$`
+            continue;
+        }
+        let Some(body) = after.strip_prefix('{') else {
+            rest = after;
+            continue;
+        };
+        let end = body
+            .find('}')
+            .unwrap_or_else(|| panic!("unclosed ${{ in {s:?}"));
+        let inner = &body[..end];
+        let name_len = inner
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(inner.len());
+        let (name, op) = inner.split_at(name_len);
+        let default = op
+            .strip_prefix(":-")
+            .or_else(|| op.strip_prefix('-'))
+            .map(str::to_string);
+        assert!(
+            op.is_empty() || default.is_some(),
+            "unsupported interpolation ${{{inner}}} in {s:?}"
+        );
+        let whole = s.trim() == format!("${{{inner}}}");
+        out.push(Interpolation {
+            name: name.to_string(),
+            default,
+            whole,
+        });
+        rest = &body[end + 1..];
+    }
+    out
+}
+
+/// Every interpolation in the file's scalars (keys and values; comments are not YAML).
+fn all_interpolations(node: &Yaml, out: &mut Vec<Interpolation>) {
+    match node {
+        Yaml::String(s) => out.extend(interpolations(s)),
+        Yaml::Array(list) => list.iter().for_each(|n| all_interpolations(n, out)),
+        Yaml::Hash(hash) => hash.iter().for_each(|(k, v)| {
+            all_interpolations(k, out);
+            all_interpolations(v, out);
+        }),
+        _ => {}
+    }
+}
+
+/// A value with every interpolation replaced by its default, as with no .env.
+fn with_defaults(s: &str) -> String {
+    let mut out = s.to_string();
+    for i in interpolations(s) {
+        let default = i.default.clone().unwrap_or_default();
+        for form in [
+            format!("${{{}:-{default}}}", i.name),
+            format!("${{{}-{default}}}", i.name),
+        ] {
+            out = out.replace(&form, &default);
+        }
+    }
+    out
+}
+
+/// The environment map of one compose service, merge keys applied.
+fn service_env(compose: &Yaml, service: &str) -> BTreeMap<String, String> {
+    let env = &compose["services"][service]["environment"];
+    let Yaml::Hash(hash) = env else {
+        panic!("compose.yaml: services.{service}.environment is not a map: {env:?}")
+    };
+    hash.iter().map(|(k, v)| (scalar(k), scalar(v))).collect()
+}
+
+/// A binary's flags by environment variable: (long flag, default value).
+fn flags(command: &Command) -> BTreeMap<String, (String, Option<String>)> {
+    command
+        .get_arguments()
+        .filter_map(|arg| {
+            let env = arg.get_env()?.to_str()?.to_string();
+            let long = arg
+                .get_long()
+                .expect("env flags have a long name")
+                .to_string();
+            let default = arg
+                .get_default_values()
+                .first()
+                .map(|v| v.to_string_lossy().into_owned());
+            Some((env, (long, default)))
+        })
+        .collect()
+}
+
+/// Parses `--flag value` pairs as the binary would (process environment ignored), returning the
+/// resulting settings' Debug form.
+fn parse<C: CommandFactory + FromArgMatches + Debug>(
+    args: &[(String, String)],
+) -> Result<String, String> {
+    let command = C::command().mut_args(|arg| arg.env(None::<&'static str>));
+    let argv = std::iter::once("bin".to_string()).chain(
+        args.iter()
+            .flat_map(|(long, value)| [format!("--{long}"), value.clone()]),
+    );
+    let matches = command
+        .try_get_matches_from(argv)
+        .map_err(|e| e.to_string())?;
+    C::from_arg_matches(&matches)
+        .map(|c| format!("{c:?}"))
+        .map_err(|e| e.to_string())
+}
+
+/// The services that run an embatch binary, and which.
+fn embatch_services() -> [(&'static str, &'static str, Command); 3] {
+    [
+        (
+            "gateway",
+            "embatch-gateway",
+            embatch_gateway::Config::command(),
+        ),
+        (
+            "worker",
+            "embatch-worker",
+            embatch_worker::Config::command(),
+        ),
+        (
+            "worker-local",
+            "embatch-worker",
+            embatch_worker::Config::command(),
+        ),
+    ]
+}
+
+fn parse_for(binary: &str, args: &[(String, String)]) -> Result<String, String> {
+    match binary {
+        "embatch-gateway" => parse::<embatch_gateway::Config>(args),
+        _ => parse::<embatch_worker::Config>(args),
+    }
+}
+
+#[test]
+fn compose_sets_only_flags_of_the_binaries_with_values_they_accept() {
+    let compose = compose();
+    let mut problems = Vec::new();
+    for (service, binary, command) in embatch_services() {
+        let flags = flags(&command);
+        let env = service_env(&compose, service);
+        assert!(
+            env.len() > 5,
+            "{service}: only {} variables found: {env:?}",
+            env.len()
+        );
+        let mut args = Vec::new();
+        for (name, value) in &env {
+            if NOT_FLAGS.contains(&name.as_str()) {
+                continue;
+            }
+            match flags.get(name) {
+                None => problems.push(format!("{service}: sets {name}, not a flag of {binary}")),
+                Some((long, _)) => args.push((long.clone(), with_defaults(value))),
+            }
+        }
+        // All at once, as the container gets them.
+        if let Err(e) = parse_for(binary, &args) {
+            problems.push(format!(
+                "{service}: {binary} rejects compose.yaml's settings {args:?}: {e}"
+            ));
+        }
+        let unset: Vec<_> = flags.keys().filter(|n| !env.contains_key(*n)).collect();
+        println!(
+            "{service}: {} flags set; left at {binary}'s defaults: {unset:?}",
+            args.len()
+        );
+    }
+    assert!(
+        problems.is_empty(),
+        "compose.yaml vs the binaries:\n  {}",
+        problems.join("\n  ")
+    );
+}
+
+#[test]
+fn compose_defaults_of_flags_are_the_binaries_defaults() {
+    let compose = compose();
+    let mut problems = Vec::new();
+    let mut checked = 0;
+    for (service, binary, command) in embatch_services() {
+        let flags = flags(&command);
+        let baseline = parse_for(binary, &[]).expect("the binary's defaults parse");
+        for (name, value) in service_env(&compose, service) {
+            let Some((long, binary_default)) = flags.get(&name) else {
+                continue;
+            };
+            let found = interpolations(&value);
+            let [
+                Interpolation {
+                    default: Some(default),
+                    whole: true,
+                    ..
+                },
+            ] = found.as_slice()
+            else {
+                // A fixed value (NATS_URL, LISTEN_ADDR, ...): a fact of the compose network.
+                continue;
+            };
+            checked += 1;
+            if let Some((_, expected, _)) = DEPLOYMENT_DEFAULTS.iter().find(|(n, ..)| *n == name) {
+                if default != expected {
+                    problems.push(format!(
+                        "{service}: {name} defaults to {default:?}, DEPLOYMENT_DEFAULTS says {expected:?}"
+                    ));
+                }
+                continue;
+            }
+            // Same settings as with no flag at all (so "30s" and "30000ms" agree).
+            match parse_for(binary, &[(long.clone(), default.clone())]) {
+                Ok(parsed) if parsed == baseline => {}
+                Ok(_) => problems.push(format!(
+                    "{service}: {value} — the default {default:?} is not {binary}'s default {}",
+                    binary_default
+                        .as_deref()
+                        .map_or("(none)".to_string(), |d| format!("{d:?}"))
+                )),
+                Err(e) => problems.push(format!("{service}: {name}={default:?}: {e}")),
+            }
+        }
+    }
+    assert!(
+        checked >= 10,
+        "only {checked} flag defaults found in compose.yaml"
+    );
+    assert!(
+        problems.is_empty(),
+        "compose.yaml defaults vs the binaries:\n  {}",
+        problems.join("\n  ")
+    );
+}
+
+/// `NAME=value` settings of .env.example, commented out (`# NAME=value`) or not: (line, name,
+/// value, commented).
+fn env_example() -> Vec<(usize, String, String, bool)> {
+    let mut out = Vec::new();
+    for (i, line) in repo_file(".env.example").lines().enumerate() {
+        let line = line.trim();
+        let (body, commented) = match line.strip_prefix('#') {
+            Some(rest) => (rest.trim_start(), true),
+            None => (line, false),
+        };
+        let setting = body.split_once('=').filter(|(name, _)| {
+            !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+        });
+        match setting {
+            Some((name, value)) => {
+                out.push((i + 1, name.to_string(), value.to_string(), commented))
+            }
+            None if commented || line.is_empty() => {} // prose
+            None => panic!(
+                ".env.example:{}: neither a comment nor NAME=value: {line:?}",
+                i + 1
+            ),
+        }
+    }
+    out
+}
+
+#[test]
+fn env_example_lists_every_compose_variable_with_its_default() {
+    let mut found = Vec::new();
+    all_interpolations(&compose(), &mut found);
+    let mut defaults: BTreeMap<String, Option<String>> = BTreeMap::new();
+    let mut problems = Vec::new();
+    for i in &found {
+        if let Some(previous) = defaults.insert(i.name.clone(), i.default.clone()) {
+            if previous != i.default {
+                problems.push(format!(
+                    "compose.yaml: {} has two defaults, {previous:?} and {:?}",
+                    i.name, i.default
+                ));
+            }
+        }
+    }
+    assert!(
+        defaults.len() >= 15,
+        "only {} variables found in compose.yaml",
+        defaults.len()
+    );
+    let example = env_example();
+    let mut listed = BTreeMap::new();
+    for (line, name, value, commented) in &example {
+        if !commented {
+            problems.push(format!(
+                ".env.example:{line}: {name} is set; list it commented out (# {name}=...), as the default"
+            ));
+        }
+        if listed.insert(name.clone(), value.clone()).is_some() {
+            problems.push(format!(".env.example:{line}: {name} listed twice"));
+        }
+    }
+    for (name, default) in &defaults {
+        match (default, listed.get(name)) {
+            (None, _) => problems.push(format!(
+                "compose.yaml: ${{{name}}} has no default; write ${{{name}:-...}}"
+            )),
+            (Some(_), None) => problems.push(format!(
+                "{name}: used in compose.yaml, missing from .env.example"
+            )),
+            (Some(d), Some(v)) if d != v => problems.push(format!(
+                "{name}: .env.example says {v:?}, compose.yaml defaults to {d:?}"
+            )),
+            _ => {}
+        }
+    }
+    for name in listed.keys() {
+        if !defaults.contains_key(name) && !COMPOSE_VARIABLES.contains(&name.as_str()) {
+            problems.push(format!("{name}: in .env.example, unused by compose.yaml"));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        ".env.example vs compose.yaml:\n  {}",
+        problems.join("\n  ")
+    );
+}
+
+#[test]
+fn interpolation_parser() {
+    assert_eq!(
+        interpolations("${A:-x}/b:${B-1.8} $$ {C} $${D}"),
+        vec![
+            Interpolation {
+                name: "A".into(),
+                default: Some("x".into()),
+                whole: false
+            },
+            Interpolation {
+                name: "B".into(),
+                default: Some("1.8".into()),
+                whole: false
+            },
+        ]
+    );
+    assert_eq!(interpolations(" ${A:-} ")[0].default.as_deref(), Some(""));
+    assert!(interpolations("${A}")[0].whole);
+    assert_eq!(
+        with_defaults("127.0.0.1:${P:-8222}:8222"),
+        "127.0.0.1:8222:8222"
+    );
+}
