@@ -1,20 +1,16 @@
 #!/usr/bin/env bash
-# Validates the deployment files without a Docker engine; one check program per concern:
-#   compose  scripts/checks/compose.py: `docker compose config` for every profile set with .env.example,
-#            .env (if any) and no env file; the services each set enables, and their wiring as rendered.
-#   nats     scripts/checks/nats_configs.py: nats/nats.conf and nats/cluster/*.conf pass
-#            `nats-server -t` and start with the expected max_payload.
-#   docker   scripts/checks/dockerfile/ (Go, BuildKit's Dockerfile frontend): every stage converts to
-#            a build graph with the linter on and tagged base images; .dockerignore keeps the right files.
-# Elsewhere: .env.example vs compose.yaml and "compose sets only the binaries' flags" are checked by
-# gateway/tests/deploy_files.rs; that n1..n3 form a cluster, by gateway/tests/cluster.rs.
-#
-# Fetches when missing: the Compose v2.29.7 CLI plugin (go install, a few minutes, into
-# ${DOCKER_CONFIG:-~/.docker}/cli-plugins), nats-server (scripts/install-nats-server.sh) and the
-# Dockerfile checker's Go modules (built into ~/.cache/embatch-compose-check).
-# Environment: NATS_SERVER (the nats-server to use), COMPOSE_CHECK_SKIP (comma-separated: compose,
-# nats, docker). Prints one line per check and "compose-check: N passed, M failed"; exits non-zero
-# when anything failed. Leaves nothing behind in the repository.
+# Validates the deployment files without a Docker engine, one program per concern (scripts/checks/):
+#   compose  compose.py: `docker compose config` per profile set with .env.example, .env (if any) and
+#            no env file; the services each set enables, and their wiring as rendered.
+#   nats     nats_configs.py: nats/nats.conf, nats/cluster/*.conf pass `nats-server -t`; max_payload.
+#   docker   dockerfile/ (Go, BuildKit's frontend): every stage converts with the linter on and
+#            tagged base images; .dockerignore lets the right files into the build context.
+# .env.example vs compose.yaml and "compose sets only the binaries' flags" are checked by
+# gateway/tests/deploy_files.rs; n1..n3 forming a cluster by gateway/tests/cluster.rs.
+# Fetches when missing: the Compose CLI plugin (go install, a few minutes), nats-server
+# (scripts/install-nats-server.sh); builds the Dockerfile checker into ~/.cache/embatch-compose-check.
+# Env: NATS_SERVER (nats-server to use), COMPOSE_CHECK_SKIP (comma-separated: compose,nats,docker).
+# Ends with "compose-check: N passed, M failed", non-zero on a failure. Leaves nothing in the repo.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 checks=$root/scripts/checks
