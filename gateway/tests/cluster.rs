@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use embatch_testkit::{Behaviour, NatsCluster, RunningWorker, TeiDouble};
+use embatch_testkit::{NatsCluster, RunningWorker, TeiConfig, TeiDouble, start_tei};
 
 /// Requests are sent every `PERIOD` (100 per second) ...
 const PERIOD: Duration = Duration::from_millis(10);
@@ -107,12 +107,12 @@ fn ms(d: Duration) -> u128 {
 async fn workers_on_every_node_serve_and_losing_a_node_loses_only_its_in_flight_requests() {
     let mut cluster = NatsCluster::start();
     // A little upstream time, as a real model has, so some requests are in flight at the kill.
-    let behaviour = Behaviour {
-        delay: Duration::from_millis(10),
-        ..Behaviour::default()
+    let tei_config = TeiConfig {
+        base: Duration::from_millis(10),
+        ..TeiConfig::instant()
     };
-    let tei_a = TeiDouble::start(behaviour.clone()).await;
-    let tei_b = TeiDouble::start(behaviour).await;
+    let tei_a = start_tei(tei_config.clone()).await;
+    let tei_b = start_tei(tei_config).await;
     let worker_args = |tei: &TeiDouble| {
         vec![
             "--tei-url".to_owned(),

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::{start_gateway_at, wait_until};
-use embatch_testkit::{Behaviour, NatsServer, RunningWorker, TeiDouble};
+use embatch_testkit::{NatsServer, RunningWorker, TeiConfig, start_tei};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -43,9 +43,9 @@ async fn read_to_close(stream: &mut TcpStream, limit: Duration) -> Option<Vec<u8
 async fn a_client_that_disconnects_costs_no_upstream_call() {
     let nats = NatsServer::start();
     // One call at a time, one input per call, 600 ms each: a second request waits in the queue.
-    let tei = TeiDouble::start(Behaviour {
-        delay: Duration::from_millis(600),
-        ..Behaviour::default()
+    let tei = start_tei(TeiConfig {
+        base: Duration::from_millis(600),
+        ..TeiConfig::instant()
     })
     .await;
     let worker = RunningWorker::start(
@@ -101,7 +101,7 @@ async fn a_client_that_disconnects_costs_no_upstream_call() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_and_slow_connections_are_bounded() {
     let nats = NatsServer::start();
-    let tei = TeiDouble::start(Behaviour::default()).await;
+    let tei = start_tei(TeiConfig::instant()).await;
     let worker = RunningWorker::start(&nats, &["--tei-url", &tei.url]).await;
     let gateway = start_gateway_at(
         &nats.url(),
@@ -149,9 +149,9 @@ async fn idle_and_slow_connections_are_bounded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn beyond_max_in_flight_the_gateway_sheds_with_429_and_retry_after() {
     let nats = NatsServer::start();
-    let tei = TeiDouble::start(Behaviour {
-        delay: Duration::from_millis(500),
-        ..Behaviour::default()
+    let tei = start_tei(TeiConfig {
+        base: Duration::from_millis(500),
+        ..TeiConfig::instant()
     })
     .await;
     let worker = RunningWorker::start(&nats, &["--tei-url", &tei.url]).await;

@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::start_gateway;
-use embatch_testkit::{Behaviour, NatsServer, RunningWorker, TeiDouble, double_vector};
+use embatch_testkit::{NatsServer, RunningWorker, TeiConfig, double_vector, start_tei};
 
 async fn post(
     url: &str,
@@ -51,7 +51,7 @@ async fn without_workers_embed_is_503_and_health_is_503() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embeds_through_nats_and_reports_health_and_timings() {
     let nats = NatsServer::start();
-    let tei = TeiDouble::start(Behaviour::default()).await;
+    let tei = start_tei(TeiConfig::instant()).await;
     let worker =
         RunningWorker::start(&nats, &["--tei-url", &tei.url, "--max-wait-time", "2ms"]).await;
     let gateway = start_gateway(&nats, 1 << 20, 64).await;
@@ -84,15 +84,15 @@ async fn embeds_through_nats_and_reports_health_and_timings() {
     .await;
     assert_eq!(status, 200);
     let last = tei.calls().pop().expect("a call");
-    assert_eq!(last.body["normalize"], false);
-    assert_eq!(last.body["truncate"], true);
+    assert_eq!(last.options["normalize"], false);
+    assert_eq!(last.options["truncate"], true);
     worker.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gets_teis_error_bodies_and_nothing_reaches_the_workers() {
     let nats = NatsServer::start();
-    let tei = TeiDouble::start(Behaviour::default()).await;
+    let tei = start_tei(TeiConfig::instant()).await;
     let worker = RunningWorker::start(&nats, &["--tei-url", &tei.url]).await;
     let gateway = start_gateway(&nats, 256, 3).await;
     let big = format!(r#"{{"inputs":"{}"}}"#, "x".repeat(300));
@@ -143,9 +143,9 @@ async fn bad_input_gets_teis_error_bodies_and_nothing_reaches_the_workers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_timeout_shorter_than_the_upstream_gets_504() {
     let nats = NatsServer::start();
-    let tei = TeiDouble::start(Behaviour {
-        delay: Duration::from_secs(2),
-        ..Behaviour::default()
+    let tei = start_tei(TeiConfig {
+        base: Duration::from_secs(2),
+        ..TeiConfig::instant()
     })
     .await;
     let worker =

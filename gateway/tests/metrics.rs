@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use embatch_gateway::AppState;
-use embatch_testkit::{Behaviour, NatsServer, POISON, RunningWorker, TeiDouble};
+use embatch_testkit::{NatsServer, POISON, RunningWorker, TeiConfig, start_tei};
 use embatch_worker::http::{HttpState, app as worker_app};
 
 /// Serves `router` on a free loopback port; returns its base URL.
@@ -90,9 +90,9 @@ async fn gateway_and_worker_metrics_after_a_short_load() {
 
     let nats = NatsServer::start();
     // Slow enough upstream and a tiny queue so that a burst overflows it: 429s, shed requests.
-    let tei = TeiDouble::start(Behaviour {
-        delay: Duration::from_millis(100),
-        ..Behaviour::default()
+    let tei = start_tei(TeiConfig {
+        base: Duration::from_millis(100),
+        ..TeiConfig::instant()
     })
     .await;
     let worker = RunningWorker::start(
@@ -266,12 +266,16 @@ async fn gateway_and_worker_metrics_after_a_short_load() {
         value(&w, "embatch_worker_upstream_seconds_count"),
         calls.len() as f64
     );
-    // Each upstream call takes the double's 100 ms at least.
-    assert!(value(&w, "embatch_worker_upstream_seconds_sum") >= 0.1 * calls.len() as f64);
+    // Each served upstream call takes the double's 100 ms at least; a rejected one (the poisoned
+    // input) costs nothing, as TEI validates before queueing.
+    let served = calls.iter().filter(|c| c.status == 200).count() as f64;
+    let rejected = calls.len() as f64 - served;
+    assert!(rejected >= 1.0, "the poisoned input reached the upstream");
+    assert!(value(&w, "embatch_worker_upstream_seconds_sum") >= 0.1 * served);
     assert!(value(&w, "embatch_worker_request_seconds_sum") >= 0.1 * accepted);
     assert_eq!(
         value(&w, r#"embatch_worker_upstream_seconds_bucket{le="0.05"}"#),
-        0.0
+        rejected
     );
     // Batch size in inputs and in requests, one observation per batch: at most 4 inputs
     // (`--max-batch-size`); the isolated poisoned request's retry is a call, not a batch.

@@ -7,8 +7,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use crate::LoadtestError;
-use crate::fake_upstream::FakeUpstreamConfig;
 use crate::load::{Plan, Stop};
+use embatch_tei_double::Config as TeiDoubleConfig;
 
 /// Load generator and GPU-like upstream simulator for embatch benchmarks.
 #[derive(Debug, Parser)]
@@ -273,14 +273,14 @@ pub struct FakeUpstreamArgs {
 
 impl FakeUpstreamArgs {
     /// The server configuration.
-    pub fn config(&self) -> FakeUpstreamConfig {
-        FakeUpstreamConfig {
+    pub fn config(&self) -> TeiDoubleConfig {
+        TeiDoubleConfig {
             base: Duration::from_millis(self.base_ms),
             per_input: Duration::from_micros(self.per_input_us),
             concurrency: self.concurrency as usize,
             dim: self.dim as usize,
             max_client_batch_size: self.max_client_batch_size as usize,
-            ..FakeUpstreamConfig::default()
+            ..TeiDoubleConfig::default()
         }
     }
 }

@@ -10,12 +10,12 @@
 //! - [`report`]: the run's summary, human-readable and JSON.
 //! - [`progress`]: the progress bar shown while running.
 //! - [`run`]: ties the above together for `embatch-loadtest run`.
-//! - [`fake_upstream`]: a TEI-compatible HTTP server that simulates one GPU (`fake-upstream`),
-//!   reusable as a TEI test double via [`fake_upstream::app`].
+//!
+//! `embatch-loadtest fake-upstream` serves [`embatch_tei_double`], the workspace's one TEI double
+//! (a GPU-like cost model).
 
 pub mod cli;
 pub mod corpus;
-pub mod fake_upstream;
 pub mod load;
 pub mod progress;
 pub mod report;

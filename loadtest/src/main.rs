@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use embatch_loadtest::cli::{Cli, Command, FakeUpstreamArgs, RunArgs};
-use embatch_loadtest::{LoadtestError, fake_upstream, run};
+use embatch_loadtest::{LoadtestError, run};
 use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
@@ -46,10 +46,10 @@ async fn fake_upstream_command(args: FakeUpstreamArgs) -> Result<(), LoadtestErr
     println!("listening on {addr}");
     let _ = std::io::stdout().flush();
     let config = args.config();
-    tracing::info!(?config, "fake upstream ready");
-    fake_upstream::serve_until(listener, config, async {
+    tracing::info!(?config, "TEI double ready");
+    embatch_tei_double::serve_until(listener, config, async {
         let _ = tokio::signal::ctrl_c().await;
     })
     .await
-    .map_err(|e| LoadtestError::Config(format!("fake upstream failed: {e}")))
+    .map_err(|e| LoadtestError::Config(format!("TEI double failed: {e}")))
 }

@@ -4,20 +4,20 @@ use std::time::Duration;
 
 use clap::Parser;
 use embatch_loadtest::cli::{Cli, Command};
-use embatch_loadtest::fake_upstream::{FakeUpstream, FakeUpstreamConfig};
 use embatch_loadtest::run;
+use embatch_tei_double::{Config, TeiDouble};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closed_loop_against_the_fake_upstream() {
-    let upstream = FakeUpstream::spawn(FakeUpstreamConfig {
+    let upstream = TeiDouble::spawn(Config {
         base: Duration::from_millis(1),
         per_input: Duration::from_micros(10),
         concurrency: 4,
         dim: 32,
-        ..FakeUpstreamConfig::default()
+        ..Config::default()
     })
     .await
-    .expect("spawn fake upstream");
+    .expect("spawn the TEI double");
 
     let url = upstream.embed_url();
     let cli = Cli::try_parse_from([
@@ -61,7 +61,7 @@ async fn closed_loop_against_the_fake_upstream() {
     );
 
     // The upstream saw exactly the measured requests (no warm-up), 2 inputs each.
-    let calls = upstream.calls.snapshot();
+    let calls = upstream.calls();
     assert_eq!(calls.len(), 200);
     assert!(calls.iter().all(|c| c.inputs.len() == 2 && c.status == 200));
 

@@ -5,24 +5,24 @@
 use std::time::Duration;
 
 use embatch_loadtest::cli::{LoadModel, RunConfig, TargetSpec};
-use embatch_loadtest::fake_upstream::{FakeUpstream, FakeUpstreamConfig};
 use embatch_loadtest::load::{Plan, Stop};
 use embatch_loadtest::run;
+use embatch_tei_double::{Config, TeiDouble};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closed_loop_through_nats_and_a_worker_is_batched() {
     let nats = embatch_testkit::NatsServer::start();
     // One simulated GPU: 2 ms per call, one call at a time.
-    let upstream = FakeUpstream::spawn(FakeUpstreamConfig {
+    let upstream = TeiDouble::spawn(Config {
         base: Duration::from_millis(2),
         per_input: Duration::from_micros(10),
         concurrency: 1,
         dim: 16,
-        ..FakeUpstreamConfig::default()
+        ..Config::default()
     })
     .await
-    .expect("spawn fake upstream");
-    let tei_url = upstream.url();
+    .expect("spawn the TEI double");
+    let tei_url = upstream.url.clone();
     let worker = embatch_testkit::RunningWorker::start(
         &nats,
         &["--tei-url", &tei_url, "--max-wait-time", "2ms"],
@@ -59,7 +59,7 @@ async fn closed_loop_through_nats_and_a_worker_is_batched() {
         Some(requests),
         "{report}"
     );
-    let calls = upstream.calls.snapshot();
+    let calls = upstream.calls();
     let inputs: usize = calls.iter().map(|c| c.inputs.len()).sum();
     assert_eq!(
         inputs as u64, requests,

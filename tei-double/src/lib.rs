@@ -1,1 +1,716 @@
-//! placeholder
+//! A TEI-compatible HTTP server for embatch's tests and benchmarks: the one TEI double of the
+//! workspace (testkit's tests and `embatch-loadtest fake-upstream` both run this).
+//!
+//! It is not a model. Each `POST /embed` call costs `base + per_input × inputs` of wall time
+//! (a sleep, no CPU, accurate to well under a millisecond), and at most `concurrency` calls are
+//! "computed" at once while the others wait, as on one GPU running one batch at a time. So a
+//! caller that batches many inputs into one call gets much more throughput than one that sends
+//! them one by one, which is what embatch's batching is meant to exploit and what a benchmark
+//! against this server measures. [`Config::default`] is that GPU-like upstream;
+//! [`Config::instant`] answers at once (for functional tests).
+//!
+//! Replies are deterministic: the vector of a text is derived from a hash of the text only (see
+//! [`embedding`]), so a test can check identity (same text → same vector, different texts →
+//! different vectors) and order. Errors have TEI's shape (`{"error": "...", "error_type": "..."}`)
+//! and codes:
+//! - more inputs than `max_client_batch_size` → 413 `Validation`;
+//! - an input containing [`POISON`] → 422 `Validation` (for tests of poison isolation);
+//! - an empty `inputs` array → 400 `Empty`; a malformed body → 422 `Validation`;
+//! - `dimensions` of 0 or above the dimension → 422 `Validation`;
+//! - [`Faults::fail_with`] set → every call gets that status (after [`Faults::delay`]).
+//!
+//! Rejections cost nothing (TEI validates before queueing). Every parsed `/embed` call, rejected
+//! or not, is recorded in a [`CallLog`] that tests can read (not by the `fake-upstream` command,
+//! see [`app`]).
+//!
+//! ```no_run
+//! # async fn demo() -> std::io::Result<()> {
+//! use embatch_tei_double::{Config, TeiDouble};
+//! let tei = TeiDouble::spawn(Config::instant()).await?;
+//! // POST to tei.embed_url(), then:
+//! let calls = tei.calls();
+//! # Ok(()) }
+//! ```
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderName, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, serve};
+use embatch_protocol::{EmbedError, EmbedRequest, ErrorResponse, ErrorType};
+use serde::Serialize;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+
+/// An input containing this string is rejected with 422 `Validation`.
+pub const POISON: &str = "__poison__";
+
+/// Configuration of the TEI double (fixed for its life; see [`Faults`] for what can change).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Fixed cost of each `/embed` call.
+    pub base: Duration,
+    /// Additional cost per input of a call.
+    pub per_input: Duration,
+    /// At most this many calls are computed at once (at least 1; 1 = one GPU).
+    pub concurrency: usize,
+    /// Embedding dimension (number of floats per vector).
+    pub dim: usize,
+    /// Largest number of inputs one call may hold; more → 413. Announced by `/info`.
+    pub max_client_batch_size: usize,
+    /// `model_id` announced by `/info`.
+    pub model_id: String,
+}
+
+impl Default for Config {
+    /// 5 ms + 20 µs per input, one call at a time, 384 dimensions, at most 512 inputs per call.
+    fn default() -> Self {
+        Config {
+            base: Duration::from_millis(5),
+            per_input: Duration::from_micros(20),
+            concurrency: 1,
+            dim: 384,
+            max_client_batch_size: 512,
+            model_id: "embatch/tei-double".into(),
+        }
+    }
+}
+
+impl Config {
+    /// A double that answers at once (no cost), up to 1,024 calls at a time, with 8-dimensional
+    /// vectors and TEI's default client batch size (512): for functional tests.
+    pub fn instant() -> Config {
+        Config {
+            base: Duration::ZERO,
+            per_input: Duration::ZERO,
+            concurrency: 1024,
+            dim: 8,
+            ..Config::default()
+        }
+    }
+
+    /// The simulated compute time of one call of `inputs` inputs: `base + per_input × inputs`.
+    pub fn cost(&self, inputs: usize) -> Duration {
+        self.base + self.per_input * u32::try_from(inputs).unwrap_or(u32::MAX)
+    }
+}
+
+/// One `/embed` call as the TEI double received it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RecordedCall {
+    /// The inputs, in order (a single-string `inputs` is one element).
+    pub inputs: Vec<String>,
+    /// The other fields that change the result (the batching key), as JSON:
+    /// `{"normalize": true, "truncate": …, "truncation_direction": …, "prompt_name": …,
+    /// "dimensions": …}` with absent options left out.
+    pub options: serde_json::Value,
+    /// The HTTP status the call was answered with (200, or the error's status).
+    pub status: u16,
+    /// The `Authorization` header, if any (to check that a worker sends its TEI API key).
+    pub authorization: Option<String>,
+    /// When the call arrived.
+    #[serde(skip)]
+    pub at: Instant,
+}
+
+/// Faults injected into later calls; change them on a running double with
+/// [`TeiDouble::set_faults`]. The default injects nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Faults {
+    /// Added to every call before it is answered (on top of the cost model, outside the
+    /// concurrency limit: a slow network or a stalled server rather than a busy GPU).
+    pub delay: Duration,
+    /// `Some(status)`: answer every call with this HTTP status and a TEI error body
+    /// (`error_type` as TEI gives for that status), after [`Faults::delay`].
+    pub fail_with: Option<u16>,
+}
+
+/// The shared log of calls, in arrival order. Cloning shares the log.
+#[derive(Debug, Clone, Default)]
+pub struct CallLog {
+    /// The calls; prefer the methods below.
+    pub calls: Arc<Mutex<Vec<RecordedCall>>>,
+}
+
+impl CallLog {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<RecordedCall>> {
+        self.calls.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn push(&self, call: RecordedCall) {
+        self.lock().push(call);
+    }
+
+    /// A copy of the calls so far.
+    pub fn snapshot(&self) -> Vec<RecordedCall> {
+        self.lock().clone()
+    }
+
+    /// Number of calls so far.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// `true` before the first call.
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+
+    /// Forgets the calls so far.
+    pub fn clear(&self) {
+        self.lock().clear();
+    }
+
+    /// The number of inputs of each call so far, in order.
+    pub fn batch_sizes(&self) -> Vec<usize> {
+        self.lock().iter().map(|c| c.inputs.len()).collect()
+    }
+}
+
+struct AppState {
+    config: Config,
+    faults: Mutex<Faults>,
+    gpu: Semaphore,
+    /// `None` when nobody can read the log (the `fake-upstream` command): recording would only
+    /// grow memory and cost CPU for as long as the server runs.
+    calls: Option<CallLog>,
+}
+
+/// The TEI double's router: `POST /embed`, `GET /info`, `GET /health`, without faults. Calls are
+/// not recorded: with nobody to read the log, recording would only grow memory and cost CPU for
+/// as long as the server runs (use [`TeiDouble::spawn`] for a readable log).
+pub fn app(config: Config) -> Router {
+    router(&new_state(config, None))
+}
+
+fn new_state(config: Config, calls: Option<CallLog>) -> Arc<AppState> {
+    Arc::new(AppState {
+        gpu: Semaphore::new(config.concurrency.max(1)),
+        faults: Mutex::default(),
+        config,
+        calls,
+    })
+}
+
+fn router(state: &Arc<AppState>) -> Router {
+    Router::new()
+        .route("/embed", post(embed))
+        .route("/info", get(info))
+        .route("/health", get(health))
+        .with_state(Arc::clone(state))
+}
+
+/// Serves the TEI double on `listener` until `shutdown` completes.
+///
+/// # Errors
+/// I/O errors of the server.
+pub async fn serve_until(
+    listener: TcpListener,
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    serve(listener, app(config))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// A TEI double running in the background on a free loopback port, for tests and benchmarks.
+/// Stops when dropped.
+pub struct TeiDouble {
+    /// The bound address.
+    pub addr: SocketAddr,
+    /// `http://127.0.0.1:PORT`: TEI's base URL, what a worker's `--tei-url` takes.
+    pub url: String,
+    /// The call log (shared with the server).
+    pub calls: CallLog,
+    state: Arc<AppState>,
+    task: JoinHandle<()>,
+}
+
+impl TeiDouble {
+    /// Binds `127.0.0.1:0` and serves in a background task.
+    ///
+    /// # Errors
+    /// When the port cannot be bound.
+    pub async fn spawn(config: Config) -> std::io::Result<TeiDouble> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let calls = CallLog::default();
+        let state = new_state(config, Some(calls.clone()));
+        let router = router(&state);
+        let task = tokio::spawn(async move {
+            if let Err(err) = serve(listener, router).await {
+                tracing::warn!(%err, "TEI double stopped");
+            }
+        });
+        Ok(TeiDouble {
+            addr,
+            url: format!("http://{addr}"),
+            calls,
+            state,
+            task,
+        })
+    }
+
+    /// A copy of the `/embed` calls so far, in arrival order.
+    pub fn calls(&self) -> Vec<RecordedCall> {
+        self.calls.snapshot()
+    }
+
+    /// Changes the faults of later calls (calls already waiting keep theirs).
+    pub fn set_faults(&self, faults: Faults) {
+        *self.state.faults.lock().unwrap_or_else(|e| e.into_inner()) = faults;
+    }
+
+    /// `http://127.0.0.1:PORT/embed`.
+    pub fn embed_url(&self) -> String {
+        format!("http://{}/embed", self.addr)
+    }
+}
+
+impl Drop for TeiDouble {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The deterministic vector of `text`: `dim` floats in [-1, 1) from a 64-bit FNV-1a hash of the
+/// text expanded with splitmix64, cut to `dimensions` when given (as TEI's Matryoshka
+/// `dimensions`), then L2-normalized when `normalize`.
+pub fn embedding(text: &str, dim: usize, dimensions: Option<usize>, normalize: bool) -> Vec<f32> {
+    let mut state = fnv1a(text.as_bytes());
+    let len = dimensions.unwrap_or(dim).min(dim);
+    let mut v: Vec<f32> = (0..len)
+        .map(|_| {
+            let bits = splitmix64(&mut state) >> 40; // 24 random bits
+            (bits as f32 / (1u64 << 23) as f32) - 1.0
+        })
+        .collect();
+    if normalize {
+        let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        if norm > 0.0 {
+            v.iter_mut().for_each(|x| *x /= norm);
+        }
+    }
+    v
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// How much of a simulated call is left to a blocking `thread::sleep` rather than tokio's timer.
+const FINE_SLEEP: Duration = Duration::from_millis(2);
+
+/// Waits `d` with sub-millisecond accuracy. Tokio's timer rounds deadlines up to whole
+/// milliseconds, which would add ~0.5–1 ms to every simulated call (20% of the default 5 ms) and
+/// flatter batching; so the coarse part is a tokio sleep and the last ≤ 2 ms a `thread::sleep` on
+/// the blocking pool (accurate to tens of µs on Linux, no busy-waiting).
+async fn precise_sleep(d: Duration) {
+    if d.is_zero() {
+        return;
+    }
+    let deadline = Instant::now() + d;
+    if d > FINE_SLEEP {
+        tokio::time::sleep(d - FINE_SLEEP).await;
+    }
+    let rest = deadline.saturating_duration_since(Instant::now());
+    if !rest.is_zero() {
+        // A join error would mean the sleep panicked; the time has passed either way.
+        let _ = tokio::task::spawn_blocking(move || std::thread::sleep(rest)).await;
+    }
+}
+
+fn error_response(err: &EmbedError) -> Response {
+    let status = StatusCode::from_u16(err.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, Json(err.to_response())).into_response()
+}
+
+/// What a TEI would answer with `status`: TEI's error body, `error_type` as TEI gives for it.
+fn injected_failure(status: u16) -> Response {
+    let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let body = ErrorResponse {
+        error: format!("injected failure ({status})"),
+        error_type: ErrorType::for_status(status),
+    };
+    (code, Json(body)).into_response()
+}
+
+fn check(request: &EmbedRequest, inputs: &[String], config: &Config) -> Result<(), EmbedError> {
+    request.validate(config.max_client_batch_size)?;
+    if let Some(i) = inputs.iter().position(|t| t.contains(POISON)) {
+        return Err(EmbedError::Validation(format!(
+            "input {i} contains the poison marker `{POISON}`"
+        )));
+    }
+    if let Some(d) = request.dimensions
+        && d > config.dim
+    {
+        return Err(EmbedError::Validation(format!(
+            "`dimensions` must be at most {}. Given: {d}",
+            config.dim
+        )));
+    }
+    Ok(())
+}
+
+async fn embed(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
+    let arrived = Instant::now();
+    let request = match EmbedRequest::from_slice(&body) {
+        Ok(r) => r,
+        Err(err) => return error_response(&err),
+    };
+    let request_options = request.options();
+    let normalize = request.normalize;
+    let dimensions = request.dimensions;
+    let checked = {
+        let inputs = match &request.inputs {
+            embatch_protocol::request::Inputs::Single(s) => std::slice::from_ref(s),
+            embatch_protocol::request::Inputs::Batch(v) => v.as_slice(),
+        };
+        check(&request, inputs, &state.config)
+    };
+    let inputs = request.inputs.into_vec();
+    let faults = state
+        .faults
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    if let Some(calls) = &state.calls {
+        calls.push(RecordedCall {
+            inputs: inputs.clone(),
+            options: serde_json::to_value(request_options).unwrap_or(serde_json::Value::Null),
+            status: faults
+                .fail_with
+                .unwrap_or_else(|| checked.as_ref().map_or_else(EmbedError::status, |()| 200)),
+            authorization: headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
+            at: arrived,
+        });
+    }
+    if !faults.delay.is_zero() {
+        tokio::time::sleep(faults.delay).await;
+    }
+    if let Some(status) = faults.fail_with {
+        return injected_failure(status);
+    }
+    if let Err(err) = checked {
+        return error_response(&err);
+    }
+
+    let Ok(gpu) = state.gpu.acquire().await else {
+        // The semaphore is never closed; answer as TEI would if it were shutting down.
+        return error_response(&EmbedError::Unavailable("shutting down".into()));
+    };
+    let queue_time = arrived.elapsed();
+    let cost = state.config.cost(inputs.len());
+    precise_sleep(cost).await;
+    // The simulated GPU is free again: building and serializing the reply is not part of the cost.
+    drop(gpu);
+    // That CPU work (about 1 ms for 32 vectors of 384 floats) runs on the blocking pool: done
+    // here, it would delay the next call, which the semaphore just woke into this runtime
+    // thread's LIFO slot, so the simulated GPU would idle while this reply is serialized.
+    let dim = state.config.dim;
+    let body = tokio::task::spawn_blocking(move || {
+        let vectors: Vec<Vec<f32>> = inputs
+            .iter()
+            .map(|t| embedding(t, dim, dimensions, normalize))
+            .collect();
+        serde_json::to_vec(&vectors)
+    })
+    .await;
+    let body = match body {
+        Ok(Ok(body)) => body,
+        Ok(Err(err)) => {
+            return error_response(&EmbedError::Backend(format!("cannot encode: {err}")));
+        }
+        Err(err) => {
+            return error_response(&EmbedError::Backend(format!("reply task failed: {err}")));
+        }
+    };
+    let headers = [
+        (header::CONTENT_TYPE, "application/json".to_string()),
+        (
+            HeaderName::from_static("x-compute-type"),
+            "tei-double".to_string(),
+        ),
+        (
+            HeaderName::from_static("x-compute-time"),
+            arrived.elapsed().as_millis().to_string(),
+        ),
+        (
+            HeaderName::from_static("x-queue-time"),
+            queue_time.as_millis().to_string(),
+        ),
+        (
+            HeaderName::from_static("x-inference-time"),
+            cost.as_millis().to_string(),
+        ),
+    ];
+    (headers, body).into_response()
+}
+
+async fn info(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
+    let c = &state.config;
+    Json(serde_json::json!({
+        "model_id": c.model_id,
+        "model_sha": null,
+        "model_dtype": "float32",
+        "model_type": {"embedding": {"pooling": "mean"}},
+        "max_concurrent_requests": 512,
+        "max_input_length": 512,
+        "max_batch_tokens": 16384,
+        "max_batch_requests": null,
+        "max_client_batch_size": c.max_client_batch_size,
+        "auto_truncate": false,
+        "tokenization_workers": 1,
+        "version": env!("CARGO_PKG_VERSION"),
+        "sha": null,
+        "docker_label": "embatch-fake-upstream",
+    }))
+}
+
+async fn health() -> StatusCode {
+    StatusCode::OK
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> Config {
+        Config {
+            base: Duration::from_millis(1),
+            per_input: Duration::ZERO,
+            dim: 16,
+            max_client_batch_size: 4,
+            ..Config::default()
+        }
+    }
+
+    async fn post(
+        client: &reqwest::Client,
+        tei: &TeiDouble,
+        body: serde_json::Value,
+    ) -> (u16, serde_json::Value) {
+        let resp = client
+            .post(tei.embed_url())
+            .json(&body)
+            .send()
+            .await
+            .expect("send");
+        let status = resp.status().as_u16();
+        (status, resp.json().await.expect("json body"))
+    }
+
+    #[test]
+    fn vectors_are_deterministic_distinct_and_normalized() {
+        let a = embedding("hello", 384, None, true);
+        assert_eq!(a.len(), 384);
+        assert_eq!(a, embedding("hello", 384, None, true));
+        assert_ne!(a, embedding("hello!", 384, None, true));
+        let norm: f32 = a.iter().map(|x| x * x).sum::<f32>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-4, "{norm}");
+        let raw = embedding("hello", 384, None, false);
+        assert!(raw.iter().all(|x| (-1.0..1.0).contains(x)));
+        assert!((raw.iter().map(|x| x * x).sum::<f32>().sqrt() - 1.0).abs() > 0.1);
+        assert_eq!(embedding("hello", 384, Some(8), false), raw[..8]);
+    }
+
+    #[tokio::test]
+    async fn simulated_cost_is_accurate_below_a_millisecond() {
+        for ms in [1u64, 5, 7] {
+            let d = Duration::from_millis(ms) + Duration::from_micros(20);
+            let mut best = Duration::MAX;
+            // Best of 5, so a busy test machine's scheduling hiccups do not fail the test.
+            for _ in 0..5 {
+                let start = Instant::now();
+                precise_sleep(d).await;
+                let took = start.elapsed();
+                assert!(took >= d, "{took:?} < {d:?}");
+                best = best.min(took);
+            }
+            // Tokio's timer alone overshoots by up to 1 ms plus wake-up latency.
+            assert!(best < d + Duration::from_micros(500), "{best:?} for {d:?}");
+        }
+    }
+
+    #[test]
+    fn cost_is_base_plus_per_input() {
+        let c = Config::default();
+        assert_eq!(c.cost(0), Duration::from_millis(5));
+        assert_eq!(c.cost(100), Duration::from_millis(7));
+    }
+
+    #[tokio::test]
+    async fn embeds_in_order_and_records_calls() {
+        let tei = TeiDouble::spawn(config()).await.expect("spawn");
+        let client = reqwest::Client::new();
+
+        let (status, body) = post(
+            &client,
+            &tei,
+            serde_json::json!({"inputs": ["a", "b", "a"], "normalize": false}),
+        )
+        .await;
+        assert_eq!(status, 200);
+        let vectors: Vec<Vec<f32>> = serde_json::from_value(body).expect("vectors");
+        assert_eq!(vectors.len(), 3);
+        assert_eq!(vectors[0], embedding("a", 16, None, false));
+        assert_eq!(vectors[1], embedding("b", 16, None, false));
+        assert_eq!(vectors[0], vectors[2]);
+
+        let (status, body) = post(&client, &tei, serde_json::json!({"inputs": "a"})).await;
+        assert_eq!(status, 200);
+        let vectors: Vec<Vec<f32>> = serde_json::from_value(body).expect("vectors");
+        assert_eq!(vectors, [embedding("a", 16, None, true)]);
+
+        let calls = tei.calls();
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[0].inputs, ["a", "b", "a"]);
+        assert_eq!(calls[0].options, serde_json::json!({"normalize": false}));
+        assert_eq!(calls[1].inputs, ["a"]);
+        assert_eq!(calls[1].status, 200);
+        assert_eq!(tei.calls.batch_sizes(), [3, 1]);
+    }
+
+    #[tokio::test]
+    async fn errors_have_teis_shape() {
+        let tei = TeiDouble::spawn(config()).await.expect("spawn");
+        let client = reqwest::Client::new();
+
+        let (status, body) = post(
+            &client,
+            &tei,
+            serde_json::json!({"inputs": ["1", "2", "3", "4", "5"]}),
+        )
+        .await;
+        assert_eq!(status, 413);
+        assert_eq!(body["error_type"], "Validation");
+        assert!(
+            body["error"]
+                .as_str()
+                .expect("message")
+                .contains("at most 4")
+        );
+
+        let (status, body) = post(
+            &client,
+            &tei,
+            serde_json::json!({"inputs": ["ok", "x __poison__ y"]}),
+        )
+        .await;
+        assert_eq!(status, 422);
+        assert_eq!(body["error_type"], "Validation");
+
+        let (status, body) = post(&client, &tei, serde_json::json!({"inputs": []})).await;
+        assert_eq!(status, 400);
+        assert_eq!(body["error_type"], "Empty");
+
+        let (status, _) = post(&client, &tei, serde_json::json!({"nope": 1})).await;
+        assert_eq!(status, 422);
+
+        let statuses: Vec<u16> = tei.calls().iter().map(|c| c.status).collect();
+        assert_eq!(
+            statuses,
+            [413, 422, 400],
+            "malformed bodies are not recorded"
+        );
+    }
+
+    #[tokio::test]
+    async fn injected_faults_apply_to_later_calls_and_are_recorded() {
+        let tei = TeiDouble::spawn(config()).await.expect("spawn");
+        let client = reqwest::Client::new();
+        tei.set_faults(Faults {
+            fail_with: Some(503),
+            ..Faults::default()
+        });
+        let (status, body) = post(&client, &tei, serde_json::json!({"inputs": "a"})).await;
+        assert_eq!(status, 503);
+        assert_eq!(body["error_type"], "Unhealthy");
+        tei.set_faults(Faults::default());
+        let (status, _) = post(&client, &tei, serde_json::json!({"inputs": "a"})).await;
+        assert_eq!(status, 200);
+        let statuses: Vec<u16> = tei.calls().iter().map(|c| c.status).collect();
+        assert_eq!(statuses, [503, 200]);
+    }
+
+    #[tokio::test]
+    async fn info_and_health() {
+        let tei = TeiDouble::spawn(config()).await.expect("spawn");
+        let client = reqwest::Client::new();
+        let info: serde_json::Value = client
+            .get(format!("{}/info", tei.url))
+            .send()
+            .await
+            .expect("send")
+            .json()
+            .await
+            .expect("json");
+        assert_eq!(info["max_client_batch_size"], 4);
+        assert_eq!(info["model_type"]["embedding"]["pooling"], "mean");
+        let health = client
+            .get(format!("{}/health", tei.url))
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(health.status().as_u16(), 200);
+    }
+
+    #[tokio::test]
+    async fn one_call_at_a_time() {
+        let tei = TeiDouble::spawn(Config {
+            base: Duration::from_millis(50),
+            ..config()
+        })
+        .await
+        .expect("spawn");
+        let client = reqwest::Client::new();
+        let start = Instant::now();
+        let calls = (0..4).map(|i| {
+            let client = client.clone();
+            let url = tei.embed_url();
+            async move {
+                client
+                    .post(url)
+                    .json(&serde_json::json!({"inputs": format!("t{i}")}))
+                    .send()
+                    .await
+                    .expect("send")
+                    .status()
+                    .as_u16()
+            }
+        });
+        let handles: Vec<_> = calls.map(tokio::spawn).collect();
+        for h in handles {
+            assert_eq!(h.await.expect("join"), 200);
+        }
+        // Four 50 ms calls serialized: at least 200 ms.
+        assert!(
+            start.elapsed() >= Duration::from_millis(200),
+            "{:?}",
+            start.elapsed()
+        );
+    }
+}

@@ -2,8 +2,8 @@
 //!
 //! - [`NatsServer`]: a real `nats-server` process on a free loopback port, stopped on drop.
 //! - [`NatsCluster`]: three of them forming a cluster from `nats/cluster/*.conf` ([`cluster`]).
-//! - [`TeiDouble`]: an in-process HTTP test double of text-embeddings-inference's `/embed` and
-//!   `/info` that records every call and can be told to fail.
+//! - [`TeiDouble`]: the workspace's TEI double ([`embatch_tei_double`], re-exported), started
+//!   with [`start_tei`]; it records every call and can be told to fail ([`Faults`]).
 //! - [`model_dir`] / [`testdata`]: where the real model and the reference data live.
 //!
 //! Finding `nats-server`: `$NATS_SERVER_BIN`, then `<repo>/.bin/nats-server` (what
@@ -12,19 +12,11 @@
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-use axum::Json;
-use axum::Router;
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use serde_json::{Value, json};
 
 pub mod cluster;
 pub use cluster::NatsCluster;
+pub use embatch_tei_double::{Config as TeiConfig, Faults, POISON, TeiDouble};
 
 /// The repository root (this crate lives in `<repo>/testkit`).
 pub fn repo_root() -> PathBuf {
@@ -156,160 +148,16 @@ impl Drop for NatsServer {
     }
 }
 
-/// One call the [`TeiDouble`] received on `/embed`.
-#[derive(Debug, Clone)]
-pub struct RecordedCall {
-    /// The inputs of the call, in order.
-    pub inputs: Vec<String>,
-    /// The whole JSON body (inputs and options).
-    pub body: Value,
-    /// When the double received the call.
-    pub at: std::time::Instant,
-    /// The `Authorization` header, if any.
-    pub authorization: Option<String>,
-}
-
-/// How the [`TeiDouble`] answers `/embed`.
-#[derive(Debug, Clone)]
-pub struct Behaviour {
-    /// Added to every call (tokio time: paused clocks apply).
-    pub delay: Duration,
-    /// `Some(code)`: answer every call with this status and a TEI error body.
-    pub fail_with: Option<u16>,
-    /// Reported by `/info`; calls with more inputs get 413, as TEI does.
-    pub max_client_batch_size: usize,
-}
-
-impl Default for Behaviour {
-    fn default() -> Self {
-        Behaviour {
-            delay: Duration::ZERO,
-            fail_with: None,
-            max_client_batch_size: 512,
-        }
-    }
-}
-
-/// Inputs containing this marker are rejected by the [`TeiDouble`] with 422, like an input TEI
-/// cannot process.
-pub const POISON: &str = "__poison__";
-
-/// Dimension of the [`TeiDouble`]'s vectors.
-pub const DOUBLE_DIM: usize = 4;
-
-/// The vector the [`TeiDouble`] returns for `text`: deterministic, different for different texts,
-/// so a test can check that every caller got its own input's vector.
+/// The vector a [`TeiDouble`] started with [`TeiConfig::instant`] answers for `text` with default
+/// options (normalized, full dimension): what a test expects back for that input.
 pub fn double_vector(text: &str) -> Vec<f32> {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in text.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    (0..DOUBLE_DIM)
-        .map(|i| ((h >> (i * 16)) & 0xffff) as f32 / 65536.0)
-        .collect()
+    embatch_tei_double::embedding(text, TeiConfig::instant().dim, None, true)
 }
 
-#[derive(Clone)]
-struct DoubleState {
-    calls: Arc<Mutex<Vec<RecordedCall>>>,
-    behaviour: Arc<Mutex<Behaviour>>,
-}
-
-/// An HTTP test double of TEI on a free loopback port, serving until dropped.
-pub struct TeiDouble {
-    /// Base URL, e.g. `http://127.0.0.1:PORT`.
-    pub url: String,
-    state: DoubleState,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl TeiDouble {
-    /// Starts the double with `behaviour` (needs a tokio runtime).
-    pub async fn start(behaviour: Behaviour) -> TeiDouble {
-        let state = DoubleState {
-            calls: Arc::default(),
-            behaviour: Arc::new(Mutex::new(behaviour)),
-        };
-        let app = Router::new()
-            .route("/embed", post(embed))
-            .route("/info", get(info))
-            .route("/health", get(|| async { StatusCode::OK }))
-            .with_state(state.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind the TEI double");
-        let url = format!("http://{}", listener.local_addr().expect("local addr"));
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        TeiDouble { url, state, task }
-    }
-
-    /// Every `/embed` call so far, in arrival order.
-    pub fn calls(&self) -> Vec<RecordedCall> {
-        self.state.calls.lock().expect("calls lock").clone()
-    }
-
-    /// Changes how later calls are answered.
-    pub fn set_behaviour(&self, behaviour: Behaviour) {
-        *self.state.behaviour.lock().expect("behaviour lock") = behaviour;
-    }
-}
-
-impl Drop for TeiDouble {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-async fn info(State(state): State<DoubleState>) -> Json<Value> {
-    let max = state
-        .behaviour
-        .lock()
-        .expect("behaviour lock")
-        .max_client_batch_size;
-    Json(json!({"model_id": "tei-double", "max_client_batch_size": max, "max_input_length": 256}))
-}
-
-async fn embed(
-    State(state): State<DoubleState>,
-    headers: axum::http::HeaderMap,
-    Json(body): Json<Value>,
-) -> Response {
-    let inputs: Vec<String> = match &body["inputs"] {
-        Value::String(s) => vec![s.clone()],
-        Value::Array(items) => items
-            .iter()
-            .filter_map(|v| v.as_str().map(str::to_owned))
-            .collect(),
-        _ => Vec::new(),
-    };
-    let behaviour = state.behaviour.lock().expect("behaviour lock").clone();
-    state.calls.lock().expect("calls lock").push(RecordedCall {
-        authorization: headers
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned),
-        inputs: inputs.clone(),
-        body: body.clone(),
-        at: std::time::Instant::now(),
-    });
-    tokio::time::sleep(behaviour.delay).await;
-    let error = |code: u16, message: &str, kind: &str| {
-        let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        (status, Json(json!({"error": message, "error_type": kind}))).into_response()
-    };
-    if let Some(code) = behaviour.fail_with {
-        return error(code, "injected failure", "Backend");
-    }
-    if inputs.len() > behaviour.max_client_batch_size {
-        return error(413, "batch too large", "Validation");
-    }
-    if inputs.iter().any(|i| i.contains(POISON)) {
-        return error(422, "poisoned input", "Validation");
-    }
-    Json(inputs.iter().map(|i| double_vector(i)).collect::<Vec<_>>()).into_response()
+/// Starts the workspace's TEI double ([`embatch_tei_double`]) on a free loopback port (needs a
+/// tokio runtime); panics if it cannot bind.
+pub async fn start_tei(config: TeiConfig) -> TeiDouble {
+    TeiDouble::spawn(config).await.expect("bind the TEI double")
 }
 
 /// An embatch worker running inside the test process until [`RunningWorker::stop`].

@@ -6,9 +6,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use embatch_client::{EmbedClient, RequestError};
 use embatch_protocol::headers;
-use embatch_testkit::{Behaviour, NatsServer, POISON, RunningWorker, TeiDouble, double_vector};
+use embatch_testkit::{
+    Faults, NatsServer, POISON, RunningWorker, TeiConfig, TeiDouble, double_vector, start_tei,
+};
 
-/// A real nats-server, a TEI double answering as `behaviour`, a worker on both (with `args` after
+/// A real nats-server, a TEI double configured as `tei_config`, a worker on both (with `args` after
 /// `--tei-url`) and a client; the server lives as long as the `Stack`.
 struct Stack {
     _nats: NatsServer,
@@ -17,9 +19,9 @@ struct Stack {
     client: async_nats::Client,
 }
 
-async fn stack(behaviour: Behaviour, args: &[&str]) -> Stack {
+async fn stack(tei_config: TeiConfig, args: &[&str]) -> Stack {
     let nats = NatsServer::start();
-    let tei = TeiDouble::start(behaviour).await;
+    let tei = start_tei(tei_config).await;
     let mut argv = vec!["--tei-url", tei.url.as_str()];
     argv.extend(args);
     let worker = RunningWorker::start(&nats, &argv).await;
@@ -62,7 +64,7 @@ fn vectors(body: &serde_json::Value) -> Vec<Vec<f32>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_clients_share_full_batches_and_each_gets_its_own_slice() {
     let stack = stack(
-        Behaviour::default(),
+        TeiConfig::instant(),
         &["--max-batch-size", "32", "--max-wait-time", "250ms"],
     )
     .await;
@@ -102,7 +104,7 @@ async fn concurrent_clients_share_full_batches_and_each_gets_its_own_slice() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poisoned_request_fails_alone_over_nats() {
     let stack = stack(
-        Behaviour::default(),
+        TeiConfig::instant(),
         &["--max-batch-size", "16", "--max-wait-time", "250ms"],
     )
     .await;
@@ -154,17 +156,17 @@ async fn upstream_down_answers_503_fast_and_upstream_5xx_answers_424() {
     );
     worker.stop().await;
 
-    let tei = TeiDouble::start(Behaviour {
+    let tei = start_tei(TeiConfig::instant()).await;
+    tei.set_faults(Faults {
         fail_with: Some(500),
-        ..Behaviour::default()
-    })
-    .await;
+        ..Faults::default()
+    });
     let worker =
         RunningWorker::start(&nats, &["--tei-url", &tei.url, "--max-wait-time", "1ms"]).await;
     let (code, body) = request(&client, r#"{"inputs":"x"}"#).await;
     assert_eq!(code, 424, "{body}");
     assert_eq!(body["error_type"], "Backend");
-    tei.set_behaviour(Behaviour::default());
+    tei.set_faults(Faults::default());
     let (code, _) = request(&client, r#"{"inputs":"x"}"#).await;
     assert_eq!(
         code, 200,
@@ -175,7 +177,7 @@ async fn upstream_down_answers_503_fast_and_upstream_5xx_answers_424() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_deadline_gets_504_without_an_upstream_call() {
-    let stack = stack(Behaviour::default(), &[]).await;
+    let stack = stack(TeiConfig::instant(), &[]).await;
     let (tei, client) = (&stack.tei, &stack.client);
     // By hand, not through `embatch-client`: a 0 ms budget would time out in the client itself.
     let mut h = async_nats::HeaderMap::new();
@@ -209,9 +211,9 @@ async fn an_expired_deadline_gets_504_without_an_upstream_call() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn beyond_queue_cap_requests_are_answered_429_at_once() {
     let stack = stack(
-        Behaviour {
-            delay: Duration::from_millis(800),
-            ..Behaviour::default()
+        TeiConfig {
+            base: Duration::from_millis(800),
+            ..TeiConfig::instant()
         },
         &[
             "--queue-cap",
@@ -245,7 +247,7 @@ async fn beyond_queue_cap_requests_are_answered_429_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_teis_error_body_and_nats_error_headers() {
-    let stack = stack(Behaviour::default(), &["--max-client-batch-size", "3"]).await;
+    let stack = stack(TeiConfig::instant(), &["--max-client-batch-size", "3"]).await;
     let (tei, client) = (&stack.tei, &stack.client);
     let cases = [
         ("{not json", 422, "Validation", "not valid JSON"),
@@ -292,7 +294,7 @@ async fn bad_requests_get_teis_error_body_and_nats_error_headers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_worker_registers_as_a_nats_micro_service() {
-    let stack = stack(Behaviour::default(), &[]).await;
+    let stack = stack(TeiConfig::instant(), &[]).await;
     let client = &stack.client;
     let info = client
         .request("$SRV.INFO.embatch", Bytes::new())
@@ -313,7 +315,7 @@ async fn the_worker_registers_as_a_nats_micro_service() {
 async fn the_tei_api_key_is_sent_as_a_bearer_token_and_never_logged() {
     use clap::Parser;
     let nats = NatsServer::start();
-    let tei = TeiDouble::start(Behaviour::default()).await;
+    let tei = start_tei(TeiConfig::instant()).await;
     let args = [
         "--tei-url",
         tei.url.as_str(),
@@ -345,7 +347,7 @@ async fn a_reply_over_the_servers_max_payload_is_a_413_not_a_timeout() {
     let conf = dir.path().join("small.conf");
     std::fs::write(&conf, "max_payload: 4096\n").expect("writes the config");
     let nats = NatsServer::start_with_args(&["-c", conf.to_str().expect("UTF-8 path")]);
-    let tei = TeiDouble::start(Behaviour::default()).await;
+    let tei = start_tei(TeiConfig::instant()).await;
     let worker = RunningWorker::start(&nats, &["--tei-url", &tei.url]).await;
     let client = async_nats::connect(nats.url())
         .await

@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use embatch_client::EmbedClient;
 use embatch_protocol::headers;
-use embatch_testkit::{Behaviour, NatsServer, TeiDouble};
+use embatch_testkit::{NatsServer, TeiConfig, TeiDouble, start_tei};
 
 /// How many workers answer a NATS micro ping within 200 ms.
 async fn workers_answering(client: &async_nats::Client) -> usize {
@@ -75,9 +75,9 @@ async fn exit_status(mut worker: Child) -> std::process::ExitStatus {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_sending_through_sigterm_of_one_of_two_workers_loses_nothing() {
     let nats = NatsServer::start();
-    let tei = TeiDouble::start(Behaviour {
-        delay: Duration::from_millis(20),
-        ..Behaviour::default()
+    let tei = start_tei(TeiConfig {
+        base: Duration::from_millis(20),
+        ..TeiConfig::instant()
     })
     .await;
     let nats_client = async_nats::connect(nats.url())
@@ -122,9 +122,9 @@ async fn a_client_sending_through_sigterm_of_one_of_two_workers_loses_nothing() 
 async fn sigterm_loses_no_accepted_request() {
     let nats = NatsServer::start();
     // 4 inputs per call, one call at a time, 300 ms each: 12 requests need ~900 ms.
-    let tei = TeiDouble::start(Behaviour {
-        delay: Duration::from_millis(300),
-        ..Behaviour::default()
+    let tei = start_tei(TeiConfig {
+        base: Duration::from_millis(300),
+        ..TeiConfig::instant()
     })
     .await;
     let client = async_nats::connect(nats.url())
