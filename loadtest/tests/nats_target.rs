@@ -1,95 +1,52 @@
-//! Integration: the NATS target against a real `nats-server` on a free loopback port (from
-//! `embatch-testkit`, which finds the binary) and a tiny in-test responder that answers like a
-//! worker.
+//! Integration: the NATS target against a real `nats-server` on a free loopback port and a real
+//! worker (in process, from `embatch-testkit`) in front of the TEI double.
 
 use std::time::Duration;
 
 use embatch_loadtest::corpus::Payload;
 use embatch_loadtest::stats::FailureKind;
 use embatch_loadtest::targets::NatsTarget;
-use embatch_protocol::{EmbedError, EmbedRequest, headers, reply};
-use futures::StreamExt;
+use embatch_testkit::{NatsServer, POISON, RunningWorker, TeiConfig, start_tei};
 
-async fn connect(url: &str) -> async_nats::Client {
-    for _ in 0..100 {
-        if let Ok(client) = async_nats::connect(url).await {
-            return client;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("nats-server at {url} did not come up");
-}
-
-/// Answers like a worker: the embeddings, or a 422 error reply for a poisoned input. Checks that
-/// every request carries the deadline header.
-async fn responder(client: async_nats::Client, subject: &'static str) {
-    let mut sub = client.subscribe(subject).await.expect("subscribe");
-    client.flush().await.expect("flush");
-    tokio::spawn(async move {
-        while let Some(msg) = sub.next().await {
-            let Some(reply) = msg.reply.clone() else {
-                continue;
-            };
-            let deadline = msg
-                .headers
-                .as_ref()
-                .and_then(|h| h.get(headers::DEADLINE_MS))
-                .and_then(|v| headers::parse_deadline(v.as_str()));
-            // The header carries what is left of the 1.5 s budget when the request is sent.
-            let deadline = deadline.expect("an Embatch-Deadline-Ms header");
-            assert!(
-                deadline <= Duration::from_millis(1500) && deadline > Duration::from_millis(1000),
-                "{deadline:?}"
-            );
-            let request = EmbedRequest::from_slice(&msg.payload).expect("valid request");
-            let inputs = request.inputs.into_vec();
-            if inputs.iter().any(|t| t.contains("__poison__")) {
-                let err = EmbedError::Validation("poison".into());
-                let mut h = async_nats::HeaderMap::new();
-                for (name, value) in reply::error_headers(&err) {
-                    h.insert(name, value.as_str());
-                }
-                let _ = client
-                    .publish_with_headers(reply, h, err.to_json().into())
-                    .await;
-            } else {
-                let body =
-                    serde_json::to_vec(&vec![vec![0.5f32; 4]; inputs.len()]).expect("serializes");
-                let _ = client.publish(reply, body.into()).await;
-            }
-        }
-    });
-}
-
-fn payload(body: &'static str, inputs: usize) -> Payload {
+fn payload(body: String, inputs: usize) -> Payload {
     Payload {
-        body: bytes::Bytes::from_static(body.as_bytes()),
+        body: bytes::Bytes::from(body),
         inputs,
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_target_classifies_replies() {
-    let server = embatch_testkit::NatsServer::start();
+    let server = NatsServer::start();
     let url = server.url();
-    let client = connect(&url).await;
-    responder(client, "embed.test").await;
+    let tei = start_tei(TeiConfig::instant()).await;
+    let worker = RunningWorker::start(
+        &server,
+        &[
+            "--tei-url",
+            &tei.url,
+            "--subject",
+            "embed.test",
+            "--max-wait-time",
+            "1ms",
+        ],
+    )
+    .await;
 
     let timeout = Duration::from_millis(1500);
     let target = NatsTarget::connect(&url, "embed.test", timeout)
         .await
         .expect("connect");
+    let two = r#"{"inputs":["a","b"]}"#.to_string();
+    assert_eq!(target.send(payload(two.clone(), 2)).await, Ok(()));
+    // The target checks that the reply holds one vector per input it sent.
     assert_eq!(
-        target.send(payload(r#"{"inputs":["a","b"]}"#, 2)).await,
-        Ok(())
-    );
-    assert_eq!(
-        target.send(payload(r#"{"inputs":["a","b"]}"#, 3)).await,
+        target.send(payload(two, 3)).await,
         Err(FailureKind::BadReply)
     );
     assert_eq!(
         target
-            .send(payload(r#"{"inputs":"x __poison__"}"#, 1))
+            .send(payload(format!(r#"{{"inputs":"x {POISON}"}}"#), 1))
             .await,
         Err(FailureKind::Status(422))
     );
@@ -98,7 +55,10 @@ async fn nats_target_classifies_replies() {
         .await
         .expect("connect");
     assert_eq!(
-        nobody.send(payload(r#"{"inputs":"a"}"#, 1)).await,
+        nobody
+            .send(payload(r#"{"inputs":"a"}"#.to_string(), 1))
+            .await,
         Err(FailureKind::NoResponders)
     );
+    worker.stop().await;
 }
