@@ -1,0 +1,274 @@
+"""RESULTS.md: one Markdown section per scenario, rendered from its JSON file, and the table of
+targets met or missed. Batching settings come from what each result recorded, not from the
+binaries at hand, so old results render as they were measured."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .defaults import parse_duration_ms
+from .report import failures, fmt_ms, fmt_rate, goodput, kind_latency, lat, throughput
+from .scenarios import (GPU_BASE_MS, GPU_PER_INPUT_US, SCENARIO_NAMES, SCENARIOS, SLOW_BASE_MS,
+                        SLOW_PER_INPUT_US)
+
+
+def verdict(ok: bool) -> str:
+    return "**met**" if ok else "**missed**"
+
+
+def find(runs: list[dict], **match) -> dict | None:
+    for run in runs:
+        if all(run.get(k) == v for k, v in match.items()):
+            return run["report"]
+    return None
+
+
+def render_gpu_rates(res: dict, targets: list) -> list[str]:
+    runs = res["runs"]
+    s = res["settings"]
+    batch = int(s["worker"]["MAX_BATCH_SIZE"])
+    wait_ms = parse_duration_ms(s["worker"]["MAX_WAIT_TIME"])
+    ceiling = s["ceiling"]
+    one_ms = GPU_BASE_MS + GPU_PER_INPUT_US / 1e3
+    full_ms = GPU_BASE_MS + batch * GPU_PER_INPUT_US / 1e3
+    out = [
+        f"Fake upstream {GPU_BASE_MS} ms + {GPU_PER_INPUT_US} µs/input, one call at a time; "
+        f"one worker (MAX_BATCH_SIZE {batch}, MAX_WAIT_TIME {wait_ms} ms); single-input "
+        f"requests, open loop (latency from the scheduled send time), 2 s timeout. Direct "
+        f"saturates at 1/{one_ms:.2f} ms ≈ {s['direct_capacity']:.0f} req/s; the ceiling with "
+        f"full batches of {batch} is {batch}/{full_ms:.2f} ms ≈ {ceiling:,.0f} req/s. Completed "
+        "= answered in any way (including errors) per second; goodput = successes within the "
+        "timeout per second; p50/p99 are of the successes.",
+        "",
+        "| offered req/s | path | completed req/s | goodput req/s | p50 ms | p99 ms | errors |",
+        "|---:|---|---:|---:|---:|---:|---|",
+    ]
+    rates = sorted({r["rate"] for r in runs})
+    for rate in rates:
+        for path in ("direct", "gateway", "nats"):
+            r = find(runs, rate=rate, path=path)
+            if r is None:
+                continue
+            out.append(f"| {rate:,} | {path} | {fmt_rate(throughput(r))} | {fmt_rate(goodput(r))}"
+                       f" | {fmt_ms(lat(r, 'p50_ms'))} | {fmt_ms(lat(r, 'p99_ms'))}"
+                       f" | {failures(r)} |")
+    out.append("")
+    for path in ("gateway", "nats"):
+        best = None
+        for run in runs:
+            r = run["report"]
+            p99 = lat(r, "p99_ms")
+            if (run["path"] == path and goodput(r) >= 0.99 * run["rate"] and p99 is not None
+                    and p99 <= 25):
+                if best is None or run["rate"] > best[0]:
+                    best = (run["rate"], goodput(r), p99)
+        if best:
+            ok = best[0] >= 0.95 * ceiling
+            targets.append((f"1. GPU-like, via {path}: sustains ≥ 95% of the {ceiling:,.0f} "
+                            "req/s ceiling with p99 ≤ 25 ms",
+                            f"{best[0]:,} req/s offered = {best[0] / ceiling:.1%} of the ceiling "
+                            f"(goodput {best[1]:,.0f}, p99 {fmt_ms(best[2])} ms)", ok))
+        else:
+            targets.append((f"1. GPU-like, via {path}: sustained ≥ 95% of the ceiling with "
+                            "p99 ≤ 25 ms", "no rate sustained", False))
+    d = [goodput(run["report"]) for run in runs if run["path"] == "direct"]
+    if d:
+        out.append(f"Direct peaks at {max(d):,.0f} req/s of goodput. \"Sustained\" below means "
+                   "goodput ≥ 99% of the offered rate with p99 ≤ 25 ms.")
+    return out
+
+
+def render_low_load(res: dict, targets: list) -> list[str]:
+    runs = res["runs"]
+    s = res["settings"]
+    direct = find(runs, path="direct")
+    out = [f"Open loop at {s['rate']} req/s (≈ 20, chosen so arrivals are not phase-locked to "
+           "the 1 ms timer ticks), GPU-like upstream, MAX_WAIT_TIME "
+           f"{s['max_wait_ms']} ms: a lone request waits MAX_WAIT_TIME for company, the price of "
+           "batching at low load.", "",
+           "| path | p50 ms | p90 ms | p99 ms | added p50 vs direct | worker queue wait (mean) "
+           "| errors |",
+           "|---|---:|---:|---:|---:|---:|---|"]
+    for path in ("direct", "gateway", "nats"):
+        r = find(runs, path=path)
+        if r is None:
+            continue
+        added = "-"
+        if path != "direct" and direct and lat(r, "p50_ms") is not None:
+            added = f"+{lat(r, 'p50_ms') - lat(direct, 'p50_ms'):.2f} ms"
+        wait = (r.get("batches") or {}).get("mean_queue_wait_ms")
+        wait = "-" if wait is None else f"{wait:.2f} ms"
+        out.append(f"| {path} | {fmt_ms(lat(r, 'p50_ms'))} | {fmt_ms(lat(r, 'p90_ms'))} | "
+                   f"{fmt_ms(lat(r, 'p99_ms'))} | {added} | {wait} | {failures(r)} |")
+    gw = find(runs, path="gateway")
+    if direct and gw and lat(gw, "p50_ms") is not None:
+        added = lat(gw, "p50_ms") - lat(direct, "p50_ms")
+        limit = s["max_wait_ms"] + 1
+        targets.append((f"2. Low load: added p50 of the gateway path ≤ MAX_WAIT_TIME + 1 ms "
+                        f"= {limit} ms", f"+{added:.2f} ms", added <= limit))
+    return out
+
+
+def render_cpu_model(res: dict, targets: list) -> list[str]:
+    runs = res["runs"]
+    s = res["settings"]
+    corpus = Path(s["corpus"]).name if "/" in s["corpus"] else s["corpus"]
+    out = [f"Worker with the built-in model (all-MiniLM-L6-v2 on the CPU, no TEI), through the "
+           f"gateway, closed loop, inputs from {corpus}, "
+           "10 s timeout. The model shares the machine's cores with the gateway, nats-server "
+           "and the load generator.", "",
+           "| concurrency | throughput req/s | p50 ms | p99 ms | errors |",
+           "|---:|---:|---:|---:|---|"]
+    for run in runs:
+        r = run["report"]
+        out.append(f"| {run['concurrency']} | {throughput(r):,.1f} | {fmt_ms(lat(r, 'p50_ms'))} "
+                   f"| {fmt_ms(lat(r, 'p99_ms'))} | {failures(r)} |")
+    return out
+
+
+def render_pipeline(res: dict, targets: list) -> list[str]:
+    runs = res["runs"]
+    procs = ["gateway", "worker", "nats-server", "fake-upstream", "loadtest"]
+    out = ["Fake upstream that answers at once (0 ms), closed loop with 256 requests in flight, "
+           "single-input requests, 384-float vectors: what the pipeline itself can do on this "
+           "machine, and the CPU time each process spends per request (utime + stime from "
+           "/proc/PID/stat over the run, divided by the requests completed).", "",
+           "| path | req/s | p50 ms | p99 ms | " + " | ".join(f"{p} µs/req" for p in procs)
+           + " | cores busy |",
+           "|---|---:|---:|---:|" + "---:|" * len(procs) + "---:|"]
+    for run in runs:
+        r = run["report"]
+        n = max(1, r["requests"]["sent"])
+        cpu = r.get("cpu_s", {})
+        cells = [f"{cpu[p] * 1e6 / n:.0f}" if p in cpu and (run["path"] != "nats" or p != "gateway")
+                 else "-" for p in procs]
+        busy = f"{sum(cpu.values()) / r['cpu_wall_s']:.2f}" if r.get("cpu_wall_s") else "-"
+        out.append(f"| {run['path']} | {fmt_rate(throughput(r))} | {fmt_ms(lat(r, 'p50_ms'))} | "
+                   f"{fmt_ms(lat(r, 'p99_ms'))} | " + " | ".join(cells) + f" | {busy} |")
+    return out
+
+
+def render_scaling(res: dict, targets: list) -> list[str]:
+    runs = res["runs"]
+    s = res["settings"]
+    batch = int(s["worker"]["MAX_BATCH_SIZE"])
+    out = [f"Each worker has its own fake upstream ({SLOW_BASE_MS} ms + {SLOW_PER_INPUT_US} "
+           f"µs/input, one call at a time: ≈ {s['per_worker_capacity']:.0f} req/s per worker at "
+           f"batch {batch}); load through the gateway, closed loop with 160 requests in flight "
+           "per worker, 10 s timeout.", "",
+           "| workers | throughput req/s | × one worker | p50 ms | p99 ms | errors |",
+           "|---:|---:|---:|---:|---:|---|"]
+    one = find(runs, workers=1)
+    for run in runs:
+        r = run["report"]
+        x = f"{goodput(r) / goodput(one):.2f}×" if one and goodput(one) > 0 else "-"
+        out.append(f"| {run['workers']} | {fmt_rate(goodput(r))} | {x} | "
+                   f"{fmt_ms(lat(r, 'p50_ms'))} | {fmt_ms(lat(r, 'p99_ms'))} | {failures(r)} |")
+    four = find(runs, workers=4)
+    if one and four and goodput(one) > 0:
+        x = goodput(four) / goodput(one)
+        targets.append(("5. Scaling: 4 workers ≥ 3.5× one worker", f"{x:.2f}×", x >= 3.5))
+    return out
+
+
+def render_tuning(res: dict, targets: list) -> list[str]:
+    runs = res["runs"]
+    s = res["settings"]
+    out = [f"GPU-like upstream, open loop at {s['rate']:,} req/s through the gateway, single-input "
+           "requests. Mean batch = inputs per upstream call, from the worker's "
+           "`embatch_worker_batch_inputs` histogram over the measured window.", "",
+           "| MAX_WAIT_TIME | MAX_BATCH_SIZE | goodput req/s | p50 ms | p99 ms | mean batch "
+           "| upstream calls/s | mean queue wait ms | errors |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for run in runs:
+        r = run["report"]
+        b = r.get("batches") or {}
+        mb, calls = b.get("mean_batch_inputs"), b.get("upstream_calls_per_s")
+        out.append(f"| {run['max_wait_ms']} ms | {run['max_batch_size']} | "
+                   f"{fmt_rate(goodput(r))} | {fmt_ms(lat(r, 'p50_ms'))} | "
+                   f"{fmt_ms(lat(r, 'p99_ms'))} | {'-' if mb is None else f'{mb:.1f}'} | "
+                   f"{fmt_rate(calls)} | {fmt_ms(b.get('mean_queue_wait_ms'))} | {failures(r)} |")
+    return out
+
+
+def render_overload(res: dict, targets: list) -> list[str]:
+    runs = res["runs"]
+    out = ["Open loop at twice the capacity measured just before (closed loop, same stack), 2 s "
+           "client timeout, gateway REQUEST_TIMEOUT 2 s. Goodput counts successes within 2 s; an "
+           "answer later than 2 s is a `timeout`, so the p99 of successes cannot exceed 2 s and "
+           "the timeouts and 504s show work done too late.",
+           "",
+           "| upstream | path | capacity req/s | offered req/s | goodput req/s | goodput / "
+           "capacity | success p99 ms | 429s | 429 p99 ms | errors |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for run in runs:
+        r = run["report"]
+        cap = run["capacity"]
+        n429 = (r.get("failures") or {}).get("429", 0)
+        up = "GPU-like" if run["upstream"] == "gpu" else "CPU model"
+        path = "direct" if run["path"] == "direct" else "embatch (gateway)"
+        ratio = goodput(r) / cap if cap else 0
+        out.append(f"| {up} | {path} | {fmt_rate(cap)} | {fmt_rate(run['rate'])} | "
+                   f"{fmt_rate(goodput(r))} | {ratio:.0%} | {fmt_ms(lat(r, 'p99_ms'))} | "
+                   f"{n429:,} | {fmt_ms(kind_latency(r, '429', 'p99_ms'))} | {failures(r)} |")
+        if run["path"] == "gateway":
+            p99 = lat(r, "p99_ms")
+            rej = kind_latency(r, "429", "p99_ms")
+            targets.append((f"7. Overload, {up}: goodput ≥ 90% of capacity", f"{ratio:.0%}",
+                            ratio >= 0.9))
+            targets.append((f"7. Overload, {up}: p99 of successes < 2 s",
+                            f"{fmt_ms(p99)} ms", p99 is not None and p99 < 2000))
+            targets.append((f"7. Overload, {up}: p99 of 429 rejections ≤ 50 ms",
+                            f"{fmt_ms(rej)} ms ({n429:,} rejections)",
+                            rej is not None and rej <= 50))
+    return out
+
+
+RENDERERS = {
+    "gpu_rates": render_gpu_rates,
+    "low_load": render_low_load,
+    "cpu_model": render_cpu_model,
+    "pipeline": render_pipeline,
+    "scaling": render_scaling,
+    "tuning": render_tuning,
+    "overload": render_overload,
+}
+
+
+def render(out_dir: Path) -> str:
+    results = {}
+    for name in SCENARIO_NAMES:
+        path = out_dir / f"{name}.json"
+        if path.is_file():
+            results[name] = json.loads(path.read_text())
+    meta = json.loads((out_dir / "machine.json").read_text()) if (
+        out_dir / "machine.json").is_file() else {}
+    targets: list = []
+    sections: list[str] = []
+    for name, title in SCENARIOS:
+        sections += ["", f"### {title}", ""]
+        res = results.get(name)
+        if res is None:
+            sections.append("_Not run._")
+            continue
+        sections += RENDERERS[name](res, targets)
+        sections += ["", f"_Measured {res['started']}, load average {res['loadavg_before']:.2f} "
+                         f"before the scenario, {res['wall_s']:.0f} s._"]
+    lines = ["## Benchmarks", "",
+             f"Machine: {meta.get('cores', '?')} cores ({meta.get('cpu', '?')}), "
+             f"{meta.get('kernel', '?')}; "
+             f"{meta.get('date', '?')}; 1-minute load average {meta.get('loadavg_start', 0):.2f} "
+             f"at the start; commit {meta.get('commit', '?')}.", "",
+             f"Command: `{meta.get('command', 'python3 loadtest/bench.py')}` "
+             "(raw JSON: `loadtest/results/<scenario>.json`)"
+             + (f"; sections not rerun come from `{meta['previous'].get('command')}` "
+                f"({meta['previous'].get('date')})" if meta.get("previous") else "")
+             + ".", "",
+             "Everything runs on one machine: the load generator, nats-server, the gateway, "
+             "the worker(s) and the upstream share its cores, so CPU-bound numbers are lower "
+             "bounds of what separate machines would do.", "",
+             "| target | measured | |", "|---|---|---|"]
+    for label, value, ok in targets:
+        lines.append(f"| {label} | {value} | {verdict(ok)} |")
+    return "\n".join(lines + sections) + "\n"

@@ -1,0 +1,288 @@
+"""The scenarios: each starts its own stack and returns its result (saved as <name>.json).
+
+The numbers here are the benchmark's own choices (the fake GPU's cost model, rates, timeouts,
+durations). What the binaries themselves default to (subject, MAX_BATCH_SIZE, MAX_WAIT_TIME,
+MAX_CONCURRENT_BATCHES, QUEUE_CAP, ...) comes from their --help (defaults.py), via the Stack."""
+
+from __future__ import annotations
+
+from .defaults import BinaryDefaults
+from .procs import REPO
+from .report import goodput
+from .stack import Stack, Target
+
+# The GPU-like upstream of the issue: 5 ms + 20 us per input, one call at a time.
+GPU_BASE_MS, GPU_PER_INPUT_US = 5, 20
+DIRECT_CAPACITY = 1.0 / (GPU_BASE_MS / 1e3 + GPU_PER_INPUT_US / 1e6)  # ~199 req/s
+# Scaling: a slow upstream (~300 req/s per worker at batch 32) so the machine is not the limit.
+SLOW_BASE_MS, SLOW_PER_INPUT_US = 100, 200
+# Client timeout (`embatch-loadtest run --timeout`) and gateway REQUEST_TIMEOUT, seconds; the
+# CPU-model and scaling scenarios allow longer.
+TIMEOUT_S = 2
+LONG_TIMEOUT_S = 10
+
+# The worker's batching defaults, as its --help declares them, passed explicitly so every result
+# records them; plus the bench's own settings.
+RECORDED_WORKER_DEFAULTS = ("MAX_BATCH_SIZE", "MAX_WAIT_TIME", "MAX_CONCURRENT_BATCHES",
+                            "QUEUE_CAP")
+WORKER_OVERRIDES = {"SHUTDOWN_GRACE": "2s"}  # stop quickly between runs
+
+SCENARIOS = [
+    ("gpu_rates", "1. GPU-like upstream: open loop at rising rates"),
+    ("low_load", "2. Low load: the latency embatch adds"),
+    ("cpu_model", "3. Built-in CPU model through the gateway"),
+    ("pipeline", "4. Instant upstream: the pipeline's own ceiling and CPU cost"),
+    ("scaling", "5. Scaling out: 1, 2 and 4 workers"),
+    ("tuning", "6. MAX_WAIT_TIME x MAX_BATCH_SIZE at a fixed load"),
+    ("overload", "7. Overload at 2x capacity: the throughput paradox"),
+]
+SCENARIO_NAMES = [name for name, _ in SCENARIOS]
+
+
+def worker_base(defaults: BinaryDefaults) -> dict[str, str]:
+    """The environment every worker starts with (before a scenario's own settings)."""
+    env = {k: defaults.worker_default(k) for k in RECORDED_WORKER_DEFAULTS}
+    env.update(WORKER_OVERRIDES)
+    return env
+
+
+def ceiling(batch: int) -> float:
+    """Requests per second of the GPU-like upstream with full batches (~5,674 at 32)."""
+    return batch / (GPU_BASE_MS / 1e3 + batch * GPU_PER_INPUT_US / 1e6)
+
+
+def secs(s: float) -> str:
+    return f"{s:g}s"
+
+
+GPU_UPSTREAM = f"fake-upstream {GPU_BASE_MS} ms + {GPU_PER_INPUT_US} us/input, concurrency 1"
+
+
+def run_entry(label: str, params: dict, report: dict) -> dict:
+    return {"label": label, **params, "report": report}
+
+
+def scenario_gpu_rates(b: Stack) -> dict:
+    rates = [100, 400, 2000, 5400] if b.quick else [100, 200, 400, 1000, 2500, 4000, 5000,
+                                                     5400, 5550]
+    direct_max_rate = 400  # beyond this the direct path only times out
+    warmup, duration = b.d(2, 1), b.d(8, 3)
+    nats = b.nats()
+    _, up = b.fake_upstream(GPU_BASE_MS, GPU_PER_INPUT_US, 1)
+    w = b.worker(nats, tei_url=up)
+    b.wait_workers(nats, [w])
+    _, gw = b.gateway(nats, secs(TIMEOUT_S))
+    direct = Target("direct", ["--url", up + "/embed"])
+    runs = []
+    for rate in rates:
+        for target in (direct, gw, nats.target()):
+            if target.path == "direct" and rate > direct_max_rate:
+                continue
+            r = b.load(f"{target.path} @ {rate} req/s", target, rate=rate, warmup=warmup,
+                       duration=duration, timeout=TIMEOUT_S,
+                       workers=[w] if target.path != "direct" else ())
+            runs.append(run_entry(target.path, {"path": target.path, "rate": rate}, r))
+    return {"settings": {"upstream": GPU_UPSTREAM, "worker": w.settings,
+                         "gateway": {"REQUEST_TIMEOUT": secs(TIMEOUT_S)}, "timeout_s": TIMEOUT_S,
+                         "warmup_s": warmup, "duration_s": duration,
+                         "direct_capacity": DIRECT_CAPACITY,
+                         "ceiling": ceiling(b.defaults.max_batch_size)},
+            "runs": runs}
+
+
+def scenario_low_load(b: Stack) -> dict:
+    # ~20 req/s, but not exactly: at 20 req/s every request would be due at the same phase of
+    # the 1 ms timer ticks of the load generator and of the worker (tokio's timer resolution),
+    # and that phase, different in every run, would shift every latency of a run by the same
+    # 0-1 ms. At 19.93 req/s the phase sweeps, so each run sees the average.
+    rate, warmup, duration = 19.93, 1, b.d(15, 5)
+    nats = b.nats()
+    _, up = b.fake_upstream(GPU_BASE_MS, GPU_PER_INPUT_US, 1)
+    w = b.worker(nats, tei_url=up)
+    b.wait_workers(nats, [w])
+    _, gw = b.gateway(nats, secs(TIMEOUT_S))
+    runs = []
+    for target in (Target("direct", ["--url", up + "/embed"]), gw, nats.target()):
+        r = b.load(f"{target.path} @ {rate} req/s", target, rate=rate, warmup=warmup,
+                   duration=duration, timeout=TIMEOUT_S,
+                   workers=[w] if target.path != "direct" else ())
+        runs.append(run_entry(target.path, {"path": target.path, "rate": rate}, r))
+    return {"settings": {"upstream": GPU_UPSTREAM, "worker": w.settings, "rate": rate,
+                         "warmup_s": warmup, "duration_s": duration,
+                         "max_wait_ms": b.defaults.max_wait_ms},
+            "runs": runs}
+
+
+def corpus_path() -> str | None:
+    p = REPO / "testdata" / "reference-inputs.txt"
+    return str(p) if p.is_file() else None
+
+
+def cpu_model_stack(b: Stack, request_timeout: str):
+    nats = b.nats()
+    w = b.worker(nats, model=True)
+    b.wait_workers(nats, [w], timeout=180)
+    _, gw = b.gateway(nats, request_timeout)
+    return nats, w, gw
+
+
+def scenario_cpu_model(b: Stack) -> dict:
+    warmup, duration = b.d(3, 2), b.d(10, 3)
+    corpus = corpus_path()
+    _, w, gw = cpu_model_stack(b, secs(LONG_TIMEOUT_S))
+    runs = []
+    for c in (1, 16, 64):
+        r = b.load(f"gateway c={c}", gw, concurrency=c, warmup=warmup, duration=duration,
+                   timeout=LONG_TIMEOUT_S, corpus=corpus, workers=[w])
+        runs.append(run_entry("gateway", {"path": "gateway", "concurrency": c}, r))
+    return {"settings": {"upstream": "built-in CPU model (MODEL_DIR)", "worker": w.settings,
+                         "gateway": {"REQUEST_TIMEOUT": secs(LONG_TIMEOUT_S)},
+                         "timeout_s": LONG_TIMEOUT_S,
+                         "corpus": corpus or "generated sentences of 12 words",
+                         "warmup_s": warmup, "duration_s": duration},
+            "runs": runs}
+
+
+def scenario_pipeline(b: Stack) -> dict:
+    duration, concurrency = b.d(10, 3), 256
+    nats = b.nats()
+    up_child, up = b.fake_upstream(0, 0, 64)
+    w = b.worker(nats, tei_url=up)
+    b.wait_workers(nats, [w])
+    gw_child, gw = b.gateway(nats, secs(TIMEOUT_S))
+    procs = {"gateway": gw_child, "worker": w.child, "nats-server": nats.child,
+             "fake-upstream": up_child}
+    runs = []
+    for target in (gw, nats.target()):
+        # No warm-up, so CPU time and request counts cover exactly the same requests.
+        r = b.load(f"{target.path} c={concurrency}", target, concurrency=concurrency, warmup=0,
+                   duration=duration, timeout=TIMEOUT_S, measure_cpu_of=procs, workers=[w])
+        runs.append(run_entry(target.path, {"path": target.path, "concurrency": concurrency}, r))
+    return {"settings": {"upstream": "fake-upstream 0 ms + 0 us/input, concurrency 64 (instant)",
+                         "worker": w.settings, "duration_s": duration,
+                         "concurrency": concurrency},
+            "runs": runs}
+
+
+def scenario_scaling(b: Stack) -> dict:
+    warmup, duration = b.d(3, 2), b.d(10, 4)
+    per_worker = 160  # in flight per worker: 2 batches of 32 upstream + full batches waiting
+    runs = []
+    settings = {}
+    for n in (1, 2, 4):
+        mark = b.sup.mark()
+        try:
+            nats = b.nats()
+            workers = []
+            for i in range(n):
+                _, up = b.fake_upstream(SLOW_BASE_MS, SLOW_PER_INPUT_US, 1,
+                                        name=f"fake-upstream-{i}")
+                workers.append(b.worker(nats, tei_url=up, name=f"worker-{i}"))
+            b.wait_workers(nats, workers)
+            _, gw = b.gateway(nats, secs(LONG_TIMEOUT_S))
+            r = b.load(f"gateway, {n} worker(s), c={per_worker * n}", gw,
+                       concurrency=per_worker * n, warmup=warmup, duration=duration,
+                       timeout=LONG_TIMEOUT_S, workers=workers)
+            runs.append(run_entry("gateway", {"path": "gateway", "workers": n,
+                                              "concurrency": per_worker * n}, r))
+            settings = workers[0].settings
+        finally:
+            b.sup.stop_since(mark)
+    batch = b.defaults.max_batch_size
+    per_worker_capacity = batch / (SLOW_BASE_MS / 1e3 + batch * SLOW_PER_INPUT_US / 1e6)
+    return {"settings": {"upstream": f"one fake-upstream per worker, {SLOW_BASE_MS} ms + "
+                                     f"{SLOW_PER_INPUT_US} us/input, concurrency 1",
+                         "worker": settings, "gateway": {"REQUEST_TIMEOUT": secs(LONG_TIMEOUT_S)},
+                         "timeout_s": LONG_TIMEOUT_S, "warmup_s": warmup,
+                         "duration_s": duration, "per_worker_capacity": per_worker_capacity},
+            "runs": runs}
+
+
+def scenario_tuning(b: Stack) -> dict:
+    rate = 1500
+    waits = [1, 5] if b.quick else [1, 2, 5, 10]
+    batches = [8, 32] if b.quick else [8, 32, 64]
+    warmup, duration = b.d(1, 1), b.d(6, 3)
+    nats = b.nats()
+    _, up = b.fake_upstream(GPU_BASE_MS, GPU_PER_INPUT_US, 1)
+    _, gw = b.gateway(nats, secs(TIMEOUT_S))
+    runs = []
+    for wait in waits:
+        for batch in batches:
+            w = b.worker(nats, tei_url=up, MAX_WAIT_TIME=f"{wait}ms", MAX_BATCH_SIZE=str(batch))
+            try:
+                b.wait_workers(nats, [w])
+                r = b.load(f"wait {wait} ms, batch {batch}", gw, rate=rate, warmup=warmup,
+                           duration=duration, timeout=TIMEOUT_S, workers=[w])
+            finally:
+                b.stop_worker(nats, w, 0)
+            runs.append(run_entry("gateway", {"path": "gateway", "rate": rate,
+                                              "max_wait_ms": wait, "max_batch_size": batch}, r))
+    return {"settings": {"upstream": GPU_UPSTREAM, "rate": rate,
+                         "worker": {k: v for k, v in b.worker_base.items()
+                                    if k not in ("MAX_WAIT_TIME", "MAX_BATCH_SIZE")},
+                         "warmup_s": warmup, "duration_s": duration},
+            "runs": runs}
+
+
+def scenario_overload(b: Stack) -> dict:
+    cap_warmup, cap_duration = b.d(2, 1), b.d(5, 3)
+    warmup, duration = b.d(2, 1), b.d(12, 4)
+    runs = []
+    # GPU-like upstream: direct and through embatch.
+    mark = b.sup.mark()
+    try:
+        nats = b.nats()
+        _, up = b.fake_upstream(GPU_BASE_MS, GPU_PER_INPUT_US, 1)
+        w = b.worker(nats, tei_url=up)
+        b.wait_workers(nats, [w])
+        _, gw = b.gateway(nats, secs(TIMEOUT_S))
+        gpu_worker = w.settings
+        for target, c in ((Target("direct", ["--url", up + "/embed"]), 8), (gw, 512)):
+            cap = b.load(f"{target.path} capacity c={c}", target, concurrency=c,
+                         warmup=cap_warmup, duration=cap_duration, timeout=TIMEOUT_S)
+            capacity = goodput(cap)
+            over = b.load(f"{target.path} @ 2x capacity", target, rate=2 * capacity,
+                          warmup=warmup, duration=duration, timeout=TIMEOUT_S,
+                          workers=[w] if target.path != "direct" else ())
+            runs.append(run_entry(target.path, {"upstream": "gpu", "path": target.path,
+                                                "capacity": capacity, "capacity_run": cap,
+                                                "rate": 2 * capacity}, over))
+    finally:
+        b.sup.stop_since(mark)
+    # The built-in CPU model through embatch.
+    corpus = corpus_path()
+    mark = b.sup.mark()
+    try:
+        _, w, gw = cpu_model_stack(b, secs(TIMEOUT_S))
+        cap = b.load("cpu model capacity c=128", gw, concurrency=128, warmup=b.d(3, 2),
+                     duration=cap_duration, timeout=TIMEOUT_S, corpus=corpus)
+        capacity = goodput(cap)
+        over = b.load("cpu model @ 2x capacity", gw, rate=2 * capacity, warmup=warmup,
+                      duration=duration, timeout=TIMEOUT_S, corpus=corpus, workers=[w])
+        runs.append(run_entry("gateway", {"upstream": "cpu", "path": "gateway",
+                                          "capacity": capacity, "capacity_run": cap,
+                                          "rate": 2 * capacity}, over))
+        cpu_worker = w.settings
+    finally:
+        b.sup.stop_since(mark)
+    return {"settings": {"gpu_upstream": GPU_UPSTREAM,
+                         "cpu_upstream": "built-in CPU model", "gpu_worker": gpu_worker,
+                         "cpu_worker": cpu_worker,
+                         "gateway": {"REQUEST_TIMEOUT": secs(TIMEOUT_S)},
+                         "timeout_s": TIMEOUT_S, "capacity_runs": "closed loop: direct c=8, "
+                         "embatch c=512 (GPU-like), c=128 (CPU model)",
+                         "warmup_s": warmup, "duration_s": duration,
+                         "corpus": corpus or "generated"},
+            "runs": runs}
+
+
+SCENARIO_FUNCS = {
+    "gpu_rates": scenario_gpu_rates,
+    "low_load": scenario_low_load,
+    "cpu_model": scenario_cpu_model,
+    "pipeline": scenario_pipeline,
+    "scaling": scenario_scaling,
+    "tuning": scenario_tuning,
+    "overload": scenario_overload,
+}

@@ -1,0 +1,254 @@
+"""The stack a scenario runs on: nats-server, fake upstreams, workers, the gateway and
+`embatch-loadtest run`, each on free 127.0.0.1 ports, under one Supervisor."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from .defaults import BinaryDefaults
+from .procs import (REPO, BenchError, Child, Supervisor, children_cpu_seconds, free_port,
+                    http_get, log, port_open, wait_until)
+from .report import summary_line
+
+# Not among the binaries' variables (those come from their --help), but must not leak into the
+# stack either.
+SCRUBBED_ENV = {
+    "RUST_LOG", "http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy",
+    "ALL_PROXY",
+}
+
+
+class Target:
+    def __init__(self, path: str, args: list[str]):
+        self.path = path  # "direct", "gateway" or "nats"
+        self.args = args
+
+
+class Nats:
+    def __init__(self, child: Child, port: int, monitor_port: int, subject: str):
+        self.child = child
+        self.port = port
+        self.monitor_port = monitor_port
+        self.subject = subject
+        self.url = f"nats://127.0.0.1:{port}"
+
+    def subscribers(self) -> int:
+        status, body = http_get(
+            f"http://127.0.0.1:{self.monitor_port}/subsz?subs=1&limit=100000"
+        )
+        if status != 200:
+            return -1
+        subs = json.loads(body).get("subscriptions_list") or []
+        return sum(1 for s in subs if s.get("subject") == self.subject)
+
+    def target(self) -> Target:
+        return Target("nats", ["--nats", self.url, "--subject", self.subject])
+
+
+class Worker:
+    def __init__(self, child: Child, metrics_port: int, settings: dict[str, str]):
+        self.child = child
+        self.metrics_port = metrics_port
+        self.settings = settings
+
+    def totals(self) -> dict[str, float]:
+        """Sums and counts of the worker's batch-size and upstream-time histograms so far."""
+        status, body = http_get(f"http://127.0.0.1:{self.metrics_port}/metrics")
+        if status != 200:
+            raise BenchError(f"worker /metrics answered {status}")
+        wanted = ("embatch_worker_batch_inputs_sum", "embatch_worker_batch_inputs_count",
+                  "embatch_worker_upstream_seconds_sum", "embatch_worker_upstream_seconds_count",
+                  "embatch_worker_queue_wait_seconds_sum",
+                  "embatch_worker_queue_wait_seconds_count")
+        totals = dict.fromkeys(wanted, 0.0)
+        for line in body.decode().splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[0] in totals:
+                totals[parts[0]] = float(parts[1])
+        return totals
+
+
+def batch_stats(before: list[dict], after: list[dict], measured_s: float) -> dict:
+    """Mean inputs per upstream call, calls per second and mean call time over a window."""
+    delta = {k: sum(a[k] - b[k] for a, b in zip(after, before)) for k in after[0]}
+    calls = delta["embatch_worker_batch_inputs_count"]
+    timed = delta["embatch_worker_upstream_seconds_count"]
+    waited = delta["embatch_worker_queue_wait_seconds_count"]
+    return {
+        "mean_queue_wait_ms": (1e3 * delta["embatch_worker_queue_wait_seconds_sum"] / waited
+                               if waited else None),
+        "mean_batch_inputs": delta["embatch_worker_batch_inputs_sum"] / calls if calls else None,
+        "upstream_calls_per_s": calls / measured_s if measured_s > 0 else None,
+        "mean_upstream_call_ms": (1e3 * delta["embatch_worker_upstream_seconds_sum"] / timed
+                                  if timed else None),
+    }
+
+
+class Stack:
+    """Starts the pieces of a scenario's stack under one Supervisor and runs load against it.
+
+    `worker_base` is the environment every worker starts with (the settings its results record);
+    `defaults` are the binaries' own defaults (the subject, the variables to scrub)."""
+
+    def __init__(self, quick: bool, bins: dict[str, str], nats_bin: str, log_dir: Path,
+                 defaults: BinaryDefaults, worker_base: dict[str, str]):
+        self.quick = quick
+        self.bins = bins
+        self.nats_bin = nats_bin
+        self.defaults = defaults
+        self.worker_base = worker_base
+        self.subject = defaults.subject
+        self.scrubbed = SCRUBBED_ENV | defaults.env_names()
+        self.sup = Supervisor(log_dir)
+        self.log_dir = log_dir
+        self.ports: set[int] = set()
+        self.runs = 0
+        self._model_dir: str | None = None
+
+    # durations: (full, quick) seconds
+    def d(self, full: float, quick: float) -> float:
+        return quick if self.quick else full
+
+    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in self.scrubbed}
+        env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
+        env["RUST_LOG"] = "warn"
+        env.update(extra or {})
+        return env
+
+    def model_dir(self) -> str:
+        if self._model_dir is None:
+            log("fetching the built-in model (scripts/fetch-model.sh)")
+            out = subprocess.run(
+                [str(REPO / "scripts" / "fetch-model.sh")], cwd=REPO, check=True,
+                stdout=subprocess.PIPE, text=True,
+            )
+            self._model_dir = out.stdout.strip().splitlines()[-1]
+        return self._model_dir
+
+    def nats(self) -> Nats:
+        port, mon = free_port(self.ports), free_port(self.ports)
+        child = self.sup.spawn(
+            "nats-server",
+            [self.nats_bin, "-a", "127.0.0.1", "-p", str(port), "-m", str(mon)],
+            self.env(),
+        )
+        nats = Nats(child, port, mon, self.subject)
+        wait_until("nats-server", lambda: port_open(port) and nats.subscribers() >= 0, 15,
+                   [child])
+        return nats
+
+    def fake_upstream(self, base_ms: float, per_input_us: float, concurrency: int,
+                      name: str = "fake-upstream") -> tuple[Child, str]:
+        child = self.sup.spawn(
+            name,
+            [self.bins["embatch-loadtest"], "fake-upstream", "--listen", "127.0.0.1:0",
+             "--base-ms", str(base_ms), "--per-input-us", str(per_input_us),
+             "--concurrency", str(concurrency)],
+            self.env(),
+        )
+        addr: list[str] = []
+
+        def listening() -> bool:
+            for line in child.log_path.read_text(errors="replace").splitlines():
+                if line.startswith("listening on "):
+                    addr.append(line.split()[-1])
+                    return True
+            return False
+
+        wait_until(f"{name} to listen", listening, 15, [child])
+        url = f"http://{addr[0]}"
+        wait_until(f"{name} /health", lambda: http_get(url + "/health")[0] == 200, 10, [child])
+        return child, url
+
+    def worker(self, nats: Nats, *, tei_url: str | None = None, model: bool = False,
+               name: str = "worker", **settings: str) -> Worker:
+        metrics_port = free_port(self.ports)
+        env = dict(self.worker_base)
+        env.update(settings)
+        env["NATS_URL"] = nats.url
+        env["METRICS_ADDR"] = f"127.0.0.1:{metrics_port}"
+        if tei_url is not None:
+            env["TEI_URL"] = tei_url
+        elif model:
+            env["MODEL_DIR"] = self.model_dir()
+        else:
+            raise BenchError("a worker needs tei_url or model")
+        child = self.sup.spawn(name, [self.bins["embatch-worker"]], self.env(env))
+        recorded = {k: v for k, v in env.items() if k not in ("NATS_URL", "METRICS_ADDR")}
+        return Worker(child, metrics_port, recorded)
+
+    def wait_workers(self, nats: Nats, workers: list[Worker], timeout: float = 30) -> None:
+        """Until exactly `len(workers)` subscriptions on the subject exist and /metrics answers."""
+        children = [w.child for w in workers]
+        wait_until(f"{len(workers)} worker(s) to subscribe",
+                   lambda: nats.subscribers() == len(workers), timeout, children)
+        for w in workers:
+            wait_until("worker /metrics", lambda w=w: port_open(w.metrics_port), 10, children)
+
+    def stop_worker(self, nats: Nats, worker: Worker, remaining: int) -> None:
+        self.sup.stop(worker.child)
+        wait_until("the worker to unsubscribe", lambda: nats.subscribers() == remaining, 10)
+
+    def gateway(self, nats: Nats, request_timeout: str) -> tuple[Child, Target]:
+        port = free_port(self.ports)
+        env = {"NATS_URL": nats.url, "LISTEN_ADDR": f"127.0.0.1:{port}",
+               "REQUEST_TIMEOUT": request_timeout}
+        child = self.sup.spawn("gateway", [self.bins["embatch-gateway"]], self.env(env))
+        wait_until("the gateway to listen", lambda: port_open(port), 15, [child])
+        return child, Target("gateway", ["--url", f"http://127.0.0.1:{port}/embed"])
+
+    def load(self, label: str, target: Target, *, rate: float | None = None,
+             concurrency: int | None = None, duration: float, warmup: float,
+             timeout: float, corpus: str | None = None, workers: list[Worker] = (),
+             measure_cpu_of: dict[str, Child] | None = None) -> dict:
+        """Runs `embatch-loadtest run` and returns its JSON report, plus `batches` (from the
+        workers' metrics over the measured window) and `cpu_s` (per process) when asked."""
+        self.runs += 1
+        json_path = self.log_dir / f"run-{self.runs:03d}.json"
+        argv = [self.bins["embatch-loadtest"], "run", *target.args]
+        if rate is not None:
+            argv += ["--rate", f"{rate:.1f}"]
+        else:
+            argv += ["--concurrency", str(concurrency)]
+        argv += ["--duration", f"{duration:g}s", "--warmup", f"{warmup:g}s",
+                 "--timeout", f"{timeout:g}s", "--json", str(json_path), "--quiet"]
+        if corpus:
+            argv += ["--corpus", corpus]
+        cpu_before = {n: c.cpu() for n, c in (measure_cpu_of or {}).items()}
+        children_before = children_cpu_seconds()
+        started = time.monotonic()
+        child = self.sup.spawn(f"loadtest-{label}", argv, self.env())
+        try:
+            if workers:
+                # The workers' counters over the measured window only: from the end of the
+                # warm-up to the planned end, not the drain after it.
+                time.sleep(max(0.0, started + warmup - time.monotonic()))
+                before = [w.totals() for w in workers]
+                time.sleep(max(0.0, started + warmup + duration - time.monotonic()))
+                window = [w.totals() for w in workers]
+            limit = warmup + duration + timeout + 60
+            try:
+                child.popen.wait(max(1.0, started + limit - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise BenchError(f"loadtest {label} did not finish within {limit:.0f} s")
+        finally:
+            cpu_after = {n: c.cpu() for n, c in (measure_cpu_of or {}).items() if c.alive()}
+            self.sup.stop(child)
+        wall = time.monotonic() - started
+        if child.popen.returncode != 0:
+            raise BenchError(f"loadtest {label} failed:\n{child.log_tail()}")
+        report = json.loads(json_path.read_text())
+        if workers:
+            report["batches"] = batch_stats(before, window, duration)
+        if measure_cpu_of is not None:
+            report["cpu_s"] = {n: cpu_after[n] - cpu_before[n] for n in cpu_after}
+            report["cpu_s"]["loadtest"] = children_cpu_seconds() - children_before
+            report["cpu_wall_s"] = wall
+        log(f"  {label:<30} {summary_line(report)}")
+        time.sleep(self.d(0.5, 0.2))  # let in-flight work drain between runs
+        return report
