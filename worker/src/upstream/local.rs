@@ -49,4 +49,31 @@ impl Upstream for LocalUpstream {
     fn max_batch_size(&self) -> usize {
         usize::MAX
     }
+
+    /// A document in the shape of TEI's `GET /info`, from what the loaded model knows: its
+    /// `model_id`, `max_input_length` (tokens), `model_dtype` `float32` (the CPU model runs in
+    /// f32) and `auto_truncate` `false` (inputs over the limit fail unless the request asks to
+    /// truncate). Fields TEI derives from its own router (`max_concurrent_requests`,
+    /// `max_batch_tokens`, `max_batch_requests`, `tokenization_workers`, `sha`, `model_sha`,
+    /// `docker_label`) and the pooling (not exposed by the model) are `null`;
+    /// `max_client_batch_size` is left for the worker to set (see `crate::info`), and `version`
+    /// is the worker's.
+    async fn info(&self) -> Result<serde_json::Value, UpstreamError> {
+        Ok(serde_json::json!({
+            "model_id": self.model.model_id(),
+            "model_sha": null,
+            "model_dtype": "float32",
+            "model_type": {"embedding": {"pooling": null}},
+            "max_concurrent_requests": null,
+            "max_input_length": self.model.max_input_length(),
+            "max_batch_tokens": null,
+            "max_batch_requests": null,
+            "max_client_batch_size": null,
+            "auto_truncate": false,
+            "tokenization_workers": null,
+            "version": env!("CARGO_PKG_VERSION"),
+            "sha": null,
+            "docker_label": null,
+        }))
+    }
 }

@@ -127,6 +127,26 @@ pub trait Upstream: Send + Sync + 'static {
     /// The most inputs one call may carry (TEI's `max_client_batch_size`); larger requests are
     /// split across calls and reassembled.
     fn max_batch_size(&self) -> usize;
+
+    /// The upstream's description in the shape of TEI's `GET /info` (`model_id`,
+    /// `max_input_length`, `max_client_batch_size`, ...), answered on the worker's `info`
+    /// endpoint (see `crate::info`).
+    ///
+    /// The default, for upstreams that know nothing of themselves (test doubles), is a document
+    /// with `model_id` `"unknown"` and [`Upstream::max_batch_size`] as `max_client_batch_size`.
+    ///
+    /// # Errors
+    /// When the upstream's own description cannot be read (TEI unreachable or answering an
+    /// error).
+    fn info(&self) -> impl Future<Output = Result<serde_json::Value, UpstreamError>> + Send {
+        let max_client_batch_size = self.max_batch_size();
+        async move {
+            Ok(serde_json::json!({
+                "model_id": "unknown",
+                "max_client_batch_size": max_client_batch_size,
+            }))
+        }
+    }
 }
 
 /// The upstream chosen by configuration.
@@ -153,6 +173,13 @@ impl Upstream for AnyUpstream {
         match self {
             AnyUpstream::Tei(u) => u.max_batch_size(),
             AnyUpstream::Local(u) => u.max_batch_size(),
+        }
+    }
+
+    async fn info(&self) -> Result<serde_json::Value, UpstreamError> {
+        match self {
+            AnyUpstream::Tei(u) => u.info().await,
+            AnyUpstream::Local(u) => u.info().await,
         }
     }
 }

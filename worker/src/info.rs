@@ -1,0 +1,117 @@
+//! The worker's `info` endpoint: a second NATS micro endpoint, on `<subject>.info` in the same
+//! queue group, that answers the upstream's description in the shape of TEI's `GET /info`, so
+//! the gateway's `GET /info` (and any NATS client, in any language) can ask a worker what model
+//! it serves and what it accepts.
+//!
+//! - Request: any payload (ignored) on `<subject>.info`, e.g. `nats req embed.info ''`.
+//! - Reply: TEI's `/info` JSON object. For a TEI upstream it is TEI's own document (read at
+//!   start-up); for the built-in model a TEI-shaped document built from the model (see
+//!   `LocalUpstream::info`). `max_client_batch_size` is replaced by the worker's own
+//!   `MAX_CLIENT_BATCH_SIZE`: the worker splits a request across upstream calls, so the most
+//!   inputs a client may send is the worker's limit, not the upstream's.
+//! - Error: as on the embed endpoint, TEI's error body with the `Nats-Service-Error-Code` and
+//!   `Nats-Service-Error` headers (503 when TEI cannot be reached, 424 for a malformed answer).
+
+use std::sync::Arc;
+
+use async_nats::HeaderMap;
+use async_nats::service::Request;
+use async_nats::service::endpoint::Endpoint;
+use embatch_protocol::{EmbedError, reply};
+use futures::StreamExt;
+
+use crate::upstream::Upstream;
+
+/// The endpoint's name in the NATS micro service (shown by `$SRV.INFO.embatch`).
+pub(crate) const ENDPOINT: &str = "info";
+
+/// The subject of the `info` endpoint for the request subject `subject`: `<subject>.info`.
+pub(crate) fn subject(subject: &str) -> String {
+    format!("{subject}.info")
+}
+
+/// Answers every request on `endpoint` with [`document`] of `upstream`'s info, until the
+/// endpoint's subscription ends (the caller aborts this task when the worker stops).
+pub(crate) async fn serve<U: Upstream>(
+    mut endpoint: Endpoint,
+    upstream: Arc<U>,
+    max_client_batch_size: usize,
+) {
+    while let Some(request) = endpoint.next().await {
+        let answer = upstream
+            .info()
+            .await
+            .map_err(EmbedError::from)
+            .and_then(|info| document(info, max_client_batch_size));
+        respond(&request, answer).await;
+    }
+}
+
+/// The document answered: `upstream_info` (a JSON object) with `max_client_batch_size` set to
+/// the worker's limit.
+///
+/// # Errors
+/// [`EmbedError::Backend`] (424) when the upstream's info is not a JSON object.
+pub(crate) fn document(
+    upstream_info: serde_json::Value,
+    max_client_batch_size: usize,
+) -> Result<Vec<u8>, EmbedError> {
+    let serde_json::Value::Object(mut info) = upstream_info else {
+        return Err(EmbedError::Backend(
+            "the upstream's /info is not a JSON object".into(),
+        ));
+    };
+    info.insert(
+        "max_client_batch_size".into(),
+        serde_json::Value::from(max_client_batch_size),
+    );
+    serde_json::to_vec(&info)
+        .map_err(|e| EmbedError::Backend(format!("cannot encode the info document: {e}")))
+}
+
+async fn respond(request: &Request, answer: Result<Vec<u8>, EmbedError>) {
+    let mut reply_headers = HeaderMap::new();
+    let payload = match answer {
+        Ok(payload) => payload,
+        Err(err) => {
+            for (name, value) in reply::error_headers(&err) {
+                reply_headers.insert(name, value.as_str());
+            }
+            err.to_json()
+        }
+    };
+    // As on the embed endpoint: errors go out as TEI's error body with error headers.
+    if let Err(err) = request
+        .respond_with_headers(Ok(payload.into()), reply_headers)
+        .await
+    {
+        tracing::debug!(%err, "cannot publish the info reply");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_worker_limit_replaces_the_upstreams() {
+        let upstream = serde_json::json!({"model_id": "m", "max_client_batch_size": 4});
+        let body = document(upstream, 512).expect("an object");
+        let value: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
+        assert_eq!(
+            value,
+            serde_json::json!({"model_id": "m", "max_client_batch_size": 512})
+        );
+    }
+
+    #[test]
+    fn a_non_object_is_a_backend_error() {
+        let err = document(serde_json::json!([1]), 8).expect_err("not an object");
+        assert_eq!(err.status(), 424);
+    }
+
+    #[test]
+    fn subject_is_under_the_request_subject() {
+        assert_eq!(subject("embed"), "embed.info");
+    }
+}
