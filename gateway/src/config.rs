@@ -1,8 +1,10 @@
 //! Gateway settings: every one is a CLI flag and an environment variable of the same name.
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::Parser;
+use embatch_runtime::NatsArgs;
 
 use crate::telemetry::LogFormat;
 
@@ -11,14 +13,13 @@ use crate::telemetry::LogFormat;
 #[derive(Debug, Clone, Parser)]
 #[command(name = "embatch-gateway", version)]
 pub struct Config {
-    /// NATS server URL(s), comma-separated for a cluster, tried in the order given: list the
-    /// nearest node first.
-    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
-    pub nats_url: String,
+    /// NATS servers and credentials (`--nats-url`, `--nats-creds`, `--nats-tls-ca`, ...).
+    #[command(flatten)]
+    pub nats: NatsArgs,
 
-    /// Address to serve HTTP on.
+    /// Address to serve HTTP on (IP:PORT).
     #[arg(long, env = "LISTEN_ADDR", default_value = "0.0.0.0:8080")]
-    pub listen: String,
+    pub listen: SocketAddr,
 
     /// Subject requests are published on (must match the workers').
     #[arg(long, env = "EMBATCH_SUBJECT", default_value = embatch_protocol::DEFAULT_SUBJECT)]

@@ -3,11 +3,16 @@
 //!
 //! # Layout
 //! - [`config`]: every setting, as a CLI flag and an environment variable.
-//! - [`routes`]: `POST /embed`, `GET /health`, `GET /metrics` and the error → HTTP mapping.
+//! - [`routes`]: `POST /embed` (and `POST /`), `POST /v1/embeddings` (and `POST /embeddings`),
+//!   `GET /info`, `GET /health`, `GET /metrics` and the error → HTTP mapping.
+//! - [`openai`]: OpenAI's embeddings shapes and their translation to and from TEI's.
+//! - [`info`]: `GET /info`, asked of the workers over NATS.
 //! - [`serve`]: the HTTP server loop: listen backlog, connection limit, header-read timeout.
 //! - [`telemetry`]: logging, the Prometheus recorder and metric names.
 
 pub mod config;
+pub mod info;
+pub mod openai;
 pub mod routes;
 pub mod serve;
 pub mod telemetry;
@@ -21,19 +26,15 @@ pub use routes::{AppState, app};
 /// Why the gateway could not start or run.
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
-    /// The NATS server could not be reached.
-    #[error("cannot connect to NATS at {url}: {source}")]
-    Connect {
-        /// The configured URL.
-        url: String,
-        /// The client's error.
-        source: async_nats::ConnectError,
-    },
+    /// NATS could not be reached, or refused the credentials (the message names the servers,
+    /// redacted).
+    #[error(transparent)]
+    Connect(#[from] embatch_runtime::NatsError),
     /// The listen address could not be bound, or serving failed.
     #[error("cannot serve HTTP on {addr}: {source}")]
     Serve {
         /// The configured address.
-        addr: String,
+        addr: std::net::SocketAddr,
         /// The I/O error.
         source: std::io::Error,
     },
@@ -43,17 +44,15 @@ pub enum GatewayError {
 }
 
 /// Connects to NATS as the gateway (`embatch-gateway`), to the servers of `--nats-url` in the
-/// order given (see [`embatch_client::connect`]).
+/// order given, with the configured credentials and TLS (see [`embatch_runtime::NatsArgs`]).
 ///
 /// # Errors
 /// [`GatewayError::Connect`] when no server in `--nats-url` answers.
 pub async fn connect(config: &Config) -> Result<async_nats::Client, GatewayError> {
-    embatch_client::connect(&config.nats_url, "embatch-gateway")
-        .await
-        .map_err(|source| GatewayError::Connect {
-            url: config.nats_url.clone(),
-            source,
-        })
+    Ok(config
+        .nats
+        .connect("embatch-gateway", async_nats::ConnectOptions::new())
+        .await?)
 }
 
 /// Serves `app` on `listener` until `shutdown` resolves, then lets in-flight requests finish

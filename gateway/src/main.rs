@@ -15,9 +15,9 @@ async fn run(config: Config) -> Result<(), GatewayError> {
     let metrics = telemetry::init_metrics()?;
     let client = embatch_gateway::connect(&config).await?;
     let listener =
-        embatch_gateway::serve::bind(&config.listen, config.listen_backlog).map_err(|source| {
+        embatch_gateway::serve::bind(config.listen, config.listen_backlog).map_err(|source| {
             GatewayError::Serve {
-                addr: config.listen.clone(),
+                addr: config.listen,
                 source,
             }
         })?;

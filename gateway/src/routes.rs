@@ -1,4 +1,10 @@
-//! HTTP routes: TEI-compatible `POST /embed`, `GET /health`, `GET /metrics`.
+//! HTTP routes: TEI-compatible `POST /embed` (and `POST /`, TEI's compat route), `GET /info`,
+//! OpenAI-compatible `POST /v1/embeddings` (and `POST /embeddings`), `GET /health`,
+//! `GET /metrics`.
+//!
+//! Every embedding route sends one NATS request through the same path ([`EmbedClient::embed`],
+//! with the same deadline, in-flight limit and validation), so the workers batch requests of all
+//! routes together.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,12 +16,14 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use embatch_client::EmbedClient;
+use embatch_client::{EmbedClient, Reply};
+use embatch_protocol::reply::Timings;
 use embatch_protocol::{EmbedError, EmbedRequest, SERVICE_NAME};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
+use crate::openai::{EmbeddingsRequest, OpenAiError};
 use crate::serve::ServeLimits;
 use crate::telemetry::names;
 
@@ -34,7 +42,7 @@ pub struct AppState {
     pub max_client_batch_size: usize,
     /// Largest body in bytes (413 beyond).
     pub max_body_bytes: usize,
-    /// How long `/health` waits for a worker's ping reply.
+    /// How long `/health` waits for a worker's ping reply, and `/info` for a worker's info.
     pub health_timeout: Duration,
     /// Renders `/metrics`; `None` when no recorder is installed (tests).
     pub metrics: Option<PrometheusHandle>,
@@ -79,6 +87,11 @@ pub fn app(state: AppState) -> Router {
     let limit = state.max_body_bytes;
     Router::new()
         .route("/embed", post(embed))
+        // TEI's compat route (`huggingface_hub`'s `InferenceClient(base_url=...)` posts here).
+        .route("/", post(embed))
+        .route("/v1/embeddings", post(openai_embeddings))
+        .route("/embeddings", post(openai_embeddings))
+        .route("/info", get(info))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(limit))
@@ -147,30 +160,91 @@ impl Drop for InFlight {
     }
 }
 
-/// `POST /embed`: one NATS request per HTTP request; the worker's reply payload becomes the body
-/// as is (the vectors are never decoded here). When the client disconnects first, the request
-/// is withdrawn from the worker's queue (see `embatch_client::EmbedClient::embed`).
+/// `POST /embed` and `POST /`: one NATS request per HTTP request; the worker's reply payload
+/// becomes the body as is (the vectors are never decoded here). When the client disconnects
+/// first, the request is withdrawn from the worker's queue (see
+/// `embatch_client::EmbedClient::embed`).
 async fn embed(
     State(state): State<Arc<AppState>>,
     request_headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let mut in_flight = InFlight::start();
-    let response = match forward(&state, &request_headers, body, in_flight.started).await {
-        Ok(response) => response,
+    let started = in_flight.started;
+    let forwarded = async {
+        let body = read_body(&state, body)?;
+        forward(&state, &request_headers, body, started).await
+    };
+    let response = match forwarded.await {
+        Ok(reply) => reply_response(reply.payload, &reply.timings, started),
         Err(err) => ApiError(err).into_response(),
     };
     in_flight.status = Some(response.status());
     response
 }
 
-async fn forward(
-    state: &AppState,
-    request_headers: &HeaderMap,
+/// `POST /v1/embeddings` and `POST /embeddings`: OpenAI's embeddings API (see [`crate::openai`]).
+/// The request is translated into TEI's `/embed` body and sent down the same path as
+/// `POST /embed`; the reply is re-shaped into OpenAI's response. Errors have OpenAI's shape and
+/// the status `POST /embed` gives the same error.
+async fn openai_embeddings(
+    State(state): State<Arc<AppState>>,
+    request_headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
-    started: Instant,
-) -> Result<Response, EmbedError> {
-    let body = body.map_err(|rejection| {
+) -> Response {
+    let mut in_flight = InFlight::start();
+    let started = in_flight.started;
+    let forwarded = async {
+        let body = read_body(&state, body)?;
+        let (request, shape) = EmbeddingsRequest::from_slice(&body)?.into_embed_request();
+        let body = serde_json::to_vec(&request)
+            .map_err(|e| EmbedError::Validation(format!("cannot translate the request: {e}")))?;
+        let reply = forward(&state, &request_headers, Bytes::from(body), started).await?;
+        let body = crate::openai::response_body(&reply.payload, shape)?;
+        Ok::<_, OpenAiError>(reply_response(Bytes::from(body), &reply.timings, started))
+    };
+    let response = match forwarded.await {
+        Ok(response) => response,
+        Err(err) => openai_error_response(&err),
+    };
+    in_flight.status = Some(response.status());
+    response
+}
+
+/// An error in OpenAI's shape, with the TEI route's status (and its `Retry-After` on 429).
+fn openai_error_response(err: &OpenAiError) -> Response {
+    let status = StatusCode::from_u16(err.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = json_response(status, Bytes::from(err.to_json()));
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    response
+}
+
+/// A 200 JSON response of `body` with the reply's timing headers (`x-queue-time`,
+/// `x-inference-time`, `x-total-time`, whole ms, as TEI sends them).
+fn reply_response(body: Bytes, timings: &Timings, started: Instant) -> Response {
+    let mut response = json_response(StatusCode::OK, body);
+    let timings = [
+        ("x-queue-time", timings.queue_time_ms),
+        ("x-inference-time", timings.inference_time_ms),
+        ("x-total-time", Some(started.elapsed().as_millis() as u64)),
+    ];
+    for (name, value) in timings {
+        if let Some(value) = value {
+            response
+                .headers_mut()
+                .insert(name, HeaderValue::from(value));
+        }
+    }
+    response
+}
+
+/// The request body, or the 413/422 for a body over `MAX_BODY_BYTES` or unreadable.
+fn read_body(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Bytes, EmbedError> {
+    body.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             EmbedError::TooLarge(format!(
                 "the request body must be at most {} bytes (MAX_BODY_BYTES)",
@@ -179,7 +253,18 @@ async fn forward(
         } else {
             EmbedError::Validation(format!("cannot read the request body: {rejection}"))
         }
-    })?;
+    })
+}
+
+/// The path every embedding route shares: validates `body` (TEI's `/embed` JSON), takes an
+/// in-flight permit and sends it as one NATS request with the request's remaining time as its
+/// deadline.
+async fn forward(
+    state: &AppState,
+    request_headers: &HeaderMap,
+    body: Bytes,
+    started: Instant,
+) -> Result<Reply, EmbedError> {
     let timeout = client_timeout(request_headers, state.request_timeout)?;
     EmbedRequest::from_slice(&body)?.validate(state.max_client_batch_size)?;
     let Ok(_permit) = state.in_flight.try_acquire() else {
@@ -197,25 +282,11 @@ async fn forward(
     }
 
     let remaining = timeout.saturating_sub(started.elapsed());
-    let reply = state
+    state
         .client
         .embed(body, remaining)
         .await
-        .map_err(EmbedError::from)?;
-    let mut response = json_response(StatusCode::OK, reply.payload);
-    let timings = [
-        ("x-queue-time", reply.timings.queue_time_ms),
-        ("x-inference-time", reply.timings.inference_time_ms),
-        ("x-total-time", Some(started.elapsed().as_millis() as u64)),
-    ];
-    for (name, value) in timings {
-        if let Some(value) = value {
-            response
-                .headers_mut()
-                .insert(name, HeaderValue::from(value));
-        }
-    }
-    Ok(response)
+        .map_err(EmbedError::from)
 }
 
 /// The request's timeout: `--request-timeout`, shortened by the client's [`TIMEOUT_HEADER`].
@@ -234,6 +305,21 @@ fn client_timeout(request_headers: &HeaderMap, default: Duration) -> Result<Dura
             ))
         })?;
     Ok(Duration::from_millis(millis).min(default))
+}
+
+/// `GET /info`: TEI's `/info` document from one worker (see [`crate::info`]), waiting at most
+/// `--health-timeout`; 503 in TEI's error shape when no worker answers.
+async fn info(State(state): State<Arc<AppState>>) -> Response {
+    match crate::info::fetch(
+        &state.client,
+        state.health_timeout,
+        state.max_client_batch_size,
+    )
+    .await
+    {
+        Ok(body) => json_response(StatusCode::OK, body),
+        Err(err) => ApiError(err).into_response(),
+    }
 }
 
 /// `GET /health`: 200 only while connected to NATS and at least one worker answers a NATS micro

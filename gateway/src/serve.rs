@@ -39,11 +39,8 @@ pub struct ServeLimits {
 /// Binds `addr` with a listen backlog of `backlog` connections (`SO_REUSEADDR` set).
 ///
 /// # Errors
-/// When the address does not parse or cannot be bound.
-pub fn bind(addr: &str, backlog: u32) -> std::io::Result<TcpListener> {
-    let addr: std::net::SocketAddr = addr
-        .parse()
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+/// When the address cannot be bound.
+pub fn bind(addr: std::net::SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {
     let socket = if addr.is_ipv4() {
         tokio::net::TcpSocket::new_v4()?
     } else {

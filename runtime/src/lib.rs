@@ -1,46 +1,17 @@
-//! Process plumbing shared by `embatch-gateway` and `embatch-worker` (not part of the wire
-//! contract, which lives in `embatch-protocol`): log setup, the Prometheus recorder and the
-//! shutdown signal.
+//! Process plumbing shared by `embatch-gateway`, `embatch-worker` and `embatch-loadtest` (not
+//! part of the wire contract, which lives in `embatch-protocol`): the settings every binary
+//! shares ([`NatsArgs`], [`Secret`], [`OptionalAddr`]), log setup, the Prometheus recorder and
+//! the shutdown signal.
+
+mod addr;
+mod nats;
+mod secret;
+
+pub use addr::OptionalAddr;
+pub use nats::{NatsArgs, NatsError, ServerList};
+pub use secret::Secret;
 
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
-
-/// A setting that must not appear in logs (a token, a password): `Debug` and `Display` print
-/// `***`; read the value with [`Secret::expose`].
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    /// The secret value, for the one place that sends it.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("\"***\"")
-    }
-}
-
-impl std::fmt::Display for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("***")
-    }
-}
-
-impl std::str::FromStr for Secret {
-    type Err = std::convert::Infallible;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(Secret(s.to_string()))
-    }
-}
-
-impl From<String> for Secret {
-    fn from(value: String) -> Secret {
-        Secret(value)
-    }
-}
 
 /// Log output format (`--log-format` / `LOG_FORMAT`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -52,11 +23,15 @@ pub enum LogFormat {
 }
 
 /// Installs the global tracing subscriber; the filter comes from `RUST_LOG` (default `info`).
-/// A second call is a no-op.
+/// Text lines carry ANSI colours only when stdout is a terminal (never in a file or a log
+/// collector). A second call is a no-op.
 pub fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stdout().is_terminal());
     let result = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),

@@ -1,10 +1,10 @@
 //! Worker settings: every one is a CLI flag and an environment variable of the same name.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
+use embatch_runtime::{NatsArgs, OptionalAddr, Secret};
 
 use crate::batcher::{BatcherConfig, QueueDelay};
 use crate::telemetry::LogFormat;
@@ -14,10 +14,9 @@ use crate::telemetry::LogFormat;
 #[derive(Debug, Clone, Parser)]
 #[command(name = "embatch-worker", version)]
 pub struct Config {
-    /// NATS server URL(s), comma-separated for a cluster, tried in the order given: list the
-    /// nearest node first.
-    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
-    pub nats_url: String,
+    /// NATS servers and credentials (`--nats-url`, `--nats-creds`, `--nats-tls-ca`, ...).
+    #[command(flatten)]
+    pub nats: NatsArgs,
 
     /// Subject the requests arrive on (must match the gateway's).
     #[arg(long, env = "EMBATCH_SUBJECT", default_value = embatch_protocol::DEFAULT_SUBJECT)]
@@ -29,8 +28,8 @@ pub struct Config {
 
     /// Base URL of a text-embeddings-inference server (e.g. http://tei:80). Unset: use the
     /// built-in CPU model from --model-dir.
-    #[arg(long, env = "TEI_URL")]
-    pub tei_url: Option<String>,
+    #[arg(long, env = "TEI_URL", value_parser = parse_tei_url)]
+    pub tei_url: Option<reqwest::Url>,
 
     /// Bearer token sent to TEI (TEI's `--api-key`, or a hosted endpoint's token). Never logged.
     #[arg(long, env = "TEI_API_KEY", hide_env_values = true)]
@@ -99,10 +98,10 @@ pub struct Config {
     #[arg(long, env = "SHUTDOWN_GRACE", default_value = "30s", value_parser = humantime::parse_duration)]
     pub shutdown_grace: Duration,
 
-    /// Address of the worker's small HTTP server for /metrics (Prometheus) and /health.
-    /// Empty string: no HTTP server.
+    /// Address (IP:PORT) of the worker's small HTTP server for /metrics (Prometheus) and
+    /// /health. Empty string: no HTTP server.
     #[arg(long, env = "METRICS_ADDR", default_value = "0.0.0.0:9091")]
-    pub metrics_addr: String,
+    pub metrics_addr: OptionalAddr,
 
     /// Log format.
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text")]
@@ -121,33 +120,20 @@ impl Config {
             max_queue_delay: self.max_queue_delay,
         }
     }
-
-    /// The metrics address, or `None` when disabled.
-    ///
-    /// # Errors
-    /// When the address does not parse.
-    pub fn metrics_socket(&self) -> Result<Option<SocketAddr>, std::net::AddrParseError> {
-        if self.metrics_addr.trim().is_empty() {
-            return Ok(None);
-        }
-        self.metrics_addr.trim().parse().map(Some)
-    }
 }
 
-/// A setting that must not appear in logs: `Debug` prints `"***"`.
-#[derive(Clone)]
-pub struct Secret(pub String);
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("\"***\"")
-    }
-}
-
-impl std::str::FromStr for Secret {
-    type Err = std::convert::Infallible;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(Secret(s.to_string()))
+/// `--tei-url`: an `http://` base URL (TEI's routes are appended to it). `https://` is refused
+/// at start-up with a clear message: this build's HTTP client has no TLS (terminate TLS in front
+/// of TEI, or reach it in-cluster over plain HTTP).
+fn parse_tei_url(s: &str) -> Result<reqwest::Url, String> {
+    let url = reqwest::Url::parse(s).map_err(|e| format!("not a URL: {e}"))?;
+    match url.scheme() {
+        "http" => Ok(url),
+        "https" => Err(
+            "https is not supported by this build (no TLS in its HTTP client); \
+             reach TEI over http, e.g. through a TLS-terminating sidecar"
+                .into(),
+        ),
+        other => Err(format!("the scheme must be http, not {other}")),
     }
 }

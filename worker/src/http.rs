@@ -1,5 +1,7 @@
 //! The worker's small HTTP server: `GET /metrics` (Prometheus text) and `GET /health`.
 
+use std::net::SocketAddr;
+
 use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -13,6 +15,26 @@ pub struct HttpState {
     pub metrics: PrometheusHandle,
     /// The worker's NATS connection, for `/health`.
     pub client: async_nats::Client,
+}
+
+/// Installs the metrics recorder, binds `addr` and serves [`app`] in a background task for the
+/// life of the process.
+///
+/// # Errors
+/// [`crate::WorkerError::Metrics`] when a recorder is already installed,
+/// [`crate::WorkerError::Http`] when `addr` cannot be bound.
+pub async fn spawn(addr: SocketAddr, client: async_nats::Client) -> Result<(), crate::WorkerError> {
+    let metrics = crate::telemetry::init_metrics()?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| crate::WorkerError::Http { addr, source })?;
+    tokio::spawn(async move {
+        if let Err(err) = axum::serve(listener, app(HttpState { metrics, client })).await {
+            tracing::error!(%err, "metrics server stopped");
+        }
+    });
+    tracing::info!(%addr, "serving /metrics and /health");
+    Ok(())
 }
 
 /// The routes, apart from serving, so tests can call them without a socket.

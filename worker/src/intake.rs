@@ -19,7 +19,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use async_nats::HeaderMap;
@@ -138,12 +138,33 @@ struct Intake {
     replies: TaskTracker,
     withdrawable: Arc<Withdrawable>,
     reply_limit: Arc<ReplyLimit>,
+    replier: Arc<Replier>,
 }
 
-/// Reads requests from `endpoint` until `shutdown` resolves, then unsubscribes, admits what the
-/// subscription had already buffered, and returns. Replies are sent by tasks on `replies`; wait
-/// on it (after dropping the batcher) to know every accepted request was answered. Messages on
-/// `cancels` (the [`headers::cancel_subject`]) withdraw requests by id.
+/// Where replies go: through the request, on the service's connection (which counts them in
+/// `$SRV.STATS`), while serving; through a second connection once the service's connection is
+/// draining at shutdown (a drained connection closes when its subscriptions are done, while the
+/// batcher still has requests to answer).
+#[derive(Default)]
+struct Replier {
+    draining: OnceLock<async_nats::Client>,
+}
+
+/// How long shutdown waits for the server to confirm the drain (its PONG) while still admitting
+/// the requests it delivered before the unsubscribe.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Reads requests from `endpoint` until `shutdown` resolves, then drains: the connection
+/// `client` unsubscribes everything (NATS drain: UNSUB, then PING; the server delivers nothing
+/// after its PONG), every request delivered until then is admitted, and replies move to the
+/// connection `reply_connection` yields, which `run` returns for the caller to flush. Without it
+/// (the second connection failed), the endpoint is unsubscribed at once and requests the server
+/// had already routed here may be lost.
+///
+/// Replies are sent by tasks on `replies`; wait on it (after dropping the batcher) to know every
+/// accepted request was answered. Messages on `cancels` (the [`headers::cancel_subject`])
+/// withdraw requests by id.
+#[allow(clippy::too_many_arguments)] // one call site; each argument is a distinct part
 pub async fn run(
     mut endpoint: Endpoint,
     mut cancels: async_nats::Subscriber,
@@ -151,35 +172,50 @@ pub async fn run(
     config: IntakeConfig,
     replies: TaskTracker,
     shutdown: impl Future<Output = ()>,
-) {
+    client: async_nats::Client,
+    reply_connection: impl Future<Output = Option<async_nats::Client>>,
+) -> Option<async_nats::Client> {
     let intake = Intake {
         batcher,
         reply_limit: Arc::new(ReplyLimit::new(config.max_payload)),
         config,
         replies,
         withdrawable: Arc::new(Withdrawable::default()),
+        replier: Arc::default(),
     };
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             request = endpoint.next() => match request {
                 Some(request) => intake.admit(request).await,
-                None => return,
+                None => return None,
             },
             Some(cancel) = cancels.next() => intake.withdrawable.cancel(&cancel.payload),
             () = &mut shutdown => break,
         }
     }
-    tracing::info!("shutdown: unsubscribing from the request subject");
-    if let Err(err) = endpoint.stop().await {
-        tracing::warn!(%err, "unsubscribe failed");
+    let Some(spare) = reply_connection.await else {
+        tracing::warn!("shutdown: no second connection for replies; unsubscribing without a drain");
+        if let Err(err) = endpoint.stop().await {
+            tracing::warn!(%err, "unsubscribe failed");
+        }
+        while let Ok(Some(request)) =
+            tokio::time::timeout(Duration::from_millis(200), endpoint.next()).await
+        {
+            intake.admit(request).await;
+        }
+        return None;
+    };
+    tracing::info!("shutdown: draining the request subscription");
+    let _ = intake.replier.draining.set(spare.clone());
+    if let Err(err) = client.drain().await {
+        tracing::warn!(%err, "drain failed");
     }
-    // Messages the server delivered before the unsubscribe are still ours to answer.
-    while let Ok(Some(request)) =
-        tokio::time::timeout(Duration::from_millis(200), endpoint.next()).await
-    {
+    // Ends when the server has confirmed the unsubscribe: nothing is routed here after that.
+    while let Ok(Some(request)) = tokio::time::timeout(DRAIN_TIMEOUT, endpoint.next()).await {
         intake.admit(request).await;
     }
+    Some(spare)
 }
 
 impl Intake {
@@ -198,7 +234,7 @@ impl Intake {
             Err(err) => {
                 metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => err.kind())
                     .increment(1);
-                respond(&request, Err(err)).await;
+                self.replier.respond(&request, Err(err)).await;
                 return;
             }
         };
@@ -214,6 +250,7 @@ impl Intake {
             (Arc::clone(&self.withdrawable), id)
         });
         let reply_limit = Arc::clone(&self.reply_limit);
+        let replier = Arc::clone(&self.replier);
         self.replies.spawn(async move {
             let outcome = tokio::select! {
                 outcome = receiver => outcome.unwrap_or_else(|_| {
@@ -231,7 +268,7 @@ impl Intake {
                 reply_limit.observe(inputs, reply.payload.len())?;
                 Ok(reply)
             });
-            respond(&request, outcome).await;
+            replier.respond(&request, outcome).await;
         });
     }
 
@@ -272,30 +309,45 @@ impl Intake {
     }
 }
 
-/// Sends the reply: TEI's response body with timing headers, or TEI's error body with NATS
-/// micro error headers (`Nats-Service-Error-Code`, `Nats-Service-Error`).
-async fn respond(request: &Request, outcome: Outcome) {
-    let mut reply_headers = HeaderMap::new();
-    let payload = match outcome {
-        Ok(reply) => {
-            for (name, value) in reply::success_headers(reply.queue_time, reply.inference_time) {
-                reply_headers.insert(name, value.as_str());
+impl Replier {
+    /// Sends the reply: TEI's response body with timing headers, or TEI's error body with NATS
+    /// micro error headers (`Nats-Service-Error-Code`, `Nats-Service-Error`).
+    async fn respond(&self, request: &Request, outcome: Outcome) {
+        let mut reply_headers = HeaderMap::new();
+        let payload = match outcome {
+            Ok(reply) => {
+                for (name, value) in reply::success_headers(reply.queue_time, reply.inference_time)
+                {
+                    reply_headers.insert(name, value.as_str());
+                }
+                reply.payload
             }
-            reply.payload
-        }
-        Err(err) => {
-            for (name, value) in reply::error_headers(&err) {
-                reply_headers.insert(name, value.as_str());
+            Err(err) => {
+                for (name, value) in reply::error_headers(&err) {
+                    reply_headers.insert(name, value.as_str());
+                }
+                err.to_json().into()
             }
-            err.to_json().into()
+        };
+        if let Some(spare) = self.draining.get() {
+            let Some(inbox) = request.message.reply.clone() else {
+                return;
+            };
+            if let Err(err) = spare
+                .publish_with_headers(inbox, reply_headers, payload)
+                .await
+            {
+                tracing::warn!(%err, "cannot publish reply");
+            }
+            return;
         }
-    };
-    // Error replies go out as payloads with error headers (not `Err(..)`), because async-nats
-    // sends an empty body for `Err` and the contract promises TEI's error body.
-    if let Err(err) = request
-        .respond_with_headers(Ok(payload), reply_headers)
-        .await
-    {
-        tracing::warn!(%err, "cannot publish reply");
+        // Error replies go out as payloads with error headers (not `Err(..)`), because async-nats
+        // sends an empty body for `Err` and the contract promises TEI's error body.
+        if let Err(err) = request
+            .respond_with_headers(Ok(payload), reply_headers)
+            .await
+        {
+            tracing::warn!(%err, "cannot publish reply");
+        }
     }
 }

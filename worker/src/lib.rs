@@ -12,6 +12,7 @@
 pub mod batcher;
 pub mod config;
 pub mod http;
+mod info;
 pub mod intake;
 pub mod telemetry;
 pub mod upstream;
@@ -32,38 +33,57 @@ use crate::upstream::{AnyUpstream, Upstream};
 /// Why the worker could not start or run.
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
-    /// The NATS server could not be reached.
-    #[error("cannot connect to NATS at {url}: {source}")]
-    Connect {
-        /// The configured URL.
-        url: String,
+    /// NATS could not be reached, or refused the credentials (the message names the servers,
+    /// redacted).
+    #[error(transparent)]
+    Connect(#[from] embatch_runtime::NatsError),
+    /// The NATS micro service, one of its endpoints or the cancel subscription could not be
+    /// set up.
+    #[error("cannot register the NATS service ({what}): {source}")]
+    Service {
+        /// What was being set up, e.g. `endpoint embed`.
+        what: &'static str,
         /// The client's error.
-        source: async_nats::ConnectError,
+        source: async_nats::Error,
     },
-    /// The NATS micro service or its endpoint could not be registered.
-    #[error("cannot register the NATS service: {0}")]
-    Service(String),
     /// The built-in model could not be loaded.
     #[error(
-        "cannot load the model from {origin}: {message} (run scripts/fetch-model.sh, or set TEI_URL)"
+        "cannot load the model from {origin}: {source} (run scripts/fetch-model.sh, or set TEI_URL)"
     )]
     Model {
         /// The configured model directory or hub id.
         origin: String,
         /// What went wrong.
-        message: String,
+        source: ModelError,
     },
     /// The upstream client could not be built.
     #[error("cannot set up the upstream: {0}")]
     Upstream(#[from] embatch_protocol::EmbedError),
-    /// The metrics/health server could not start.
-    #[error("cannot serve /metrics on {addr}: {message}")]
+    /// The metrics recorder could not be installed.
+    #[error("cannot install the metrics recorder: {0}")]
+    Metrics(#[from] metrics_exporter_prometheus::BuildError),
+    /// The metrics/health server could not bind its address.
+    #[error("cannot serve /metrics on {addr}: {source}")]
     Http {
-        /// The configured address.
-        addr: String,
-        /// What went wrong.
-        message: String,
+        /// `--metrics-addr`.
+        addr: std::net::SocketAddr,
+        /// The bind error.
+        source: std::io::Error,
     },
+}
+
+/// Why the built-in model could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// The files are missing or invalid, or the hub could not serve them.
+    #[error(transparent)]
+    Load(#[from] embatch_local_model::LoadError),
+    /// This build cannot fetch from the hub.
+    #[error("this build has no `hub` feature; use --model-dir")]
+    NoHub,
+    /// The loading task panicked or was cancelled.
+    #[error("the loading task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
 }
 
 /// Builds the upstream the configuration names: TEI when `--tei-url` is set, else the built-in
@@ -76,7 +96,7 @@ pub async fn build_upstream(config: &Config) -> Result<AnyUpstream, WorkerError>
     match &config.tei_url {
         Some(url) => {
             let tei = upstream::tei::TeiUpstream::connect(&upstream::tei::TeiConfig {
-                base_url: url.clone(),
+                base_url: url.to_string(),
                 api_key: config.tei_api_key.clone(),
                 timeout: config.upstream_timeout,
                 fallback_max_batch_size: config.max_batch_size,
@@ -85,23 +105,20 @@ pub async fn build_upstream(config: &Config) -> Result<AnyUpstream, WorkerError>
             Ok(AnyUpstream::Tei(tei))
         }
         None => {
-            let source = match &config.model_id {
+            let origin = match &config.model_id {
                 Some(id) => id.clone(),
                 None => config.model_dir.display().to_string(),
             };
-            let model_error = |message: String| WorkerError::Model {
-                origin: source.clone(),
-                message,
-            };
             let model_id = config.model_id.clone();
             let dir = config.model_dir.clone();
-            let model = tokio::task::spawn_blocking(move || match model_id {
+            let loaded = tokio::task::spawn_blocking(move || match model_id {
                 Some(id) => load_from_hub(&id),
-                None => embatch_local_model::LocalModel::load(&dir).map_err(|e| e.to_string()),
+                None => Ok(embatch_local_model::LocalModel::load(&dir)?),
             })
             .await
-            .map_err(|e| model_error(e.to_string()))?
-            .map_err(model_error)?;
+            .map_err(ModelError::from)
+            .and_then(|model| model);
+            let model = loaded.map_err(|source| WorkerError::Model { origin, source })?;
             Ok(AnyUpstream::Local(upstream::local::LocalUpstream::new(
                 model,
             )))
@@ -110,15 +127,13 @@ pub async fn build_upstream(config: &Config) -> Result<AnyUpstream, WorkerError>
 }
 
 #[cfg(feature = "hub")]
-fn load_from_hub(model_id: &str) -> Result<embatch_local_model::LocalModel, String> {
-    embatch_local_model::LocalModel::from_hub(model_id).map_err(|e| e.to_string())
+fn load_from_hub(model_id: &str) -> Result<embatch_local_model::LocalModel, ModelError> {
+    Ok(embatch_local_model::LocalModel::from_hub(model_id)?)
 }
 
 #[cfg(not(feature = "hub"))]
-fn load_from_hub(model_id: &str) -> Result<embatch_local_model::LocalModel, String> {
-    Err(format!(
-        "cannot fetch {model_id}: this build has no `hub` feature; use --model-dir"
-    ))
+fn load_from_hub(_model_id: &str) -> Result<embatch_local_model::LocalModel, ModelError> {
+    Err(ModelError::NoHub)
 }
 
 /// Runs a worker on `client` with `upstream` until `shutdown` resolves, then drains gracefully:
@@ -146,13 +161,28 @@ pub async fn run<U: Upstream>(
         .queue_group(&config.queue_group)
         .start(SERVICE_NAME, env!("CARGO_PKG_VERSION"))
         .await
-        .map_err(|e| WorkerError::Service(e.to_string()))?;
+        .map_err(|source| WorkerError::Service {
+            what: "service",
+            source,
+        })?;
     let endpoint = service
         .endpoint_builder()
         .name("embed")
         .add(&config.subject)
         .await
-        .map_err(|e| WorkerError::Service(e.to_string()))?;
+        .map_err(|source| WorkerError::Service {
+            what: "endpoint embed",
+            source,
+        })?;
+    let info_endpoint = service
+        .endpoint_builder()
+        .name(info::ENDPOINT)
+        .add(info::subject(&config.subject))
+        .await
+        .map_err(|source| WorkerError::Service {
+            what: "endpoint info",
+            source,
+        })?;
     tracing::info!(
         subject = %config.subject,
         queue_group = %config.queue_group,
@@ -169,18 +199,29 @@ pub async fn run<U: Upstream>(
     let cancels = client
         .subscribe(embatch_protocol::headers::cancel_subject(&config.subject))
         .await
-        .map_err(|e| {
-            WorkerError::Service(format!("cannot subscribe to the cancel subject: {e}"))
+        .map_err(|source| WorkerError::Service {
+            what: "cancel subscription",
+            source: source.into(),
         })?;
-    intake::run(
+    let info_task = tokio::spawn(info::serve(
+        info_endpoint,
+        Arc::clone(&upstream),
+        config.max_client_batch_size,
+    ));
+    let spare = intake::run(
         endpoint,
         cancels,
         batcher,
         intake_config,
         replies.clone(),
         shutdown,
+        client.clone(),
+        reply_connection(config),
     )
     .await;
+    // After a drain the service's connection is closed: the rest goes out on the spare one.
+    let client = spare.unwrap_or(client);
+    info_task.abort();
 
     // The intake dropped the last batcher handle: the batcher flushes and answers what it holds.
     replies.close();
@@ -209,22 +250,34 @@ pub async fn run<U: Upstream>(
     Ok(())
 }
 
-/// Connects to NATS as a worker: named, with a subscription buffer well above `QUEUE_CAP` so
-/// the worker's own bound is always the one that bites.
-///
-/// `--nats-url` may list several servers, comma-separated, tried in the order given (see
-/// [`embatch_client::connect`]).
+/// The second connection that carries replies while the service's connection drains at
+/// shutdown; `None` if it cannot be had within 2 s.
+async fn reply_connection(config: &Config) -> Option<async_nats::Client> {
+    let connect = config
+        .nats
+        .connect("embatch-worker-drain", async_nats::ConnectOptions::new());
+    match tokio::time::timeout(Duration::from_secs(2), connect).await {
+        Ok(Ok(client)) => Some(client),
+        Ok(Err(err)) => {
+            tracing::warn!(%err, "cannot open a connection for replies during the drain");
+            None
+        }
+        Err(_) => {
+            tracing::warn!("cannot open a connection for replies during the drain: timed out");
+            None
+        }
+    }
+}
+
+/// Connects to NATS as a worker (`embatch-worker`), to the servers of `--nats-url` in the order
+/// given, with the configured credentials and TLS (see [`embatch_runtime::NatsArgs`]), and a
+/// subscription buffer well above `QUEUE_CAP` so the worker's own bound is always the one that
+/// bites.
 ///
 /// # Errors
-/// [`WorkerError::Connect`] when no server in `--nats-url` answers.
+/// [`WorkerError::Connect`] when no server accepts the connection.
 pub async fn connect(config: &Config) -> Result<async_nats::Client, WorkerError> {
     let options = async_nats::ConnectOptions::new()
-        .name("embatch-worker")
         .subscription_capacity(config.queue_cap.saturating_mul(4).max(65_536));
-    embatch_client::connect_with(&config.nats_url, options)
-        .await
-        .map_err(|source| WorkerError::Connect {
-            url: config.nats_url.clone(),
-            source,
-        })
+    Ok(config.nats.connect("embatch-worker", options).await?)
 }

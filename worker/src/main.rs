@@ -14,31 +14,8 @@ async fn run(config: Config) -> Result<(), WorkerError> {
     tracing::info!(config = ?config, "starting embatch-worker");
     let client = embatch_worker::connect(&config).await?;
     let upstream = embatch_worker::build_upstream(&config).await?;
-    if let Some(addr) = config.metrics_socket().map_err(|e| WorkerError::Http {
-        addr: config.metrics_addr.clone(),
-        message: e.to_string(),
-    })? {
-        let handle = telemetry::init_metrics().map_err(|e| WorkerError::Http {
-            addr: addr.to_string(),
-            message: e.to_string(),
-        })?;
-        let listener =
-            tokio::net::TcpListener::bind(addr)
-                .await
-                .map_err(|e| WorkerError::Http {
-                    addr: addr.to_string(),
-                    message: e.to_string(),
-                })?;
-        let app = http::app(http::HttpState {
-            metrics: handle,
-            client: client.clone(),
-        });
-        tokio::spawn(async move {
-            if let Err(err) = axum::serve(listener, app).await {
-                tracing::error!(%err, "metrics server stopped");
-            }
-        });
-        tracing::info!(%addr, "serving /metrics and /health");
+    if let Some(addr) = config.metrics_addr.0 {
+        http::spawn(addr, client.clone()).await?;
     }
     embatch_worker::run(client, upstream, &config, embatch_worker::shutdown_signal()).await
 }

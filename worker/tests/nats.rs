@@ -306,8 +306,13 @@ async fn the_worker_registers_as_a_nats_micro_service() {
         info["metadata"]["protocol_version"],
         embatch_protocol::PROTOCOL_VERSION
     );
-    assert_eq!(info["endpoints"][0]["subject"], "embed");
-    assert_eq!(info["endpoints"][0]["queue_group"], "embatch");
+    let endpoints = info["endpoints"].as_array().expect("endpoints");
+    let embed = endpoints
+        .iter()
+        .find(|e| e["name"] == "embed")
+        .expect("an `embed` endpoint");
+    assert_eq!(embed["subject"], "embed");
+    assert_eq!(embed["queue_group"], "embatch");
     stack.worker.stop().await;
 }
 

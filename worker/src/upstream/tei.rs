@@ -11,6 +11,11 @@ use super::{Embedding, Upstream, UpstreamError};
 pub struct TeiUpstream {
     client: reqwest::Client,
     embed_url: String,
+    /// `{tei_url}/info`.
+    info_url: String,
+    /// TEI's `GET /info` document as read at start-up, or on the first [`Upstream::info`] call
+    /// after a start-up read failed.
+    info: tokio::sync::OnceCell<serde_json::Value>,
     max_batch_size: usize,
     /// `UPSTREAM_TIMEOUT`, reported in [`UpstreamError::Timeout`].
     timeout: Duration,
@@ -22,14 +27,14 @@ pub struct TeiConfig {
     /// Base URL, `http://` (e.g. `http://tei:80`); this build has no TLS.
     pub base_url: String,
     /// Bearer token for `Authorization`, when TEI runs with `--api-key` or behind a hosted endpoint.
-    pub api_key: Option<crate::config::Secret>,
+    pub api_key: Option<embatch_runtime::Secret>,
     /// Timeout of one call.
     pub timeout: Duration,
     /// Batch limit used when `/info` cannot be read.
     pub fallback_max_batch_size: usize,
 }
 
-/// The part of TEI's `GET /info` the worker uses.
+/// The part of TEI's `GET /info` the worker uses for batching.
 #[derive(Debug, Deserialize)]
 struct TeiInfo {
     max_client_batch_size: usize,
@@ -56,10 +61,11 @@ impl TeiUpstream {
         let base = config.base_url.trim_end_matches('/');
         let mut headers = reqwest::header::HeaderMap::new();
         if let Some(key) = &config.api_key {
-            let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {}", key.0))
-                .map_err(|_| {
-                    EmbedError::Unavailable("TEI_API_KEY is not a valid header value".into())
-                })?;
+            let mut value =
+                reqwest::header::HeaderValue::from_str(&format!("Bearer {}", key.expose()))
+                    .map_err(|_| {
+                        EmbedError::Unavailable("TEI_API_KEY is not a valid header value".into())
+                    })?;
             value.set_sensitive(true);
             headers.insert(reqwest::header::AUTHORIZATION, value);
         }
@@ -73,13 +79,23 @@ impl TeiUpstream {
             .tcp_nodelay(true)
             .build()
             .map_err(|e| EmbedError::Unavailable(format!("cannot build HTTP client: {e}")))?;
-        let max_batch_size = match read_info(&client, base).await {
-            Ok(info) => {
-                tracing::info!(
-                    max_client_batch_size = info.max_client_batch_size,
-                    "read TEI /info"
-                );
-                info.max_client_batch_size.max(1)
+        let info_url = format!("{base}/info");
+        let info = tokio::sync::OnceCell::new();
+        let limit = match read_info(&client, &info_url, timeout).await {
+            Ok(document) => {
+                let limit = serde_json::from_value::<TeiInfo>(document.clone())
+                    .map(|i| i.max_client_batch_size)
+                    .map_err(|e| UpstreamError::Malformed(format!("TEI /info: {e}")));
+                // Kept for the worker's `info` endpoint even when the batch limit is missing.
+                let _ = info.set(document);
+                limit
+            }
+            Err(err) => Err(err),
+        };
+        let max_batch_size = match limit {
+            Ok(max_client_batch_size) => {
+                tracing::info!(max_client_batch_size, "read TEI /info");
+                max_client_batch_size.max(1)
             }
             Err(err) => {
                 tracing::warn!(%err, fallback_max_batch_size, "cannot read TEI /info; using fallback batch limit");
@@ -89,20 +105,37 @@ impl TeiUpstream {
         Ok(TeiUpstream {
             client,
             embed_url: format!("{base}/embed"),
+            info_url,
+            info,
             max_batch_size,
             timeout,
         })
     }
 }
 
-async fn read_info(client: &reqwest::Client, base: &str) -> Result<TeiInfo, reqwest::Error> {
-    client
-        .get(format!("{base}/info"))
+/// `GET {tei_url}/info` as JSON; errors by cause, as for `/embed`.
+async fn read_info(
+    client: &reqwest::Client,
+    url: &str,
+    timeout: Duration,
+) -> Result<serde_json::Value, UpstreamError> {
+    let response = client
+        .get(url)
         .send()
-        .await?
-        .error_for_status()?
-        .json::<TeiInfo>()
         .await
+        .map_err(|e| transport_error(e, timeout))?;
+    let status = response.status();
+    let body = response
+        .bytes()
+        .await
+        .map_err(|e| transport_error(e, timeout))?;
+    if !status.is_success() {
+        return Err(UpstreamError::Http {
+            status: status.as_u16(),
+            body: String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned(),
+        });
+    }
+    serde_json::from_slice(&body).map_err(|e| UpstreamError::Malformed(format!("TEI /info: {e}")))
 }
 
 impl Upstream for TeiUpstream {
@@ -147,6 +180,15 @@ impl Upstream for TeiUpstream {
 
     fn max_batch_size(&self) -> usize {
         self.max_batch_size
+    }
+
+    /// TEI's own `GET /info` document, verbatim: the one read at start-up, or (when that read
+    /// failed) read now and kept once it succeeds.
+    async fn info(&self) -> Result<serde_json::Value, UpstreamError> {
+        self.info
+            .get_or_try_init(|| read_info(&self.client, &self.info_url, self.timeout))
+            .await
+            .cloned()
     }
 }
 

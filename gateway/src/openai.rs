@@ -1,0 +1,450 @@
+//! OpenAI's embeddings API (`POST /v1/embeddings`, `POST /embeddings`): the request and response
+//! shapes, the translation to and from TEI's `/embed` shapes, and OpenAI's error shape.
+//!
+//! The routes translate an OpenAI request into an [`EmbedRequest`] body and send it down the same
+//! path as `POST /embed` (same NATS request, deadline and in-flight limit), so requests of every
+//! route are batched together by the workers; the worker's reply (TEI's `[[f32, ...], ...]`) is
+//! then re-shaped into OpenAI's response.
+
+use base64::Engine as _;
+use embatch_protocol::request::Inputs;
+use embatch_protocol::{EmbedError, EmbedRequest};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+/// OpenAI's `POST /v1/embeddings` body.
+///
+/// ```json
+/// {"input": "one text" | ["text", ...], "model": "name", "encoding_format": "float",
+///  "dimensions": 256, "user": "ignored"}
+/// ```
+/// Only `input` is required (OpenAI requires `model` too; here it is only echoed back). Arrays
+/// of token ids, which OpenAI also accepts as `input`, are refused with 422. Unknown fields are
+/// ignored.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct EmbeddingsRequest {
+    /// One text or an array of texts; one embedding each, in order.
+    pub input: Inputs,
+    /// The model name, echoed in the response's `model` (the workers' model is used whatever it
+    /// says).
+    #[serde(default)]
+    pub model: Option<String>,
+    /// How embeddings are encoded in the response (absent or `null`: `float`).
+    #[serde(default)]
+    pub encoding_format: Option<EncodingFormat>,
+    /// Matryoshka output size: keep the first `dimensions` values (TEI's `dimensions`).
+    #[serde(default)]
+    pub dimensions: Option<usize>,
+    /// OpenAI's end-user id: accepted and ignored.
+    #[serde(default)]
+    pub user: Option<String>,
+}
+
+/// OpenAI's `encoding_format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EncodingFormat {
+    /// A JSON array of numbers per embedding (OpenAI's default).
+    #[default]
+    Float,
+    /// One string per embedding: standard base64 (with padding) of the vector's f32 values as
+    /// little-endian bytes, 4 bytes per value, as OpenAI and TEI encode it (the `openai` Python
+    /// SDK asks for this by default and decodes it with `numpy.frombuffer(..., "float32")`).
+    Base64,
+}
+
+/// What the response needs from the request, once the request itself has been sent on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplyShape {
+    /// Echoed as the response's `model`: the request's `model`, or `""` when it had none.
+    pub model: String,
+    /// The response's encoding.
+    pub encoding_format: EncodingFormat,
+}
+
+impl EmbeddingsRequest {
+    /// Parses an OpenAI request body.
+    ///
+    /// # Errors
+    /// [`OpenAiError`] wrapping [`EmbedError::Validation`] (422), with `param` naming the
+    /// offending top-level field, for malformed JSON, a missing `input` or a field of the wrong
+    /// type (e.g. token ids as `input`, an unknown `encoding_format`).
+    pub fn from_slice(body: &[u8]) -> Result<EmbeddingsRequest, OpenAiError> {
+        let mut de = serde_json::Deserializer::from_slice(body);
+        let request: EmbeddingsRequest =
+            serde_path_to_error::deserialize(&mut de).map_err(|err| {
+                let path = err.path().to_string();
+                let inner = err.into_inner();
+                if inner.is_syntax() || inner.is_eof() {
+                    OpenAiError::new(EmbedError::Validation(format!(
+                        "the request body is not valid JSON: {inner}"
+                    )))
+                } else if path == "." || path.is_empty() {
+                    OpenAiError::new(EmbedError::Validation(format!(
+                        "invalid request body: {inner}"
+                    )))
+                } else {
+                    let param = path.split(['.', '[']).next().unwrap_or_default().to_owned();
+                    OpenAiError {
+                        error: EmbedError::Validation(format!("`{path}`: {inner}")),
+                        param: Some(param),
+                    }
+                }
+            })?;
+        de.end().map_err(|err| {
+            OpenAiError::new(EmbedError::Validation(format!(
+                "invalid request body: {err}"
+            )))
+        })?;
+        Ok(request)
+    }
+
+    /// Translates the request into TEI's `/embed` request (`inputs`, `normalize: true` as OpenAI's
+    /// embeddings are unit length, `dimensions`; truncation left to the upstream's default) and
+    /// what the response needs.
+    pub fn into_embed_request(self) -> (EmbedRequest, ReplyShape) {
+        let request = EmbedRequest {
+            inputs: self.input,
+            normalize: true,
+            truncate: None,
+            truncation_direction: None,
+            prompt_name: None,
+            dimensions: self.dimensions,
+        };
+        let shape = ReplyShape {
+            model: self.model.unwrap_or_default(),
+            encoding_format: self.encoding_format.unwrap_or_default(),
+        };
+        (request, shape)
+    }
+}
+
+/// OpenAI's embeddings response:
+/// `{"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [...]}],
+///   "model": "...", "usage": {"prompt_tokens": 0, "total_tokens": 0}}`.
+#[derive(Debug, Serialize)]
+pub struct EmbeddingsResponse {
+    /// Always `"list"`.
+    pub object: &'static str,
+    /// One entry per input, in input order.
+    pub data: Vec<EmbeddingObject>,
+    /// The request's `model`, echoed.
+    pub model: String,
+    /// Token counts: see [`Usage`].
+    pub usage: Usage,
+}
+
+/// One embedding of [`EmbeddingsResponse::data`].
+#[derive(Debug, Serialize)]
+pub struct EmbeddingObject {
+    /// Always `"embedding"`.
+    pub object: &'static str,
+    /// The input's position in the request, from 0.
+    pub index: usize,
+    /// The vector, encoded as the request's `encoding_format` asked.
+    pub embedding: EmbeddingValue,
+}
+
+/// An embedding in the response's encoding.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum EmbeddingValue {
+    /// `encoding_format: "float"`: the worker's JSON array, passed through as is (its numbers are
+    /// never re-encoded).
+    Float(Box<RawValue>),
+    /// `encoding_format: "base64"`: see [`EncodingFormat::Base64`].
+    Base64(String),
+}
+
+/// OpenAI's `usage`. The worker's reply carries no token counts, so both are always `0` (not an
+/// estimate: a count that looks real but is not would mislead cost accounting).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct Usage {
+    /// Tokens in the inputs: always 0 (not counted).
+    pub prompt_tokens: u64,
+    /// Same as `prompt_tokens`: embeddings produce no output tokens.
+    pub total_tokens: u64,
+}
+
+/// Re-shapes a worker's reply `payload` (TEI's `[[f32, ...], ...]`) into OpenAI's response body,
+/// serialized.
+///
+/// # Errors
+/// [`EmbedError::Backend`] (424) when the payload is not an array of float arrays.
+pub fn response_body(payload: &[u8], shape: ReplyShape) -> Result<Vec<u8>, EmbedError> {
+    let malformed =
+        |e: serde_json::Error| EmbedError::Backend(format!("malformed reply from the worker: {e}"));
+    let embeddings: Vec<Box<RawValue>> = serde_json::from_slice(payload).map_err(malformed)?;
+    let data = embeddings
+        .into_iter()
+        .enumerate()
+        .map(|(index, raw)| {
+            let embedding = match shape.encoding_format {
+                EncodingFormat::Float => EmbeddingValue::Float(raw),
+                EncodingFormat::Base64 => {
+                    let vector: Vec<f32> = serde_json::from_str(raw.get()).map_err(malformed)?;
+                    EmbeddingValue::Base64(encode_base64(&vector))
+                }
+            };
+            Ok(EmbeddingObject {
+                object: "embedding",
+                index,
+                embedding,
+            })
+        })
+        .collect::<Result<Vec<_>, EmbedError>>()?;
+    let response = EmbeddingsResponse {
+        object: "list",
+        data,
+        model: shape.model,
+        usage: Usage::default(),
+    };
+    serde_json::to_vec(&response)
+        .map_err(|e| EmbedError::Backend(format!("cannot encode the response: {e}")))
+}
+
+/// Standard base64 (with padding) of `vector`'s values as little-endian f32 bytes: see
+/// [`EncodingFormat::Base64`].
+pub fn encode_base64(vector: &[f32]) -> String {
+    let bytes: Vec<u8> = vector.iter().flat_map(|v| v.to_le_bytes()).collect();
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// An error answered in OpenAI's shape, with the HTTP status the TEI route gives the same error
+/// ([`EmbedError::status`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{error}")]
+pub struct OpenAiError {
+    /// The error, as the TEI route would answer it.
+    pub error: EmbedError,
+    /// The request field at fault (OpenAI's `param`), when known.
+    pub param: Option<String>,
+}
+
+/// OpenAI's error body: `{"error": {"message", "type", "param", "code"}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorResponse {
+    /// The error.
+    pub error: ErrorBody,
+}
+
+/// The inside of [`ErrorResponse`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// Human-readable message: the TEI route's message (TEI's `error`).
+    pub message: String,
+    /// OpenAI's error type; see [`OpenAiError::error_type`].
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The request field at fault (`input`, `dimensions`, `encoding_format`, ...) or `null`.
+    pub param: Option<String>,
+    /// Always `null`.
+    pub code: Option<String>,
+}
+
+impl From<EmbedError> for OpenAiError {
+    fn from(error: EmbedError) -> OpenAiError {
+        OpenAiError::new(error)
+    }
+}
+
+impl OpenAiError {
+    /// Wraps `error`, guessing `param` from it: `input` for an empty request or one with too
+    /// many inputs (messages naming `` `inputs` ``), `dimensions` for messages naming
+    /// `` `dimensions` ``, else none.
+    pub fn new(error: EmbedError) -> OpenAiError {
+        let message = error.to_string();
+        let param = if matches!(error, EmbedError::Empty(_)) || message.contains("`inputs`") {
+            Some("input".to_owned())
+        } else if message.contains("`dimensions`") {
+            Some("dimensions".to_owned())
+        } else {
+            None
+        };
+        OpenAiError { error, param }
+    }
+
+    /// The HTTP status: the TEI route's for the same error.
+    pub fn status(&self) -> u16 {
+        self.error.status()
+    }
+
+    /// OpenAI's `type` for the status: `rate_limit_error` for 429, `server_error` for 424 (the
+    /// upstream model failed) and 5xx, `invalid_request_error` for every other status (400, 413,
+    /// 422, ...).
+    pub fn error_type(&self) -> &'static str {
+        match self.status() {
+            429 => "rate_limit_error",
+            424 | 500.. => "server_error",
+            _ => "invalid_request_error",
+        }
+    }
+
+    /// The error body, in OpenAI's shape.
+    pub fn to_response(&self) -> ErrorResponse {
+        ErrorResponse {
+            error: ErrorBody {
+                message: self.error.to_string(),
+                kind: self.error_type().to_owned(),
+                param: self.param.clone(),
+                code: None,
+            },
+        }
+    }
+
+    /// The error body, serialized.
+    pub fn to_json(&self) -> Vec<u8> {
+        // A struct of strings cannot fail to serialize.
+        serde_json::to_vec(&self.to_response()).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use base64::Engine as _;
+
+    use super::*;
+
+    fn decode_base64(text: &str) -> Vec<f32> {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(text)
+            .expect("valid base64");
+        bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    }
+
+    #[test]
+    fn base64_is_little_endian_f32() {
+        // 1.0f32 = 0x3F800000 → bytes 00 00 80 3F; -2.0f32 = 0xC0000000 → 00 00 00 C0.
+        assert_eq!(encode_base64(&[1.0]), "AACAPw==");
+        assert_eq!(encode_base64(&[1.0, -2.0]), "AACAPwAAAMA=");
+        let known = [0.0, 1.0, -0.5, 0.123_456_79, f32::MIN_POSITIVE, 3.4e38];
+        assert_eq!(decode_base64(&encode_base64(&known)), known);
+    }
+
+    #[test]
+    fn request_translates_to_teis_shape() {
+        let request = EmbeddingsRequest::from_slice(
+            br#"{"input":["a","b"],"model":"m","encoding_format":"base64","dimensions":4,"user":"u"}"#,
+        )
+        .expect("valid");
+        let (embed, shape) = request.into_embed_request();
+        assert_eq!(
+            serde_json::to_value(&embed).expect("serializes"),
+            serde_json::json!({"inputs":["a","b"],"normalize":true,"dimensions":4})
+        );
+        assert_eq!(
+            shape,
+            ReplyShape {
+                model: "m".into(),
+                encoding_format: EncodingFormat::Base64
+            }
+        );
+        let (embed, shape) = EmbeddingsRequest::from_slice(br#"{"input":"a"}"#)
+            .expect("valid")
+            .into_embed_request();
+        assert_eq!(embed.inputs, Inputs::Single("a".into()));
+        assert_eq!(shape.encoding_format, EncodingFormat::Float);
+        assert_eq!(shape.model, "");
+    }
+
+    #[test]
+    fn bad_requests_name_the_param() {
+        let cases: [(&[u8], Option<&str>); 5] = [
+            (br#"{"input":[1,2]}"#, Some("input")),
+            (
+                br#"{"input":"a","encoding_format":"hex"}"#,
+                Some("encoding_format"),
+            ),
+            (br#"{"input":"a","dimensions":"x"}"#, Some("dimensions")),
+            (br#"{"model":"m"}"#, None),
+            (b"{nope", None),
+        ];
+        for (body, param) in cases {
+            let err = EmbeddingsRequest::from_slice(body).expect_err("invalid");
+            assert_eq!(err.status(), 422, "{err}");
+            assert_eq!(err.param.as_deref(), param, "{err}");
+        }
+    }
+
+    #[test]
+    fn response_reshapes_the_workers_reply() {
+        let payload = br#"[[1.0,-2.0],[0.5,0.25]]"#;
+        let float = response_body(
+            payload,
+            ReplyShape {
+                model: "m".into(),
+                encoding_format: EncodingFormat::Float,
+            },
+        )
+        .expect("reshapes");
+        let value: serde_json::Value = serde_json::from_slice(&float).expect("JSON");
+        assert_eq!(
+            value,
+            serde_json::json!({
+                "object": "list",
+                "data": [
+                    {"object": "embedding", "index": 0, "embedding": [1.0, -2.0]},
+                    {"object": "embedding", "index": 1, "embedding": [0.5, 0.25]},
+                ],
+                "model": "m",
+                "usage": {"prompt_tokens": 0, "total_tokens": 0},
+            })
+        );
+        let b64 = response_body(
+            payload,
+            ReplyShape {
+                model: String::new(),
+                encoding_format: EncodingFormat::Base64,
+            },
+        )
+        .expect("reshapes");
+        let value: serde_json::Value = serde_json::from_slice(&b64).expect("JSON");
+        assert_eq!(value["data"][0]["embedding"], "AACAPwAAAMA=");
+        let second = value["data"][1]["embedding"].as_str().expect("a string");
+        assert_eq!(decode_base64(second), [0.5, 0.25]);
+        let err = response_body(
+            b"{}",
+            ReplyShape {
+                model: String::new(),
+                encoding_format: EncodingFormat::Float,
+            },
+        )
+        .expect_err("not an array");
+        assert_eq!(err.status(), 424);
+    }
+
+    #[test]
+    fn errors_have_openais_shape_and_teis_status() {
+        let err = OpenAiError::from(EmbedError::Empty("`inputs` cannot be empty".into()));
+        assert_eq!(err.status(), 400);
+        let value: serde_json::Value = serde_json::from_slice(&err.to_json()).expect("JSON");
+        assert_eq!(
+            value,
+            serde_json::json!({"error": {
+                "message": "Input validation error: `inputs` cannot be empty",
+                "type": "invalid_request_error",
+                "param": "input",
+                "code": null,
+            }})
+        );
+        let overloaded = OpenAiError::from(EmbedError::Overloaded("queue is full".into()));
+        assert_eq!(overloaded.status(), 429);
+        assert_eq!(overloaded.to_response().error.kind, "rate_limit_error");
+        assert_eq!(overloaded.param, None);
+        let backend = OpenAiError::from(EmbedError::Backend("boom".into()));
+        assert_eq!(backend.status(), 424);
+        assert_eq!(backend.error_type(), "server_error");
+        let unavailable = OpenAiError::from(EmbedError::Unavailable("no worker".into()));
+        assert_eq!(unavailable.error_type(), "server_error");
+        let too_many = OpenAiError::from(EmbedError::TooLarge(
+            "`inputs` must have at most 2 elements. Given: 3".into(),
+        ));
+        assert_eq!(
+            (too_many.status(), too_many.param.as_deref()),
+            (413, Some("input"))
+        );
+    }
+}
