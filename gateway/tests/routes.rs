@@ -6,7 +6,7 @@ mod common;
 
 use base64::Engine as _;
 use common::start_gateway;
-use embatch_testkit::{NatsServer, RunningWorker, TeiConfig, double_vector, start_tei};
+use embatch_testkit::{NatsServer, RunningWorker, TeiConfig, double_vector, model_dir, start_tei};
 
 async fn post_json(url: &str, path: &str, body: &str) -> (u16, serde_json::Value) {
     let response = reqwest::Client::new()
@@ -221,6 +221,23 @@ async fn info_reports_the_workers_limit() {
     let (status, info) = get_json(&gateway.url, "/info").await;
     assert_eq!(status, 200, "{info}");
     assert_eq!(info["max_client_batch_size"], 100);
+    worker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn info_from_the_built_in_model() {
+    let nats = NatsServer::start();
+    let dir = model_dir();
+    let dir = dir.to_str().expect("UTF-8 model path");
+    let worker = RunningWorker::start(&nats, &["--model-dir", dir]).await;
+    let gateway = start_gateway(&nats, 1 << 20, 512).await;
+    let (status, info) = get_json(&gateway.url, "/info").await;
+    assert_eq!(status, 200, "{info}");
+    assert_eq!(info["model_id"], "all-MiniLM-L6-v2");
+    assert_eq!(info["max_input_length"], 256);
+    assert_eq!(info["max_client_batch_size"], 512);
+    assert_eq!(info["model_dtype"], "float32");
+    assert_eq!(info["auto_truncate"], false);
     worker.stop().await;
 }
 
