@@ -219,6 +219,13 @@ impl NatsArgs {
         if let Some(ca) = &self.nats_tls_ca {
             options = options.add_root_certificates(ca.clone()).require_tls(true);
         }
+        let explicit = self.nats_creds.is_some()
+            || self.nats_nkey.is_some()
+            || self.nats_user.is_some()
+            || self.nats_token.is_some();
+        if !explicit {
+            options = embatch_client::with_url_credentials(options, self.servers.addrs());
+        }
         if let (Some(cert), Some(key)) = (&self.nats_tls_cert, &self.nats_tls_key) {
             options = options
                 .add_client_certificate(cert.clone(), key.clone())

@@ -184,6 +184,7 @@ impl RunningWorker {
         let mut argv = vec!["embatch-worker", "--nats-url", url, "--metrics-addr", ""];
         argv.extend(args);
         let config = embatch_worker::Config::parse_from(argv);
+        let probe_nats = config.nats.clone();
         let client = embatch_worker::connect(&config)
             .await
             .expect("worker connects");
@@ -198,8 +199,11 @@ impl RunningWorker {
             .await
             .expect("worker runs");
         });
-        let servers: Vec<&str> = url.split(',').map(str::trim).collect();
-        let probe = async_nats::connect(servers).await.expect("probe connects");
+        // The probe connects as the worker does (same servers, credentials and TLS settings).
+        let probe = probe_nats
+            .connect("embatch-testkit-probe", async_nats::ConnectOptions::new())
+            .await
+            .expect("probe connects");
         let mut ready = false;
         for _ in 0..200 {
             if probe
