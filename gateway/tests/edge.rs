@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::{start_gateway_at, wait_until};
-use embatch_testkit::{NatsServer, RunningWorker, TeiConfig, start_tei};
+use embatch_testkit::{NatsServer, Stack, TeiConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -45,18 +45,13 @@ async fn read_to_close(stream: &mut TcpStream, limit: Duration) -> Option<Vec<u8
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_disconnects_costs_no_upstream_call() {
-    let nats = NatsServer::start();
     // One call at a time, one input per call, 600 ms each: a second request waits in the queue.
-    let tei = start_tei(TeiConfig {
-        base: Duration::from_millis(600),
-        ..TeiConfig::instant()
-    })
-    .await;
-    let worker = RunningWorker::start(
-        &nats,
+    let Stack { nats, tei, worker } = Stack::start(
+        TeiConfig {
+            base: Duration::from_millis(600),
+            ..TeiConfig::instant()
+        },
         &[
-            "--tei-url",
-            &tei.url,
             "--max-batch-size",
             "1",
             "--max-concurrent-batches",
@@ -104,9 +99,11 @@ async fn a_client_that_disconnects_costs_no_upstream_call() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_and_slow_connections_are_bounded() {
-    let nats = NatsServer::start();
-    let tei = start_tei(TeiConfig::instant()).await;
-    let worker = RunningWorker::start(&nats, &["--tei-url", &tei.url]).await;
+    let Stack {
+        nats,
+        tei: _tei,
+        worker,
+    } = Stack::start(TeiConfig::instant(), &[]).await;
     let gateway = start_gateway_at(
         &nats.url(),
         &["--max-connections", "2", "--header-read-timeout", "500ms"],
@@ -152,13 +149,14 @@ async fn idle_and_slow_connections_are_bounded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn beyond_max_in_flight_the_gateway_sheds_with_429_and_retry_after() {
-    let nats = NatsServer::start();
-    let tei = start_tei(TeiConfig {
-        base: Duration::from_millis(500),
-        ..TeiConfig::instant()
-    })
+    let Stack { nats, tei, worker } = Stack::start(
+        TeiConfig {
+            base: Duration::from_millis(500),
+            ..TeiConfig::instant()
+        },
+        &[],
+    )
     .await;
-    let worker = RunningWorker::start(&nats, &["--tei-url", &tei.url]).await;
     let gateway = start_gateway_at(&nats.url(), &["--max-in-flight", "1"], None).await;
 
     let url = gateway.url.clone();

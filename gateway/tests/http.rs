@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::start_gateway;
-use embatch_testkit::{NatsServer, RunningWorker, TeiConfig, double_vector, start_tei};
+use embatch_testkit::{NatsServer, Stack, TeiConfig, double_vector};
 
 async fn post(
     url: &str,
@@ -50,10 +50,8 @@ async fn without_workers_embed_is_503_and_health_is_503() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embeds_through_nats_and_reports_health_and_timings() {
-    let nats = NatsServer::start();
-    let tei = start_tei(TeiConfig::instant()).await;
-    let worker =
-        RunningWorker::start(&nats, &["--tei-url", &tei.url, "--max-wait-time", "2ms"]).await;
+    let Stack { nats, tei, worker } =
+        Stack::start(TeiConfig::instant(), &["--max-wait-time", "2ms"]).await;
     let gateway = start_gateway(&nats, 1 << 20, 64).await;
 
     let health = reqwest::get(format!("{}/health", gateway.url))
@@ -91,35 +89,14 @@ async fn embeds_through_nats_and_reports_health_and_timings() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gets_teis_error_bodies_and_nothing_reaches_the_workers() {
-    let nats = NatsServer::start();
-    let tei = start_tei(TeiConfig::instant()).await;
-    let worker = RunningWorker::start(&nats, &["--tei-url", &tei.url]).await;
+    let Stack { nats, tei, worker } = Stack::start(TeiConfig::instant(), &[]).await;
     let gateway = start_gateway(&nats, 256, 3).await;
     let big = format!(r#"{{"inputs":"{}"}}"#, "x".repeat(300));
-    let cases: [(&str, u16, &str, &str); 7] = [
-        ("{oops", 422, "Validation", "not valid JSON"),
-        (r#"{"inputs":[]}"#, 400, "Empty", "cannot be empty"),
-        (r#"{"inputs":[1]}"#, 422, "Validation", "`inputs[0]`"),
-        (
-            r#"{"inputs":"a","truncate":"no"}"#,
-            422,
-            "Validation",
-            "`truncate`",
-        ),
-        (
-            r#"{"inputs":"a","dimensions":0}"#,
-            422,
-            "Validation",
-            "`dimensions`",
-        ),
-        (
-            r#"{"inputs":["a","b","c","d"]}"#,
-            413,
-            "Validation",
-            "at most 3 elements. Given: 4",
-        ),
-        (&big, 413, "Validation", "at most 256 bytes"),
-    ];
+    let too_big = (big.as_str(), 413, "Validation", "at most 256 bytes");
+    let cases = embatch_testkit::BAD_REQUESTS
+        .iter()
+        .copied()
+        .chain(std::iter::once(too_big));
     for (body, status, kind, needle) in cases {
         let (got, _, reply) = post(&gateway.url, body, &[]).await;
         assert_eq!(got, status, "{body} → {reply}");
@@ -142,14 +119,18 @@ async fn bad_input_gets_teis_error_bodies_and_nothing_reaches_the_workers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_timeout_shorter_than_the_upstream_gets_504() {
-    let nats = NatsServer::start();
-    let tei = start_tei(TeiConfig {
-        base: Duration::from_secs(2),
-        ..TeiConfig::instant()
-    })
+    let Stack {
+        nats,
+        tei: _tei,
+        worker,
+    } = Stack::start(
+        TeiConfig {
+            base: Duration::from_secs(2),
+            ..TeiConfig::instant()
+        },
+        &["--max-wait-time", "1ms"],
+    )
     .await;
-    let worker =
-        RunningWorker::start(&nats, &["--tei-url", &tei.url, "--max-wait-time", "1ms"]).await;
     let gateway = start_gateway(&nats, 1 << 20, 64).await;
     let started = std::time::Instant::now();
     let (status, _, body) = post(

@@ -6,7 +6,7 @@ mod common;
 
 use base64::Engine as _;
 use common::start_gateway;
-use embatch_testkit::{NatsServer, RunningWorker, TeiConfig, double_vector, model_dir, start_tei};
+use embatch_testkit::{NatsServer, RunningWorker, Stack, TeiConfig, double_vector, model_dir};
 
 async fn post_json(url: &str, path: &str, body: &str) -> (u16, serde_json::Value) {
     let response = reqwest::Client::new()
@@ -53,9 +53,11 @@ fn openai_vectors(body: &serde_json::Value) -> Vec<Vec<f32>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn post_root_is_embed() {
-    let nats = NatsServer::start();
-    let tei = start_tei(TeiConfig::instant()).await;
-    let worker = RunningWorker::start(&nats, &["--tei-url", &tei.url]).await;
+    let Stack {
+        nats,
+        tei: _tei,
+        worker,
+    } = Stack::start(TeiConfig::instant(), &[]).await;
     let gateway = start_gateway(&nats, 1 << 20, 64).await;
 
     let body = r#"{"inputs":["alpha","beta"]}"#;
@@ -76,9 +78,7 @@ async fn post_root_is_embed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_embeddings_float_and_base64_match_embed() {
-    let nats = NatsServer::start();
-    let tei = start_tei(TeiConfig::instant()).await;
-    let worker = RunningWorker::start(&nats, &["--tei-url", &tei.url]).await;
+    let Stack { nats, tei, worker } = Stack::start(TeiConfig::instant(), &[]).await;
     let gateway = start_gateway(&nats, 1 << 20, 64).await;
 
     let (_, embed) = post_json(&gateway.url, "/embed", r#"{"inputs":["alpha","beta"]}"#).await;
@@ -122,9 +122,7 @@ async fn openai_embeddings_float_and_base64_match_embed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_errors_have_openais_shape_and_the_tei_routes_status() {
-    let nats = NatsServer::start();
-    let tei = start_tei(TeiConfig::instant()).await;
-    let worker = RunningWorker::start(&nats, &["--tei-url", &tei.url]).await;
+    let Stack { nats, tei, worker } = Stack::start(TeiConfig::instant(), &[]).await;
     let gateway = start_gateway(&nats, 1 << 20, 3).await;
 
     // (OpenAI body, the equivalent /embed body, param)
@@ -179,13 +177,18 @@ async fn openai_without_workers_is_503() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn info_comes_from_a_worker() {
-    let nats = NatsServer::start();
-    let tei = start_tei(TeiConfig {
-        model_id: "acme/embedder".into(),
-        ..TeiConfig::instant()
-    })
+    let Stack {
+        nats,
+        tei: _tei,
+        worker,
+    } = Stack::start(
+        TeiConfig {
+            model_id: "acme/embedder".into(),
+            ..TeiConfig::instant()
+        },
+        &[],
+    )
     .await;
-    let worker = RunningWorker::start(&nats, &["--tei-url", &tei.url]).await;
     // The double's, the worker's and this gateway's limit are all 512 (the defaults).
     let gateway = start_gateway(&nats, 1 << 20, 512).await;
     let (status, info) = get_json(&gateway.url, "/info").await;
@@ -210,13 +213,11 @@ async fn info_comes_from_a_worker() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn info_reports_the_workers_limit() {
-    let nats = NatsServer::start();
-    let tei = start_tei(TeiConfig::instant()).await;
-    let worker = RunningWorker::start(
-        &nats,
-        &["--tei-url", &tei.url, "--max-client-batch-size", "100"],
-    )
-    .await;
+    let Stack {
+        nats,
+        tei: _tei,
+        worker,
+    } = Stack::start(TeiConfig::instant(), &["--max-client-batch-size", "100"]).await;
     let gateway = start_gateway(&nats, 1 << 20, 512).await;
     let (status, info) = get_json(&gateway.url, "/info").await;
     assert_eq!(status, 200, "{info}");

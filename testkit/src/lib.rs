@@ -160,6 +160,68 @@ pub async fn start_tei(config: TeiConfig) -> TeiDouble {
     TeiDouble::spawn(config).await.expect("bind the TEI double")
 }
 
+/// Bad request bodies that every entry point (gateway HTTP, direct NATS) refuses before any
+/// upstream work, with a limit of 3 inputs per request: `(body, status, error_type, a part of
+/// the message)`. Statuses and bodies follow TEI 1.9.3 except for token-id inputs (`[1]`), which
+/// TEI accepts and embatch refuses for now.
+pub const BAD_REQUESTS: &[(&str, u16, &str, &str)] = &[
+    ("{oops", 422, "Validation", "not valid JSON"),
+    (r#"{"inputs":[]}"#, 400, "Empty", "`inputs` cannot be empty"),
+    (r#"{"inputs":[1]}"#, 422, "Validation", "`inputs[0]`"),
+    (
+        r#"{"inputs":"a","truncate":"no"}"#,
+        422,
+        "Validation",
+        "`truncate`",
+    ),
+    (
+        r#"{"inputs":"a","normalize":"yes"}"#,
+        422,
+        "Validation",
+        "`normalize`",
+    ),
+    (
+        r#"{"inputs":"a","dimensions":0}"#,
+        422,
+        "Validation",
+        "`dimensions`",
+    ),
+    (
+        r#"{"normalize":true}"#,
+        422,
+        "Validation",
+        "missing field `inputs`",
+    ),
+    (
+        r#"{"inputs":["a","b","c","d"]}"#,
+        413,
+        "Validation",
+        "at most 3 elements. Given: 4",
+    ),
+];
+
+/// A real nats-server, the TEI double and an in-process worker on both: where most tests start.
+pub struct Stack {
+    /// The server; stopped when the stack is dropped.
+    pub nats: NatsServer,
+    /// The worker's upstream.
+    pub tei: TeiDouble,
+    /// The worker (`--tei-url` set to the double, then the caller's arguments).
+    pub worker: RunningWorker,
+}
+
+impl Stack {
+    /// Starts the three: the double as `tei`, the worker with `worker_args` after `--tei-url`.
+    pub async fn start(tei: TeiConfig, worker_args: &[&str]) -> Stack {
+        let nats = NatsServer::start();
+        let tei = start_tei(tei).await;
+        let mut argv = vec!["--tei-url", tei.url.as_str()];
+        argv.extend(worker_args);
+        let worker = RunningWorker::start(&nats, &argv).await;
+        Stack { nats, tei, worker }
+    }
+}
+
 /// An embatch worker running inside the test process until [`RunningWorker::stop`].
 pub struct RunningWorker {
     stop: Option<tokio::sync::oneshot::Sender<()>>,

@@ -7,33 +7,21 @@ use bytes::Bytes;
 use embatch_client::{EmbedClient, RequestError};
 use embatch_protocol::headers;
 use embatch_testkit::{
-    Faults, NatsServer, POISON, RunningWorker, TeiConfig, TeiDouble, double_vector, start_tei,
+    Faults, NatsServer, POISON, RunningWorker, TeiConfig, double_vector, start_tei,
 };
 
-/// A real nats-server, a TEI double configured as `tei_config`, a worker on both (with `args` after
-/// `--tei-url`) and a client; the server lives as long as the `Stack`.
+/// [`embatch_testkit::Stack`] and a client on its server.
 struct Stack {
-    _nats: NatsServer,
-    tei: TeiDouble,
-    worker: RunningWorker,
+    base: embatch_testkit::Stack,
     client: async_nats::Client,
 }
 
 async fn stack(tei_config: TeiConfig, args: &[&str]) -> Stack {
-    let nats = NatsServer::start();
-    let tei = start_tei(tei_config).await;
-    let mut argv = vec!["--tei-url", tei.url.as_str()];
-    argv.extend(args);
-    let worker = RunningWorker::start(&nats, &argv).await;
-    let client = async_nats::connect(nats.url())
+    let base = embatch_testkit::Stack::start(tei_config, args).await;
+    let client = async_nats::connect(base.nats.url())
         .await
         .expect("client connects");
-    Stack {
-        _nats: nats,
-        tei,
-        worker,
-        client,
-    }
+    Stack { base, client }
 }
 
 /// The reply of a direct NATS request sent through `embatch-client` with a 10 s budget: status
@@ -68,7 +56,7 @@ async fn concurrent_clients_share_full_batches_and_each_gets_its_own_slice() {
         &["--max-batch-size", "32", "--max-wait-time", "250ms"],
     )
     .await;
-    let (tei, client) = (&stack.tei, &stack.client);
+    let (tei, client) = (&stack.base.tei, &stack.client);
 
     let tasks: Vec<_> = (0..64)
         .map(|i| {
@@ -98,7 +86,7 @@ async fn concurrent_clients_share_full_batches_and_each_gets_its_own_slice() {
         vec![32, 32],
         "⌈64 / MAX_BATCH_SIZE 32⌉ = 2 full calls"
     );
-    stack.worker.stop().await;
+    stack.base.worker.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -133,7 +121,7 @@ async fn a_poisoned_request_fails_alone_over_nats() {
             assert_eq!(vectors(&body), vec![double_vector(&format!("ok {i}"))]);
         }
     }
-    stack.worker.stop().await;
+    stack.base.worker.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -178,7 +166,7 @@ async fn upstream_down_answers_503_fast_and_upstream_5xx_answers_424() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_deadline_gets_504_without_an_upstream_call() {
     let stack = stack(TeiConfig::instant(), &[]).await;
-    let (tei, client) = (&stack.tei, &stack.client);
+    let (tei, client) = (&stack.base.tei, &stack.client);
     // By hand, not through `embatch-client`: a 0 ms budget would time out in the client itself.
     let mut h = async_nats::HeaderMap::new();
     h.insert(headers::DEADLINE_MS, "0");
@@ -205,7 +193,7 @@ async fn an_expired_deadline_gets_504_without_an_upstream_call() {
         tei.calls().is_empty(),
         "no upstream work for an expired request"
     );
-    stack.worker.stop().await;
+    stack.base.worker.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -242,36 +230,14 @@ async fn beyond_queue_cap_requests_are_answered_429_at_once() {
     );
     let (code, _) = slow.await.expect("slow request");
     assert_eq!(code, 200, "the accepted request is still served");
-    stack.worker.stop().await;
+    stack.base.worker.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_teis_error_body_and_nats_error_headers() {
     let stack = stack(TeiConfig::instant(), &["--max-client-batch-size", "3"]).await;
-    let (tei, client) = (&stack.tei, &stack.client);
-    let cases = [
-        ("{not json", 422, "Validation", "not valid JSON"),
-        (r#"{"inputs":[]}"#, 400, "Empty", "`inputs` cannot be empty"),
-        (r#"{"inputs":[1,2]}"#, 422, "Validation", "`inputs[0]`"),
-        (
-            r#"{"inputs":"a","normalize":"yes"}"#,
-            422,
-            "Validation",
-            "`normalize`",
-        ),
-        (
-            r#"{"normalize":true}"#,
-            422,
-            "Validation",
-            "missing field `inputs`",
-        ),
-        (
-            r#"{"inputs":["a","b","c","d"]}"#,
-            413,
-            "Validation",
-            "at most 3 elements. Given: 4",
-        ),
-    ];
+    let (tei, client) = (&stack.base.tei, &stack.client);
+    let cases = embatch_testkit::BAD_REQUESTS.iter().copied();
     for (body, status, kind, needle) in cases {
         let (code, reply) = request(&client, body).await;
         assert_eq!(code, status, "{body} → {reply}");
@@ -289,7 +255,7 @@ async fn bad_requests_get_teis_error_body_and_nats_error_headers() {
     // And a good request after all of them still works.
     let (code, _) = request(&client, r#"{"inputs":"fine"}"#).await;
     assert_eq!(code, 200);
-    stack.worker.stop().await;
+    stack.base.worker.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -313,7 +279,7 @@ async fn the_worker_registers_as_a_nats_micro_service() {
         .expect("an `embed` endpoint");
     assert_eq!(embed["subject"], "embed");
     assert_eq!(embed["queue_group"], "embatch");
-    stack.worker.stop().await;
+    stack.base.worker.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
