@@ -28,9 +28,7 @@ async fn a_lone_request_leaves_after_max_wait_time() {
     let upstream = Recording::new(Duration::ZERO, usize::MAX);
     let (batcher, _task) = spawn(Arc::clone(&upstream), config(32, 5, 2));
     let start = Instant::now();
-    let rx = batcher
-        .submit(vec!["alone".into()], EmbedOptions::default(), far())
-        .expect("accepted");
+    let rx = submit(&batcher, &["alone"], far()).expect("accepted");
     tokio::time::sleep(Duration::from_millis(4)).await;
     assert!(upstream.calls().is_empty(), "sent before MAX_WAIT_TIME");
     let reply = outcome(rx).await.expect("ok");

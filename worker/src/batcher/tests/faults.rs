@@ -46,16 +46,12 @@ async fn an_upstream_failure_fails_only_its_batch_and_the_worker_keeps_serving()
     let upstream = Recording::new(Duration::ZERO, usize::MAX);
     *upstream.fail.lock().expect("lock") = Some(UpstreamError::Unreachable("down".into()));
     let (batcher, _task) = spawn(Arc::clone(&upstream), config(4, 5, 1));
-    let rx = batcher
-        .submit(vec!["a".into()], EmbedOptions::default(), far())
-        .expect("accepted");
+    let rx = submit(&batcher, &["a"], far()).expect("accepted");
     let err = outcome(rx).await.expect_err("upstream is down");
     assert_eq!(err.status(), 503);
     assert_eq!(upstream.calls().len(), 1, "no retry storm");
     *upstream.fail.lock().expect("lock") = None;
-    let rx = batcher
-        .submit(vec!["b".into()], EmbedOptions::default(), far())
-        .expect("accepted");
+    let rx = submit(&batcher, &["b"], far()).expect("accepted");
     assert_eq!(
         texts(&outcome(rx).await.expect("recovered")),
         vec!["b".to_string()]

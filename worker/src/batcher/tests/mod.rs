@@ -13,7 +13,7 @@ use serde_json::value::RawValue;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::{BatcherConfig, Outcome, QueueDelay, Reply};
+use super::{BatcherConfig, BatcherHandle, Outcome, QueueDelay, Reply};
 use crate::upstream::{Embedding, Upstream, UpstreamError};
 
 /// Records calls; answers each input with `["<input>"]` so replies prove identity. An input
@@ -89,6 +89,16 @@ fn config(max_batch_size: usize, max_wait_ms: u64, concurrent: usize) -> Batcher
         max_queue_bytes: 1 << 20,
         max_queue_delay: QueueDelay::Fixed(Duration::from_secs(3600)),
     }
+}
+
+/// Submits `texts` as one request with default options and `deadline`.
+fn submit(
+    batcher: &BatcherHandle,
+    texts: &[&str],
+    deadline: Instant,
+) -> Result<oneshot::Receiver<Outcome>, EmbedError> {
+    let inputs = texts.iter().map(|t| (*t).to_owned()).collect();
+    batcher.submit(inputs, EmbedOptions::default(), deadline)
 }
 
 fn far() -> Instant {

@@ -7,17 +7,14 @@ use crate::batcher::spawn;
 async fn a_request_that_expires_in_the_queue_gets_504_and_no_upstream_work() {
     let upstream = Recording::new(Duration::from_millis(100), usize::MAX);
     let (batcher, _task) = spawn(Arc::clone(&upstream), config(1, 0, 1));
-    let first = batcher
-        .submit(vec!["first".into()], EmbedOptions::default(), far())
-        .expect("accepted");
+    let first = submit(&batcher, &["first"], far()).expect("accepted");
     tokio::time::sleep(Duration::from_millis(1)).await;
-    let late = batcher
-        .submit(
-            vec!["late".into()],
-            EmbedOptions::default(),
-            Instant::now() + Duration::from_millis(50),
-        )
-        .expect("accepted: nothing measured yet");
+    let late = submit(
+        &batcher,
+        &["late"],
+        Instant::now() + Duration::from_millis(50),
+    )
+    .expect("accepted: nothing measured yet");
     assert_eq!(outcome(late).await.expect_err("expired").status(), 504);
     outcome(first).await.expect("ok");
     let calls = upstream.calls();
@@ -29,18 +26,15 @@ async fn a_request_that_expires_in_the_queue_gets_504_and_no_upstream_work() {
 async fn a_request_whose_deadline_comes_before_a_call_could_finish_is_not_sent() {
     let upstream = Recording::new(Duration::from_millis(100), usize::MAX);
     let (batcher, _task) = spawn(Arc::clone(&upstream), config(1, 0, 1));
-    let first = batcher
-        .submit(vec!["first".into()], EmbedOptions::default(), far())
-        .expect("accepted");
+    let first = submit(&batcher, &["first"], far()).expect("accepted");
     tokio::time::sleep(Duration::from_millis(1)).await;
     // Still alive when `first` returns at 100 ms, but a 100 ms call would end at 200 ms.
-    let doomed = batcher
-        .submit(
-            vec!["doomed".into()],
-            EmbedOptions::default(),
-            Instant::now() + Duration::from_millis(150),
-        )
-        .expect("accepted: nothing measured yet");
+    let doomed = submit(
+        &batcher,
+        &["doomed"],
+        Instant::now() + Duration::from_millis(150),
+    )
+    .expect("accepted: nothing measured yet");
     outcome(first).await.expect("ok");
     let err = outcome(doomed).await.expect_err("cannot finish in time");
     assert_eq!(err.status(), 504);
@@ -51,9 +45,7 @@ async fn a_request_whose_deadline_comes_before_a_call_could_finish_is_not_sent()
 async fn an_already_expired_request_is_refused_at_once() {
     let upstream = Recording::new(Duration::ZERO, usize::MAX);
     let (batcher, _task) = spawn(Arc::clone(&upstream), config(4, 5, 1));
-    let err = batcher
-        .submit(vec!["x".into()], EmbedOptions::default(), Instant::now())
-        .expect_err("expired");
+    let err = submit(&batcher, &["x"], Instant::now()).expect_err("expired");
     assert_eq!(err.status(), 504);
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert!(upstream.calls().is_empty());
@@ -67,26 +59,16 @@ async fn a_full_queue_sheds_with_429() {
         ..config(2, 5, 1)
     };
     let (batcher, _task) = spawn(Arc::clone(&upstream), cfg);
-    let accepted = batcher.submit(
-        vec!["a".into(), "b".into(), "c".into()],
-        EmbedOptions::default(),
-        far(),
-    );
+    let accepted = submit(&batcher, &["a", "b", "c"], far());
     assert!(accepted.is_ok());
-    let one_more = batcher.submit(vec!["d".into()], EmbedOptions::default(), far());
+    let one_more = submit(&batcher, &["d"], far());
     assert!(one_more.is_ok(), "exactly QUEUE_CAP inputs fit");
-    let err = batcher
-        .submit(vec!["e".into()], EmbedOptions::default(), far())
-        .expect_err("full");
+    let err = submit(&batcher, &["e"], far()).expect_err("full");
     assert_eq!(err.status(), 429);
     assert!(err.to_string().contains("QUEUE_CAP = 4"), "{err}");
     // Answering frees the room again.
     outcome(accepted.expect("accepted")).await.expect("ok");
-    assert!(
-        batcher
-            .submit(vec!["f".into()], EmbedOptions::default(), far())
-            .is_ok()
-    );
+    assert!(submit(&batcher, &["f"], far()).is_ok());
 }
 
 #[tokio::test(start_paused = true)]
@@ -110,24 +92,22 @@ async fn a_request_that_cannot_finish_before_its_deadline_is_shed_at_admission()
             far(),
         )
         .expect("accepted");
-    let err = batcher
-        .submit(
-            vec!["hurry".into()],
-            EmbedOptions::default(),
-            Instant::now() + Duration::from_millis(200),
-        )
-        .expect_err("cannot finish in time");
+    let err = submit(
+        &batcher,
+        &["hurry"],
+        Instant::now() + Duration::from_millis(200),
+    )
+    .expect_err("cannot finish in time");
     assert_eq!(err.status(), 429);
     assert!(err.to_string().contains("deadline"), "{err}");
     // A patient request is still accepted.
     assert!(
-        batcher
-            .submit(
-                vec!["patient".into()],
-                EmbedOptions::default(),
-                Instant::now() + Duration::from_secs(5)
-            )
-            .is_ok()
+        submit(
+            &batcher,
+            &["patient"],
+            Instant::now() + Duration::from_secs(5)
+        )
+        .is_ok()
     );
 }
 
@@ -139,27 +119,14 @@ async fn a_cancelled_request_leaves_the_queue_at_once_and_costs_no_upstream_call
         ..config(8, 1_000, 1)
     };
     let (batcher, _task) = spawn(Arc::clone(&upstream), cfg);
-    let gone = batcher
-        .submit(
-            vec!["gone 1".into(), "gone 2".into()],
-            EmbedOptions::default(),
-            far(),
-        )
-        .expect("accepted");
-    let err = batcher
-        .submit(vec!["wait".into()], EmbedOptions::default(), far())
-        .expect_err("queue full");
+    let gone = submit(&batcher, &["gone 1", "gone 2"], far()).expect("accepted");
+    let err = submit(&batcher, &["wait"], far()).expect_err("queue full");
     assert_eq!(err.status(), 429);
     drop(gone); // the caller went away
     tokio::time::sleep(Duration::from_millis(1)).await;
     // Long before its group was due (MAX_WAIT_TIME = 1 s), its share of QUEUE_CAP is free again.
-    let kept = batcher
-        .submit(
-            vec!["kept 1".into(), "kept 2".into()],
-            EmbedOptions::default(),
-            far(),
-        )
-        .expect("room freed by the cancellation");
+    let kept =
+        submit(&batcher, &["kept 1", "kept 2"], far()).expect("room freed by the cancellation");
     let reply = outcome(kept).await.expect("ok");
     assert_eq!(texts(&reply), ["kept 1", "kept 2"]);
     let calls = upstream.calls();
@@ -180,13 +147,9 @@ async fn without_client_deadlines_the_queue_is_bounded_by_max_queue_delay() {
         ..config(1, 0, 1)
     };
     let (batcher, _task) = spawn(Arc::clone(&upstream), cfg);
-    outcome(
-        batcher
-            .submit(vec!["warm".into()], EmbedOptions::default(), far())
-            .expect("accepted"),
-    )
-    .await
-    .expect("ok");
+    outcome(submit(&batcher, &["warm"], far()).expect("accepted"))
+        .await
+        .expect("ok");
     let mut accepted = Vec::new();
     let refused = loop {
         match batcher.try_submit(vec!["x".into()], EmbedOptions::default(), far()) {
@@ -223,24 +186,16 @@ async fn the_byte_bound_sheds_429_and_a_request_larger_than_it_gets_413() {
         ..config(8, 5, 1)
     };
     let (batcher, _task) = spawn(Arc::clone(&upstream), cfg);
-    let err = batcher
-        .submit(vec!["eleven char".into()], EmbedOptions::default(), far())
-        .expect_err("alone larger than the bound");
+    let err = submit(&batcher, &["eleven char"], far()).expect_err("alone larger than the bound");
     assert_eq!(err.status(), 413);
     assert!(err.to_string().contains("MAX_QUEUE_BYTES"), "{err}");
-    let first = batcher
-        .submit(vec!["six 01".into()], EmbedOptions::default(), far())
-        .expect("6 bytes fit");
-    let err = batcher
-        .submit(vec!["six 02".into()], EmbedOptions::default(), far())
-        .expect_err("12 > 10 bytes");
+    let first = submit(&batcher, &["six 01"], far()).expect("6 bytes fit");
+    let err = submit(&batcher, &["six 02"], far()).expect_err("12 > 10 bytes");
     assert_eq!(err.status(), 429);
     assert!(err.to_string().contains("MAX_QUEUE_BYTES = 10"), "{err}");
     outcome(first).await.expect("ok");
     assert!(
-        batcher
-            .submit(vec!["six 03".into()], EmbedOptions::default(), far())
-            .is_ok(),
+        submit(&batcher, &["six 03"], far()).is_ok(),
         "answering frees the bytes"
     );
 }
@@ -249,13 +204,9 @@ async fn the_byte_bound_sheds_429_and_a_request_larger_than_it_gets_413() {
 async fn one_slow_call_does_not_lock_out_short_deadlines() {
     let upstream = Recording::new(Duration::from_millis(4_500), usize::MAX);
     let (batcher, _task) = spawn(Arc::clone(&upstream), config(4, 5, 1));
-    outcome(
-        batcher
-            .submit(vec!["slow".into()], EmbedOptions::default(), far())
-            .expect("accepted"),
-    )
-    .await
-    .expect("ok");
+    outcome(submit(&batcher, &["slow"], far()).expect("accepted"))
+        .await
+        .expect("ok");
     upstream.set_delay(Duration::from_millis(10));
     // Requests with 2 s deadlines every 100 ms for 10 s.
     let slow_done = Instant::now();
