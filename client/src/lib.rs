@@ -222,25 +222,56 @@ impl EmbedClient {
             }
         };
         cancel.disarm();
-        let header = |name: &str| {
-            message
-                .headers
-                .as_ref()
-                .and_then(|h| h.get(name))
-                .map(|v| v.as_str())
-        };
-        reply::decode(
-            header(headers::SERVICE_ERROR_CODE),
-            header(headers::SERVICE_ERROR),
-            &message.payload,
-        )
-        .map_err(RequestError::Reply)?;
-        let timings = Timings::read(header);
-        Ok(Reply {
-            payload: message.payload,
-            timings,
-        })
+        decode(message)
     }
+
+    /// Asks one worker for the upstream's `/info` document (TEI's shape) on
+    /// [`headers::info_subject`], waiting at most `timeout`.
+    ///
+    /// # Errors
+    /// [`RequestError::NoResponders`] when no worker serves the subject,
+    /// [`RequestError::TimedOut`] after `timeout`, [`RequestError::Reply`] with the worker's error
+    /// (e.g. its TEI is unreachable).
+    pub async fn info(&self, timeout: Duration) -> Result<Reply, RequestError> {
+        let subject = headers::info_subject(&self.subject);
+        let request = async_nats::Request::new()
+            .payload(Bytes::new())
+            .timeout(Some(timeout));
+        let message = self
+            .nats
+            .send_request(subject.clone(), request)
+            .await
+            .map_err(|err| match err.kind() {
+                RequestErrorKind::NoResponders => RequestError::NoResponders { subject },
+                RequestErrorKind::TimedOut => RequestError::TimedOut {
+                    budget_ms: timeout.as_millis(),
+                },
+                _ => RequestError::Transport(err.to_string()),
+            })?;
+        decode(message)
+    }
+}
+
+/// A reply message as the contract defines it: the payload, or the error its headers carry.
+fn decode(message: async_nats::Message) -> Result<Reply, RequestError> {
+    let header = |name: &str| {
+        message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(name))
+            .map(|v| v.as_str())
+    };
+    reply::decode(
+        header(headers::SERVICE_ERROR_CODE),
+        header(headers::SERVICE_ERROR),
+        &message.payload,
+    )
+    .map_err(RequestError::Reply)?;
+    let timings = Timings::read(header);
+    Ok(Reply {
+        payload: message.payload,
+        timings,
+    })
 }
 
 /// How long [`EmbedClient::embed`] keeps retrying a "no responders" answer (within the

@@ -9,17 +9,12 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use embatch_client::EmbedClient;
-use embatch_protocol::{EmbedError, headers, reply};
+use embatch_client::{EmbedClient, RequestError};
+use embatch_protocol::EmbedError;
 
-/// The subject of the workers' `info` endpoint for the request subject `subject`:
-/// `<subject>.info` (the worker's `info::subject`).
-pub fn info_subject(subject: &str) -> String {
-    format!("{subject}.info")
-}
-
-/// Asks one worker for its `/info` document, waiting at most `timeout`, and lowers its
-/// `max_client_batch_size` to `max_client_batch_size`. Returns the document, serialized.
+/// Asks one worker for its `/info` document (see [`EmbedClient::info`]), waiting at most
+/// `timeout`, and lowers its `max_client_batch_size` to `max_client_batch_size`. Returns the
+/// document, serialized.
 ///
 /// # Errors
 /// - [`EmbedError::Unavailable`] (503) when not connected to NATS, or no worker answers within
@@ -31,38 +26,16 @@ pub async fn fetch(
     timeout: Duration,
     max_client_batch_size: usize,
 ) -> Result<Bytes, EmbedError> {
-    let nats = client.nats();
-    if nats.connection_state() != async_nats::connection::State::Connected {
+    if client.nats().connection_state() != async_nats::connection::State::Connected {
         return Err(EmbedError::Unavailable(
             "the gateway is not connected to NATS".into(),
         ));
     }
-    let subject = info_subject(client.subject());
-    let request = async_nats::Request::new()
-        .payload(Bytes::new())
-        .timeout(Some(timeout));
-    let message = nats
-        .send_request(subject.clone(), request)
-        .await
-        .map_err(|err| {
-            EmbedError::Unavailable(format!(
-                "no embatch worker answered on `{subject}` within {} ms: {err}",
-                timeout.as_millis()
-            ))
-        })?;
-    let header = |name: &str| {
-        message
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(name))
-            .map(|v| v.as_str())
-    };
-    reply::decode(
-        header(headers::SERVICE_ERROR_CODE),
-        header(headers::SERVICE_ERROR),
-        &message.payload,
-    )?;
-    lower_batch_size(&message.payload, max_client_batch_size)
+    let reply = client.info(timeout).await.map_err(|err| match err {
+        RequestError::Reply(err) => err,
+        other => EmbedError::Unavailable(format!("no embatch worker answered /info: {other}")),
+    })?;
+    lower_batch_size(&reply.payload, max_client_batch_size)
 }
 
 /// `document` (a JSON object) with `max_client_batch_size` at most `limit` (set to `limit` when

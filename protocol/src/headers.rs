@@ -24,6 +24,13 @@ pub fn cancel_subject(subject: &str) -> String {
     format!("{subject}.cancel")
 }
 
+/// The subject of the workers' `info` endpoint: `<subject>.info`, in the workers' queue group.
+/// An empty request is answered with the upstream's TEI-shaped `/info` JSON (mirrors TEI's
+/// `GET /info`), or an error reply.
+pub fn info_subject(subject: &str) -> String {
+    format!("{subject}.info")
+}
+
 /// Request header (optional): the contract version the client speaks, e.g. `1`.
 pub const VERSION: &str = "Embatch-Version";
 

@@ -25,11 +25,6 @@ use crate::upstream::Upstream;
 /// The endpoint's name in the NATS micro service (shown by `$SRV.INFO.embatch`).
 pub(crate) const ENDPOINT: &str = "info";
 
-/// The subject of the `info` endpoint for the request subject `subject`: `<subject>.info`.
-pub(crate) fn subject(subject: &str) -> String {
-    format!("{subject}.info")
-}
-
 /// Answers every request on `endpoint` with [`document`] of `upstream`'s info, until the
 /// endpoint's subscription ends (the caller aborts this task when the worker stops).
 pub(crate) async fn serve<U: Upstream>(
@@ -108,10 +103,5 @@ mod tests {
     fn a_non_object_is_a_backend_error() {
         let err = document(serde_json::json!([1]), 8).expect_err("not an object");
         assert_eq!(err.status(), 424);
-    }
-
-    #[test]
-    fn subject_is_under_the_request_subject() {
-        assert_eq!(subject("embed"), "embed.info");
     }
 }

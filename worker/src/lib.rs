@@ -177,7 +177,7 @@ pub async fn run<U: Upstream>(
     let info_endpoint = service
         .endpoint_builder()
         .name(info::ENDPOINT)
-        .add(info::subject(&config.subject))
+        .add(embatch_protocol::headers::info_subject(&config.subject))
         .await
         .map_err(|source| WorkerError::Service {
             what: "endpoint info",
