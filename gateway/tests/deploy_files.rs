@@ -443,3 +443,39 @@ fn interpolation_parser() {
         "127.0.0.1:8222:8222"
     );
 }
+
+/// The README's "Configuration" section: every flag of both binaries has a table row naming its
+/// environment variable and flag, with the binary's default in that row when it has one.
+#[test]
+fn readme_configuration_tables_list_every_flag_with_its_default() {
+    let readme = repo_file("README.md");
+    let start = readme
+        .find("\n## Configuration")
+        .expect("a Configuration section");
+    let section = &readme[start + 1..];
+    let section = &section[..section.find("\n## ").unwrap_or(section.len())];
+    let rows: Vec<&str> = section.lines().filter(|l| l.starts_with('|')).collect();
+    let mut missing = Vec::new();
+    for command in [
+        embatch_gateway::Config::command(),
+        embatch_worker::Config::command(),
+    ] {
+        for (env, (long, default)) in flags(&command) {
+            let row = rows.iter().find(|row| {
+                row.contains(&format!("`{env}`")) && row.contains(&format!("`--{long}`"))
+            });
+            match (row, default) {
+                (None, _) => missing.push(format!("{env} (--{long}): no row")),
+                (Some(row), Some(default)) if !row.contains(&format!("`{default}`")) => {
+                    missing.push(format!("{env}: the row lacks the default `{default}`"))
+                }
+                _ => {}
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "README.md Configuration:\n{}",
+        missing.join("\n")
+    );
+}
