@@ -114,6 +114,11 @@ pub enum RequestError {
     /// The connection failed or the subject is invalid (503).
     #[error("NATS request failed: {0}")]
     Transport(String),
+    /// Not connected to NATS when the request was to be sent (503, at once): a request would
+    /// wait in the client's buffer and reach a worker with a stale deadline after its caller
+    /// gave up.
+    #[error("not connected to NATS")]
+    Disconnected,
     /// The worker answered with an error.
     #[error("{0}")]
     Reply(EmbedError),
@@ -125,9 +130,9 @@ impl From<RequestError> for EmbedError {
             RequestError::Reply(err) => err,
             RequestError::TimedOut { .. } => EmbedError::DeadlineExceeded(err.to_string()),
             RequestError::MaxPayload(_) => EmbedError::TooLarge(err.to_string()),
-            RequestError::NoResponders { .. } | RequestError::Transport(_) => {
-                EmbedError::Unavailable(err.to_string())
-            }
+            RequestError::NoResponders { .. }
+            | RequestError::Transport(_)
+            | RequestError::Disconnected => EmbedError::Unavailable(err.to_string()),
         }
     }
 }
@@ -159,6 +164,14 @@ impl EmbedClient {
         &self.subject
     }
 
+    /// [`RequestError::Disconnected`] unless the connection is up.
+    fn connected(&self) -> Result<(), RequestError> {
+        match self.nats.connection_state() {
+            async_nats::connection::State::Connected => Ok(()),
+            _ => Err(RequestError::Disconnected),
+        }
+    }
+
     /// Sends `body` (TEI's `POST /embed` JSON, passed through unparsed) with `budget` as its
     /// deadline ([`headers::DEADLINE_MS`], whole ms) and waits at most `budget` for the reply.
     ///
@@ -171,6 +184,7 @@ impl EmbedClient {
     /// # Errors
     /// See [`RequestError`].
     pub async fn embed(&self, body: Bytes, budget: Duration) -> Result<Reply, RequestError> {
+        self.connected()?;
         let started = tokio::time::Instant::now();
         let id = self.nats.new_inbox();
         let mut cancel = CancelOnDrop {
@@ -233,6 +247,7 @@ impl EmbedClient {
     /// [`RequestError::TimedOut`] after `timeout`, [`RequestError::Reply`] with the worker's error
     /// (e.g. its TEI is unreachable).
     pub async fn info(&self, timeout: Duration) -> Result<Reply, RequestError> {
+        self.connected()?;
         let subject = headers::info_subject(&self.subject);
         let request = async_nats::Request::new()
             .payload(Bytes::new())

@@ -26,11 +26,6 @@ pub async fn fetch(
     timeout: Duration,
     max_client_batch_size: usize,
 ) -> Result<Bytes, EmbedError> {
-    if client.nats().connection_state() != async_nats::connection::State::Connected {
-        return Err(EmbedError::Unavailable(
-            "the gateway is not connected to NATS".into(),
-        ));
-    }
     let reply = client.info(timeout).await.map_err(|err| match err {
         RequestError::Reply(err) => err,
         other => EmbedError::Unavailable(format!("no embatch worker answered /info: {other}")),

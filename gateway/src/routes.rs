@@ -18,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use embatch_client::{EmbedClient, Reply};
 use embatch_protocol::reply::Timings;
-use embatch_protocol::{EmbedError, EmbedRequest, SERVICE_NAME};
+use embatch_protocol::{EmbedError, EmbedRequest};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
@@ -273,14 +273,6 @@ async fn forward(
             state.max_in_flight
         )));
     };
-    // While NATS is down a request would wait in the client's buffer and reach a worker with a
-    // stale deadline after its caller gave up: answer 503 now instead.
-    if state.client.nats().connection_state() != async_nats::connection::State::Connected {
-        return Err(EmbedError::Unavailable(
-            "the gateway is not connected to NATS".into(),
-        ));
-    }
-
     let remaining = timeout.saturating_sub(started.elapsed());
     state
         .client
@@ -322,17 +314,14 @@ async fn info(State(state): State<Arc<AppState>>) -> Response {
     }
 }
 
-/// `GET /health`: 200 only while connected to NATS and at least one worker answers a NATS micro
-/// ping (`$SRV.PING.embatch`) within `--health-timeout`; else 503.
+/// `GET /health`: 200 only while connected to NATS and a worker serving the configured subject
+/// answers its `info` endpoint ([`embatch_protocol::headers::info_subject`]) within
+/// `--health-timeout` (an error reply counts: a worker is there); else 503. A worker of another
+/// subject does not make the gateway healthy.
 async fn health(State(state): State<Arc<AppState>>) -> StatusCode {
-    let nats = state.client.nats();
-    if nats.connection_state() != async_nats::connection::State::Connected {
-        return StatusCode::SERVICE_UNAVAILABLE;
-    }
-    let ping = nats.request(format!("$SRV.PING.{SERVICE_NAME}"), Bytes::new());
-    match tokio::time::timeout(state.health_timeout, ping).await {
-        Ok(Ok(_)) => StatusCode::OK,
-        _ => StatusCode::SERVICE_UNAVAILABLE,
+    match state.client.info(state.health_timeout).await {
+        Ok(_) | Err(embatch_client::RequestError::Reply(_)) => StatusCode::OK,
+        Err(_) => StatusCode::SERVICE_UNAVAILABLE,
     }
 }
 
