@@ -225,6 +225,100 @@ def render_overload(res: dict, targets: list) -> list[str]:
     return out
 
 
+def render_tei_client_defaults(res: dict, targets: list) -> list[str]:
+    runs = res["runs"]
+    s = res["settings"]
+    d = s.get("binary_defaults", {})
+    gw_timeout = (d.get("gateway") or {}).get("REQUEST_TIMEOUT", "?")
+    worker_d = d.get("worker") or {}
+    out = ["Gateway and worker on their defaults: no `x-embatch-timeout-ms` header, no "
+           f"REQUEST_TIMEOUT (default {gw_timeout}), no worker settings but the upstream "
+           f"(MAX_CONCURRENT_BATCHES {worker_d.get('MAX_CONCURRENT_BATCHES', '?')}, QUEUE_CAP "
+           f"{worker_d.get('QUEUE_CAP', '?')}, MAX_QUEUE_DELAY "
+           f"{worker_d.get('MAX_QUEUE_DELAY', '?')}). The client is like a TEI/OpenAI client: "
+           "its own 2 s timeout, no deadline sent. Open loop at twice the capacity measured just "
+           "before (closed loop, same stack: direct c=8, embatch c=512 on the GPU-like "
+           "upstream, c=128 on the CPU model). Goodput = successes within 2 s per second. The "
+           "direct row is the same 2x overload against the fake upstream alone (what TEI alone "
+           "does).",
+           "",
+           "| upstream | path | capacity req/s | offered req/s | goodput req/s | goodput / "
+           "capacity | success p99 ms | 429s | 429 p99 ms | errors |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for run in runs:
+        r = run["report"]
+        cap = run["capacity"]
+        n429 = (r.get("failures") or {}).get("429", 0)
+        up = "GPU-like" if run["upstream"] == "gpu" else "CPU model"
+        path = "direct" if run["path"] == "direct" else "embatch (gateway)"
+        ratio = goodput(r) / cap if cap else 0
+        out.append(f"| {up} | {path} | {fmt_rate(cap)} | {fmt_rate(run['rate'])} | "
+                   f"{fmt_rate(goodput(r))} | {ratio:.0%} | {fmt_ms(lat(r, 'p99_ms'))} | "
+                   f"{n429:,} | {fmt_ms(kind_latency(r, '429', 'p99_ms'))} | {failures(r)} |")
+        if run["path"] == "gateway":
+            p99 = lat(r, "p99_ms")
+            rej = kind_latency(r, "429", "p99_ms")
+            label = f"8. Defaults, TEI client, 2x overload, {up}"
+            targets.append((f"{label}: goodput ≥ 85% of capacity",
+                            f"{ratio:.0%} ({fmt_rate(goodput(r))} of {fmt_rate(cap)} req/s)",
+                            ratio >= 0.85))
+            targets.append((f"{label}: p99 of 429 rejections ≤ 50 ms",
+                            f"{fmt_ms(rej)} ms ({n429:,} rejections)",
+                            rej is not None and rej <= 50))
+            targets.append((f"{label}: p99 of successes < 2 s", f"{fmt_ms(p99)} ms",
+                            p99 is not None and p99 < 2000))
+    return out
+
+
+def render_slow_then_fast(res: dict, targets: list) -> list[str]:
+    s = res["settings"]
+    rec = res.get("recovery") or {}
+    run = res["runs"][0]
+    r = run["report"]
+    ps = r.get("per_second") or {}
+    good = ps.get("goodput") or []
+    window = int(s["duration_s"])
+    offsets = rec.get("second_offsets_s") or []
+    after = set(rec.get("seconds_after_switch") or [])
+    rate = s["rate"]
+    cells = []
+    for i, n in enumerate(good[:window]):
+        mark = "**|** " if after and i == min(after) else ""
+        cells.append(f"{mark}{n:,}")
+    n429 = (r.get("failures") or {}).get("429", 0)
+    first_after = offsets[min(after)] if after and offsets else None
+    out = [f"GPU-like upstream ({GPU_BASE_MS} ms + {GPU_PER_INPUT_US} µs/input, one call at a "
+           f"time) whose calls take {s['slow_delay_s']} s more during its first "
+           f"{s['slow_for_s']} s (`fake-upstream --slow-for {s['slow_for_s']}s --slow-delay "
+           f"{s['slow_delay_s']}s`; a call that arrived before the switch keeps its delay). "
+           f"Gateway and worker on their defaults, open loop at {rate:,} req/s (50% of the "
+           f"{s['fast_ceiling']:,.0f} req/s ceiling) through the gateway for {window} s, client "
+           "timeout 2 s, no deadline sent. Recovery = from the switch to the end of the last "
+           f"second whose goodput was below {rec.get('recovered_share', 0.95):.0%} of the offered "
+           "rate (every second after it was at the offered rate; an upper bound at one-second "
+           "resolution).",
+           "",
+           "| offered req/s | recovery after the switch | goodput req/s (whole run) | success "
+           "p99 ms | 429s | 429 p99 ms | errors |",
+           "|---:|---:|---:|---:|---:|---:|---|",
+           f"| {rate:,} | {fmt_s(rec.get('recovery_s'))} | {fmt_rate(goodput(r))} | "
+           f"{fmt_ms(lat(r, 'p99_ms'))} | {n429:,} | "
+           f"{fmt_ms(kind_latency(r, '429', 'p99_ms'))} | {failures(r)} |",
+           "",
+           "Goodput per second (successes within 2 s completed in that second; **|** = the first "
+           "second after the switch"
+           + (f", which began {first_after * 1e3:+.0f} ms from it" if first_after is not None
+              else "") + "): " + ", ".join(cells) + "."]
+    rs = rec.get("recovery_s")
+    targets.append(("9. Slow then fast: goodput back to the offered rate ≤ 2 s after the switch",
+                    fmt_s(rs), rs is not None and rs <= 2))
+    return out
+
+
+def fmt_s(x: float | None) -> str:
+    return "not within the run" if x is None else f"≤ {x:.2f} s"
+
+
 RENDERERS = {
     "gpu_rates": render_gpu_rates,
     "low_load": render_low_load,
@@ -233,6 +327,8 @@ RENDERERS = {
     "scaling": render_scaling,
     "tuning": render_tuning,
     "overload": render_overload,
+    "tei_client_defaults": render_tei_client_defaults,
+    "slow_then_fast": render_slow_then_fast,
 }
 
 

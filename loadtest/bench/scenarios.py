@@ -6,8 +6,10 @@ MAX_CONCURRENT_BATCHES, QUEUE_CAP, ...) comes from their --help (defaults.py), v
 
 from __future__ import annotations
 
+import time
+
 from .defaults import BinaryDefaults
-from .procs import REPO
+from .procs import REPO, BenchError, log
 from .report import goodput
 from .stack import Stack, Target
 
@@ -35,6 +37,9 @@ SCENARIOS = [
     ("scaling", "5. Scaling out: 1, 2 and 4 workers"),
     ("tuning", "6. MAX_WAIT_TIME x MAX_BATCH_SIZE at a fixed load"),
     ("overload", "7. Overload at 2x capacity: the throughput paradox"),
+    ("tei_client_defaults", "8. Default settings, 2x overload, a TEI client with its own 2 s "
+                            "timeout and no deadline (issue 8)"),
+    ("slow_then_fast", "9. Upstream slow (4 s per call) for 10 s, then fast: recovery (issue 8)"),
 ]
 SCENARIO_NAMES = [name for name, _ in SCENARIOS]
 
@@ -277,6 +282,157 @@ def scenario_overload(b: Stack) -> dict:
             "runs": runs}
 
 
+# What the binaries default to, recorded by the scenarios that run them on their defaults (for
+# the record only: the processes are started without these variables).
+DEFAULTS_RECORDED = {
+    "worker": ("MAX_BATCH_SIZE", "MAX_WAIT_TIME", "MAX_CONCURRENT_BATCHES", "QUEUE_CAP",
+               "MAX_QUEUE_BYTES", "MAX_QUEUE_DELAY", "DEFAULT_DEADLINE", "UPSTREAM_TIMEOUT"),
+    "gateway": ("REQUEST_TIMEOUT", "MAX_IN_FLIGHT", "MAX_CONNECTIONS"),
+}
+
+
+def recorded_defaults(b: Stack) -> dict:
+    return {"worker": {k: b.defaults.worker.get(k) for k in DEFAULTS_RECORDED["worker"]},
+            "gateway": {k: b.defaults.gateway.get(k) for k in DEFAULTS_RECORDED["gateway"]}}
+
+
+def scenario_tei_client_defaults(b: Stack) -> dict:
+    """Issue 8: a client like a TEI/OpenAI client (its own 2 s timeout, no deadline header) at
+    twice the capacity, gateway and worker on their defaults (no REQUEST_TIMEOUT, no worker
+    settings but the upstream and addresses). Capacity is measured closed loop just before, on the
+    same stack; the direct row is the same 2x overload against the fake upstream alone."""
+    cap_warmup, cap_duration = b.d(2, 1), b.d(5, 3)
+    warmup, duration = b.d(2, 1), b.d(12, 4)
+    runs = []
+    mark = b.sup.mark()
+    try:
+        nats = b.nats()
+        _, up = b.fake_upstream(GPU_BASE_MS, GPU_PER_INPUT_US, 1)
+        w = b.worker(nats, tei_url=up, defaults_only=True)
+        b.wait_workers(nats, [w])
+        _, gw = b.gateway(nats, None)
+        gpu_worker = w.settings
+        for target, c in ((Target("direct", ["--url", up + "/embed"]), 8), (gw, 512)):
+            cap = b.load(f"{target.path} capacity c={c}", target, concurrency=c,
+                         warmup=cap_warmup, duration=cap_duration, timeout=TIMEOUT_S)
+            capacity = goodput(cap)
+            over = b.load(f"{target.path} @ 2x capacity", target, rate=2 * capacity,
+                          warmup=warmup, duration=duration, timeout=TIMEOUT_S,
+                          workers=[w] if target.path != "direct" else ())
+            runs.append(run_entry(target.path, {"upstream": "gpu", "path": target.path,
+                                                "capacity": capacity, "capacity_run": cap,
+                                                "rate": 2 * capacity}, over))
+    finally:
+        b.sup.stop_since(mark)
+    corpus = corpus_path()
+    mark = b.sup.mark()
+    try:
+        nats = b.nats()
+        w = b.worker(nats, model=True, defaults_only=True)
+        b.wait_workers(nats, [w], timeout=180)
+        _, gw = b.gateway(nats, None)
+        cap = b.load("cpu model capacity c=128", gw, concurrency=128, warmup=b.d(3, 2),
+                     duration=cap_duration, timeout=TIMEOUT_S, corpus=corpus)
+        capacity = goodput(cap)
+        over = b.load("cpu model @ 2x capacity", gw, rate=2 * capacity, warmup=warmup,
+                      duration=duration, timeout=TIMEOUT_S, corpus=corpus, workers=[w])
+        runs.append(run_entry("gateway", {"upstream": "cpu", "path": "gateway",
+                                          "capacity": capacity, "capacity_run": cap,
+                                          "rate": 2 * capacity}, over))
+        cpu_worker = w.settings
+    finally:
+        b.sup.stop_since(mark)
+    return {"settings": {"gpu_upstream": GPU_UPSTREAM, "cpu_upstream": "built-in CPU model",
+                         "gpu_worker": gpu_worker, "cpu_worker": cpu_worker,
+                         "gateway": "defaults (no REQUEST_TIMEOUT)",
+                         "binary_defaults": recorded_defaults(b),
+                         "client": f"embatch-loadtest run --timeout {secs(TIMEOUT_S)}, "
+                                   "no x-embatch-timeout-ms header",
+                         "timeout_s": TIMEOUT_S, "capacity_runs": "closed loop: direct c=8, "
+                         "embatch c=512 (GPU-like), c=128 (CPU model)",
+                         "warmup_s": warmup, "duration_s": duration,
+                         "corpus": corpus or "generated"},
+            "runs": runs}
+
+
+# slow_then_fast: the upstream's extra delay per call and how long it lasts from its start.
+SLOW_DELAY_S, SLOW_FOR_S = 4, 10
+# A second is "recovered" when its goodput is at least this share of the offered rate.
+RECOVERED_SHARE = 0.95
+
+
+def recovery(per_second: dict, switch_ms: int, rate: float, window_s: int) -> dict:
+    """When goodput got back to the offered rate after the upstream's switch to fast.
+
+    Uses the loadtest's per-second series (seconds of completion time from `start_unix_ms`),
+    within the measured window only. A second counts as recovered when its goodput is ≥
+    RECOVERED_SHARE of the offered rate. `recovery_s` is an upper bound at one-second
+    resolution: the end, relative to the switch, of the last second after the switch that was
+    not recovered (so every whole second from then on to the end of the window was), or the
+    start of the first second after the switch when none was below. `None` when the window's
+    last second was still below."""
+    start, good = per_second["start_unix_ms"], per_second["goodput"]
+    offsets = [(start + 1000 * i - switch_ms) / 1000 for i in range(min(len(good), window_s))]
+    # Seconds that start at the switch or later (50 ms of slack for the alignment of the load
+    # generator's seconds to the switch, which the scenario aims at exactly).
+    after = [i for i, o in enumerate(offsets) if o >= -0.05]
+    below = [i for i in after if good[i] < RECOVERED_SHARE * rate]
+    if not after:
+        rec = None
+    elif not below:
+        rec = max(0.0, offsets[after[0]])
+    elif below[-1] == len(offsets) - 1:
+        rec = None
+    else:
+        rec = offsets[below[-1]] + 1
+    return {"recovery_s": rec, "second_offsets_s": offsets, "seconds_after_switch": after,
+            "seconds_below": below, "recovered_share": RECOVERED_SHARE}
+
+
+def scenario_slow_then_fast(b: Stack) -> dict:
+    """Issue 8: the GPU-like upstream is slow for its first SLOW_FOR_S (every call SLOW_DELAY_S
+    extra), then fast; open loop at ~50% of the fast ceiling through the gateway, everything on
+    its defaults, the client's own 2 s timeout. The load starts so that a second of the load
+    generator's per-second series begins at the switch."""
+    slow_for, pre, duration = (SLOW_FOR_S, 8, 20) if not b.quick else (6, 3, 10)
+    rate = round(0.5 * ceiling(b.defaults.max_batch_size))
+    nats = b.nats()
+    up_child, up = b.fake_upstream(GPU_BASE_MS, GPU_PER_INPUT_US, 1,
+                                   slow_for=secs(slow_for), slow_delay=secs(SLOW_DELAY_S))
+    slow_until = b.log_value(up_child, "slow until unix_ms=")
+    if slow_until is None:
+        raise BenchError("the fake upstream did not print `slow until unix_ms=`")
+    w = b.worker(nats, tei_url=up, defaults_only=True)
+    b.wait_workers(nats, [w])
+    _, gw = b.gateway(nats, None)
+    # The loadtest's second 0 starts at its first send, a few ms after it is spawned.
+    wait = (int(slow_until) - 1000 * pre) / 1000 - time.time() - 0.005
+    if wait > 0:
+        time.sleep(wait)
+    else:
+        log(f"  the stack took too long to start: the load begins {-wait:.1f} s late")
+    r = b.load(f"gateway @ {rate} req/s, slow {slow_for} s then fast", gw, rate=rate, warmup=0,
+               duration=duration, timeout=TIMEOUT_S, workers=[w])
+    fast_since = b.log_value(up_child, "fast since unix_ms=")
+    switch_ms = int(fast_since or slow_until)
+    rec = recovery(r["per_second"], switch_ms, rate, duration) if r.get("per_second") else {}
+    log(f"  recovery after the switch: {rec.get('recovery_s')} s; goodput per second "
+        f"{(r.get('per_second') or {}).get('goodput')}")
+    return {"settings": {"upstream": f"{GPU_UPSTREAM}; every call +{SLOW_DELAY_S} s during its "
+                                     f"first {slow_for} s",
+                         "worker": w.settings, "gateway": "defaults (no REQUEST_TIMEOUT)",
+                         "binary_defaults": recorded_defaults(b),
+                         "client": f"embatch-loadtest run --timeout {secs(TIMEOUT_S)}, "
+                                   "no x-embatch-timeout-ms header",
+                         "timeout_s": TIMEOUT_S, "rate": rate,
+                         "fast_ceiling": ceiling(b.defaults.max_batch_size),
+                         "slow_for_s": slow_for, "slow_delay_s": SLOW_DELAY_S,
+                         "duration_s": duration, "switch_at_second": pre},
+            "switch_unix_ms": switch_ms, "switch_logged": fast_since is not None,
+            "recovery": rec,
+            "runs": [run_entry("gateway", {"path": "gateway", "rate": rate}, r)]}
+
+
 SCENARIO_FUNCS = {
     "gpu_rates": scenario_gpu_rates,
     "low_load": scenario_low_load,
@@ -285,4 +441,6 @@ SCENARIO_FUNCS = {
     "scaling": scenario_scaling,
     "tuning": scenario_tuning,
     "overload": scenario_overload,
+    "tei_client_defaults": scenario_tei_client_defaults,
+    "slow_then_fast": scenario_slow_then_fast,
 }

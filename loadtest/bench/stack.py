@@ -143,14 +143,18 @@ class Stack:
         return nats
 
     def fake_upstream(self, base_ms: float, per_input_us: float, concurrency: int,
-                      name: str = "fake-upstream") -> tuple[Child, str]:
-        child = self.sup.spawn(
-            name,
-            [self.bins["embatch-loadtest"], "fake-upstream", "--listen", "127.0.0.1:0",
-             "--base-ms", str(base_ms), "--per-input-us", str(per_input_us),
-             "--concurrency", str(concurrency)],
-            self.env(),
-        )
+                      name: str = "fake-upstream", slow_for: str | None = None,
+                      slow_delay: str | None = None) -> tuple[Child, str]:
+        """Starts `embatch-loadtest fake-upstream`; with `slow_for` and `slow_delay` (humantime
+        durations) its calls get `slow_delay` extra for the first `slow_for` after its start (it
+        then logs `slow until unix_ms=...` and, at the switch, `fast since unix_ms=...`, see
+        `log_value`)."""
+        argv = [self.bins["embatch-loadtest"], "fake-upstream", "--listen", "127.0.0.1:0",
+                "--base-ms", str(base_ms), "--per-input-us", str(per_input_us),
+                "--concurrency", str(concurrency)]
+        if slow_for and slow_delay:
+            argv += ["--slow-for", slow_for, "--slow-delay", slow_delay]
+        child = self.sup.spawn(name, argv, self.env())
         addr: list[str] = []
 
         def listening() -> bool:
@@ -165,10 +169,20 @@ class Stack:
         wait_until(f"{name} /health", lambda: http_get(url + "/health")[0] == 200, 10, [child])
         return child, url
 
+    @staticmethod
+    def log_value(child: Child, prefix: str) -> str | None:
+        """What follows `prefix` on the first line of `child`'s log that starts with it."""
+        for line in child.log_path.read_text(errors="replace").splitlines():
+            if line.startswith(prefix):
+                return line[len(prefix):].strip()
+        return None
+
     def worker(self, nats: Nats, *, tei_url: str | None = None, model: bool = False,
-               name: str = "worker", **settings: str) -> Worker:
+               name: str = "worker", defaults_only: bool = False, **settings: str) -> Worker:
+        """Starts a worker with `worker_base` and `settings`, or with `defaults_only` nothing but
+        what it must be told (NATS_URL, METRICS_ADDR, TEI_URL or MODEL_DIR) and `settings`."""
         metrics_port = free_port(self.ports)
-        env = dict(self.worker_base)
+        env = {} if defaults_only else dict(self.worker_base)
         env.update(settings)
         env["NATS_URL"] = nats.url
         env["METRICS_ADDR"] = f"127.0.0.1:{metrics_port}"
@@ -194,10 +208,12 @@ class Stack:
         self.sup.stop(worker.child)
         wait_until("the worker to unsubscribe", lambda: nats.subscribers() == remaining, 10)
 
-    def gateway(self, nats: Nats, request_timeout: str) -> tuple[Child, Target]:
+    def gateway(self, nats: Nats, request_timeout: str | None) -> tuple[Child, Target]:
+        """Starts the gateway; `request_timeout` None leaves REQUEST_TIMEOUT at its default."""
         port = free_port(self.ports)
-        env = {"NATS_URL": nats.url, "LISTEN_ADDR": f"127.0.0.1:{port}",
-               "REQUEST_TIMEOUT": request_timeout}
+        env = {"NATS_URL": nats.url, "LISTEN_ADDR": f"127.0.0.1:{port}"}
+        if request_timeout is not None:
+            env["REQUEST_TIMEOUT"] = request_timeout
         child = self.sup.spawn("gateway", [self.bins["embatch-gateway"]], self.env(env))
         wait_until("the gateway to listen", lambda: port_open(port), 15, [child])
         return child, Target("gateway", ["--url", f"http://127.0.0.1:{port}/embed"])

@@ -269,6 +269,18 @@ pub struct FakeUpstreamArgs {
     /// --max-client-batch-size; announced by /info.
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_client_batch_size: u32,
+
+    /// For this long after start (e.g. 10s), every /embed call that arrives is delayed by
+    /// --slow-delay on top of its cost (outside the concurrency limit: a stalled upstream, not a
+    /// busy GPU); calls arriving later are not. A call that arrived before the switch keeps its
+    /// delay. The server prints `slow until unix_ms=<ms>` after `listening on` and
+    /// `fast since unix_ms=<ms>` at the switch (Unix epoch milliseconds).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
+    pub slow_for: Duration,
+
+    /// The extra delay of each call during --slow-for, e.g. 4s.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
+    pub slow_delay: Duration,
 }
 
 impl FakeUpstreamArgs {
@@ -282,6 +294,13 @@ impl FakeUpstreamArgs {
             max_client_batch_size: self.max_client_batch_size as usize,
             ..TeiDoubleConfig::default()
         }
+    }
+
+    /// The slow start: `Some((how long, extra delay per call))` when both `--slow-for` and
+    /// `--slow-delay` are positive, `None` otherwise.
+    pub fn slow_start(&self) -> Option<(Duration, Duration)> {
+        (!self.slow_for.is_zero() && !self.slow_delay.is_zero())
+            .then_some((self.slow_for, self.slow_delay))
     }
 }
 
@@ -386,5 +405,26 @@ mod tests {
         assert_eq!(config.concurrency, 1);
         assert_eq!(config.max_client_batch_size, 512);
         assert_eq!(args.listen.port(), 0);
+        assert_eq!(args.slow_start(), None);
+    }
+
+    #[test]
+    fn fake_upstream_slow_start() {
+        let slow = |extra: &[&str]| {
+            let argv: Vec<&str> = std::iter::once("fake-upstream")
+                .chain(extra.iter().copied())
+                .collect();
+            match parse(&argv).expect("parses").command {
+                Command::FakeUpstream(args) => args.slow_start(),
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(
+            slow(&["--slow-for", "10s", "--slow-delay", "4s"]),
+            Some((Duration::from_secs(10), Duration::from_secs(4)))
+        );
+        assert_eq!(slow(&["--slow-for", "10s"]), None, "no delay: not slow");
+        assert_eq!(slow(&["--slow-delay", "4s"]), None, "for no time: not slow");
+        assert!(parse(&["fake-upstream", "--slow-for", "soon"]).is_err());
     }
 }

@@ -2,10 +2,12 @@
 
 use std::io::Write;
 use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::Parser;
 use embatch_loadtest::cli::{Cli, Command, FakeUpstreamArgs, RunArgs};
 use embatch_loadtest::{LoadtestError, run};
+use embatch_tei_double::SharedFaults;
 use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
@@ -44,12 +46,37 @@ async fn fake_upstream_command(args: FakeUpstreamArgs) -> Result<(), LoadtestErr
         .local_addr()
         .map_err(|e| LoadtestError::Config(format!("cannot read the bound address: {e}")))?;
     println!("listening on {addr}");
+    let faults = SharedFaults::default();
+    if let Some((slow_for, slow_delay)) = args.slow_start() {
+        set_delay(&faults, slow_delay);
+        println!(
+            "slow until unix_ms={}",
+            unix_ms(SystemTime::now() + slow_for)
+        );
+        let faults = faults.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(slow_for).await;
+            set_delay(&faults, Duration::ZERO);
+            println!("fast since unix_ms={}", unix_ms(SystemTime::now()));
+            let _ = std::io::stdout().flush();
+        });
+    }
     let _ = std::io::stdout().flush();
     let config = args.config();
     tracing::info!(?config, "TEI double ready");
-    embatch_tei_double::serve_until(listener, config, async {
+    embatch_tei_double::serve_until_with(listener, config, faults, async {
         let _ = tokio::signal::ctrl_c().await;
     })
     .await
     .map_err(|e| LoadtestError::Config(format!("TEI double failed: {e}")))
+}
+
+/// Sets the extra delay of the calls that arrive from now on.
+fn set_delay(faults: &SharedFaults, delay: Duration) {
+    faults.lock().unwrap_or_else(|e| e.into_inner()).delay = delay;
+}
+
+/// Milliseconds since the Unix epoch (0 for a clock set before 1970).
+fn unix_ms(t: SystemTime) -> u128 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis())
 }

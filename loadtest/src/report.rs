@@ -106,6 +106,20 @@ pub struct Counts {
     pub failed: u64,
 }
 
+/// Requests per second of completion time during the run (see [`crate::stats::Timeline`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PerSecond {
+    /// Start of second 0, milliseconds since the Unix epoch: when the first measured request was
+    /// sent (the end of the warm-up, to within a timer tick).
+    pub start_unix_ms: u64,
+    /// `goodput[i]`: successes within the timeout that completed in second `i`, i.e. in
+    /// `[start + i s, start + (i + 1) s)` (requests per second). Seconds after the measured
+    /// window hold the completions of the window's last requests.
+    pub goodput: Vec<u64>,
+    /// `completed[i]`: requests of any outcome except `not_sent` that completed in second `i`.
+    pub completed: Vec<u64>,
+}
+
 /// What was run, for the record.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunInfo {
@@ -150,6 +164,9 @@ pub struct Report {
     /// (`429`) and slow failures (`timeout`) can be told apart.
     #[serde(default)]
     pub error_latency_by_kind: BTreeMap<String, ErrorLatencySummary>,
+    /// Goodput and completions per second of the run; `null` when no measured request completed.
+    #[serde(default)]
+    pub per_second: Option<PerSecond>,
 }
 
 impl Report {
@@ -179,6 +196,11 @@ impl Report {
                     ErrorLatencySummary::from_histogram(hist).map(|s| (kind.to_string(), s))
                 })
                 .collect(),
+            per_second: stats.timeline.origin.map(|_| PerSecond {
+                start_unix_ms: stats.timeline.origin_unix_ms,
+                goodput: stats.timeline.goodput.clone(),
+                completed: stats.timeline.completed.clone(),
+            }),
         }
     }
 }
@@ -341,6 +363,10 @@ mod tests {
             report.error_latency_by_kind["503 no responders"].p50_ms,
             2.0
         );
+
+        let per_second = report.per_second.as_ref().expect("a timeline");
+        assert_eq!(per_second.goodput, [8]);
+        assert_eq!(per_second.completed, [10]);
 
         let json = serde_json::to_string(&report).expect("serializes");
         let back: Report = serde_json::from_str(&json).expect("deserializes");

@@ -126,6 +126,8 @@ pub struct Stats {
     pub last_completion: Option<Instant>,
     /// The timeout successes are compared with for goodput.
     pub timeout: Duration,
+    /// The same counts per second of completion time.
+    pub timeline: Timeline,
     /// Every recorded latency in order of completion (unit tests only).
     #[cfg(test)]
     pub samples: Vec<(Outcome, Duration)>,
@@ -148,6 +150,7 @@ impl Stats {
             failure_latency: BTreeMap::new(),
             last_completion: None,
             timeout,
+            timeline: Timeline::default(),
             #[cfg(test)]
             samples: Vec::new(),
         }
@@ -189,6 +192,8 @@ impl Stats {
         if outcome != Err(FailureKind::NotSent) {
             self.completed += 1;
             self.inputs_completed += inputs;
+            let in_time = outcome.is_ok() && latency <= self.timeout;
+            self.timeline.record(at, in_time);
         }
     }
 
@@ -202,6 +207,61 @@ impl Stats {
     /// per second). Zero for an empty window.
     pub fn throughput(&self, measured: Duration) -> (f64, f64) {
         rates(self.completed, self.inputs_completed, measured)
+    }
+}
+
+/// Longest timeline kept, seconds (one day); later completions are left out of it.
+const TIMELINE_MAX_S: u64 = 86_400;
+
+/// Counts of the measured requests per whole second of their completion time, counted from the
+/// first measured send: second `i` is `[origin + i s, origin + (i + 1) s)`. Unlike the totals,
+/// it shows how goodput changes during a run (e.g. how fast it recovers when the upstream gets
+/// fast again). Requests sent at the end of the window and completing after it fall into the
+/// seconds after the window.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Timeline {
+    /// Start of second 0: when the first measured request was sent (or, for statistics fed
+    /// without sends, when the first one completed); `None` before.
+    pub origin: Option<Instant>,
+    /// The same instant on the wall clock, milliseconds since the Unix epoch, so the seconds can
+    /// be lined up with events of other processes (0 before the origin is set).
+    pub origin_unix_ms: u64,
+    /// `goodput[i]`: successes within the timeout that completed in second `i`.
+    pub goodput: Vec<u64>,
+    /// `completed[i]`: requests of any outcome (except `not_sent`) that completed in second `i`.
+    pub completed: Vec<u64>,
+}
+
+impl Timeline {
+    /// Sets the origin to `now` unless it is set already.
+    pub fn start(&mut self, now: Instant) {
+        if self.origin.is_none() {
+            self.origin = Some(now);
+            self.origin_unix_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        }
+    }
+
+    /// Counts one completion at `at`; `in_time` when it is a success within the timeout.
+    fn record(&mut self, at: Instant, in_time: bool) {
+        self.start(at);
+        let Some(origin) = self.origin else {
+            return;
+        };
+        let second = at.saturating_duration_since(origin).as_secs();
+        if second >= TIMELINE_MAX_S {
+            return;
+        }
+        let i = second as usize;
+        if self.completed.len() <= i {
+            self.completed.resize(i + 1, 0);
+            self.goodput.resize(i + 1, 0);
+        }
+        self.completed[i] += 1;
+        if in_time {
+            self.goodput[i] += 1;
+        }
     }
 }
 
@@ -259,7 +319,9 @@ impl Recorder {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         if measured {
             self.sent.fetch_add(1, Ordering::Relaxed);
-            self.lock().sent += 1;
+            let mut stats = self.lock();
+            stats.sent += 1;
+            stats.timeline.start(Instant::now());
         }
     }
 
@@ -443,6 +505,34 @@ mod tests {
         assert_eq!(stats.failures[&FailureKind::Timeout], 1);
         assert_eq!(stats.failures[&FailureKind::NotSent], 1);
         assert_eq!(stats.succeeded, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn timeline_counts_per_second_of_completion_from_the_first_measured_send() {
+        let recorder = Recorder::new(Duration::from_millis(500));
+        let t0 = Instant::now();
+        recorder.on_send(false); // warm-up: does not start the timeline
+        assert_eq!(recorder.snapshot().timeline.origin, None);
+        tokio::time::advance(Duration::from_millis(300)).await;
+        recorder.on_send(true);
+        let origin = t0 + Duration::from_millis(300);
+        let at = |ms: u64| origin + Duration::from_millis(ms);
+        let ok = Duration::from_millis(100);
+        recorder.on_complete(true, Ok(()), ok, 1, at(100));
+        recorder.on_complete(true, Ok(()), ok, 1, at(999));
+        recorder.on_complete(true, Ok(()), Duration::from_millis(600), 1, at(1000)); // late
+        recorder.on_complete(true, Err(FailureKind::Status(429)), ok, 1, at(1500));
+        recorder.on_complete(true, Ok(()), ok, 1, at(3200));
+        recorder.on_not_sent(true, 1, at(3300));
+        let timeline = recorder.snapshot().timeline;
+        assert_eq!(timeline.origin, Some(origin));
+        assert!(timeline.origin_unix_ms > 0);
+        assert_eq!(timeline.goodput, [2, 0, 0, 1]);
+        assert_eq!(
+            timeline.completed,
+            [2, 2, 0, 1],
+            "not_sent is not a completion"
+        );
     }
 
     #[test]

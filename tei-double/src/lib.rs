@@ -175,9 +175,14 @@ impl CallLog {
     }
 }
 
+/// The faults of a running double, shared with whoever may change them (see
+/// [`serve_until_with`]); cloning shares them. [`TeiDouble::set_faults`] is the same for a spawned
+/// double.
+pub type SharedFaults = Arc<Mutex<Faults>>;
+
 struct AppState {
     config: Config,
-    faults: Mutex<Faults>,
+    faults: SharedFaults,
     gpu: Semaphore,
     /// `None` when nobody can read the log (the `fake-upstream` command): recording would only
     /// grow memory and cost CPU for as long as the server runs.
@@ -188,13 +193,13 @@ struct AppState {
 /// not recorded: with nobody to read the log, recording would only grow memory and cost CPU for
 /// as long as the server runs (use [`TeiDouble::spawn`] for a readable log).
 pub fn app(config: Config) -> Router {
-    router(&new_state(config, None))
+    router(&new_state(config, None, SharedFaults::default()))
 }
 
-fn new_state(config: Config, calls: Option<CallLog>) -> Arc<AppState> {
+fn new_state(config: Config, calls: Option<CallLog>, faults: SharedFaults) -> Arc<AppState> {
     Arc::new(AppState {
         gpu: Semaphore::new(config.concurrency.max(1)),
-        faults: Mutex::default(),
+        faults,
         config,
         calls,
     })
@@ -217,7 +222,23 @@ pub async fn serve_until(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    serve(listener, app(config))
+    serve_until_with(listener, config, SharedFaults::default(), shutdown).await
+}
+
+/// [`serve_until`] with faults the caller keeps a handle on: whatever it stores in `faults`
+/// applies to the calls that arrive afterwards (calls already waiting keep theirs), e.g. a delay
+/// for the first seconds of the server's life (`embatch-loadtest fake-upstream --slow-for`).
+/// Calls are not recorded (as with [`app`]).
+///
+/// # Errors
+/// I/O errors of the server.
+pub async fn serve_until_with(
+    listener: TcpListener,
+    config: Config,
+    faults: SharedFaults,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    serve(listener, router(&new_state(config, None, faults)))
         .with_graceful_shutdown(shutdown)
         .await
 }
@@ -244,7 +265,7 @@ impl TeiDouble {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let calls = CallLog::default();
-        let state = new_state(config, Some(calls.clone()));
+        let state = new_state(config, Some(calls.clone()), SharedFaults::default());
         let router = router(&state);
         let task = tokio::spawn(async move {
             if let Err(err) = serve(listener, router).await {
@@ -654,6 +675,33 @@ mod tests {
         assert_eq!(status, 200);
         let statuses: Vec<u16> = tei.calls().iter().map(|c| c.status).collect();
         assert_eq!(statuses, [503, 200]);
+    }
+
+    #[tokio::test]
+    async fn served_with_shared_faults_that_the_caller_changes() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}/embed", listener.local_addr().expect("addr"));
+        let faults = SharedFaults::default();
+        faults.lock().expect("lock").fail_with = Some(503);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve_until_with(
+            listener,
+            config(),
+            faults.clone(),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        let client = reqwest::Client::new();
+        let status = |client: &reqwest::Client| {
+            let request = client.post(&url).json(&serde_json::json!({"inputs": "a"}));
+            async move { request.send().await.expect("send").status().as_u16() }
+        };
+        assert_eq!(status(&client).await, 503);
+        *faults.lock().expect("lock") = Faults::default();
+        assert_eq!(status(&client).await, 200);
+        let _ = stop.send(());
+        server.await.expect("join").expect("served");
     }
 
     #[tokio::test]
