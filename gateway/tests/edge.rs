@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{start_gateway_at, wait_until};
+use common::{assert_tei_error, json_post, start_gateway_at, tei_taking, wait_until};
 use embatch_testkit::{NatsServer, Stack, TeiConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -20,13 +20,14 @@ async fn post(
     text: &str,
     timeout: Duration,
 ) -> Result<reqwest::Response, reqwest::Error> {
-    reqwest::Client::new()
-        .post(format!("{url}/embed"))
-        .header("content-type", "application/json")
-        .body(embed_body(text))
-        .timeout(timeout)
-        .send()
-        .await
+    json_post(
+        &reqwest::Client::new(),
+        &format!("{url}/embed"),
+        embed_body(text),
+    )
+    .timeout(timeout)
+    .send()
+    .await
 }
 
 /// Reads until the server closes the connection; the bytes read.
@@ -47,10 +48,7 @@ async fn read_to_close(stream: &mut TcpStream, limit: Duration) -> Option<Vec<u8
 async fn a_client_that_disconnects_costs_no_upstream_call() {
     // One call at a time, one input per call, 600 ms each: a second request waits in the queue.
     let Stack { nats, tei, worker } = Stack::start(
-        TeiConfig {
-            base: Duration::from_millis(600),
-            ..TeiConfig::instant()
-        },
+        tei_taking(Duration::from_millis(600)),
         &[
             "--max-batch-size",
             "1",
@@ -99,13 +97,9 @@ async fn a_client_that_disconnects_costs_no_upstream_call() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_and_slow_connections_are_bounded() {
-    let Stack {
-        nats,
-        tei: _tei,
-        worker,
-    } = Stack::start(TeiConfig::instant(), &[]).await;
+    let stack = Stack::start(TeiConfig::instant(), &[]).await;
     let gateway = start_gateway_at(
-        &nats.url(),
+        &stack.nats.url(),
         &["--max-connections", "2", "--header-read-timeout", "500ms"],
         None,
     )
@@ -144,19 +138,13 @@ async fn idle_and_slow_connections_are_bounded() {
         .await
         .expect("HTTP response");
     assert_eq!(response.status().as_u16(), 200);
-    worker.stop().await;
+    stack.worker.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn beyond_max_in_flight_the_gateway_sheds_with_429_and_retry_after() {
-    let Stack { nats, tei, worker } = Stack::start(
-        TeiConfig {
-            base: Duration::from_millis(500),
-            ..TeiConfig::instant()
-        },
-        &[],
-    )
-    .await;
+    let Stack { nats, tei, worker } =
+        Stack::start(tei_taking(Duration::from_millis(500)), &[]).await;
     let gateway = start_gateway_at(&nats.url(), &["--max-in-flight", "1"], None).await;
 
     let url = gateway.url.clone();
@@ -171,13 +159,7 @@ async fn beyond_max_in_flight_the_gateway_sheds_with_429_and_retry_after() {
     assert_eq!(shed.status().as_u16(), 429);
     assert_eq!(shed.headers()["retry-after"], "1");
     let body: serde_json::Value = shed.json().await.expect("TEI error body");
-    assert_eq!(body["error_type"], "Overloaded");
-    assert!(
-        body["error"]
-            .as_str()
-            .is_some_and(|m| m.contains("MAX_IN_FLIGHT")),
-        "{body}"
-    );
+    assert_tei_error(&body, "Overloaded", "MAX_IN_FLIGHT");
     let first = first.await.expect("joins").expect("HTTP response");
     assert_eq!(first.status().as_u16(), 200);
     worker.stop().await;

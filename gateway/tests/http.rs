@@ -5,20 +5,19 @@ mod common;
 
 use std::time::Duration;
 
-use common::start_gateway;
-use embatch_testkit::{NatsServer, Stack, TeiConfig, double_vector};
+use common::{assert_tei_error, json_post, stack_with_gateway, start_gateway, tei_taking};
+use embatch_testkit::{NatsServer, TeiConfig, double_vector};
 
+/// `POST /embed` with `body` and, if given, an `x-embatch-timeout-ms` header.
 async fn post(
     url: &str,
     body: &str,
-    headers: &[(&str, &str)],
+    timeout_ms: Option<&str>,
 ) -> (u16, reqwest::header::HeaderMap, serde_json::Value) {
-    let mut request = reqwest::Client::new()
-        .post(format!("{url}/embed"))
-        .header("content-type", "application/json")
-        .body(body.to_owned());
-    for (name, value) in headers {
-        request = request.header(*name, *value);
+    let url = format!("{url}/embed");
+    let mut request = json_post(&reqwest::Client::new(), &url, body.to_owned());
+    if let Some(timeout_ms) = timeout_ms {
+        request = request.header("x-embatch-timeout-ms", timeout_ms);
     }
     let response = request.send().await.expect("HTTP response");
     let status = response.status().as_u16();
@@ -31,16 +30,9 @@ async fn post(
 async fn without_workers_embed_is_503_and_health_is_503() {
     let nats = NatsServer::start();
     let gateway = start_gateway(&nats, 1 << 20, 64).await;
-    let (status, headers, body) = post(&gateway.url, r#"{"inputs":"hello"}"#, &[]).await;
+    let (status, headers, body) = post(&gateway.url, r#"{"inputs":"hello"}"#, None).await;
     assert_eq!(status, 503, "{body}");
-    assert_eq!(body["error_type"], "Unhealthy");
-    assert!(
-        body["error"]
-            .as_str()
-            .expect("message")
-            .contains("no embatch worker"),
-        "{body}"
-    );
+    assert_tei_error(&body, "Unhealthy", "no embatch worker");
     assert_eq!(headers["content-type"], "application/json");
     let health = reqwest::get(format!("{}/health", gateway.url))
         .await
@@ -50,16 +42,20 @@ async fn without_workers_embed_is_503_and_health_is_503() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embeds_through_nats_and_reports_health_and_timings() {
-    let Stack { nats, tei, worker } =
-        Stack::start(TeiConfig::instant(), &["--max-wait-time", "2ms"]).await;
-    let gateway = start_gateway(&nats, 1 << 20, 64).await;
+    let (stack, gateway) = stack_with_gateway(
+        TeiConfig::instant(),
+        &["--max-wait-time", "2ms"],
+        1 << 20,
+        64,
+    )
+    .await;
 
     let health = reqwest::get(format!("{}/health", gateway.url))
         .await
         .expect("health");
     assert_eq!(health.status().as_u16(), 200);
 
-    let (status, headers, body) = post(&gateway.url, r#"{"inputs":["alpha","beta"]}"#, &[]).await;
+    let (status, headers, body) = post(&gateway.url, r#"{"inputs":["alpha","beta"]}"#, None).await;
     assert_eq!(status, 200, "{body}");
     let vectors: Vec<Vec<f32>> = serde_json::from_value(body).expect("vectors");
     assert_eq!(vectors, vec![double_vector("alpha"), double_vector("beta")]);
@@ -67,7 +63,7 @@ async fn embeds_through_nats_and_reports_health_and_timings() {
         assert!(headers.contains_key(name), "missing {name}");
     }
     // A single string gets a one-element array, as in TEI.
-    let (status, _, body) = post(&gateway.url, r#"{"inputs":"gamma"}"#, &[]).await;
+    let (status, _, body) = post(&gateway.url, r#"{"inputs":"gamma"}"#, None).await;
     assert_eq!(status, 200);
     assert_eq!(
         serde_json::from_value::<Vec<Vec<f32>>>(body).expect("vectors"),
@@ -77,20 +73,19 @@ async fn embeds_through_nats_and_reports_health_and_timings() {
     let (status, _, _) = post(
         &gateway.url,
         r#"{"inputs":"delta","normalize":false,"truncate":true}"#,
-        &[],
+        None,
     )
     .await;
     assert_eq!(status, 200);
-    let last = tei.calls().pop().expect("a call");
+    let last = stack.tei.calls().pop().expect("a call");
     assert_eq!(last.options["normalize"], false);
     assert_eq!(last.options["truncate"], true);
-    worker.stop().await;
+    stack.worker.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gets_teis_error_bodies_and_nothing_reaches_the_workers() {
-    let Stack { nats, tei, worker } = Stack::start(TeiConfig::instant(), &[]).await;
-    let gateway = start_gateway(&nats, 256, 3).await;
+    let (stack, gateway) = stack_with_gateway(TeiConfig::instant(), &[], 256, 3).await;
     let big = format!(r#"{{"inputs":"{}"}}"#, "x".repeat(300));
     let too_big = (big.as_str(), 413, "Validation", "at most 256 bytes");
     let cases = embatch_testkit::BAD_REQUESTS
@@ -98,47 +93,27 @@ async fn bad_input_gets_teis_error_bodies_and_nothing_reaches_the_workers() {
         .copied()
         .chain(std::iter::once(too_big));
     for (body, status, kind, needle) in cases {
-        let (got, _, reply) = post(&gateway.url, body, &[]).await;
+        let (got, _, reply) = post(&gateway.url, body, None).await;
         assert_eq!(got, status, "{body} → {reply}");
-        assert_eq!(reply["error_type"], kind, "{body}");
-        assert!(
-            reply["error"].as_str().expect("message").contains(needle),
-            "{body}: {reply}"
-        );
+        assert_tei_error(&reply, kind, needle);
     }
-    let (status, _, reply) = post(
-        &gateway.url,
-        r#"{"inputs":"a"}"#,
-        &[("x-embatch-timeout-ms", "soon")],
-    )
-    .await;
+    let (status, _, reply) = post(&gateway.url, r#"{"inputs":"a"}"#, Some("soon")).await;
     assert_eq!(status, 422, "{reply}");
-    assert!(tei.calls().is_empty());
-    worker.stop().await;
+    assert!(stack.tei.calls().is_empty());
+    stack.worker.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_timeout_shorter_than_the_upstream_gets_504() {
-    let Stack {
-        nats,
-        tei: _tei,
-        worker,
-    } = Stack::start(
-        TeiConfig {
-            base: Duration::from_secs(2),
-            ..TeiConfig::instant()
-        },
+    let (stack, gateway) = stack_with_gateway(
+        tei_taking(Duration::from_secs(2)),
         &["--max-wait-time", "1ms"],
+        1 << 20,
+        64,
     )
     .await;
-    let gateway = start_gateway(&nats, 1 << 20, 64).await;
     let started = std::time::Instant::now();
-    let (status, _, body) = post(
-        &gateway.url,
-        r#"{"inputs":"slow"}"#,
-        &[("x-embatch-timeout-ms", "300")],
-    )
-    .await;
+    let (status, _, body) = post(&gateway.url, r#"{"inputs":"slow"}"#, Some("300")).await;
     assert_eq!(status, 504, "{body}");
     assert_eq!(body["error_type"], "Timeout");
     assert!(
@@ -146,5 +121,5 @@ async fn a_client_timeout_shorter_than_the_upstream_gets_504() {
         "took {:?}",
         started.elapsed()
     );
-    worker.stop().await;
+    stack.worker.stop().await;
 }

@@ -5,15 +5,16 @@
 //! the `metrics` facade, so one recorder (the worker's, which also sets the batch-size buckets)
 //! sees both; the gateway's router and the worker's HTTP app each render it.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use clap::Parser;
-use embatch_gateway::AppState;
-use embatch_testkit::{POISON, Stack, TeiConfig};
+use common::{json_post, start_gateway_at, tei_taking};
+use embatch_testkit::{POISON, Stack};
 use embatch_worker::http::{HttpState, app as worker_app};
 
-/// Serves `router` on a free loopback port; returns its base URL.
+/// Serves `router` (the worker's HTTP app) on a free loopback port; returns its base URL.
 async fn serve(router: axum::Router) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -53,13 +54,15 @@ fn total(samples: &BTreeMap<String, f64>, name: &str) -> Option<f64> {
     (!matching.is_empty()).then(|| matching.iter().sum())
 }
 
+/// `GET {url}`, which must answer 200.
+async fn get_ok(http: &reqwest::Client, url: &str) -> reqwest::Response {
+    let response = http.get(url).send().await.expect(url);
+    assert_eq!(response.status().as_u16(), 200, "{url}");
+    response
+}
+
 async fn get_metrics(http: &reqwest::Client, base: &str) -> (String, BTreeMap<String, f64>) {
-    let response = http
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .expect("GET /metrics");
-    assert_eq!(response.status().as_u16(), 200);
+    let response = get_ok(http, &format!("{base}/metrics")).await;
     let text = response.text().await.expect("metrics text");
     let parsed = samples(&text);
     (text, parsed)
@@ -71,10 +74,7 @@ async fn post(
     body: String,
     headers: &[(&str, &str)],
 ) -> u16 {
-    let mut request = http
-        .post(format!("{gateway}/embed"))
-        .header("content-type", "application/json")
-        .body(body);
+    let mut request = json_post(http, &format!("{gateway}/embed"), body);
     for (name, value) in headers {
         request = request.header(*name, *value);
     }
@@ -90,10 +90,7 @@ async fn gateway_and_worker_metrics_after_a_short_load() {
 
     // Slow enough upstream and a tiny queue so that a burst overflows it: 429s, shed requests.
     let Stack { nats, tei, worker } = Stack::start(
-        TeiConfig {
-            base: Duration::from_millis(100),
-            ..TeiConfig::instant()
-        },
+        tei_taking(Duration::from_millis(100)),
         &[
             "--max-wait-time",
             "2ms",
@@ -107,21 +104,13 @@ async fn gateway_and_worker_metrics_after_a_short_load() {
     )
     .await;
 
-    let gateway_config = embatch_gateway::Config::parse_from([
-        "embatch-gateway",
-        "--nats-url",
+    let gateway = start_gateway_at(
         &nats.url(),
-        "--max-client-batch-size",
-        "16",
-    ]);
-    let gateway = serve(embatch_gateway::app(AppState::new(
-        embatch_gateway::connect(&gateway_config)
-            .await
-            .expect("gateway connects"),
-        &gateway_config,
+        &["--max-client-batch-size", "16"],
         Some(handle.clone()),
-    )))
-    .await;
+    )
+    .await
+    .url;
     let worker_http = serve(worker_app(HttpState {
         metrics: handle.clone(),
         client: async_nats::connect(nats.url())
@@ -304,12 +293,7 @@ async fn gateway_and_worker_metrics_after_a_short_load() {
     assert!(value(&w, r#"embatch_worker_upstream_calls_total{outcome="ok"}"#) >= 1.0);
 
     // The worker's HTTP app also answers /health while its NATS connection is up.
-    let health = http
-        .get(format!("{worker_http}/health"))
-        .send()
-        .await
-        .expect("worker /health");
-    assert_eq!(health.status().as_u16(), 200);
+    get_ok(&http, &format!("{worker_http}/health")).await;
 
     worker.stop().await;
 }

@@ -5,17 +5,18 @@
 mod common;
 
 use base64::Engine as _;
-use common::start_gateway;
-use embatch_testkit::{NatsServer, RunningWorker, Stack, TeiConfig, double_vector, model_dir};
+use common::{assert_tei_error, json_post, stack_with_gateway, start_gateway};
+use embatch_testkit::{NatsServer, RunningWorker, TeiConfig, double_vector, model_dir};
 
 async fn post_json(url: &str, path: &str, body: &str) -> (u16, serde_json::Value) {
-    let response = reqwest::Client::new()
-        .post(format!("{url}{path}"))
-        .header("content-type", "application/json")
-        .body(body.to_owned())
-        .send()
-        .await
-        .expect("HTTP response");
+    let response = json_post(
+        &reqwest::Client::new(),
+        &format!("{url}{path}"),
+        body.to_owned(),
+    )
+    .send()
+    .await
+    .expect("HTTP response");
     let status = response.status().as_u16();
     let body = response.json().await.expect("JSON body");
     (status, body)
@@ -28,6 +29,13 @@ async fn get_json(url: &str, path: &str) -> (u16, serde_json::Value) {
     let status = response.status().as_u16();
     let body = response.json().await.expect("JSON body");
     (status, body)
+}
+
+/// `GET /info`, which must answer 200: TEI's info document.
+async fn get_info(url: &str) -> serde_json::Value {
+    let (status, info) = get_json(url, "/info").await;
+    assert_eq!(status, 200, "{info}");
+    info
 }
 
 /// The vectors of an OpenAI response's `data`, decoding base64 ones as little-endian f32.
@@ -53,12 +61,7 @@ fn openai_vectors(body: &serde_json::Value) -> Vec<Vec<f32>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn post_root_is_embed() {
-    let Stack {
-        nats,
-        tei: _tei,
-        worker,
-    } = Stack::start(TeiConfig::instant(), &[]).await;
-    let gateway = start_gateway(&nats, 1 << 20, 64).await;
+    let (stack, gateway) = stack_with_gateway(TeiConfig::instant(), &[], 1 << 20, 64).await;
 
     let body = r#"{"inputs":["alpha","beta"]}"#;
     let (status, root) = post_json(&gateway.url, "/", body).await;
@@ -73,13 +76,12 @@ async fn post_root_is_embed() {
     let (status, err) = post_json(&gateway.url, "/", r#"{"inputs":[]}"#).await;
     assert_eq!(status, 400);
     assert_eq!(err["error_type"], "Empty");
-    worker.stop().await;
+    stack.worker.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_embeddings_float_and_base64_match_embed() {
-    let Stack { nats, tei, worker } = Stack::start(TeiConfig::instant(), &[]).await;
-    let gateway = start_gateway(&nats, 1 << 20, 64).await;
+    let (stack, gateway) = stack_with_gateway(TeiConfig::instant(), &[], 1 << 20, 64).await;
 
     let (_, embed) = post_json(&gateway.url, "/embed", r#"{"inputs":["alpha","beta"]}"#).await;
     let expected: Vec<Vec<f32>> = serde_json::from_value(embed).expect("vectors");
@@ -114,16 +116,15 @@ async fn openai_embeddings_float_and_base64_match_embed() {
     .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(openai_vectors(&body)[0].len(), 4);
-    let last = tei.calls().pop().expect("a call");
+    let last = stack.tei.calls().pop().expect("a call");
     assert_eq!(last.options["dimensions"], 4);
     assert_eq!(last.options["normalize"], true);
-    worker.stop().await;
+    stack.worker.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_errors_have_openais_shape_and_the_tei_routes_status() {
-    let Stack { nats, tei, worker } = Stack::start(TeiConfig::instant(), &[]).await;
-    let gateway = start_gateway(&nats, 1 << 20, 3).await;
+    let (stack, gateway) = stack_with_gateway(TeiConfig::instant(), &[], 1 << 20, 3).await;
 
     // (OpenAI body, the equivalent /embed body, param)
     let cases: [(&str, &str, Option<&str>); 4] = [
@@ -162,8 +163,8 @@ async fn openai_errors_have_openais_shape_and_the_tei_routes_status() {
     let (status, body) = post_json(&gateway.url, "/v1/embeddings", r#"{"input":[1,2]}"#).await;
     assert_eq!(status, 422, "{body}");
     assert_eq!(body["error"]["param"], "input");
-    assert!(tei.calls().is_empty());
-    worker.stop().await;
+    assert!(stack.tei.calls().is_empty());
+    stack.worker.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -177,22 +178,13 @@ async fn openai_without_workers_is_503() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn info_comes_from_a_worker() {
-    let Stack {
-        nats,
-        tei: _tei,
-        worker,
-    } = Stack::start(
-        TeiConfig {
-            model_id: "acme/embedder".into(),
-            ..TeiConfig::instant()
-        },
-        &[],
-    )
-    .await;
+    let tei = TeiConfig {
+        model_id: "acme/embedder".into(),
+        ..TeiConfig::instant()
+    };
     // The double's, the worker's and this gateway's limit are all 512 (the defaults).
-    let gateway = start_gateway(&nats, 1 << 20, 512).await;
-    let (status, info) = get_json(&gateway.url, "/info").await;
-    assert_eq!(status, 200, "{info}");
+    let (stack, gateway) = stack_with_gateway(tei, &[], 1 << 20, 512).await;
+    let info = get_info(&gateway.url).await;
     assert_eq!(info["model_id"], "acme/embedder");
     assert_eq!(
         info["max_client_batch_size"],
@@ -204,25 +196,20 @@ async fn info_comes_from_a_worker() {
 
     // A gateway with a smaller limit announces its own, so clients that size batches by /info
     // are not refused.
-    let small = start_gateway(&nats, 1 << 20, 8).await;
-    let (status, info) = get_json(&small.url, "/info").await;
-    assert_eq!(status, 200, "{info}");
+    let small = start_gateway(&stack.nats, 1 << 20, 8).await;
+    let info = get_info(&small.url).await;
     assert_eq!(info["max_client_batch_size"], 8);
-    worker.stop().await;
+    stack.worker.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn info_reports_the_workers_limit() {
-    let Stack {
-        nats,
-        tei: _tei,
-        worker,
-    } = Stack::start(TeiConfig::instant(), &["--max-client-batch-size", "100"]).await;
-    let gateway = start_gateway(&nats, 1 << 20, 512).await;
-    let (status, info) = get_json(&gateway.url, "/info").await;
-    assert_eq!(status, 200, "{info}");
+    let worker_args = ["--max-client-batch-size", "100"];
+    let (stack, gateway) =
+        stack_with_gateway(TeiConfig::instant(), &worker_args, 1 << 20, 512).await;
+    let info = get_info(&gateway.url).await;
     assert_eq!(info["max_client_batch_size"], 100);
-    worker.stop().await;
+    stack.worker.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -232,8 +219,7 @@ async fn info_from_the_built_in_model() {
     let dir = dir.to_str().expect("UTF-8 model path");
     let worker = RunningWorker::start(&nats, &["--model-dir", dir]).await;
     let gateway = start_gateway(&nats, 1 << 20, 512).await;
-    let (status, info) = get_json(&gateway.url, "/info").await;
-    assert_eq!(status, 200, "{info}");
+    let info = get_info(&gateway.url).await;
     assert_eq!(info["model_id"], "all-MiniLM-L6-v2");
     assert_eq!(info["max_input_length"], 256);
     assert_eq!(info["max_client_batch_size"], 512);
@@ -248,11 +234,5 @@ async fn info_without_workers_is_503() {
     let gateway = start_gateway(&nats, 1 << 20, 64).await;
     let (status, body) = get_json(&gateway.url, "/info").await;
     assert_eq!(status, 503, "{body}");
-    assert_eq!(body["error_type"], "Unhealthy");
-    assert!(
-        body["error"]
-            .as_str()
-            .is_some_and(|m| m.contains("embed.info")),
-        "{body}"
-    );
+    assert_tei_error(&body, "Unhealthy", "embed.info");
 }

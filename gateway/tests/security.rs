@@ -9,24 +9,38 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
-use common::start_gateway_at;
-use embatch_testkit::{NatsServer, RunningWorker, TeiConfig, double_vector, start_tei};
+use common::{json_post, start_gateway_at};
+use embatch_testkit::{NatsServer, RunningWorker, TeiConfig, TeiDouble, double_vector, start_tei};
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, ExtendedKeyUsagePurpose, IsCa, KeyPair,
 };
 
 /// POSTs one input through the gateway and checks the TEI double's vector came back.
 async fn embeds_through(gateway_url: &str) {
-    let response = reqwest::Client::new()
-        .post(format!("{gateway_url}/embed"))
-        .header("content-type", "application/json")
-        .body(r#"{"inputs":"secured"}"#)
+    let url = format!("{gateway_url}/embed");
+    let response = json_post(&reqwest::Client::new(), &url, r#"{"inputs":"secured"}"#)
         .send()
         .await
         .expect("send");
     assert_eq!(response.status().as_u16(), 200);
     let vectors: Vec<Vec<f32>> = response.json().await.expect("vectors");
     assert_eq!(vectors, vec![double_vector("secured")]);
+}
+
+/// The TEI double and a worker on it joining NATS at `nats_url`, configured by `args` after
+/// `--tei-url`.
+async fn tei_and_worker(nats_url: &str, args: &[&str]) -> (TeiDouble, RunningWorker) {
+    let tei = start_tei(TeiConfig::instant()).await;
+    let mut worker_args = vec!["--tei-url", tei.url.as_str()];
+    worker_args.extend(args);
+    let worker = RunningWorker::start_at(nats_url, &worker_args).await;
+    (tei, worker)
+}
+
+/// `nats`'s URL with `credentials` (`user:password` or a token) in it, as `nats://…@127.0.0.1:PORT`.
+fn url_with_credentials(nats: &NatsServer, credentials: &str) -> String {
+    nats.url()
+        .replacen("nats://", &format!("nats://{credentials}@"), 1)
 }
 
 /// The gateway's start-up connect with `args`, as its error message.
@@ -43,13 +57,8 @@ async fn gateway_connect_error(url: &str, args: &[&str]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn user_and_password_from_flags_or_url_and_a_wrong_password_fails_clearly() {
     let nats = NatsServer::start_with_args(&["--user", "embatch", "--pass", "s3cret-pw"]);
-    let port = nats.url().rsplit(':').next().expect("port").to_owned();
-    let tei = start_tei(TeiConfig::instant()).await;
-    let worker = RunningWorker::start_at(
-        &format!("nats://embatch:s3cret-pw@127.0.0.1:{port}"),
-        &["--tei-url", &tei.url],
-    )
-    .await;
+    let (_tei, worker) =
+        tei_and_worker(&url_with_credentials(&nats, "embatch:s3cret-pw"), &[]).await;
     let gateway = start_gateway_at(
         &nats.url(),
         &["--nats-user", "embatch", "--nats-password", "s3cret-pw"],
@@ -65,8 +74,7 @@ async fn user_and_password_from_flags_or_url_and_a_wrong_password_fails_clearly(
     .await;
     assert!(err.contains("authorization violation"), "{err}");
     assert!(!err.contains("wrong-pw"), "{err}");
-    let err =
-        gateway_connect_error(&format!("nats://embatch:wrong-pw@127.0.0.1:{port}"), &[]).await;
+    let err = gateway_connect_error(&url_with_credentials(&nats, "embatch:wrong-pw"), &[]).await;
     assert!(err.contains("authorization violation"), "{err}");
     assert!(
         !err.contains("wrong-pw") && err.contains("nats://***@127.0.0.1"),
@@ -78,13 +86,7 @@ async fn user_and_password_from_flags_or_url_and_a_wrong_password_fails_clearly(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_authentication() {
     let nats = NatsServer::start_with_args(&["--auth", "t0ken-value"]);
-    let port = nats.url().rsplit(':').next().expect("port").to_owned();
-    let tei = start_tei(TeiConfig::instant()).await;
-    let worker = RunningWorker::start_at(
-        &format!("nats://t0ken-value@127.0.0.1:{port}"),
-        &["--tei-url", &tei.url],
-    )
-    .await;
+    let (_tei, worker) = tei_and_worker(&url_with_credentials(&nats, "t0ken-value"), &[]).await;
     let gateway = start_gateway_at(&nats.url(), &["--nats-token", "t0ken-value"], None).await;
     embeds_through(&gateway.url).await;
     let err = gateway_connect_error(&nats.url(), &["--nats-token", "other"]).await;
@@ -166,10 +168,7 @@ async fn mutual_tls_with_a_private_ca() {
         "--nats-tls-key",
         key.as_str(),
     ];
-    let tei = start_tei(TeiConfig::instant()).await;
-    let mut worker_args = vec!["--tei-url", tei.url.as_str()];
-    worker_args.extend(tls);
-    let worker = RunningWorker::start_at(&nats.url(), &worker_args).await;
+    let (_tei, worker) = tei_and_worker(&nats.url(), &tls).await;
     let gateway = start_gateway_at(&nats.url(), &tls, None).await;
     embeds_through(&gateway.url).await;
 

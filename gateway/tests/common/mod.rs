@@ -1,8 +1,10 @@
 //! Starts a gateway on a free port in the test process.
 
+use std::time::Duration;
+
 use clap::Parser;
 use embatch_gateway::{AppState, Config};
-use embatch_testkit::NatsServer;
+use embatch_testkit::{NatsServer, Stack, TeiConfig};
 use metrics_exporter_prometheus::PrometheusHandle;
 
 /// A gateway serving until the test ends; `url` is `http://127.0.0.1:PORT`.
@@ -29,6 +31,51 @@ pub async fn start_gateway(
         "500ms",
     ];
     start_gateway_at(&nats.url(), &args, None).await
+}
+
+/// A [`Stack`] (the worker started with `worker_args`) and a gateway on its server, as
+/// [`start_gateway`] starts it.
+#[allow(dead_code)] // not every test binary uses every helper
+pub async fn stack_with_gateway(
+    tei: TeiConfig,
+    worker_args: &[&str],
+    max_body_bytes: usize,
+    max_client_batch_size: usize,
+) -> (Stack, RunningGateway) {
+    let stack = Stack::start(tei, worker_args).await;
+    let gateway = start_gateway(&stack.nats, max_body_bytes, max_client_batch_size).await;
+    (stack, gateway)
+}
+
+/// The TEI double answering every call after `base` (otherwise [`TeiConfig::instant`]).
+#[allow(dead_code)] // not every test binary uses every helper
+pub fn tei_taking(base: Duration) -> TeiConfig {
+    TeiConfig {
+        base,
+        ..TeiConfig::instant()
+    }
+}
+
+/// `POST {url}` with the JSON `body` (`content-type: application/json`), ready to send.
+#[allow(dead_code)] // not every test binary uses every helper
+pub fn json_post(
+    http: &reqwest::Client,
+    url: &str,
+    body: impl Into<reqwest::Body>,
+) -> reqwest::RequestBuilder {
+    http.post(url)
+        .header("content-type", "application/json")
+        .body(body)
+}
+
+/// Asserts that `body` is TEI's error body of type `error_type` with `needle` in its message.
+#[allow(dead_code)] // not every test binary uses every helper
+pub fn assert_tei_error(body: &serde_json::Value, error_type: &str, needle: &str) {
+    assert_eq!(body["error_type"], error_type, "{body}");
+    assert!(
+        body["error"].as_str().is_some_and(|m| m.contains(needle)),
+        "{body}: the message lacks {needle:?}"
+    );
 }
 
 /// A gateway on `nats_url` (a comma-separated list), configured by `args` as `embatch-gateway`
