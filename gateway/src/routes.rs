@@ -172,7 +172,7 @@ async fn embed(
     let mut in_flight = InFlight::start();
     let started = in_flight.started;
     let forwarded = async {
-        let body = read_body(&state, body)?;
+        let body = read_body(&state, &request_headers, body)?;
         forward(&state, &request_headers, body, started).await
     };
     let response = match forwarded.await {
@@ -195,7 +195,7 @@ async fn openai_embeddings(
     let mut in_flight = InFlight::start();
     let started = in_flight.started;
     let forwarded = async {
-        let body = read_body(&state, body)?;
+        let body = read_body(&state, &request_headers, body)?;
         let (request, shape) = EmbeddingsRequest::from_slice(&body)?.into_embed_request();
         let body = serde_json::to_vec(&request)
             .map_err(|e| EmbedError::Validation(format!("cannot translate the request: {e}")))?;
@@ -242,8 +242,25 @@ fn reply_response(body: Bytes, timings: &Timings, started: Instant) -> Response 
     response
 }
 
-/// The request body, or the 413/422 for a body over `MAX_BODY_BYTES` or unreadable.
-fn read_body(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Bytes, EmbedError> {
+/// The request body, or the 415 for a body not declared as JSON (`Content-Type:
+/// application/json`, parameters allowed; mirrors TEI 1.9.3), the 413 for a body over
+/// `MAX_BODY_BYTES`, the 422 for an unreadable one.
+fn read_body(
+    state: &AppState,
+    request_headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Bytes, EmbedError> {
+    let content_type = request_headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let essence = content_type.split(';').next().unwrap_or("").trim();
+    if !essence.eq_ignore_ascii_case("application/json") {
+        return Err(EmbedError::UnsupportedMediaType(format!(
+            "expected a request with `Content-Type: application/json`, got {:?}",
+            content_type
+        )));
+    }
     body.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             EmbedError::TooLarge(format!(

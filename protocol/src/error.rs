@@ -59,10 +59,14 @@ pub enum EmbedError {
     /// `Validation`; mirrors TEI, which answers 422 for bodies it cannot deserialize).
     #[error("Input validation error: {0}")]
     Validation(String),
-    /// Body, input count or input length over a limit (413, `Validation`; mirrors TEI's 413 for
-    /// batches over `max_client_batch_size` and inputs over `max_input_length`).
+    /// Body, input length or reply size over a limit (413, `Validation`; mirrors TEI's 413 for
+    /// bodies over its payload limit and inputs over `max_input_length`).
     #[error("Input validation error: {0}")]
     TooLarge(String),
+    /// The request body is not declared as JSON (415, `Validation`; mirrors TEI 1.9.3, which
+    /// answers 415 for `text/plain` or a missing `Content-Type`).
+    #[error("Input validation error: {0}")]
+    UnsupportedMediaType(String),
     /// `inputs` is empty (400, `Empty`; mirrors TEI).
     #[error("Input validation error: {0}")]
     Empty(String),
@@ -101,6 +105,7 @@ impl EmbedError {
         match self {
             EmbedError::Validation(_) | EmbedError::Tokenizer(_) => 422,
             EmbedError::TooLarge(_) => 413,
+            EmbedError::UnsupportedMediaType(_) => 415,
             EmbedError::Empty(_) => 400,
             EmbedError::Backend(_) => 424,
             EmbedError::Overloaded(_) => 429,
@@ -113,7 +118,9 @@ impl EmbedError {
     /// The TEI `error_type` of this error.
     pub fn error_type(&self) -> ErrorType {
         match self {
-            EmbedError::Validation(_) | EmbedError::TooLarge(_) => ErrorType::Validation,
+            EmbedError::Validation(_)
+            | EmbedError::TooLarge(_)
+            | EmbedError::UnsupportedMediaType(_) => ErrorType::Validation,
             EmbedError::Empty(_) => ErrorType::Empty,
             EmbedError::Tokenizer(_) => ErrorType::Tokenizer,
             EmbedError::Backend(_) => ErrorType::Backend,
@@ -129,6 +136,7 @@ impl EmbedError {
         match self {
             EmbedError::Validation(_) => "validation",
             EmbedError::TooLarge(_) => "too_large",
+            EmbedError::UnsupportedMediaType(_) => "unsupported_media_type",
             EmbedError::Empty(_) => "empty",
             EmbedError::Tokenizer(_) => "tokenizer",
             EmbedError::Backend(_) => "backend",
@@ -180,6 +188,11 @@ mod tests {
                 ErrorType::Validation,
             ),
             (EmbedError::TooLarge("x".into()), 413, ErrorType::Validation),
+            (
+                EmbedError::UnsupportedMediaType("x".into()),
+                415,
+                ErrorType::Validation,
+            ),
             (EmbedError::Empty("x".into()), 400, ErrorType::Empty),
             (EmbedError::Tokenizer("x".into()), 422, ErrorType::Tokenizer),
             (EmbedError::Backend("x".into()), 424, ErrorType::Backend),

@@ -153,9 +153,16 @@ impl EmbedRequest {
     /// Parses a request body.
     ///
     /// # Errors
-    /// [`EmbedError::Validation`] (422) naming the offending field for malformed JSON, a missing
-    /// `inputs`, or a field of the wrong type.
+    /// [`EmbedError::Validation`] (422) naming the offending field for malformed JSON, a body
+    /// that is not a JSON object (TEI 1.9.3 answers 422 for a top-level array, which serde alone
+    /// would read as the fields in order), a missing `inputs`, or a field of the wrong type.
     pub fn from_slice(body: &[u8]) -> Result<EmbedRequest, EmbedError> {
+        let first = body.iter().find(|b| !b.is_ascii_whitespace());
+        if first.is_some_and(|b| *b != b'{') {
+            return Err(EmbedError::Validation(
+                "the request body must be a JSON object, e.g. {\"inputs\": \"text\"}".into(),
+            ));
+        }
         let mut de = serde_json::Deserializer::from_slice(body);
         let request: EmbedRequest = serde_path_to_error::deserialize(&mut de).map_err(|err| {
             let path = err.path().to_string();
@@ -176,18 +183,28 @@ impl EmbedRequest {
     /// Checks the limits a request must meet before it is queued.
     ///
     /// # Errors
-    /// - [`EmbedError::Empty`] (400) when `inputs` is an empty array.
-    /// - [`EmbedError::TooLarge`] (413) when it holds more than `max_inputs` inputs (mirrors TEI's
-    ///   `max_client_batch_size` check).
-    /// - [`EmbedError::Validation`] (422) when `dimensions` is 0.
+    /// - [`EmbedError::Empty`] (400) when `inputs` is an empty array or one input is an empty
+    ///   string (TEI 1.9.3 answers 400 `Empty` for both).
+    /// - [`EmbedError::Validation`] (422) when it holds more than `max_inputs` inputs (mirrors
+    ///   TEI 1.9.3's `max_client_batch_size` check, which answers 422), or `dimensions` is 0.
     pub fn validate(&self, max_inputs: usize) -> Result<(), EmbedError> {
         let n = self.inputs.len();
         if n == 0 {
             return Err(EmbedError::Empty("`inputs` cannot be empty".into()));
         }
+        let texts = match &self.inputs {
+            Inputs::Single(text) => std::slice::from_ref(text),
+            Inputs::Batch(texts) => texts.as_slice(),
+        };
+        if let Some(i) = texts.iter().position(String::is_empty) {
+            return Err(EmbedError::Empty(format!(
+                "`inputs` cannot be empty: input {i} is an empty string"
+            )));
+        }
         if n > max_inputs {
-            return Err(EmbedError::TooLarge(format!(
-                "`inputs` must have at most {max_inputs} elements. Given: {n}"
+            return Err(EmbedError::Validation(format!(
+                "batch size {n} > maximum allowed batch size {max_inputs}: `inputs` must have at \
+                 most {max_inputs} elements. Given: {n}"
             )));
         }
         if self.dimensions == Some(0) {
@@ -282,12 +299,29 @@ mod tests {
         assert_eq!(empty.validate(8).expect_err("empty").status(), 400);
         let three = parse(r#"{"inputs":["a","b","c"]}"#).expect("parses");
         let err = three.validate(2).expect_err("too many");
-        assert_eq!(err.status(), 413);
+        assert_eq!(err.status(), 422, "TEI 1.9.3 answers 422");
         assert!(
             err.to_string().contains("at most 2 elements. Given: 3"),
             "{err}"
         );
         assert!(three.validate(3).is_ok());
+        for body in [r#"{"inputs":""}"#, r#"{"inputs":["a",""]}"#] {
+            let err = parse(body)
+                .expect("parses")
+                .validate(8)
+                .expect_err("empty text");
+            assert_eq!(err.status(), 400, "{body}");
+            assert_eq!(err.error_type(), crate::ErrorType::Empty, "{body}");
+        }
+    }
+
+    #[test]
+    fn the_body_must_be_an_object() {
+        for body in [r#"["a"]"#, r#""a""#, " [1]"] {
+            let err = parse(body).expect_err("not an object");
+            assert_eq!(err.status(), 422, "{body}");
+            assert!(err.to_string().contains("JSON object"), "{err}");
+        }
     }
 
     #[test]

@@ -194,10 +194,17 @@ pub const BAD_REQUESTS: &[(&str, u16, &str, &str)] = &[
     ),
     (
         r#"{"inputs":["a","b","c","d"]}"#,
-        413,
+        422,
         "Validation",
         "at most 3 elements. Given: 4",
     ),
+    (
+        r#"{"inputs":["a",""]}"#,
+        400,
+        "Empty",
+        "input 1 is an empty string",
+    ),
+    (r#"["a"]"#, 422, "Validation", "JSON object"),
 ];
 
 /// A real nats-server, the TEI double and an in-process worker on both: where most tests start.

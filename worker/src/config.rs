@@ -81,7 +81,7 @@ pub struct Config {
     #[arg(long, env = "MAX_QUEUE_DELAY", default_value = "auto")]
     pub max_queue_delay: QueueDelay,
 
-    /// Most inputs in one request (mirrors TEI's max_client_batch_size; answered 413 beyond).
+    /// Most inputs in one request (mirrors TEI's max_client_batch_size; answered 422 beyond, as TEI 1.9.3).
     #[arg(long, env = "MAX_CLIENT_BATCH_SIZE", default_value_t = 512)]
     pub max_client_batch_size: usize,
 
