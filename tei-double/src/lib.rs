@@ -13,7 +13,7 @@
 //! [`embedding`]), so a test can check identity (same text → same vector, different texts →
 //! different vectors) and order. Errors have TEI's shape (`{"error": "...", "error_type": "..."}`)
 //! and codes:
-//! - more inputs than `max_client_batch_size` → 413 `Validation`;
+//! - more inputs than `max_client_batch_size` → 422 `Validation` (as TEI 1.9.3);
 //! - an input containing [`POISON`] → 422 `Validation` (for tests of poison isolation);
 //! - an empty `inputs` array → 400 `Empty`; a malformed body → 422 `Validation`;
 //! - `dimensions` of 0 or above the dimension → 422 `Validation`;
@@ -64,7 +64,7 @@ pub struct Config {
     pub concurrency: usize,
     /// Embedding dimension (number of floats per vector).
     pub dim: usize,
-    /// Largest number of inputs one call may hold; more → 413. Announced by `/info`.
+    /// Largest number of inputs one call may hold; more → 422 (as TEI 1.9.3). Announced by `/info`.
     pub max_client_batch_size: usize,
     /// `model_id` announced by `/info`.
     pub model_id: String,
@@ -626,7 +626,7 @@ mod tests {
             serde_json::json!({"inputs": ["1", "2", "3", "4", "5"]}),
         )
         .await;
-        assert_eq!(status, 413);
+        assert_eq!(status, 422);
         assert_eq!(body["error_type"], "Validation");
         assert!(
             body["error"]
@@ -654,7 +654,7 @@ mod tests {
         let statuses: Vec<u16> = tei.calls().iter().map(|c| c.status).collect();
         assert_eq!(
             statuses,
-            [413, 422, 400],
+            [422, 422, 400],
             "malformed bodies are not recorded"
         );
     }
