@@ -16,12 +16,23 @@ struct Stack {
     client: async_nats::Client,
 }
 
-async fn stack(tei_config: TeiConfig, args: &[&str]) -> Stack {
+/// A [`Stack`] on an instant TEI double, the worker started with `args`.
+async fn stack(args: &[&str]) -> Stack {
+    stack_on(TeiConfig::instant(), args).await
+}
+
+/// A [`Stack`] on a TEI double configured by `tei_config`, the worker started with `args`.
+async fn stack_on(tei_config: TeiConfig, args: &[&str]) -> Stack {
     let base = embatch_testkit::Stack::start(tei_config, args).await;
-    let client = async_nats::connect(base.nats.url())
-        .await
-        .expect("client connects");
+    let client = connect(&base.nats).await;
     Stack { base, client }
+}
+
+/// A plain NATS client on `nats`.
+async fn connect(nats: &NatsServer) -> async_nats::Client {
+    async_nats::connect(nats.url())
+        .await
+        .expect("client connects")
 }
 
 /// The reply of a direct NATS request sent through `embatch-client` with a 10 s budget: status
@@ -51,11 +62,7 @@ fn vectors(body: &serde_json::Value) -> Vec<Vec<f32>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_clients_share_full_batches_and_each_gets_its_own_slice() {
-    let stack = stack(
-        TeiConfig::instant(),
-        &["--max-batch-size", "32", "--max-wait-time", "250ms"],
-    )
-    .await;
+    let stack = stack(&["--max-batch-size", "32", "--max-wait-time", "250ms"]).await;
     let (tei, client) = (&stack.base.tei, &stack.client);
 
     let tasks: Vec<_> = (0..64)
@@ -91,11 +98,7 @@ async fn concurrent_clients_share_full_batches_and_each_gets_its_own_slice() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poisoned_request_fails_alone_over_nats() {
-    let stack = stack(
-        TeiConfig::instant(),
-        &["--max-batch-size", "16", "--max-wait-time", "250ms"],
-    )
-    .await;
+    let stack = stack(&["--max-batch-size", "16", "--max-wait-time", "250ms"]).await;
     let client = &stack.client;
     let tasks: Vec<_> = (0..16)
         .map(|i| {
@@ -130,9 +133,7 @@ async fn upstream_down_answers_503_fast_and_upstream_5xx_answers_424() {
     let closed = format!("http://127.0.0.1:{}", embatch_testkit::free_port());
     let worker =
         RunningWorker::start(&nats, &["--tei-url", &closed, "--max-wait-time", "1ms"]).await;
-    let client = async_nats::connect(nats.url())
-        .await
-        .expect("client connects");
+    let client = connect(&nats).await;
     let started = std::time::Instant::now();
     let (code, body) = request(&client, r#"{"inputs":"x"}"#).await;
     assert_eq!(code, 503, "{body}");
@@ -165,7 +166,7 @@ async fn upstream_down_answers_503_fast_and_upstream_5xx_answers_424() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_deadline_gets_504_without_an_upstream_call() {
-    let stack = stack(TeiConfig::instant(), &[]).await;
+    let stack = stack(&[]).await;
     let (tei, client) = (&stack.base.tei, &stack.client);
     // By hand, not through `embatch-client`: a 0 ms budget would time out in the client itself.
     let mut h = async_nats::HeaderMap::new();
@@ -198,7 +199,7 @@ async fn an_expired_deadline_gets_504_without_an_upstream_call() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn beyond_queue_cap_requests_are_answered_429_at_once() {
-    let stack = stack(
+    let stack = stack_on(
         TeiConfig {
             base: Duration::from_millis(800),
             ..TeiConfig::instant()
@@ -235,7 +236,7 @@ async fn beyond_queue_cap_requests_are_answered_429_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_teis_error_body_and_nats_error_headers() {
-    let stack = stack(TeiConfig::instant(), &["--max-client-batch-size", "3"]).await;
+    let stack = stack(&["--max-client-batch-size", "3"]).await;
     let (tei, client) = (&stack.base.tei, &stack.client);
     let cases = embatch_testkit::BAD_REQUESTS.iter().copied();
     for (body, status, kind, needle) in cases {
@@ -260,7 +261,7 @@ async fn bad_requests_get_teis_error_body_and_nats_error_headers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_worker_registers_as_a_nats_micro_service() {
-    let stack = stack(TeiConfig::instant(), &[]).await;
+    let stack = stack(&[]).await;
     let client = &stack.client;
     let info = client
         .request("$SRV.INFO.embatch", Bytes::new())
@@ -299,9 +300,7 @@ async fn the_tei_api_key_is_sent_as_a_bearer_token_and_never_logged() {
         "the startup log line would leak the key"
     );
     let worker = RunningWorker::start(&nats, &args).await;
-    let client = async_nats::connect(nats.url())
-        .await
-        .expect("client connects");
+    let client = connect(&nats).await;
     let (code, _) = request(&client, r#"{"inputs":"x"}"#).await;
     assert_eq!(code, 200);
     let calls = tei.calls();
@@ -320,9 +319,7 @@ async fn a_reply_over_the_servers_max_payload_is_a_413_not_a_timeout() {
     let nats = NatsServer::start_with_args(&["-c", conf.to_str().expect("UTF-8 path")]);
     let tei = start_tei(TeiConfig::instant()).await;
     let worker = RunningWorker::start(&nats, &["--tei-url", &tei.url]).await;
-    let client = async_nats::connect(nats.url())
-        .await
-        .expect("client connects");
+    let client = connect(&nats).await;
     let many = |n: usize| {
         serde_json::json!({ "inputs": (0..n).map(|i| format!("input {i}")).collect::<Vec<_>>() })
             .to_string()

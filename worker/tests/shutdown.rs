@@ -57,6 +57,22 @@ async fn spawn_worker(
     panic!("worker never became ready");
 }
 
+/// A nats-server, the TEI double taking `upstream_time` per call, and a client on the server.
+async fn nats_tei_and_client(
+    upstream_time: Duration,
+) -> (NatsServer, TeiDouble, async_nats::Client) {
+    let nats = NatsServer::start();
+    let tei = start_tei(TeiConfig {
+        base: upstream_time,
+        ..TeiConfig::instant()
+    })
+    .await;
+    let client = async_nats::connect(nats.url())
+        .await
+        .expect("client connects");
+    (nats, tei, client)
+}
+
 fn sigterm(worker: &Child) {
     let killed = Command::new("kill")
         .args(["-TERM", &worker.id().to_string()])
@@ -74,15 +90,7 @@ async fn exit_status(mut worker: Child) -> std::process::ExitStatus {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_sending_through_sigterm_of_one_of_two_workers_loses_nothing() {
-    let nats = NatsServer::start();
-    let tei = start_tei(TeiConfig {
-        base: Duration::from_millis(20),
-        ..TeiConfig::instant()
-    })
-    .await;
-    let nats_client = async_nats::connect(nats.url())
-        .await
-        .expect("client connects");
+    let (nats, tei, nats_client) = nats_tei_and_client(Duration::from_millis(20)).await;
     let settings = [("MAX_WAIT_TIME", "2ms")];
     let leaving = spawn_worker(&nats, &tei, &settings, &nats_client, 1).await;
     let staying = spawn_worker(&nats, &tei, &settings, &nats_client, 2).await;
@@ -120,16 +128,8 @@ async fn a_client_sending_through_sigterm_of_one_of_two_workers_loses_nothing() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_loses_no_accepted_request() {
-    let nats = NatsServer::start();
     // 4 inputs per call, one call at a time, 300 ms each: 12 requests need ~900 ms.
-    let tei = start_tei(TeiConfig {
-        base: Duration::from_millis(300),
-        ..TeiConfig::instant()
-    })
-    .await;
-    let client = async_nats::connect(nats.url())
-        .await
-        .expect("client connects");
+    let (nats, tei, client) = nats_tei_and_client(Duration::from_millis(300)).await;
     let settings = [
         ("MAX_BATCH_SIZE", "4"),
         ("MAX_CONCURRENT_BATCHES", "1"),
