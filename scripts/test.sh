@@ -12,3 +12,4 @@ export EMBATCH_MODEL_DIR
 EMBATCH_MODEL_DIR=$(scripts/fetch-model.sh)
 
 cargo test --workspace --locked --no-fail-fast "$@"
+scripts/client-tests.sh

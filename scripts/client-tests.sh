@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# Real clients against a real stack: starts nats-server, one worker on the built-in model and the
+# gateway (debug builds, free loopback ports), then calls them through unmodified, pinned client
+# libraries and the README's examples:
+#   - Python (tests/clients/test_clients.py, pins in tests/clients/requirements.txt, venv in
+#     ${XDG_CACHE_HOME:-~/.cache}/embatch/client-venv): huggingface_hub, openai (base64 and float),
+#     llama-index's TEI embeddings, nats-py; every vector is compared with testdata's TEI reference;
+#   - examples/direct_nats.py, examples/go (nats.go), examples/node (nats on npm), run as written:
+#     one vector of 384 floats on `embed`, and exit 3 (not a crash) on a subject nobody serves.
+# Stops everything it started on exit. Exits non-zero when any check fails.
+#
+# Usage: scripts/client-tests.sh        (scripts/test.sh runs it after cargo test)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+started=$SECONDS
+
+step() { printf '\n==> %s\n' "$*" >&2; }
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+    kill -TERM "${pids[i]}" 2>/dev/null || true
+    wait "${pids[i]}" 2>/dev/null || true
+  done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+show_logs() { for f in "$tmp"/*.log; do echo "--- $f" >&2; tail -n 30 "$f" >&2; done; }
+
+step "building the gateway and the worker (debug; a no-op after cargo test)"
+nats_server=$(scripts/install-nats-server.sh)
+model_dir=$(scripts/fetch-model.sh)
+cargo build --locked -p embatch-gateway -p embatch-worker
+bin_dir=${CARGO_TARGET_DIR:-target}/debug
+
+step "installing the clients: Python venv, Go module, npm package"
+venv=${XDG_CACHE_HOME:-$HOME/.cache}/embatch/client-venv
+if ! cmp -s tests/clients/requirements.txt "$venv/requirements.installed"; then
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check -r tests/clients/requirements.txt
+  cp tests/clients/requirements.txt "$venv/requirements.installed"
+fi
+(cd examples/go && go build -o "$tmp/go-example" .)
+(cd examples/node && npm ci --no-audit --no-fund --loglevel=error >"$tmp/npm.log" 2>&1) || {
+  cat "$tmp/npm.log" >&2
+  exit 1
+}
+
+nats_port=$(free_port)
+gateway_port=$(free_port)
+nats_url="nats://127.0.0.1:$nats_port"
+gateway="http://127.0.0.1:$gateway_port"
+step "starting nats-server $nats_url, a worker (built-in model) and the gateway $gateway"
+"$nats_server" -a 127.0.0.1 -p "$nats_port" >"$tmp/nats.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 1 100); do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$nats_port") 2>/dev/null; then break; fi
+  sleep 0.1
+done
+"$bin_dir/embatch-worker" --nats-url "$nats_url" --model-dir "$model_dir" --metrics-addr "" >"$tmp/worker.log" 2>&1 &
+pids+=($!)
+"$bin_dir/embatch-gateway" --nats-url "$nats_url" --listen "127.0.0.1:$gateway_port" >"$tmp/gateway.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 1 300); do
+  if curl -fsS "$gateway/health" >/dev/null 2>&1; then break; fi
+  for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null || break 2; done
+  sleep 0.2
+done
+curl -fsS "$gateway/health" >/dev/null || {
+  echo "the stack did not become healthy (a process exited, or 60 s passed)" >&2
+  show_logs
+  exit 1
+}
+
+results=()
+record() { # record PASS|FAIL label
+  results+=("$1  $2")
+  printf '%s  %s\n' "$1" "$2" >&2
+}
+
+step "Python client libraries against the gateway and NATS (vectors vs testdata's TEI reference)"
+set +e
+"$venv/bin/python" tests/clients/test_clients.py "$gateway" "$nats_url" 2>&1 | tee "$tmp/python.out"
+python_status=${PIPESTATUS[0]}
+set -e
+while IFS= read -r line; do results+=("$line"); done < <(grep -E '^(PASS|FAIL)  ' "$tmp/python.out" | sed 's/ — .*//')
+if [ "$python_status" -ne 0 ] && ! grep -q '^FAIL  ' "$tmp/python.out"; then
+  record FAIL "tests/clients/test_clients.py exited $python_status"
+fi
+
+# expect_vector LABEL CMD...: the example embeds one text: exit 0, one line "[nats] 384 dims ...".
+expect_vector() {
+  local label=$1 status=0
+  shift
+  "$@" "$nats_url" "What is vector search?" >"$tmp/out" 2>&1 || status=$?
+  cat "$tmp/out" >&2
+  if [ "$status" -eq 0 ] && [ "$(grep -c '^\[nats\] 384 dims ' "$tmp/out")" -eq 1 ] && [ "$(wc -l <"$tmp/out")" -eq 1 ]; then
+    record PASS "$label: one vector of 384 floats"
+  else
+    record FAIL "$label: want exit 0 and one vector of 384 floats, got exit $status"
+  fi
+}
+# expect_no_responders LABEL CMD...: on a subject nobody serves, exit 3 with its message, no crash.
+expect_no_responders() {
+  local label=$1 status=0
+  shift
+  EMBATCH_SUBJECT=embatch-client-tests.nobody-serves-this "$@" "$nats_url" "x" >"$tmp/out" 2>&1 || status=$?
+  cat "$tmp/out" >&2
+  if [ "$status" -eq 3 ] && grep -q 'no embatch worker is listening' "$tmp/out"; then
+    record PASS "$label: no responders handled (exit 3)"
+  else
+    record FAIL "$label: want exit 3 and 'no embatch worker is listening' on no responders, got exit $status"
+  fi
+}
+
+step "the README's examples on the NATS subject"
+nats_py=$("$venv/bin/pip" show nats-py | sed -n 's/^Version: //p')
+nats_go=$(sed -n 's|^require github.com/nats-io/nats.go ||p' examples/go/go.mod)
+nats_js=$(node -p 'require("./examples/node/node_modules/nats/package.json").version')
+expect_vector "examples/direct_nats.py (nats-py $nats_py)" "$venv/bin/python" examples/direct_nats.py
+expect_no_responders "examples/direct_nats.py (nats-py $nats_py)" "$venv/bin/python" examples/direct_nats.py
+expect_vector "examples/go (nats.go $nats_go, $(go env GOVERSION))" "$tmp/go-example"
+expect_no_responders "examples/go (nats.go $nats_go)" "$tmp/go-example"
+expect_vector "examples/node (nats $nats_js, node $(node --version))" node examples/node/index.mjs
+expect_no_responders "examples/node (nats $nats_js)" node examples/node/index.mjs
+
+passed=0 failed=0
+printf '\n==> client tests (%ss)\n' "$((SECONDS - started))"
+for r in "${results[@]}"; do
+  echo "$r"
+  case $r in PASS*) passed=$((passed + 1)) ;; *) failed=$((failed + 1)) ;; esac
+done
+echo "client-tests: $passed passed, $failed failed"
+if [ "$failed" -ne 0 ]; then
+  show_logs
+  exit 1
+fi

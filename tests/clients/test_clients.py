@@ -1,0 +1,164 @@
+"""Real client libraries against a running embatch stack (started by scripts/client-tests.sh).
+
+Usage: python test_clients.py GATEWAY_URL NATS_URL
+
+Each check calls the gateway (or NATS) through an unmodified, pinned client library
+(tests/clients/requirements.txt) and compares every vector it gets with the reference embeddings
+that a real text-embeddings-inference 1.9.3 server produced for the same inputs
+(testdata/minilm-reference-embeddings.json; cosine >= 0.999, see testdata/README.md).
+Prints one PASS/FAIL line per check, then a summary; exits 1 when any check failed.
+"""
+
+import asyncio
+import json
+import math
+import sys
+import time
+import traceback
+from importlib.metadata import version
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+MIN_COSINE = 0.999
+DIMS = 384
+
+# A few of the reference inputs: plain English, a long sentence, Japanese, emoji.
+PICK = [0, 2, 16, 17]
+
+
+def load_reference() -> tuple[list[str], list[list[float]]]:
+    data = json.loads((REPO / "testdata/minilm-reference-embeddings.json").read_text())
+    # The case with default options (normalize: true, no truncate): all 30 inputs.
+    case = next(c for c in data["cases"] if set(c["request"]) == {"inputs"})
+    inputs, embeddings = case["request"]["inputs"], case["embeddings"]
+    return [inputs[i] for i in PICK], [embeddings[i] for i in PICK]
+
+
+TEXTS, EXPECTED = load_reference()
+
+
+def cosine(a, b) -> float:
+    dot = sum(x * y for x, y in zip(a, b))
+    return dot / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)))
+
+
+def compare(vectors, texts=TEXTS, expected=EXPECTED) -> str:
+    """Raises AssertionError naming the input when a vector is missing, misshapen or wrong."""
+    vectors = [[float(x) for x in v] for v in vectors]
+    assert len(vectors) == len(texts), f"{len(vectors)} vectors for {len(texts)} inputs"
+    worst = 1.0
+    for text, got, want in zip(texts, vectors, expected):
+        assert len(got) == DIMS, f"{len(got)} dims, want {DIMS}, for {text!r}"
+        c = cosine(got, want)
+        assert c >= MIN_COSINE, f"cosine {c:.6f} < {MIN_COSINE} against the reference for {text!r}"
+        worst = min(worst, c)
+    return f"{len(vectors)} vectors x {DIMS} dims, min cosine {worst:.6f}"
+
+
+def check_huggingface_hub(gateway: str, nats_url: str) -> str:
+    import numpy as np
+    from huggingface_hub import InferenceClient
+
+    client = InferenceClient(base_url=gateway)
+    vectors = []
+    for text in TEXTS:
+        out = np.atleast_2d(client.feature_extraction(text))
+        assert out.shape == (1, DIMS), f"shape {out.shape} for {text!r}, want (1, {DIMS})"
+        vectors.append(out[0])
+    return compare(vectors)
+
+
+def check_openai_base64(gateway: str, nats_url: str) -> str:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=gateway + "/v1", api_key="unused")
+    # No encoding_format: the SDK asks for base64 and decodes it itself.
+    response = client.embeddings.create(model="x", input=TEXTS)
+    assert [d.index for d in response.data] == list(range(len(TEXTS))), "indices out of order"
+    return compare([d.embedding for d in response.data])
+
+
+def check_openai_float(gateway: str, nats_url: str) -> str:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=gateway + "/v1", api_key="unused")
+    response = client.embeddings.create(model="x", input=TEXTS, encoding_format="float")
+    assert [d.index for d in response.data] == list(range(len(TEXTS))), "indices out of order"
+    return compare([d.embedding for d in response.data])
+
+
+def check_llama_index(gateway: str, nats_url: str) -> str:
+    from llama_index.embeddings.text_embeddings_inference import TextEmbeddingsInference
+
+    model = TextEmbeddingsInference(base_url=gateway, model_name="x")
+    single = model.get_text_embedding(TEXTS[0])
+    compare([single], TEXTS[:1], EXPECTED[:1])
+    return compare(model.get_text_embedding_batch(TEXTS))
+
+
+def check_nats_py(gateway: str, nats_url: str) -> str:
+    import nats
+
+    async def run():
+        nc = await nats.connect(nats_url)
+        try:
+            # The README's snippet ("NATS contract"), as written there.
+            reply = await nc.request("embed", json.dumps({"inputs": TEXTS}).encode(), timeout=10,
+                                     headers={"Embatch-Deadline-Ms": "10000"})
+            if (reply.headers or {}).get("Nats-Service-Error-Code"):
+                raise RuntimeError(json.loads(reply.data)["error"])
+            vectors = json.loads(reply.data)
+            return compare(vectors)
+        finally:
+            await nc.close()
+
+    return asyncio.run(run())
+
+
+def check_nats_py_no_responders(gateway: str, nats_url: str) -> str:
+    import nats
+    from nats.errors import NoRespondersError
+
+    async def run():
+        nc = await nats.connect(nats_url)
+        try:
+            await nc.request("embatch-client-tests.nobody-serves-this", b'{"inputs":["x"]}', timeout=5)
+        except NoRespondersError:
+            return "NoRespondersError at once, as the README says (-> 503)"
+        finally:
+            await nc.close()
+        raise AssertionError("a subject nobody serves got a reply")
+
+    return asyncio.run(run())
+
+
+CHECKS = [
+    ("huggingface_hub", "InferenceClient(base_url).feature_extraction(text)", check_huggingface_hub),
+    ("openai", "embeddings.create(), SDK default (base64)", check_openai_base64),
+    ("openai", "embeddings.create(encoding_format='float')", check_openai_float),
+    ("llama-index-embeddings-text-embeddings-inference",
+     "TextEmbeddingsInference.get_text_embedding(s)", check_llama_index),
+    ("nats-py", "nc.request('embed', ...) (README snippet)", check_nats_py),
+    ("nats-py", "no responders on an unserved subject", check_nats_py_no_responders),
+]
+
+
+def main() -> int:
+    gateway, nats_url = sys.argv[1].rstrip("/"), sys.argv[2]
+    failed = 0
+    for package, what, check in CHECKS:
+        label = f"{package} {version(package)}: {what}"
+        start = time.monotonic()
+        try:
+            detail = check(gateway, nats_url)
+            print(f"PASS  {label} — {detail} ({time.monotonic() - start:.1f}s)", flush=True)
+        except Exception as error:  # noqa: BLE001 - every failure is reported, then counted
+            failed += 1
+            print(f"FAIL  {label} — {type(error).__name__}: {error}", flush=True)
+            traceback.print_exc()
+    print(f"python clients: {len(CHECKS) - failed} of {len(CHECKS)} checks passed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
