@@ -181,9 +181,36 @@ impl EmbedClient {
     /// upstream work. "No responders" is retried for up to [`NO_RESPONDERS_RETRY`] within the
     /// budget: workers re-subscribe a few ms after a NATS reconnect or a rolling restart.
     ///
+    /// A worker's "unavailable" answer (503: its upstream is unreachable or it is stopping) is
+    /// retried at most [`UNAVAILABLE_RETRIES`] times, after 10–20 ms and 20–30 ms (jittered), while
+    /// the budget allows: an embedding request is idempotent, and the queue group is likely to
+    /// route the retry to another worker. Nothing else is retried (never a 4xx, a 429 or a
+    /// timeout).
+    ///
     /// # Errors
     /// See [`RequestError`].
     pub async fn embed(&self, body: Bytes, budget: Duration) -> Result<Reply, RequestError> {
+        let started = tokio::time::Instant::now();
+        let mut retries = 0;
+        loop {
+            let remaining = budget.saturating_sub(started.elapsed());
+            match self.embed_once(body.clone(), remaining).await {
+                Err(RequestError::Reply(err))
+                    if err.status() == 503
+                        && retries < UNAVAILABLE_RETRIES
+                        && remaining > Duration::from_millis(100) =>
+                {
+                    retries += 1;
+                    tracing::debug!(%err, retries, "a worker answered 503; retrying");
+                    tokio::time::sleep(retry_pause(retries)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// One attempt of [`EmbedClient::embed`] (with its no-responders retries).
+    async fn embed_once(&self, body: Bytes, budget: Duration) -> Result<Reply, RequestError> {
         self.connected()?;
         let started = tokio::time::Instant::now();
         let id = self.nats.new_inbox();
@@ -287,6 +314,19 @@ fn decode(message: async_nats::Message) -> Result<Reply, RequestError> {
         payload: message.payload,
         timings,
     })
+}
+
+/// How many times [`EmbedClient::embed`] retries a worker's 503 answer: 2.
+pub const UNAVAILABLE_RETRIES: u32 = 2;
+
+/// The pause before retry `n` (1-based): `10·n` ms plus 0–9 ms of jitter from the clock, so
+/// callers that failed together do not retry together.
+fn retry_pause(n: u32) -> Duration {
+    let jitter = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::from(d.subsec_nanos() % 10))
+        .unwrap_or(0);
+    Duration::from_millis(10 * u64::from(n) + jitter)
 }
 
 /// How long [`EmbedClient::embed`] keeps retrying a "no responders" answer (within the
