@@ -36,6 +36,32 @@ fn after_calls(ledger: &mut Ledger, mut now: Instant, calls: usize, each: Durati
     now
 }
 
+/// A one-input request due 1 s after `at`.
+fn within_a_second(at: Instant) -> Ask {
+    ask(1, at + Duration::from_secs(1))
+}
+
+/// A ledger that learnt `calls` back-to-back calls of 4 s, with one call running and 8 inputs
+/// (two batches) queued; and the instant the last learnt call ended.
+fn busy_after_slow_calls(calls: usize) -> (Ledger, Instant) {
+    let mut ledger = Ledger::default();
+    let now = after_calls(&mut ledger, Instant::now(), calls, Duration::from_secs(4));
+    ledger.queued_inputs = 8;
+    ledger.in_flight = 1;
+    (ledger, now)
+}
+
+/// Asserts that `shed` is a 429 for `reason` whose message contains `needle`.
+fn assert_shed(shed: &Shed, reason: ShedReason, needle: &str) {
+    assert_eq!(shed.reason, reason);
+    assert_eq!(shed.error.status(), 429);
+    assert!(
+        shed.error.to_string().contains(needle),
+        "{} lacks {needle:?}",
+        shed.error
+    );
+}
+
 #[test]
 fn queue_delay_parses_auto_and_durations() {
     assert_eq!("auto".parse::<QueueDelay>(), Ok(QueueDelay::Auto));
@@ -55,7 +81,7 @@ fn an_idle_worker_admits_even_right_after_a_slow_call() {
     let now = after_calls(&mut ledger, Instant::now(), 1, Duration::from_millis(4_500));
     // Nothing queued, a free slot: admitted although the estimate says 4.5 s > the 1 s deadline.
     ledger
-        .admit(&limits, ask(1, now + Duration::from_secs(1)), now)
+        .admit(&limits, within_a_second(now), now)
         .expect("idle worker admits");
     assert_eq!(ledger.queued_inputs, 1);
 }
@@ -63,13 +89,10 @@ fn an_idle_worker_admits_even_right_after_a_slow_call() {
 #[test]
 fn a_slow_phase_then_a_fast_phase_recovers_within_a_few_calls() {
     let limits = limits();
-    let mut ledger = Ledger::default();
-    let now = after_calls(&mut ledger, Instant::now(), 5, Duration::from_secs(4));
     // Slow phase: 8 inputs queued ahead (2 calls of 4 s), a 1 s deadline cannot be met.
-    ledger.queued_inputs = 8;
-    ledger.in_flight = 1;
+    let (mut ledger, now) = busy_after_slow_calls(5);
     let err = ledger
-        .admit(&limits, ask(1, now + Duration::from_secs(1)), now)
+        .admit(&limits, within_a_second(now), now)
         .expect_err("slow upstream: shed");
     assert_eq!(err.reason, ShedReason::Deadline);
     // Fast phase: 10 ms calls, one batch queued ahead. The 1 s deadline needs the estimate 16x
@@ -81,7 +104,7 @@ fn a_slow_phase_then_a_fast_phase_recovers_within_a_few_calls() {
         now = after_calls(&mut ledger, now, 1, ms(10));
         if ledger
             .clone()
-            .admit(&limits, ask(1, now + Duration::from_secs(1)), now)
+            .admit(&limits, within_a_second(now), now)
             .is_ok()
         {
             admitted_after = Some(call);
@@ -139,13 +162,7 @@ fn the_queue_delay_bound_sheds_without_a_client_deadline() {
     let err = ledger
         .admit(&limits, ask(1, far), now)
         .expect_err("too deep");
-    assert_eq!(err.reason, ShedReason::QueueDelay);
-    assert_eq!(err.error.status(), 429);
-    assert!(
-        err.error.to_string().contains("MAX_QUEUE_DELAY = 205 ms"),
-        "{}",
-        err.error
-    );
+    assert_shed(&err, ShedReason::QueueDelay, "MAX_QUEUE_DELAY = 205 ms");
     assert_eq!(
         err.retry_after,
         Some(ms(100)),
@@ -199,13 +216,7 @@ fn the_byte_bound_sheds_429_and_a_request_larger_than_it_is_413() {
     let err = ledger
         .admit(&limits, sixty, now)
         .expect_err("120 > 100 bytes");
-    assert_eq!(err.reason, ShedReason::QueueBytes);
-    assert_eq!(err.error.status(), 429);
-    assert!(
-        err.error.to_string().contains("MAX_QUEUE_BYTES = 100"),
-        "{}",
-        err.error
-    );
+    assert_shed(&err, ShedReason::QueueBytes, "MAX_QUEUE_BYTES = 100");
     ledger.release(1, 60);
     ledger.admit(&limits, sixty, now).expect("room again");
 }
@@ -213,20 +224,20 @@ fn the_byte_bound_sheds_429_and_a_request_larger_than_it_is_413() {
 #[test]
 fn a_worker_that_sheds_everything_admits_one_probe_per_call_time() {
     let limits = limits();
-    let mut ledger = Ledger::default();
-    let now = after_calls(&mut ledger, Instant::now(), 1, Duration::from_secs(4));
-    ledger.queued_inputs = 8;
-    ledger.in_flight = 1;
-    let hurry = |at: Instant| ask(1, at + Duration::from_secs(1));
+    let (mut ledger, now) = busy_after_slow_calls(1);
     assert!(
-        ledger.admit(&limits, hurry(now), now).is_err(),
+        ledger.admit(&limits, within_a_second(now), now).is_err(),
         "fresh estimate sheds"
     );
     // No call started or ended for a call time: one probe gets in, the next is shed again.
     let quiet = now + Duration::from_secs(4);
-    ledger.admit(&limits, hurry(quiet), quiet).expect("probe");
+    ledger
+        .admit(&limits, within_a_second(quiet), quiet)
+        .expect("probe");
     assert!(
-        ledger.admit(&limits, hurry(quiet), quiet).is_err(),
+        ledger
+            .admit(&limits, within_a_second(quiet), quiet)
+            .is_err(),
         "one probe at a time"
     );
 }

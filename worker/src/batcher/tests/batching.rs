@@ -1,19 +1,11 @@
 //! Batch formation: filling, waiting, options, splitting, shutdown.
 
 use super::*;
-use crate::batcher::spawn;
 
 #[tokio::test(start_paused = true)]
 async fn concurrent_single_requests_fill_batches_and_each_gets_its_own_vector() {
-    let upstream = Recording::new(Duration::from_millis(5), usize::MAX);
-    let (batcher, _task) = spawn(Arc::clone(&upstream), config(8, 5, 2));
-    let receivers: Vec<_> = (0..64)
-        .map(|i| {
-            batcher
-                .submit(vec![format!("text {i}")], EmbedOptions::default(), far())
-                .expect("accepted")
-        })
-        .collect();
+    let (upstream, batcher, _task) = start(Duration::from_millis(5), config(8, 5, 2));
+    let receivers = submit_each(&batcher, (0..64).map(|i| format!("text {i}")));
     for (i, rx) in receivers.into_iter().enumerate() {
         let reply = outcome(rx).await.expect("ok");
         assert_eq!(texts(&reply), vec![format!("text {i}")]);
@@ -25,8 +17,7 @@ async fn concurrent_single_requests_fill_batches_and_each_gets_its_own_vector() 
 
 #[tokio::test(start_paused = true)]
 async fn a_lone_request_leaves_after_max_wait_time() {
-    let upstream = Recording::new(Duration::ZERO, usize::MAX);
-    let (batcher, _task) = spawn(Arc::clone(&upstream), config(32, 5, 2));
+    let (upstream, batcher, _task) = start(Duration::ZERO, config(32, 5, 2));
     let start = Instant::now();
     let rx = submit(&batcher, &["alone"], far()).expect("accepted");
     tokio::time::sleep(Duration::from_millis(4)).await;
@@ -39,16 +30,9 @@ async fn a_lone_request_leaves_after_max_wait_time() {
 
 #[tokio::test(start_paused = true)]
 async fn a_full_batch_leaves_at_once() {
-    let upstream = Recording::new(Duration::ZERO, usize::MAX);
-    let (batcher, _task) = spawn(Arc::clone(&upstream), config(4, 1000, 2));
+    let (upstream, batcher, _task) = start(Duration::ZERO, config(4, 1000, 2));
     let start = Instant::now();
-    let receivers: Vec<_> = (0..4)
-        .map(|i| {
-            batcher
-                .submit(vec![format!("{i}")], EmbedOptions::default(), far())
-                .expect("accepted")
-        })
-        .collect();
+    let receivers = submit_each(&batcher, numbered(4));
     for rx in receivers {
         outcome(rx).await.expect("ok");
     }
@@ -62,8 +46,7 @@ async fn a_full_batch_leaves_at_once() {
 
 #[tokio::test(start_paused = true)]
 async fn requests_with_different_options_never_share_a_call() {
-    let upstream = Recording::new(Duration::ZERO, usize::MAX);
-    let (batcher, _task) = spawn(Arc::clone(&upstream), config(32, 5, 2));
+    let (upstream, batcher, _task) = start(Duration::ZERO, config(32, 5, 2));
     let variants = [
         EmbedOptions::default(),
         EmbedOptions {
@@ -136,15 +119,8 @@ async fn an_oversized_request_is_split_and_reassembled_in_order() {
 
 #[tokio::test(start_paused = true)]
 async fn closing_the_batcher_flushes_and_answers_everything_accepted() {
-    let upstream = Recording::new(Duration::from_millis(10), usize::MAX);
-    let (batcher, task) = spawn(Arc::clone(&upstream), config(32, 60_000, 1));
-    let receivers: Vec<_> = (0..5)
-        .map(|i| {
-            batcher
-                .submit(vec![format!("{i}")], EmbedOptions::default(), far())
-                .expect("accepted")
-        })
-        .collect();
+    let (_upstream, batcher, task) = start(Duration::from_millis(10), config(32, 60_000, 1));
+    let receivers = submit_each(&batcher, numbered(5));
     drop(batcher);
     task.await.expect("batcher ends");
     for rx in receivers {

@@ -1,13 +1,11 @@
 //! Faults: bisection of rejected batches, upstream failures, crashed batch tasks.
 
 use super::*;
-use crate::batcher::spawn;
 use tokio::sync::oneshot;
 
 #[tokio::test(start_paused = true)]
 async fn a_poisoned_request_is_isolated_and_its_batch_mates_still_succeed() {
-    let upstream = Recording::new(Duration::ZERO, usize::MAX);
-    let (batcher, _task) = spawn(Arc::clone(&upstream), config(8, 5, 1));
+    let (upstream, batcher, _task) = start(Duration::ZERO, config(8, 5, 1));
     let receivers: Vec<_> = (0..8)
         .map(|i| {
             let text = if i == 5 {
@@ -43,9 +41,8 @@ async fn a_poisoned_request_is_isolated_and_its_batch_mates_still_succeed() {
 
 #[tokio::test(start_paused = true)]
 async fn an_upstream_failure_fails_only_its_batch_and_the_worker_keeps_serving() {
-    let upstream = Recording::new(Duration::ZERO, usize::MAX);
+    let (upstream, batcher, _task) = start(Duration::ZERO, config(4, 5, 1));
     *upstream.fail.lock().expect("lock") = Some(UpstreamError::Unreachable("down".into()));
-    let (batcher, _task) = spawn(Arc::clone(&upstream), config(4, 5, 1));
     let rx = submit(&batcher, &["a"], far()).expect("accepted");
     let err = outcome(rx).await.expect_err("upstream is down");
     assert_eq!(err.status(), 503);
@@ -68,9 +65,8 @@ async fn answered(rx: oneshot::Receiver<Outcome>) -> Outcome {
 
 #[tokio::test(start_paused = true)]
 async fn a_panicking_batch_fails_exactly_its_requests_and_frees_its_slot() {
-    let upstream = Recording::new(Duration::from_millis(10), usize::MAX);
     // One call slot: a slot the crash did not free would leave every later request unanswered.
-    let (batcher, _task) = spawn(Arc::clone(&upstream), config(2, 5, 1));
+    let (upstream, batcher, _task) = start(Duration::from_millis(10), config(2, 5, 1));
     let other = EmbedOptions {
         normalize: false,
         ..EmbedOptions::default()

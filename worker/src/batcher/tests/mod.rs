@@ -11,9 +11,10 @@ use std::time::Duration;
 use embatch_protocol::{EmbedError, EmbedOptions};
 use serde_json::value::RawValue;
 use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::{BatcherConfig, BatcherHandle, Outcome, QueueDelay, Reply};
+use super::{BatcherConfig, BatcherHandle, Outcome, QueueDelay, Reply, spawn};
 use crate::upstream::{Embedding, Upstream, UpstreamError};
 
 /// Records calls; answers each input with `["<input>"]` so replies prove identity. An input
@@ -91,18 +92,75 @@ fn config(max_batch_size: usize, max_wait_ms: u64, concurrent: usize) -> Batcher
     }
 }
 
+/// One bound of [`config`] changed.
+impl BatcherConfig {
+    fn with_queue_cap(self, queue_cap: usize) -> BatcherConfig {
+        BatcherConfig { queue_cap, ..self }
+    }
+
+    fn with_max_queue_bytes(self, max_queue_bytes: usize) -> BatcherConfig {
+        BatcherConfig {
+            max_queue_bytes,
+            ..self
+        }
+    }
+
+    fn with_max_queue_delay(self, max_queue_delay: QueueDelay) -> BatcherConfig {
+        BatcherConfig {
+            max_queue_delay,
+            ..self
+        }
+    }
+}
+
+/// A batcher with `config` on a [`Recording`] upstream that takes `delay` per call and has no
+/// batch limit of its own.
+fn start(
+    delay: Duration,
+    config: BatcherConfig,
+) -> (Arc<Recording>, BatcherHandle, JoinHandle<()>) {
+    let upstream = Recording::new(delay, usize::MAX);
+    let (batcher, task) = spawn(Arc::clone(&upstream), config);
+    (upstream, batcher, task)
+}
+
 /// Submits `texts` as one request with default options and `deadline`.
-fn submit(
+fn submit<S: AsRef<str>>(
     batcher: &BatcherHandle,
-    texts: &[&str],
+    texts: &[S],
     deadline: Instant,
 ) -> Result<oneshot::Receiver<Outcome>, EmbedError> {
-    let inputs = texts.iter().map(|t| (*t).to_owned()).collect();
+    let inputs = texts.iter().map(|t| t.as_ref().to_owned()).collect();
     batcher.submit(inputs, EmbedOptions::default(), deadline)
+}
+
+/// Submits each of `texts` as a request of its own, with default options and a far deadline.
+fn submit_each(
+    batcher: &BatcherHandle,
+    texts: impl IntoIterator<Item = String>,
+) -> Vec<oneshot::Receiver<Outcome>> {
+    texts
+        .into_iter()
+        .map(|text| {
+            batcher
+                .submit(vec![text], EmbedOptions::default(), far())
+                .expect("accepted")
+        })
+        .collect()
+}
+
+/// `"0"`, `"1"`, … up to `n - 1`.
+fn numbered(n: usize) -> Vec<String> {
+    (0..n).map(|i| i.to_string()).collect()
 }
 
 fn far() -> Instant {
     Instant::now() + Duration::from_secs(3600)
+}
+
+/// The deadline `ms` milliseconds from now.
+fn in_ms(ms: u64) -> Instant {
+    Instant::now() + Duration::from_millis(ms)
 }
 
 fn texts(reply: &Reply) -> Vec<String> {

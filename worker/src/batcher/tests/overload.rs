@@ -1,22 +1,24 @@
 //! Overload: bounds, admission by deadline and queue delay, expiry, cancellation.
 
 use super::*;
-use crate::batcher::spawn;
+
+/// One slot, 100 ms calls: `first` goes upstream, and 1 ms later `text` is submitted with a
+/// deadline `deadline_ms` after that. The upstream double and `text`'s outcome, once `first` was
+/// answered.
+async fn behind_a_100_ms_call(text: &str, deadline_ms: u64) -> (Arc<Recording>, Outcome) {
+    let (upstream, batcher, _task) = start(Duration::from_millis(100), config(1, 0, 1));
+    let first = submit(&batcher, &["first"], far()).expect("accepted");
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let second =
+        submit(&batcher, &[text], in_ms(deadline_ms)).expect("accepted: nothing measured yet");
+    outcome(first).await.expect("ok");
+    (upstream, outcome(second).await)
+}
 
 #[tokio::test(start_paused = true)]
 async fn a_request_that_expires_in_the_queue_gets_504_and_no_upstream_work() {
-    let upstream = Recording::new(Duration::from_millis(100), usize::MAX);
-    let (batcher, _task) = spawn(Arc::clone(&upstream), config(1, 0, 1));
-    let first = submit(&batcher, &["first"], far()).expect("accepted");
-    tokio::time::sleep(Duration::from_millis(1)).await;
-    let late = submit(
-        &batcher,
-        &["late"],
-        Instant::now() + Duration::from_millis(50),
-    )
-    .expect("accepted: nothing measured yet");
-    assert_eq!(outcome(late).await.expect_err("expired").status(), 504);
-    outcome(first).await.expect("ok");
+    let (upstream, late) = behind_a_100_ms_call("late", 50).await;
+    assert_eq!(late.expect_err("expired").status(), 504);
     let calls = upstream.calls();
     assert_eq!(calls.len(), 1);
     assert_eq!(calls[0].0, vec!["first".to_string()]);
@@ -24,27 +26,16 @@ async fn a_request_that_expires_in_the_queue_gets_504_and_no_upstream_work() {
 
 #[tokio::test(start_paused = true)]
 async fn a_request_whose_deadline_comes_before_a_call_could_finish_is_not_sent() {
-    let upstream = Recording::new(Duration::from_millis(100), usize::MAX);
-    let (batcher, _task) = spawn(Arc::clone(&upstream), config(1, 0, 1));
-    let first = submit(&batcher, &["first"], far()).expect("accepted");
-    tokio::time::sleep(Duration::from_millis(1)).await;
     // Still alive when `first` returns at 100 ms, but a 100 ms call would end at 200 ms.
-    let doomed = submit(
-        &batcher,
-        &["doomed"],
-        Instant::now() + Duration::from_millis(150),
-    )
-    .expect("accepted: nothing measured yet");
-    outcome(first).await.expect("ok");
-    let err = outcome(doomed).await.expect_err("cannot finish in time");
+    let (upstream, doomed) = behind_a_100_ms_call("doomed", 150).await;
+    let err = doomed.expect_err("cannot finish in time");
     assert_eq!(err.status(), 504);
     assert_eq!(upstream.calls().len(), 1, "no upstream time spent on it");
 }
 
 #[tokio::test(start_paused = true)]
 async fn an_already_expired_request_is_refused_at_once() {
-    let upstream = Recording::new(Duration::ZERO, usize::MAX);
-    let (batcher, _task) = spawn(Arc::clone(&upstream), config(4, 5, 1));
+    let (upstream, batcher, _task) = start(Duration::ZERO, config(4, 5, 1));
     let err = submit(&batcher, &["x"], Instant::now()).expect_err("expired");
     assert_eq!(err.status(), 504);
     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -53,12 +44,8 @@ async fn an_already_expired_request_is_refused_at_once() {
 
 #[tokio::test(start_paused = true)]
 async fn a_full_queue_sheds_with_429() {
-    let upstream = Recording::new(Duration::from_secs(1), usize::MAX);
-    let cfg = BatcherConfig {
-        queue_cap: 4,
-        ..config(2, 5, 1)
-    };
-    let (batcher, _task) = spawn(Arc::clone(&upstream), cfg);
+    let cfg = config(2, 5, 1).with_queue_cap(4);
+    let (_upstream, batcher, _task) = start(Duration::from_secs(1), cfg);
     let accepted = submit(&batcher, &["a", "b", "c"], far());
     assert!(accepted.is_ok());
     let one_more = submit(&batcher, &["d"], far());
@@ -74,51 +61,22 @@ async fn a_full_queue_sheds_with_429() {
 #[tokio::test(start_paused = true)]
 async fn a_request_that_cannot_finish_before_its_deadline_is_shed_at_admission() {
     // 4 inputs per 100 ms call, one call at a time: 40 inputs/s.
-    let upstream = Recording::new(Duration::from_millis(100), usize::MAX);
-    let (batcher, _task) = spawn(Arc::clone(&upstream), config(4, 0, 1));
-    let warm = batcher
-        .submit(
-            (0..4).map(|i| i.to_string()).collect(),
-            EmbedOptions::default(),
-            far(),
-        )
-        .expect("accepted");
+    let (_upstream, batcher, _task) = start(Duration::from_millis(100), config(4, 0, 1));
+    let warm = submit(&batcher, &numbered(4), far()).expect("accepted");
     outcome(warm).await.expect("ok");
     // 40 inputs queued ahead need ~1 s; a 200 ms deadline cannot be met.
-    let _queued = batcher
-        .submit(
-            (0..40).map(|i| i.to_string()).collect(),
-            EmbedOptions::default(),
-            far(),
-        )
-        .expect("accepted");
-    let err = submit(
-        &batcher,
-        &["hurry"],
-        Instant::now() + Duration::from_millis(200),
-    )
-    .expect_err("cannot finish in time");
+    let _queued = submit(&batcher, &numbered(40), far()).expect("accepted");
+    let err = submit(&batcher, &["hurry"], in_ms(200)).expect_err("cannot finish in time");
     assert_eq!(err.status(), 429);
     assert!(err.to_string().contains("deadline"), "{err}");
     // A patient request is still accepted.
-    assert!(
-        submit(
-            &batcher,
-            &["patient"],
-            Instant::now() + Duration::from_secs(5)
-        )
-        .is_ok()
-    );
+    assert!(submit(&batcher, &["patient"], in_ms(5_000)).is_ok());
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_cancelled_request_leaves_the_queue_at_once_and_costs_no_upstream_call() {
-    let upstream = Recording::new(Duration::from_millis(1), usize::MAX);
-    let cfg = BatcherConfig {
-        queue_cap: 2,
-        ..config(8, 1_000, 1)
-    };
-    let (batcher, _task) = spawn(Arc::clone(&upstream), cfg);
+    let cfg = config(8, 1_000, 1).with_queue_cap(2);
+    let (upstream, batcher, _task) = start(Duration::from_millis(1), cfg);
     let gone = submit(&batcher, &["gone 1", "gone 2"], far()).expect("accepted");
     let err = submit(&batcher, &["wait"], far()).expect_err("queue full");
     assert_eq!(err.status(), 429);
@@ -141,12 +99,8 @@ async fn a_cancelled_request_leaves_the_queue_at_once_and_costs_no_upstream_call
 #[tokio::test(start_paused = true)]
 async fn without_client_deadlines_the_queue_is_bounded_by_max_queue_delay() {
     // One input per 100 ms call, one call at a time; auto bound = 2 × 100 ms + 0.
-    let upstream = Recording::new(Duration::from_millis(100), usize::MAX);
-    let cfg = BatcherConfig {
-        max_queue_delay: QueueDelay::Auto,
-        ..config(1, 0, 1)
-    };
-    let (batcher, _task) = spawn(Arc::clone(&upstream), cfg);
+    let cfg = config(1, 0, 1).with_max_queue_delay(QueueDelay::Auto);
+    let (_upstream, batcher, _task) = start(Duration::from_millis(100), cfg);
     outcome(submit(&batcher, &["warm"], far()).expect("accepted"))
         .await
         .expect("ok");
@@ -180,12 +134,8 @@ async fn without_client_deadlines_the_queue_is_bounded_by_max_queue_delay() {
 
 #[tokio::test(start_paused = true)]
 async fn the_byte_bound_sheds_429_and_a_request_larger_than_it_gets_413() {
-    let upstream = Recording::new(Duration::from_millis(10), usize::MAX);
-    let cfg = BatcherConfig {
-        max_queue_bytes: 10,
-        ..config(8, 5, 1)
-    };
-    let (batcher, _task) = spawn(Arc::clone(&upstream), cfg);
+    let cfg = config(8, 5, 1).with_max_queue_bytes(10);
+    let (_upstream, batcher, _task) = start(Duration::from_millis(10), cfg);
     let err = submit(&batcher, &["eleven char"], far()).expect_err("alone larger than the bound");
     assert_eq!(err.status(), 413);
     assert!(err.to_string().contains("MAX_QUEUE_BYTES"), "{err}");
@@ -202,8 +152,7 @@ async fn the_byte_bound_sheds_429_and_a_request_larger_than_it_gets_413() {
 
 #[tokio::test(start_paused = true)]
 async fn one_slow_call_does_not_lock_out_short_deadlines() {
-    let upstream = Recording::new(Duration::from_millis(4_500), usize::MAX);
-    let (batcher, _task) = spawn(Arc::clone(&upstream), config(4, 5, 1));
+    let (upstream, batcher, _task) = start(Duration::from_millis(4_500), config(4, 5, 1));
     outcome(submit(&batcher, &["slow"], far()).expect("accepted"))
         .await
         .expect("ok");
