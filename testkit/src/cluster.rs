@@ -174,18 +174,7 @@ impl NatsCluster {
             return Vec::new();
         };
         let routez: Value = serde_json::from_str(&body).unwrap_or_default();
-        let mut peers: Vec<String> = routez["routes"]
-            .as_array()
-            .map(|routes| {
-                routes
-                    .iter()
-                    .filter_map(|r| r["remote_name"].as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default();
-        peers.sort();
-        peers.dedup();
-        peers
+        peers(&routez, |_| true)
     }
 
     /// Names of the nodes whose routes to node `i` carry interest in `subject` (a plain or
@@ -193,24 +182,30 @@ impl NatsCluster {
     /// can route a message published on `subject`.
     pub fn remote_interest(&self, i: usize, subject: &str) -> Vec<String> {
         let routez = self.monitor(i, "/routez?subs=1");
-        let mut peers: Vec<String> = routez["routes"]
-            .as_array()
-            .map(|routes| {
-                routes
-                    .iter()
-                    .filter(|r| {
-                        r["subscriptions_list"]
-                            .as_array()
-                            .is_some_and(|subs| subs.iter().any(|s| s.as_str() == Some(subject)))
-                    })
-                    .filter_map(|r| r["remote_name"].as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default();
-        peers.sort();
-        peers.dedup();
-        peers
+        peers(&routez, |route| {
+            route["subscriptions_list"]
+                .as_array()
+                .is_some_and(|subs| subs.iter().any(|s| s.as_str() == Some(subject)))
+        })
     }
+}
+
+/// The remote names of the routes in a `/routez` document that `keep` accepts, sorted, each
+/// once.
+fn peers(routez: &Value, keep: impl Fn(&Value) -> bool) -> Vec<String> {
+    let mut peers: Vec<String> = routez["routes"]
+        .as_array()
+        .map(|routes| {
+            routes
+                .iter()
+                .filter(|r| keep(r))
+                .filter_map(|r| r["remote_name"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    peers.sort();
+    peers.dedup();
+    peers
 }
 
 impl Drop for NatsCluster {
