@@ -334,11 +334,19 @@ def scenario_tei_client_defaults(b: Stack) -> dict:
         cap = b.load("cpu model capacity c=128", gw, concurrency=128, warmup=b.d(3, 2),
                      duration=cap_duration, timeout=TIMEOUT_S, corpus=corpus)
         capacity = goodput(cap)
-        over = b.load("cpu model @ 2x capacity", gw, rate=2 * capacity, warmup=warmup,
-                      duration=duration, timeout=TIMEOUT_S, corpus=corpus, workers=[w])
-        runs.append(run_entry("gateway", {"upstream": "cpu", "path": "gateway",
-                                          "capacity": capacity, "capacity_run": cap,
-                                          "rate": 2 * capacity}, over))
+        if capacity > 0:
+            over = b.load("cpu model @ 2x capacity", gw, rate=2 * capacity, warmup=warmup,
+                          duration=duration, timeout=TIMEOUT_S, corpus=corpus, workers=[w])
+            runs.append(run_entry("gateway", {"upstream": "cpu", "path": "gateway",
+                                              "capacity": capacity, "capacity_run": cap,
+                                              "rate": 2 * capacity}, over))
+        else:
+            # Nothing succeeded in the capacity run: there is no 2x to offer. Recorded as it is
+            # (the row shows the capacity run; its targets are missed).
+            log("  no success in the capacity run: the 2x run is skipped")
+            runs.append(run_entry("gateway", {"upstream": "cpu", "path": "gateway",
+                                              "capacity": 0.0, "capacity_run": cap,
+                                              "rate": None, "skipped": True}, cap))
         cpu_worker = w.settings
     finally:
         b.sup.stop_since(mark)
@@ -366,11 +374,11 @@ def recovery(per_second: dict, switch_ms: int, rate: float, window_s: int) -> di
 
     Uses the loadtest's per-second series (seconds of completion time from `start_unix_ms`),
     within the measured window only. A second counts as recovered when its goodput is ≥
-    RECOVERED_SHARE of the offered rate. `recovery_s` is an upper bound at one-second
-    resolution: the end, relative to the switch, of the last second after the switch that was
-    not recovered (so every whole second from then on to the end of the window was), or the
-    start of the first second after the switch when none was below. `None` when the window's
-    last second was still below."""
+    RECOVERED_SHARE of the offered rate. `recovery_s`, at one-second resolution: the end,
+    relative to the switch, of the last second after the switch that was not recovered (so every
+    whole second from then on to the end of the window was), or the start of the first second
+    after the switch (≈ 0) when none was below. `None` when the window's last second was still
+    below."""
     start, good = per_second["start_unix_ms"], per_second["goodput"]
     offsets = [(start + 1000 * i - switch_ms) / 1000 for i in range(min(len(good), window_s))]
     # Seconds that start at the switch or later (50 ms of slack for the alignment of the load
