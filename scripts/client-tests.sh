@@ -35,7 +35,7 @@ cargo build --locked -p embatch-gateway -p embatch-worker
 bin_dir=${CARGO_TARGET_DIR:-target}/debug
 
 step "installing the clients: Python venv, Go module, npm package"
-venv=${XDG_CACHE_HOME:-$HOME/.cache}/embatch/client-venv
+venv=${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/embatch/client-venv
 if ! cmp -s tests/clients/requirements.txt "$venv/requirements.installed"; then
   rm -rf "$venv"
   python3 -m venv "$venv"
