@@ -58,47 +58,36 @@ fn tokenizer_json() -> String {
 /// Random weights with the tensor names of a Hugging Face BERT checkpoint.
 fn write_weights(path: &Path) {
     let device = Device::Cpu;
-    let shapes: [(&str, &[usize]); 16] = [
-        ("embeddings.word_embeddings.weight", &[VOCAB.len(), HIDDEN]),
-        ("embeddings.position_embeddings.weight", &[16, HIDDEN]),
-        ("embeddings.token_type_embeddings.weight", &[2, HIDDEN]),
-        ("embeddings.LayerNorm.weight", &[HIDDEN]),
-        ("embeddings.LayerNorm.bias", &[HIDDEN]),
-        (
-            "encoder.layer.0.attention.self.query.weight",
-            &[HIDDEN, HIDDEN],
-        ),
-        ("encoder.layer.0.attention.self.query.bias", &[HIDDEN]),
-        (
-            "encoder.layer.0.attention.self.key.weight",
-            &[HIDDEN, HIDDEN],
-        ),
-        ("encoder.layer.0.attention.self.key.bias", &[HIDDEN]),
-        (
-            "encoder.layer.0.attention.self.value.weight",
-            &[HIDDEN, HIDDEN],
-        ),
-        ("encoder.layer.0.attention.self.value.bias", &[HIDDEN]),
-        (
-            "encoder.layer.0.attention.output.dense.weight",
-            &[HIDDEN, HIDDEN],
-        ),
-        ("encoder.layer.0.attention.output.dense.bias", &[HIDDEN]),
-        (
-            "encoder.layer.0.intermediate.dense.weight",
-            &[INTERMEDIATE, HIDDEN],
-        ),
-        ("encoder.layer.0.intermediate.dense.bias", &[INTERMEDIATE]),
-        (
-            "encoder.layer.0.output.dense.weight",
-            &[HIDDEN, INTERMEDIATE],
-        ),
-    ];
+    let layer = |name: &str| format!("encoder.layer.0.{name}");
+    let mut shapes: Vec<(String, Vec<usize>)> = [
+        ("word_embeddings", vec![VOCAB.len(), HIDDEN]),
+        ("position_embeddings", vec![16, HIDDEN]),
+        ("token_type_embeddings", vec![2, HIDDEN]),
+    ]
+    .into_iter()
+    .map(|(table, shape)| (format!("embeddings.{table}.weight"), shape))
+    .collect();
+    shapes.push(("embeddings.LayerNorm.weight".into(), vec![HIDDEN]));
+    shapes.push(("embeddings.LayerNorm.bias".into(), vec![HIDDEN]));
+    // Dense layers: a weight (out × in) and a bias (out); the output layer's bias is zeros below.
+    for (dense, out_dim, in_dim) in [
+        ("attention.self.query", HIDDEN, HIDDEN),
+        ("attention.self.key", HIDDEN, HIDDEN),
+        ("attention.self.value", HIDDEN, HIDDEN),
+        ("attention.output.dense", HIDDEN, HIDDEN),
+        ("intermediate.dense", INTERMEDIATE, HIDDEN),
+        ("output.dense", HIDDEN, INTERMEDIATE),
+    ] {
+        shapes.push((layer(&format!("{dense}.weight")), vec![out_dim, in_dim]));
+        if dense != "output.dense" {
+            shapes.push((layer(&format!("{dense}.bias")), vec![out_dim]));
+        }
+    }
     let mut tensors: HashMap<String, Tensor> = shapes
-        .iter()
+        .into_iter()
         .map(|(name, shape)| {
-            let t = Tensor::randn(0f32, 0.5, *shape, &device).expect("randn");
-            (name.to_string(), t)
+            let t = Tensor::randn(0f32, 0.5, shape, &device).expect("randn");
+            (name, t)
         })
         .collect();
     for (name, ones) in [

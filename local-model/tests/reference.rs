@@ -72,6 +72,39 @@ fn cosine(a: &[f32], b: &[f32]) -> f32 {
     dot / (norm(a) * norm(b))
 }
 
+/// The default options with `dimensions`.
+fn with_dimensions(dimensions: usize) -> EmbedOptions {
+    EmbedOptions {
+        dimensions: Some(dimensions),
+        ..EmbedOptions::default()
+    }
+}
+
+/// The default options with `normalize`.
+fn with_normalize(normalize: bool) -> EmbedOptions {
+    EmbedOptions {
+        normalize,
+        ..EmbedOptions::default()
+    }
+}
+
+/// The default options with the prompt `prompt_name`.
+fn with_prompt(prompt_name: &str) -> EmbedOptions {
+    EmbedOptions {
+        prompt_name: Some(prompt_name.into()),
+        ..EmbedOptions::default()
+    }
+}
+
+/// Asserts that `err` is a 422 validation error naming `field`; its message.
+fn validation_message(err: &EmbedError, field: &str) -> String {
+    assert!(matches!(err, EmbedError::Validation(_)), "{err:?}");
+    assert_eq!(err.status(), 422);
+    let message = err.to_string();
+    assert!(message.contains(field), "{message}");
+    message
+}
+
 fn embed_one(input: &str, options: &EmbedOptions) -> Result<Vec<f32>, EmbedError> {
     let mut out = model().embed(&[input.to_string()], options)?;
     assert_eq!(out.len(), 1);
@@ -184,49 +217,21 @@ fn left_truncation_keeps_the_end() {
 #[test]
 fn dimensions_keep_a_normalized_prefix() {
     let input = "Matryoshka embeddings keep their meaning when cut short.";
-    let full = embed_one(
-        input,
-        &EmbedOptions {
-            normalize: false,
-            ..EmbedOptions::default()
-        },
-    )
-    .expect("embeds");
-    let short = embed_one(
-        input,
-        &EmbedOptions {
-            dimensions: Some(64),
-            ..EmbedOptions::default()
-        },
-    )
-    .expect("embeds");
+    let full = embed_one(input, &with_normalize(false)).expect("embeds");
+    let short = embed_one(input, &with_dimensions(64)).expect("embeds");
     assert_eq!(short.len(), 64);
     assert!((norm(&short) - 1.0).abs() < 1e-4);
     assert!(cosine(&short, &full[..64]) > 0.99999);
 
-    let all = embed_one(
-        input,
-        &EmbedOptions {
-            dimensions: Some(384),
-            ..EmbedOptions::default()
-        },
-    )
-    .expect("the model's own size is allowed");
+    let all = embed_one(input, &with_dimensions(384)).expect("the model's own size is allowed");
     assert_eq!(all.len(), 384);
 }
 
 #[test]
 fn dimensions_over_the_model_size_are_invalid() {
     for dimensions in [385, 4096, 0] {
-        let options = EmbedOptions {
-            dimensions: Some(dimensions),
-            ..EmbedOptions::default()
-        };
-        let err = embed_one("hello", &options).expect_err("invalid dimensions");
-        assert!(matches!(err, EmbedError::Validation(_)), "{err:?}");
-        assert_eq!(err.status(), 422);
-        let message = err.to_string();
-        assert!(message.contains("`dimensions`"), "{message}");
+        let err = embed_one("hello", &with_dimensions(dimensions)).expect_err("invalid dimensions");
+        let message = validation_message(&err, "`dimensions`");
         if dimensions > 0 {
             assert!(message.contains("384"), "{message}");
         }
@@ -235,15 +240,8 @@ fn dimensions_over_the_model_size_are_invalid() {
 
 #[test]
 fn unknown_prompt_name_is_invalid() {
-    let options = EmbedOptions {
-        prompt_name: Some("query".into()),
-        ..EmbedOptions::default()
-    };
-    let err = embed_one("hello", &options).expect_err("MiniLM has no prompts");
-    assert!(matches!(err, EmbedError::Validation(_)), "{err:?}");
-    assert_eq!(err.status(), 422);
-    let message = err.to_string();
-    assert!(message.contains("`prompt_name`"), "{message}");
+    let err = embed_one("hello", &with_prompt("query")).expect_err("MiniLM has no prompts");
+    let message = validation_message(&err, "`prompt_name`");
     assert!(message.contains("query"), "{message}");
 }
 
@@ -278,13 +276,7 @@ fn prompts_from_the_sentence_transformers_config_are_prepended() {
 
     let inputs = vec!["What is vector search?".to_string()];
     let prompted = with_prompts
-        .embed(
-            &inputs,
-            &EmbedOptions {
-                prompt_name: Some("query".into()),
-                ..EmbedOptions::default()
-            },
-        )
+        .embed(&inputs, &with_prompt("query"))
         .expect("known prompt");
     let by_hand = with_prompts
         .embed(
@@ -295,17 +287,9 @@ fn prompts_from_the_sentence_transformers_config_are_prepended() {
     assert!(cosine(&prompted[0], &by_hand[0]) > 0.99999);
 
     let err = with_prompts
-        .embed(
-            &inputs,
-            &EmbedOptions {
-                prompt_name: Some("document".into()),
-                ..EmbedOptions::default()
-            },
-        )
+        .embed(&inputs, &with_prompt("document"))
         .expect_err("unknown prompt");
-    assert_eq!(err.status(), 422);
-    let message = err.to_string();
-    assert!(message.contains("`prompt_name`"), "{message}");
+    let message = validation_message(&err, "`prompt_name`");
     assert!(message.contains("passage, query"), "{message}");
 }
 
@@ -323,10 +307,7 @@ fn a_batch_gives_the_same_vectors_as_one_input_at_a_time() {
     .map(String::from)
     .to_vec();
     for normalize in [true, false] {
-        let options = EmbedOptions {
-            normalize,
-            ..EmbedOptions::default()
-        };
+        let options = with_normalize(normalize);
         let batch = model().embed(&inputs, &options).expect("batch");
         assert_eq!(batch.len(), inputs.len());
         for (input, batched) in inputs.iter().zip(&batch) {
