@@ -78,6 +78,14 @@ fn redact_url(url: &str) -> String {
     }
 }
 
+/// Installs aws-lc-rs, the workspace's one rustls crypto provider, as the process default (a
+/// second call, or one after another provider was installed, changes nothing). Needed because
+/// two providers are compiled in (a dependency of the hub download enables ring), and rustls
+/// then cannot pick one by itself for async-nats' TLS connections.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+}
+
 /// The NATS connection settings shared by every binary (`#[command(flatten)]`). At most one way
 /// of authenticating may be given; TLS settings combine with any of them.
 #[derive(Debug, Clone, clap::Args)]
@@ -185,6 +193,7 @@ impl NatsArgs {
         name: &str,
         options: ConnectOptions,
     ) -> Result<async_nats::Client, NatsError> {
+        install_crypto_provider();
         let options = self.apply(options.name(name)).await?;
         options
             .retain_servers_order()

@@ -66,7 +66,7 @@ pub fn classify_request_error(err: &RequestError) -> FailureKind {
         RequestError::NoResponders { .. } => FailureKind::NoResponders,
         // The client refuses a payload over the server's max_payload before sending it.
         RequestError::MaxPayload(_) => FailureKind::Status(413),
-        RequestError::Transport(_) => FailureKind::Transport,
+        RequestError::Transport(_) | RequestError::Disconnected => FailureKind::Transport,
         RequestError::Reply(err) => FailureKind::Status(err.status()),
     }
 }
