@@ -15,8 +15,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub mod cluster;
+pub mod pki;
 pub use cluster::NatsCluster;
 pub use embatch_tei_double::{Config as TeiConfig, Faults, POISON, TeiDouble};
+pub use pki::{Pki, TlsProxy};
 
 /// The repository root (this crate lives in `<repo>/testkit`).
 pub fn repo_root() -> PathBuf {

@@ -26,14 +26,19 @@ pub struct Config {
     #[arg(long, env = "EMBATCH_QUEUE_GROUP", default_value = embatch_protocol::DEFAULT_QUEUE_GROUP)]
     pub queue_group: String,
 
-    /// Base URL of a text-embeddings-inference server (e.g. http://tei:80). Unset: use the
-    /// built-in CPU model from --model-dir.
+    /// Base URL of a text-embeddings-inference server (e.g. http://tei:80, or https://... for
+    /// TLS). Unset: use the built-in CPU model from --model-dir.
     #[arg(long, env = "TEI_URL", value_parser = parse_tei_url)]
     pub tei_url: Option<reqwest::Url>,
 
     /// Bearer token sent to TEI (TEI's `--api-key`, or a hosted endpoint's token). Never logged.
     #[arg(long, env = "TEI_API_KEY", hide_env_values = true)]
     pub tei_api_key: Option<Secret>,
+
+    /// PEM file of the CA that signed TEI's certificate, for an `https://` TEI_URL under a
+    /// private CA (the system's roots are trusted without it).
+    #[arg(long, env = "TEI_TLS_CA")]
+    pub tei_tls_ca: Option<PathBuf>,
 
     /// Directory of a sentence-transformers BERT-family model for the built-in CPU upstream
     /// (config.json, tokenizer.json, model.safetensors, 1_Pooling/config.json). Used when
@@ -122,18 +127,11 @@ impl Config {
     }
 }
 
-/// `--tei-url`: an `http://` base URL (TEI's routes are appended to it). `https://` is refused
-/// at start-up with a clear message: this build's HTTP client has no TLS (terminate TLS in front
-/// of TEI, or reach it in-cluster over plain HTTP).
+/// `--tei-url`: an `http://` or `https://` base URL (TEI's routes are appended to it).
 fn parse_tei_url(s: &str) -> Result<reqwest::Url, String> {
     let url = reqwest::Url::parse(s).map_err(|e| format!("not a URL: {e}"))?;
     match url.scheme() {
-        "http" => Ok(url),
-        "https" => Err(
-            "https is not supported by this build (no TLS in its HTTP client); \
-             reach TEI over http, e.g. through a TLS-terminating sidecar"
-                .into(),
-        ),
-        other => Err(format!("the scheme must be http, not {other}")),
+        "http" | "https" => Ok(url),
+        other => Err(format!("the scheme must be http or https, not {other}")),
     }
 }

@@ -98,6 +98,7 @@ pub async fn build_upstream(config: &Config) -> Result<AnyUpstream, WorkerError>
             let tei = upstream::tei::TeiUpstream::connect(&upstream::tei::TeiConfig {
                 base_url: url.to_string(),
                 api_key: config.tei_api_key.clone(),
+                tls_ca: config.tei_tls_ca.clone(),
                 timeout: config.upstream_timeout,
                 fallback_max_batch_size: config.max_batch_size,
             })

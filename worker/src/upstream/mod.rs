@@ -22,9 +22,13 @@ pub type Embedding = Box<RawValue>;
 /// one mapping to what the requests of the call are answered.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum UpstreamError {
-    /// The upstream cannot be reached (connection refused, DNS, TLS): 503 `Unhealthy`.
+    /// The upstream cannot be reached (connection refused, DNS): 503 `Unhealthy`.
     #[error("upstream unreachable: {0}")]
     Unreachable(String),
+    /// TLS to the upstream failed (an untrusted or expired certificate, a name mismatch): 503
+    /// `Unhealthy`; at start-up the worker stops with this reason.
+    #[error("TLS to the upstream failed: {0}")]
+    Tls(String),
     /// The call took longer than `UPSTREAM_TIMEOUT`: 424 `Backend`.
     #[error("upstream timed out after {} ms", .0.as_millis())]
     Timeout(std::time::Duration),
@@ -84,7 +88,9 @@ impl UpstreamError {
 impl From<UpstreamError> for EmbedError {
     fn from(err: UpstreamError) -> EmbedError {
         match err {
-            UpstreamError::Unreachable(_) => EmbedError::Unavailable(err.to_string()),
+            UpstreamError::Unreachable(_) | UpstreamError::Tls(_) => {
+                EmbedError::Unavailable(err.to_string())
+            }
             UpstreamError::Status { status, response } => {
                 // TEI's own statuses pass through; another 5xx is the backend failing (424).
                 let status = if (400..500).contains(&status) || matches!(status, 503 | 424) {

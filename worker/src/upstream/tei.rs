@@ -1,4 +1,6 @@
-//! TEI over HTTP: `POST {tei_url}/embed` with a batch, `GET {tei_url}/info` for its limits.
+//! TEI over HTTP or HTTPS: `POST {tei_url}/embed` with a batch, `GET {tei_url}/info` for its
+//! limits. TLS uses the system's roots plus an optional CA file, with the workspace's one crypto
+//! provider (aws-lc-rs, through reqwest's `rustls` feature).
 
 use std::time::Duration;
 
@@ -24,8 +26,10 @@ pub struct TeiUpstream {
 /// How to reach one TEI server.
 #[derive(Debug, Clone)]
 pub struct TeiConfig {
-    /// Base URL, `http://` (e.g. `http://tei:80`); this build has no TLS.
+    /// Base URL, `http://` or `https://` (e.g. `http://tei:80`).
     pub base_url: String,
+    /// PEM file of a private CA to trust for `https://` (besides the system's roots).
+    pub tls_ca: Option<std::path::PathBuf>,
     /// Bearer token for `Authorization`, when TEI runs with `--api-key` or behind a hosted endpoint.
     pub api_key: Option<embatch_runtime::Secret>,
     /// Timeout of one call.
@@ -49,14 +53,15 @@ struct TeiRequest<'a> {
 }
 
 impl TeiUpstream {
-    /// Builds a pooled client for the TEI server of `config` (plain HTTP; the bearer token on
-    /// every request) and reads `max_client_batch_size` from
-    /// its `/info`. When `/info` cannot be read (TEI still starting, or a proxy without it),
-    /// `fallback_max_batch_size` is used and a warning logged.
+    /// Builds a pooled client for the TEI server of `config` (the bearer token on every request)
+    /// and reads `max_client_batch_size` from its `/info`. When `/info` cannot be read (TEI still
+    /// starting, or a proxy without it), `fallback_max_batch_size` is used and a warning logged.
     ///
     /// # Errors
-    /// [`EmbedError::Unavailable`] when the HTTP client cannot be built (e.g. an API key that is
-    /// not a valid header value).
+    /// [`EmbedError::Unavailable`] when the HTTP client cannot be built (an API key that is not
+    /// a valid header value, an unreadable `tls_ca`), or when TLS to TEI fails (an untrusted
+    /// certificate, say): the worker then stops at start-up with the reason instead of starting
+    /// "ready" and failing every request.
     pub async fn connect(config: &TeiConfig) -> Result<TeiUpstream, EmbedError> {
         let base = config.base_url.trim_end_matches('/');
         let mut headers = reqwest::header::HeaderMap::new();
@@ -71,7 +76,19 @@ impl TeiUpstream {
         }
         let timeout = config.timeout;
         let fallback_max_batch_size = config.fallback_max_batch_size;
-        let client = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder();
+        if let Some(path) = &config.tls_ca {
+            let pem = std::fs::read(path).map_err(|e| {
+                EmbedError::Unavailable(format!("cannot read TEI_TLS_CA {}: {e}", path.display()))
+            })?;
+            let certificates = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
+                EmbedError::Unavailable(format!("TEI_TLS_CA {} is not PEM: {e}", path.display()))
+            })?;
+            for certificate in certificates {
+                builder = builder.add_root_certificate(certificate);
+            }
+        }
+        let client = builder
             .default_headers(headers)
             .timeout(timeout)
             .connect_timeout(Duration::from_secs(2).min(timeout))
@@ -81,7 +98,13 @@ impl TeiUpstream {
             .map_err(|e| EmbedError::Unavailable(format!("cannot build HTTP client: {e}")))?;
         let info_url = format!("{base}/info");
         let info = tokio::sync::OnceCell::new();
-        let limit = match read_info(&client, &info_url, timeout).await {
+        let read = read_info(&client, &info_url, timeout).await;
+        if let Err(UpstreamError::Tls(reason)) = &read {
+            return Err(EmbedError::Unavailable(format!(
+                "TLS to TEI at {base} failed: {reason} (a private CA goes in TEI_TLS_CA)"
+            )));
+        }
+        let limit = match read {
             Ok(document) => {
                 let limit = serde_json::from_value::<TeiInfo>(document.clone())
                     .map(|i| i.max_client_batch_size)
@@ -194,11 +217,31 @@ impl Upstream for TeiUpstream {
 
 /// Connection refused / DNS → unreachable (503); timeouts → 424; a broken body → malformed (424).
 fn transport_error(err: reqwest::Error, timeout: Duration) -> UpstreamError {
-    if err.is_connect() {
+    if let Some(reason) = tls_failure(&err) {
+        UpstreamError::Tls(reason)
+    } else if err.is_connect() {
         UpstreamError::Unreachable(err.to_string())
     } else if err.is_timeout() {
         UpstreamError::Timeout(timeout)
     } else {
         UpstreamError::Malformed(format!("upstream call failed: {err}"))
     }
+}
+
+/// The TLS failure in `err`'s chain of causes, if any. rustls reports it inside (nested) I/O
+/// errors, whose `source()` skips the error they wrap, so those are opened with `get_ref()`.
+fn tls_failure(err: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut cause = Some(err);
+    while let Some(current) = cause {
+        if let Some(tls) = current.downcast_ref::<rustls::Error>() {
+            return Some(tls.to_string());
+        }
+        cause = match current.downcast_ref::<std::io::Error>() {
+            Some(io) => io
+                .get_ref()
+                .map(|inner| inner as &(dyn std::error::Error + 'static)),
+            None => current.source(),
+        };
+    }
+    None
 }
