@@ -3,34 +3,27 @@
 //! slows down with the server (coordinated omission); use the open loop to measure latency under
 //! a given arrival rate.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::{Plan, Stop, Window};
-use crate::corpus::{Payload, PayloadFactory};
-use crate::stats::{Outcome, Recorder};
+use super::{Plan, SendFn, Stop, Window, record_completion};
+use crate::corpus::PayloadFactory;
+use crate::stats::Recorder;
 
 /// Runs `concurrency` workers (at least 1) against `send` until `plan` stops, recording measured
 /// requests into `recorder`. Worker `i` draws its bodies from `factory.fork(i)`.
-pub async fn run<F, Fut>(
+pub async fn run(
     concurrency: usize,
     plan: Plan,
     factory: &PayloadFactory,
     recorder: Arc<Recorder>,
-    send: F,
-) -> Window
-where
-    F: Fn(Payload) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Outcome> + Send + 'static,
-{
+    send: impl SendFn,
+) -> Window {
     let send = Arc::new(send);
-    let start = Instant::now();
-    let measure_start = start + plan.warmup;
-    let planned_end = plan.planned_end(measure_start);
+    let clock = plan.start_clock();
     let tickets = Arc::new(AtomicU64::new(0));
     let mut workers = JoinSet::new();
     for i in 0..concurrency.max(1) {
@@ -41,10 +34,10 @@ where
         workers.spawn(async move {
             loop {
                 let now = Instant::now();
-                if planned_end.is_some_and(|end| now >= end) {
+                if clock.is_over(now) {
                     break;
                 }
-                let measured = now >= measure_start;
+                let measured = clock.is_measured(now);
                 if measured
                     && let Stop::Requests(n) = plan.stop
                     && tickets.fetch_add(1, Ordering::Relaxed) >= n
@@ -56,19 +49,12 @@ where
                 recorder.on_send(measured);
                 let sent_at = Instant::now();
                 let outcome = send(payload).await;
-                let done = Instant::now();
-                recorder.on_complete(
-                    measured,
-                    outcome,
-                    done.saturating_duration_since(sent_at),
-                    inputs,
-                    done,
-                );
+                record_completion(&recorder, measured, outcome, sent_at, inputs);
             }
         });
     }
     while workers.join_next().await.is_some() {}
-    Window::close(measure_start, &plan, &recorder)
+    Window::close(clock.measure_start, &plan, &recorder)
 }
 
 #[cfg(test)]

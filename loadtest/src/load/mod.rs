@@ -8,11 +8,27 @@
 pub mod closed;
 pub mod open;
 
+use std::future::Future;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::stats::Recorder;
+use crate::corpus::Payload;
+use crate::stats::{Outcome, Recorder};
+
+/// The request function of a run: sends one payload and resolves to its outcome.
+pub trait SendFn: Fn(Payload) -> Self::Sent + Send + Sync + 'static {
+    /// The future of one request.
+    type Sent: Future<Output = Outcome> + Send + 'static;
+}
+
+impl<F, Fut> SendFn for F
+where
+    F: Fn(Payload) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Outcome> + Send + 'static,
+{
+    type Sent = Fut;
+}
 
 /// When a run stops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +58,60 @@ impl Plan {
             Stop::Requests(_) => None,
         }
     }
+
+    /// Starts the run's clock now.
+    fn start_clock(&self) -> Clock {
+        let start = Instant::now();
+        let measure_start = start + self.warmup;
+        Clock {
+            start,
+            measure_start,
+            planned_end: self.planned_end(measure_start),
+        }
+    }
+}
+
+/// The instants of a run, fixed when it starts.
+#[derive(Debug, Clone, Copy)]
+struct Clock {
+    /// The start of the run.
+    start: Instant,
+    /// The end of the warm-up.
+    measure_start: Instant,
+    /// The end of the measured window as planned (duration mode only).
+    planned_end: Option<Instant>,
+}
+
+impl Clock {
+    /// Whether a request started (closed loop) or scheduled (open loop) at `at` is past the
+    /// planned end: the run stops.
+    fn is_over(&self, at: Instant) -> bool {
+        self.planned_end.is_some_and(|end| at >= end)
+    }
+
+    /// Whether a request started or scheduled at `at` is measured (after the warm-up).
+    fn is_measured(&self, at: Instant) -> bool {
+        at >= self.measure_start
+    }
+}
+
+/// Records a request of `inputs` inputs that completed now with `outcome`, its latency counted
+/// from `since` (its send time in the closed loop, its scheduled time in the open loop).
+fn record_completion(
+    recorder: &Recorder,
+    measured: bool,
+    outcome: Outcome,
+    since: Instant,
+    inputs: usize,
+) {
+    let done = Instant::now();
+    recorder.on_complete(
+        measured,
+        outcome,
+        done.saturating_duration_since(since),
+        inputs,
+        done,
+    );
 }
 
 /// The measured window of a run; rates are per second of it.

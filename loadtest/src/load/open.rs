@@ -8,16 +8,15 @@
 //! memory; a due request that finds the cap reached is not sent and counted as
 //! [`FailureKind::NotSent`](crate::stats::FailureKind::NotSent), never silently dropped.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use super::{Plan, Stop, Window};
-use crate::corpus::{Payload, PayloadFactory};
-use crate::stats::{Outcome, Recorder};
+use super::{Plan, SendFn, Stop, Window, record_completion};
+use crate::corpus::PayloadFactory;
+use crate::stats::Recorder;
 
 /// The scheduled offset of request `i` from the start at `rate` requests per second, rounded to
 /// the nanosecond (computed from `i`, so errors do not accumulate).
@@ -27,31 +26,25 @@ pub fn scheduled_offset(i: u64, rate: f64) -> Duration {
 
 /// Runs the open loop at `rate` requests per second (> 0) with at most `max_in_flight` requests
 /// in flight, until `plan` stops; then waits for all requests in flight.
-pub async fn run<F, Fut>(
+pub async fn run(
     rate: f64,
     max_in_flight: usize,
     plan: Plan,
     mut factory: PayloadFactory,
     recorder: Arc<Recorder>,
-    send: F,
-) -> Window
-where
-    F: Fn(Payload) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Outcome> + Send + 'static,
-{
+    send: impl SendFn,
+) -> Window {
     let send = Arc::new(send);
     let max_in_flight = max_in_flight.clamp(1, u32::MAX as usize);
     let permits = Arc::new(Semaphore::new(max_in_flight));
-    let start = Instant::now();
-    let measure_start = start + plan.warmup;
-    let planned_end = plan.planned_end(measure_start);
+    let clock = plan.start_clock();
     let mut measured_due = 0u64;
     for i in 0u64.. {
-        let scheduled = start + scheduled_offset(i, rate);
-        if planned_end.is_some_and(|end| scheduled >= end) {
+        let scheduled = clock.start + scheduled_offset(i, rate);
+        if clock.is_over(scheduled) {
             break;
         }
-        let measured = scheduled >= measure_start;
+        let measured = clock.is_measured(scheduled);
         if measured && let Stop::Requests(n) = plan.stop {
             if measured_due >= n {
                 break;
@@ -73,14 +66,7 @@ where
                 let recorder = recorder.clone();
                 tokio::spawn(async move {
                     let outcome = send(payload).await;
-                    let done = Instant::now();
-                    recorder.on_complete(
-                        measured,
-                        outcome,
-                        done.saturating_duration_since(scheduled),
-                        inputs,
-                        done,
-                    );
+                    record_completion(&recorder, measured, outcome, scheduled, inputs);
                     drop(permit);
                 });
             }
@@ -89,7 +75,7 @@ where
     }
     // Wait for every request in flight: all permits back. The semaphore is never closed.
     let _all = permits.acquire_many(max_in_flight as u32).await;
-    Window::close(measure_start, &plan, &recorder)
+    Window::close(clock.measure_start, &plan, &recorder)
 }
 
 #[cfg(test)]
@@ -104,6 +90,44 @@ mod tests {
         PayloadFactory::new(Arc::new(Corpus::Generated { words: 3 }), 1, 7)
     }
 
+    /// `n` requests, no warm-up.
+    fn requests(n: u64) -> Plan {
+        Plan {
+            warmup: Duration::ZERO,
+            stop: Stop::Requests(n),
+        }
+    }
+
+    /// When the simulated server was called, as offsets from the log's creation.
+    #[derive(Clone)]
+    struct SendLog {
+        start: Instant,
+        sent_at: Arc<Mutex<Vec<Instant>>>,
+    }
+
+    impl SendLog {
+        fn new() -> SendLog {
+            SendLog {
+                start: Instant::now(),
+                sent_at: Arc::default(),
+            }
+        }
+
+        fn record(&self) {
+            self.sent_at.lock().expect("lock").push(Instant::now());
+        }
+
+        fn offsets(&self) -> Vec<Duration> {
+            let sent_at = self.sent_at.lock().expect("lock");
+            sent_at.iter().map(|t| *t - self.start).collect()
+        }
+    }
+
+    /// `0, 10, 20, …` ms: `n` requests due at 100/s.
+    fn every_10_ms(n: u64) -> Vec<Duration> {
+        (0..n).map(|i| Duration::from_millis(10 * i)).collect()
+    }
+
     #[test]
     fn offsets_are_exact_multiples() {
         assert_eq!(scheduled_offset(0, 150.0), Duration::ZERO);
@@ -116,25 +140,18 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn sends_at_exact_intervals() {
         let recorder = Arc::new(Recorder::new(Duration::from_secs(1)));
-        let sent_at = Arc::new(Mutex::new(Vec::new()));
-        let log = sent_at.clone();
-        let start = Instant::now();
-        let plan = Plan {
-            warmup: Duration::ZERO,
-            stop: Stop::Requests(20),
-        };
+        let log = SendLog::new();
+        let server_log = log.clone();
+        let plan = requests(20);
         let window = run(100.0, 1000, plan, factory(), recorder.clone(), move |_| {
-            log.lock().expect("lock").push(Instant::now());
+            server_log.record();
             async {
                 tokio::time::sleep(Duration::from_millis(3)).await;
                 Ok(())
             }
         })
         .await;
-        let sent_at = sent_at.lock().expect("lock").clone();
-        let offsets: Vec<Duration> = sent_at.iter().map(|t| *t - start).collect();
-        let expected: Vec<Duration> = (0..20).map(|i| Duration::from_millis(10 * i)).collect();
-        assert_eq!(offsets, expected);
+        assert_eq!(log.offsets(), every_10_ms(20));
         let stats = recorder.snapshot();
         assert_eq!(stats.sent, 20);
         assert_eq!(stats.succeeded, 20);
@@ -153,15 +170,11 @@ mod tests {
         // One-at-a-time server: 1 ms per request, but the first request stalls it for 100 ms.
         let recorder = Arc::new(Recorder::new(Duration::from_secs(1)));
         let server = Arc::new(tokio::sync::Mutex::new(0u32));
-        let sent_at = Arc::new(Mutex::new(Vec::new()));
-        let log = sent_at.clone();
-        let start = Instant::now();
-        let plan = Plan {
-            warmup: Duration::ZERO,
-            stop: Stop::Requests(10),
-        };
+        let log = SendLog::new();
+        let server_log = log.clone();
+        let plan = requests(10);
         run(100.0, 1000, plan, factory(), recorder.clone(), move |_| {
-            log.lock().expect("lock").push(Instant::now());
+            server_log.record();
             let server = server.clone();
             async move {
                 let mut served = server.lock().await;
@@ -173,18 +186,7 @@ mod tests {
         })
         .await;
         // Sends did not wait for the stalled request.
-        let offsets: Vec<Duration> = sent_at
-            .lock()
-            .expect("lock")
-            .iter()
-            .map(|t| *t - start)
-            .collect();
-        assert_eq!(
-            offsets,
-            (0..10)
-                .map(|i| Duration::from_millis(10 * i))
-                .collect::<Vec<_>>()
-        );
+        assert_eq!(log.offsets(), every_10_ms(10));
         // Request 0 completes at 100 ms; request i (due at 10·i ms) queues behind it and completes
         // at 100 + i ms, so its latency from the schedule is 100 + i - 10·i ms.
         let mut latencies: Vec<Duration> = recorder
@@ -209,11 +211,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn requests_over_the_in_flight_cap_are_failures_not_drops() {
         let recorder = Arc::new(Recorder::new(Duration::from_secs(1)));
-        let plan = Plan {
-            warmup: Duration::ZERO,
-            stop: Stop::Requests(10),
-        };
         // Server never answers within the run: 2 in flight, the other 8 cannot be sent.
+        let plan = requests(10);
         run(1000.0, 2, plan, factory(), recorder.clone(), |_| async {
             tokio::time::sleep(Duration::from_secs(1)).await;
             Err(FailureKind::Timeout)
