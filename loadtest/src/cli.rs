@@ -40,9 +40,14 @@ pub struct RunArgs {
     #[arg(long)]
     pub url: Option<String>,
 
-    /// Target: a NATS server URL, e.g. nats://127.0.0.1:4222; requests go to --subject.
+    /// Target: NATS server URL(s), e.g. nats://127.0.0.1:4222 (comma-separated for a cluster;
+    /// credentials in the URL are never logged); requests go to --subject.
     #[arg(long)]
     pub nats: Option<String>,
+
+    /// NATS credentials and TLS (with --nats), as the gateway and the worker take them.
+    #[command(flatten)]
+    pub nats_auth: embatch_runtime::NatsAuth,
 
     /// NATS subject of the embed requests (with --nats).
     #[arg(long, env = "EMBATCH_SUBJECT", default_value = embatch_protocol::DEFAULT_SUBJECT)]
@@ -131,12 +136,14 @@ pub enum TargetSpec {
         /// The /embed URL.
         url: String,
     },
-    /// `--nats` and `--subject`.
+    /// `--nats`, `--subject` and the NATS credentials.
     Nats {
-        /// The NATS server URL.
+        /// The NATS server URL(s).
         url: String,
         /// The subject.
         subject: String,
+        /// Credentials and TLS.
+        auth: embatch_runtime::NatsAuth,
     },
 }
 
@@ -177,6 +184,7 @@ impl RunArgs {
             (None, Some(url)) => TargetSpec::Nats {
                 url,
                 subject: self.subject,
+                auth: self.nats_auth,
             },
             _ => {
                 return Err(LoadtestError::Config(
@@ -349,6 +357,7 @@ mod tests {
             c.target,
             TargetSpec::Nats {
                 url: "nats://127.0.0.1:4222".into(),
+                auth: embatch_runtime::NatsAuth::default(),
                 subject: "emb".into()
             }
         );

@@ -41,14 +41,12 @@ pub enum LoadtestError {
     /// The HTTP client could not be built.
     #[error("cannot build HTTP client: {0}")]
     Http(#[from] reqwest::Error),
-    /// The initial connection to NATS failed.
-    #[error("cannot connect to NATS at {url}: {message}")]
-    NatsConnect {
-        /// The NATS URL as given.
-        url: String,
-        /// The client's error message.
-        message: String,
-    },
+    /// `--nats` is not a list of NATS server URLs.
+    #[error("--nats: {0}")]
+    NatsUrl(String),
+    /// The initial connection to NATS failed (the message names the servers, redacted).
+    #[error(transparent)]
+    NatsConnect(#[from] embatch_runtime::NatsError),
     /// Writing the report failed.
     #[error("cannot write report to {path}: {source}")]
     Output {

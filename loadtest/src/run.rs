@@ -28,8 +28,8 @@ pub async fn run(config: &RunConfig) -> Result<Report, LoadtestError> {
     let factory = PayloadFactory::new(Arc::new(corpus), config.inputs_per_request, config.seed);
     let target = match &config.target {
         TargetSpec::Http { url } => Target::Http(HttpTarget::new(url, config.timeout)?),
-        TargetSpec::Nats { url, subject } => {
-            Target::Nats(NatsTarget::connect(url, subject, config.timeout).await?)
+        TargetSpec::Nats { url, subject, auth } => {
+            Target::Nats(NatsTarget::connect(url, subject, config.timeout, auth).await?)
         }
     };
     tracing::info!(target = %target.describe(), load = ?config.load, plan = ?config.plan, "starting");
@@ -69,7 +69,13 @@ pub async fn run(config: &RunConfig) -> Result<Report, LoadtestError> {
     let info = RunInfo {
         target: match &config.target {
             TargetSpec::Http { url } => url.clone(),
-            TargetSpec::Nats { url, subject } => format!("{url} subject {subject}"),
+            // The URL may carry credentials: shown redacted.
+            TargetSpec::Nats { url, subject, .. } => {
+                let servers = url
+                    .parse::<embatch_runtime::ServerList>()
+                    .map_or_else(|_| "an invalid --nats".to_string(), |s| s.to_string());
+                format!("{servers} subject {subject}")
+            }
         },
         load_model: load_model.into(),
         concurrency,

@@ -34,7 +34,7 @@ async fn nats_target_classifies_replies() {
     .await;
 
     let timeout = Duration::from_millis(1500);
-    let target = NatsTarget::connect(&url, "embed.test", timeout)
+    let target = NatsTarget::connect(&url, "embed.test", timeout, &Default::default())
         .await
         .expect("connect");
     let two = r#"{"inputs":["a","b"]}"#.to_string();
@@ -51,7 +51,7 @@ async fn nats_target_classifies_replies() {
         Err(FailureKind::Status(422))
     );
 
-    let nobody = NatsTarget::connect(&url, "embed.nobody", timeout)
+    let nobody = NatsTarget::connect(&url, "embed.nobody", timeout, &Default::default())
         .await
         .expect("connect");
     assert_eq!(

@@ -34,6 +34,7 @@ async fn closed_loop_through_nats_and_a_worker_is_batched() {
         target: TargetSpec::Nats {
             url: nats.url(),
             subject: embatch_protocol::DEFAULT_SUBJECT.into(),
+            auth: Default::default(),
         },
         load: LoadModel::Closed { concurrency: 16 },
         plan: Plan {

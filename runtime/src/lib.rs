@@ -8,7 +8,7 @@ mod nats;
 mod secret;
 
 pub use addr::OptionalAddr;
-pub use nats::{NatsArgs, NatsError, ServerList, install_crypto_provider};
+pub use nats::{NatsArgs, NatsAuth, NatsError, ServerList, install_crypto_provider};
 pub use secret::Secret;
 
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};

@@ -86,8 +86,8 @@ pub fn install_crypto_provider() {
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
 }
 
-/// The NATS connection settings shared by every binary (`#[command(flatten)]`). At most one way
-/// of authenticating may be given; TLS settings combine with any of them.
+/// The NATS connection settings of the gateway and the worker (`#[command(flatten)]`): the
+/// servers and [`NatsAuth`].
 #[derive(Debug, Clone, clap::Args)]
 pub struct NatsArgs {
     /// NATS server URL(s), comma-separated for a cluster, tried in the order given: list the
@@ -100,6 +100,17 @@ pub struct NatsArgs {
     )]
     pub servers: ServerList,
 
+    /// Credentials and TLS.
+    #[command(flatten)]
+    pub auth: NatsAuth,
+}
+
+/// How to authenticate to NATS and which TLS to use, for every binary (`#[command(flatten)]`;
+/// the load generator takes its server from `--nats`). At most one way of authenticating may be
+/// given; TLS settings combine with any of them. Without one, credentials in the server URL are
+/// used.
+#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+pub struct NatsAuth {
     /// NATS credentials file (a user JWT and nkey seed, `.creds`, as `nsc` writes it).
     #[arg(long, env = "NATS_CREDS", group = "nats_auth")]
     pub nats_creds: Option<PathBuf>,
@@ -167,45 +178,51 @@ pub enum NatsError {
 }
 
 impl NatsArgs {
-    /// Only a server list (tests, tools): no credentials, no TLS settings beyond the URL's.
-    pub fn servers(servers: ServerList) -> NatsArgs {
-        NatsArgs {
-            servers,
-            nats_creds: None,
-            nats_nkey: None,
-            nats_user: None,
-            nats_password: None,
-            nats_token: None,
-            nats_tls_ca: None,
-            nats_tls_cert: None,
-            nats_tls_key: None,
-        }
-    }
-
     /// Connects as `name` (shown by `nats server report connections`) with the caller's
-    /// `options` plus these credentials and TLS settings, trying the servers in order.
+    /// `options` plus the credentials and TLS settings, trying the servers in order (see
+    /// [`NatsAuth::connect`]).
+    ///
+    /// # Errors
+    /// As [`NatsAuth::connect`].
+    pub async fn connect(
+        &self,
+        name: &str,
+        options: ConnectOptions,
+    ) -> Result<async_nats::Client, NatsError> {
+        self.auth.connect(&self.servers, name, options).await
+    }
+}
+
+impl NatsAuth {
+    /// Connects to `servers` as `name` with the caller's `options` plus these credentials and
+    /// TLS settings, trying the servers in order.
     ///
     /// # Errors
     /// [`NatsError::Credentials`] when the credentials file cannot be read,
     /// [`NatsError::Connect`] when no server accepts the connection.
     pub async fn connect(
         &self,
+        servers: &ServerList,
         name: &str,
         options: ConnectOptions,
     ) -> Result<async_nats::Client, NatsError> {
         install_crypto_provider();
-        let options = self.apply(options.name(name)).await?;
+        let options = self.apply(options.name(name), servers).await?;
         options
             .retain_servers_order()
-            .connect(self.servers.addrs().to_vec())
+            .connect(servers.addrs().to_vec())
             .await
             .map_err(|source| NatsError::Connect {
-                servers: self.servers.to_string(),
+                servers: servers.to_string(),
                 source,
             })
     }
 
-    async fn apply(&self, mut options: ConnectOptions) -> Result<ConnectOptions, NatsError> {
+    async fn apply(
+        &self,
+        mut options: ConnectOptions,
+        servers: &ServerList,
+    ) -> Result<ConnectOptions, NatsError> {
         if let Some(path) = &self.nats_creds {
             options =
                 options
@@ -233,7 +250,7 @@ impl NatsArgs {
             || self.nats_user.is_some()
             || self.nats_token.is_some();
         if !explicit {
-            options = embatch_client::with_url_credentials(options, self.servers.addrs());
+            options = embatch_client::with_url_credentials(options, servers.addrs());
         }
         if let (Some(cert), Some(key)) = (&self.nats_tls_cert, &self.nats_tls_key) {
             options = options

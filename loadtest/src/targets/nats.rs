@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use embatch_client::{EmbedClient, RequestError};
+use embatch_runtime::{NatsAuth, ServerList};
 
 use crate::LoadtestError;
 use crate::corpus::Payload;
@@ -17,29 +18,27 @@ pub struct NatsTarget {
 }
 
 impl NatsTarget {
-    /// Connects to `url`; requests go to `subject` with a reply timeout of `timeout`, which is
-    /// also sent as the [`embatch_protocol::headers::DEADLINE_MS`] budget (whole ms).
+    /// Connects to `url` (one or several servers) with `auth`; requests go to `subject` with a
+    /// reply timeout of `timeout`, which is also sent as the
+    /// [`embatch_protocol::headers::DEADLINE_MS`] budget (whole ms).
     ///
     /// # Errors
-    /// [`LoadtestError::NatsConnect`] when the initial connection fails.
+    /// [`LoadtestError::NatsUrl`] when `url` is not a server list, [`LoadtestError::NatsConnect`]
+    /// when the initial connection fails (the messages never show credentials).
     pub async fn connect(
         url: &str,
         subject: &str,
         timeout: Duration,
+        auth: &NatsAuth,
     ) -> Result<NatsTarget, LoadtestError> {
+        let servers: ServerList = url.parse().map_err(LoadtestError::NatsUrl)?;
         let options = async_nats::ConnectOptions::new()
-            .name("embatch-loadtest")
             .connection_timeout(timeout.max(Duration::from_secs(5)))
             .request_timeout(Some(timeout));
-        let nats = embatch_client::connect_with(url, options)
-            .await
-            .map_err(|e| LoadtestError::NatsConnect {
-                url: url.to_string(),
-                message: e.to_string(),
-            })?;
+        let nats = auth.connect(&servers, "embatch-loadtest", options).await?;
         Ok(NatsTarget {
             client: EmbedClient::new(nats, subject),
-            url: url.to_string(),
+            url: servers.to_string(),
             timeout,
         })
     }
