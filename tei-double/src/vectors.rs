@@ -1,0 +1,36 @@
+//! The double's deterministic vectors: a hash of the text, expanded (no model).
+
+/// The deterministic vector of `text`: `dim` floats in [-1, 1) from a 64-bit FNV-1a hash of the
+/// text expanded with splitmix64, cut to `dimensions` when given (as TEI's Matryoshka
+/// `dimensions`), then L2-normalized when `normalize`.
+pub fn embedding(text: &str, dim: usize, dimensions: Option<usize>, normalize: bool) -> Vec<f32> {
+    let mut state = fnv1a(text.as_bytes());
+    let len = dimensions.unwrap_or(dim).min(dim);
+    let mut v: Vec<f32> = (0..len)
+        .map(|_| {
+            let bits = splitmix64(&mut state) >> 40; // 24 random bits
+            (bits as f32 / (1u64 << 23) as f32) - 1.0
+        })
+        .collect();
+    if normalize {
+        let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        if norm > 0.0 {
+            v.iter_mut().for_each(|x| *x /= norm);
+        }
+    }
+    v
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
