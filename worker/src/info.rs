@@ -13,6 +13,7 @@
 //!   `Nats-Service-Error` headers (503 when TEI cannot be reached, 424 for a malformed answer).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_nats::HeaderMap;
 use async_nats::service::Request;
@@ -20,25 +21,40 @@ use async_nats::service::endpoint::Endpoint;
 use embatch_protocol::{EmbedError, reply};
 use futures::StreamExt;
 
-use crate::upstream::Upstream;
+use crate::upstream::{Upstream, UpstreamError};
 
 /// The endpoint's name in the NATS micro service (shown by `$SRV.INFO.embatch`).
 pub(crate) const ENDPOINT: &str = "info";
 
+/// Longest an answer waits for the upstream's `/info` when it has not been read yet (TEI was
+/// down at start-up). The gateway's `/health` asks this endpoint, so an upstream that hangs must
+/// not make a present worker look absent: past this, the answer is a 503 error reply.
+const UPSTREAM_INFO_WAIT: Duration = Duration::from_millis(500);
+
 /// Answers every request on `endpoint` with [`document`] of `upstream`'s info, until the
-/// endpoint's subscription ends (the caller aborts this task when the worker stops).
-pub(crate) async fn serve<U: Upstream>(
+/// endpoint's subscription ends (the caller aborts this task when the worker stops). Each
+/// request is answered in its own task, so one that waits for the upstream holds up no other.
+pub(crate) async fn serve<U: Upstream + 'static>(
     mut endpoint: Endpoint,
     upstream: Arc<U>,
     max_client_batch_size: usize,
 ) {
     while let Some(request) = endpoint.next().await {
-        let answer = upstream
-            .info()
-            .await
-            .map_err(EmbedError::from)
-            .and_then(|info| document(info, max_client_batch_size));
-        respond(&request, answer).await;
+        let upstream = Arc::clone(&upstream);
+        tokio::spawn(async move {
+            let info = tokio::time::timeout(UPSTREAM_INFO_WAIT, upstream.info())
+                .await
+                .unwrap_or_else(|_| {
+                    Err(UpstreamError::Unreachable(format!(
+                        "the upstream's /info did not answer within {} ms",
+                        UPSTREAM_INFO_WAIT.as_millis()
+                    )))
+                });
+            let answer = info
+                .map_err(EmbedError::from)
+                .and_then(|info| document(info, max_client_batch_size));
+            respond(&request, answer).await;
+        });
     }
 }
 
