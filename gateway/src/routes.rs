@@ -169,16 +169,28 @@ async fn embed(
     request_headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    counted(|started| async move {
+        let forwarded = async {
+            let body = read_body(&state, &request_headers, body)?;
+            forward(&state, &request_headers, body, started).await
+        };
+        match forwarded.await {
+            Ok(reply) => reply_response(reply.payload, &reply.timings, started),
+            Err(err) => ApiError(err).into_response(),
+        }
+    })
+    .await
+}
+
+/// Runs one embedding request's handler under the in-flight gauge and the request metrics
+/// ([`InFlight`], which also counts a client hang-up); the handler gets the request's start.
+async fn counted<F, Fut>(handle: F) -> Response
+where
+    F: FnOnce(Instant) -> Fut,
+    Fut: std::future::Future<Output = Response>,
+{
     let mut in_flight = InFlight::start();
-    let started = in_flight.started;
-    let forwarded = async {
-        let body = read_body(&state, &request_headers, body)?;
-        forward(&state, &request_headers, body, started).await
-    };
-    let response = match forwarded.await {
-        Ok(reply) => reply_response(reply.payload, &reply.timings, started),
-        Err(err) => ApiError(err).into_response(),
-    };
+    let response = handle(in_flight.started).await;
     in_flight.status = Some(response.status());
     response
 }
@@ -192,23 +204,23 @@ async fn openai_embeddings(
     request_headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let mut in_flight = InFlight::start();
-    let started = in_flight.started;
-    let forwarded = async {
-        let body = read_body(&state, &request_headers, body)?;
-        let (request, shape) = EmbeddingsRequest::from_slice(&body)?.into_embed_request();
-        let body = serde_json::to_vec(&request)
-            .map_err(|e| EmbedError::Validation(format!("cannot translate the request: {e}")))?;
-        let reply = forward(&state, &request_headers, Bytes::from(body), started).await?;
-        let body = crate::openai::response_body(&reply.payload, shape)?;
-        Ok::<_, OpenAiError>(reply_response(Bytes::from(body), &reply.timings, started))
-    };
-    let response = match forwarded.await {
-        Ok(response) => response,
-        Err(err) => openai_error_response(&err),
-    };
-    in_flight.status = Some(response.status());
-    response
+    counted(|started| async move {
+        let forwarded = async {
+            let body = read_body(&state, &request_headers, body)?;
+            let (request, shape) = EmbeddingsRequest::from_slice(&body)?.into_embed_request();
+            let body = serde_json::to_vec(&request).map_err(|e| {
+                EmbedError::Validation(format!("cannot translate the request: {e}"))
+            })?;
+            let reply = forward(&state, &request_headers, Bytes::from(body), started).await?;
+            let body = crate::openai::response_body(&reply.payload, shape)?;
+            Ok::<_, OpenAiError>(reply_response(Bytes::from(body), &reply.timings, started))
+        };
+        match forwarded.await {
+            Ok(response) => response,
+            Err(err) => openai_error_response(&err),
+        }
+    })
+    .await
 }
 
 /// An error in OpenAI's shape, with the TEI route's status (and its `Retry-After` on 429).
