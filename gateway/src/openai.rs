@@ -15,15 +15,17 @@ use serde_json::value::RawValue;
 /// OpenAI's `POST /v1/embeddings` body.
 ///
 /// ```json
-/// {"input": "one text" | ["text", ...], "model": "name", "encoding_format": "float",
-///  "dimensions": 256, "user": "ignored"}
+/// {"input": "one text" | ["text", ...] | [101, 7592, 102] | [[101, 102], ...],
+///  "model": "name", "encoding_format": "float", "dimensions": 256, "user": "ignored"}
 /// ```
-/// Only `input` is required (OpenAI requires `model` too; here it is only echoed back). Arrays
-/// of token ids, which OpenAI also accepts as `input`, are refused with 422. Unknown fields are
-/// ignored.
+/// Only `input` is required (OpenAI requires `model` too; here it is only echoed back). Token
+/// ids (an array of numbers is one input, an array of such arrays several) are accepted as
+/// OpenAI accepts them, and must be ids of the workers' model's vocabulary, as with TEI.
+/// Unknown fields are ignored.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct EmbeddingsRequest {
-    /// One text or an array of texts; one embedding each, in order.
+    /// One input or an array of inputs (texts or arrays of token ids); one embedding each, in
+    /// order.
     pub input: Inputs,
     /// The model name, echoed in the response's `model` (the workers' model is used whatever it
     /// says).
@@ -346,6 +348,10 @@ mod tests {
             .expect("valid")
             .into_embed_request();
         assert_eq!(embed.inputs, Inputs::Single("a".into()));
+        let (embed, _) = EmbeddingsRequest::from_slice(br#"{"input":[[101,102],[7592]]}"#)
+            .expect("token ids")
+            .into_embed_request();
+        assert_eq!(embed.inputs.len(), 2);
         assert_eq!(shape.encoding_format, EncodingFormat::Float);
         assert_eq!(shape.model, "");
     }
@@ -353,7 +359,7 @@ mod tests {
     #[test]
     fn bad_requests_name_the_param() {
         let cases: [(&[u8], Option<&str>); 5] = [
-            (br#"{"input":[1,2]}"#, Some("input")),
+            (br#"{"input":[1,"a"]}"#, Some("input")),
             (
                 br#"{"input":"a","encoding_format":"hex"}"#,
                 Some("encoding_format"),

@@ -215,7 +215,7 @@ async fn workers_on_every_node_serve_and_losing_a_node_loses_only_its_in_flight_
         .filter(|call| {
             call.inputs
                 .iter()
-                .filter_map(|i| request_index(i))
+                .filter_map(|i| i.as_text().and_then(request_index))
                 .any(|i| (KILL_AT..TOTAL).contains(&i))
         })
         .map(|call| call.at)
@@ -228,7 +228,7 @@ async fn workers_on_every_node_serve_and_losing_a_node_loses_only_its_in_flight_
         .flat_map(|call| {
             call.inputs
                 .iter()
-                .filter_map(|i| request_index(i))
+                .filter_map(|i| i.as_text().and_then(request_index))
                 .collect::<Vec<_>>()
         })
         .collect();

@@ -81,6 +81,40 @@ async fn the_real_model_through_gateway_and_direct_nats_matches_tei() {
         assert_matches(case, &got, "direct NATS");
     }
 
+    // Token ids, as TEI 1.9.3 takes them: the ids of "Hello, world!" (with [CLS] and [SEP]) embed
+    // like the text, on `/embed` next to a text and on OpenAI's route as an array of ids.
+    let first = &reference.cases[0];
+    assert_eq!(first.request["inputs"][1], "Hello, world!");
+    let hello = Case {
+        request: serde_json::Value::Null,
+        embeddings: vec![first.embeddings[1].clone(); 2],
+    };
+    let hello_ids = serde_json::json!([101, 7592, 1010, 2088, 999, 102]);
+    let response = http
+        .post(format!("{}/embed", gateway.url))
+        .json(&serde_json::json!({ "inputs": [hello_ids, "Hello, world!"] }))
+        .send()
+        .await
+        .expect("HTTP response");
+    assert_eq!(response.status().as_u16(), 200);
+    let got: Vec<Vec<f32>> = response.json().await.expect("vectors");
+    assert_matches(&hello, &got, "token ids on /embed");
+    let response = http
+        .post(format!("{}/v1/embeddings", gateway.url))
+        .json(&serde_json::json!({ "input": [hello_ids, hello_ids], "model": "m" }))
+        .send()
+        .await
+        .expect("HTTP response");
+    assert_eq!(response.status().as_u16(), 200);
+    let body: serde_json::Value = response.json().await.expect("OpenAI body");
+    let got: Vec<Vec<f32>> = body["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .map(|d| serde_json::from_value(d["embedding"].clone()).expect("floats"))
+        .collect();
+    assert_matches(&hello, &got, "token ids on /v1/embeddings");
+
     // The long input without `truncate` is over the model's 256 tokens: TEI's 413.
     let long =
         std::fs::read_to_string(testdata().join("reference-long-input.txt")).expect("long input");

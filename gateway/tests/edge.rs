@@ -7,6 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::{assert_tei_error, json_post, start_gateway_at, tei_taking, wait_until};
+use embatch_protocol::Input;
 use embatch_testkit::{NatsServer, Stack, TeiConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -86,10 +87,10 @@ async fn a_client_that_disconnects_costs_no_upstream_call() {
         .await
         .expect("HTTP response");
     assert_eq!(third.status().as_u16(), 200);
-    let inputs: Vec<String> = tei.calls().into_iter().flat_map(|c| c.inputs).collect();
+    let inputs: Vec<Input> = tei.calls().into_iter().flat_map(|c| c.inputs).collect();
     assert_eq!(
         inputs,
-        vec!["occupies the upstream".to_string(), "after".to_string()],
+        ["occupies the upstream", "after"],
         "the withdrawn request never reached the upstream"
     );
     worker.stop().await;

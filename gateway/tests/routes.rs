@@ -160,7 +160,7 @@ async fn openai_errors_have_openais_shape_and_the_tei_routes_status() {
     .await;
     assert_eq!(status, 422, "{body}");
     assert_eq!(body["error"]["param"], "encoding_format");
-    let (status, body) = post_json(&gateway.url, "/v1/embeddings", r#"{"input":[1,2]}"#).await;
+    let (status, body) = post_json(&gateway.url, "/v1/embeddings", r#"{"input":[1,"a"]}"#).await;
     assert_eq!(status, 422, "{body}");
     assert_eq!(body["error"]["param"], "input");
     assert!(stack.tei.calls().is_empty());

@@ -4,9 +4,10 @@
 //! ```no_run
 //! # use std::path::Path;
 //! # use embatch_local_model::LocalModel;
-//! # use embatch_protocol::EmbedOptions;
+//! # use embatch_protocol::{EmbedOptions, Input};
 //! let model = LocalModel::load(Path::new("models/all-MiniLM-L6-v2"))?;
-//! let inputs = vec!["What is vector search?".to_string()];
+//! // A text, and the same text as token ids ([CLS] what is vector search ? [SEP]).
+//! let inputs = vec![Input::from("What is vector search?"), Input::Ids(vec![101, 2054, 2003, 9207, 3945, 1029, 102])];
 //! let embeddings = model.embed(&inputs, &EmbedOptions::default())?; // blocking
 //! assert_eq!(embeddings[0].len(), model.dim());
 //! # Ok::<(), Box<dyn std::error::Error>>(())

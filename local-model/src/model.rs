@@ -6,7 +6,7 @@ use std::time::Instant;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::bert::BertModel;
-use embatch_protocol::{EmbedError, EmbedOptions};
+use embatch_protocol::{EmbedError, EmbedOptions, Input};
 
 use crate::LoadError;
 use crate::config::{self, ModelConfig, Pooling};
@@ -151,8 +151,9 @@ impl LocalModel {
     }
 
     /// Embeds `inputs`: one vector of [`LocalModel::dim`] values (or `options.dimensions`) per
-    /// input, in input order. An empty `inputs` gives an empty result; an empty string is a valid
-    /// input (only the special tokens).
+    /// input, in input order. An input is a text or the token ids of one (used as given, as TEI
+    /// does: no special tokens are added to them). An empty `inputs` gives an empty result; an
+    /// empty string is a valid input (only the special tokens).
     ///
     /// Blocking and CPU-bound (tens of milliseconds for a few short inputs in a release build):
     /// call it from `spawn_blocking` or a dedicated thread. Inputs are padded to the longest in a
@@ -178,7 +179,7 @@ impl LocalModel {
     /// The first failing input, in input order, fails the whole call.
     pub fn embed(
         &self,
-        inputs: &[String],
+        inputs: &[Input],
         options: &EmbedOptions,
     ) -> Result<Vec<Vec<f32>>, EmbedError> {
         let started = Instant::now();
@@ -193,7 +194,10 @@ impl LocalModel {
 
         let tokens = inputs
             .iter()
-            .map(|input| self.encoder.encode(input, prompt, truncate))
+            .map(|input| match input {
+                Input::Text(text) => self.encoder.encode(text, prompt, truncate),
+                Input::Ids(ids) => self.encoder.encode_ids(ids, prompt, truncate),
+            })
             .collect::<Result<Vec<Tokens>, EmbedError>>()?;
 
         // Shortest first, so that each forward pass holds inputs of similar length.

@@ -108,19 +108,61 @@ impl Encoder {
         prompt: Option<&str>,
         truncate: Option<TruncationDirection>,
     ) -> Result<Tokens, EmbedError> {
-        let max = self.max_input_length;
         let input = self.limit_chars(input, truncate)?;
         let text = match prompt {
             Some(prompt) => Cow::Owned(format!("{prompt}{input}")),
             None => Cow::Borrowed(input),
         };
+        self.tokenize(&text, true, truncate)
+    }
 
+    /// Turns token ids sent by the caller into the model's input, as TEI 1.9.3 does: the ids are
+    /// decoded to text and that text is tokenized again *without* adding special tokens, so the
+    /// ids the caller sent (special tokens included) are what the model sees. With a prompt, the
+    /// ids are decoded without their special tokens, the prompt is prepended and the result is
+    /// encoded like a text input. Ids outside the vocabulary are dropped by the decoder.
+    ///
+    /// # Errors
+    /// As [`Encoder::encode`]: [`EmbedError::TooLarge`] for more than `max_input_length` ids
+    /// when not truncating, [`EmbedError::Tokenizer`] when decoding fails.
+    pub(crate) fn encode_ids(
+        &self,
+        ids: &[u32],
+        prompt: Option<&str>,
+        truncate: Option<TruncationDirection>,
+    ) -> Result<Tokens, EmbedError> {
+        let tokenizer_error = |err: tokenizers::Error| EmbedError::Tokenizer(err.to_string());
+        let skip_special_tokens = prompt.is_some();
+        let text = self
+            .tokenizer
+            .decode(ids, skip_special_tokens)
+            .map_err(tokenizer_error)?;
+        match prompt {
+            Some(_) => self.encode(&text, prompt, truncate),
+            None => self.tokenize(&text, false, truncate),
+        }
+    }
+
+    /// Tokenizes `text`, adding the model's special tokens when `add_special_tokens`, and checks
+    /// or applies the token limit (special tokens included).
+    fn tokenize(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+        truncate: Option<TruncationDirection>,
+    ) -> Result<Tokens, EmbedError> {
+        let max = self.max_input_length;
+        let added_tokens = if add_special_tokens {
+            self.added_tokens
+        } else {
+            0
+        };
         let tokenizer_error = |err: tokenizers::Error| EmbedError::Tokenizer(err.to_string());
         let mut encoding = self
             .tokenizer
-            .encode_fast(text.as_ref(), false)
+            .encode_fast(text, false)
             .map_err(tokenizer_error)?;
-        let given = encoding.len() + self.added_tokens;
+        let given = encoding.len() + added_tokens;
         if given > max {
             let Some(direction) = truncate else {
                 return Err(EmbedError::TooLarge(format!(
@@ -132,13 +174,13 @@ impl Encoder {
                 TruncationDirection::Right => tokenizers::TruncationDirection::Right,
             };
             // Same cut as the tokenizer's own `LongestFirst` truncation of a single sequence.
-            encoding.truncate(max - self.added_tokens, 0, direction);
+            encoding.truncate(max - added_tokens, 0, direction);
             // The cut-off parts are kept as "overflowing" encodings; nothing here uses them.
             drop(encoding.take_overflowing());
         }
         let encoding = self
             .tokenizer
-            .post_process(encoding, None, true)
+            .post_process(encoding, None, add_special_tokens)
             .map_err(tokenizer_error)?;
         Ok(Tokens {
             ids: encoding.get_ids().to_vec(),

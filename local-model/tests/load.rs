@@ -6,7 +6,7 @@ use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
 use embatch_local_model::{LoadError, LocalModel};
-use embatch_protocol::{EmbedError, EmbedOptions};
+use embatch_protocol::{EmbedError, EmbedOptions, Input};
 
 const HIDDEN: usize = 8;
 const INTERMEDIATE: usize = 16;
@@ -186,7 +186,7 @@ fn a_tiny_cls_model_embeds_truncates_and_batches() {
     assert_eq!(model.max_input_length(), 8);
 
     // tokenizer.json's own truncation to 3 tokens is ignored: 6 words + 2 special tokens fit.
-    let inputs: Vec<String> = ["a b c d a b", "a", "", "b c"].map(String::from).to_vec();
+    let inputs: Vec<Input> = ["a b c d a b", "a", "", "b c"].map(Input::from).to_vec();
     let options = EmbedOptions::default();
     let batch = model.embed(&inputs, &options).expect("embeds");
     for (input, batched) in inputs.iter().zip(&batch) {
@@ -203,7 +203,7 @@ fn a_tiny_cls_model_embeds_truncates_and_batches() {
         }
     }
 
-    let long = vec!["a b c d a b c".to_string()];
+    let long = vec![Input::from("a b c d a b c")];
     let err = model.embed(&long, &options).expect_err("9 tokens");
     assert!(matches!(err, EmbedError::TooLarge(_)), "{err:?}");
     assert!(
@@ -221,7 +221,7 @@ fn a_tiny_cls_model_embeds_truncates_and_batches() {
         )
         .expect("truncated to 8 tokens");
     let first_six = model
-        .embed(&["a b c d a b".to_string()], &options)
+        .embed(&[Input::from("a b c d a b")], &options)
         .expect("embeds");
     for (x, y) in truncated[0].iter().zip(&first_six[0]) {
         assert!(

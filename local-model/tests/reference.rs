@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 use std::time::Instant;
 
 use embatch_local_model::LocalModel;
-use embatch_protocol::{EmbedError, EmbedOptions, EmbedRequest, TruncationDirection};
+use embatch_protocol::{EmbedError, EmbedOptions, EmbedRequest, Input, TruncationDirection};
 use serde::Deserialize;
 
 /// TEI on CPU uses tanh-approximated GeLU, like this crate, but sums in another order.
@@ -106,7 +106,7 @@ fn validation_message(err: &EmbedError, field: &str) -> String {
 }
 
 fn embed_one(input: &str, options: &EmbedOptions) -> Result<Vec<f32>, EmbedError> {
-    let mut out = model().embed(&[input.to_string()], options)?;
+    let mut out = model().embed(&[Input::from(input)], options)?;
     assert_eq!(out.len(), 1);
     Ok(out.remove(0))
 }
@@ -184,7 +184,7 @@ fn long_input_without_truncate_is_too_large() {
 
 #[test]
 fn one_long_input_fails_the_whole_call() {
-    let inputs = vec!["short".to_string(), long_input()];
+    let inputs = vec![Input::from("short"), Input::from(long_input())];
     let err = model()
         .embed(&inputs, &EmbedOptions::default())
         .expect_err("second input is too long");
@@ -274,13 +274,13 @@ fn prompts_from_the_sentence_transformers_config_are_prepended() {
     let with_prompts = LocalModel::load(&copy).expect("loads");
     assert_eq!(with_prompts.model_id(), "minilm-with-prompts");
 
-    let inputs = vec!["What is vector search?".to_string()];
+    let inputs = vec![Input::from("What is vector search?")];
     let prompted = with_prompts
         .embed(&inputs, &with_prompt("query"))
         .expect("known prompt");
     let by_hand = with_prompts
         .embed(
-            &["query: What is vector search?".to_string()],
+            &[Input::from("query: What is vector search?")],
             &EmbedOptions::default(),
         )
         .expect("embeds");
@@ -295,7 +295,7 @@ fn prompts_from_the_sentence_transformers_config_are_prepended() {
 
 #[test]
 fn a_batch_gives_the_same_vectors_as_one_input_at_a_time() {
-    let inputs: Vec<String> = [
+    let inputs: Vec<Input> = [
         "x",
         "",
         "   leading and trailing whitespace   ",
@@ -304,14 +304,17 @@ fn a_batch_gives_the_same_vectors_as_one_input_at_a_time() {
         "The stock market fell sharply after the central bank raised interest rates, and \
          analysts expect further volatility as investors reassess their portfolios.",
     ]
-    .map(String::from)
+    .map(Input::from)
     .to_vec();
     for normalize in [true, false] {
         let options = with_normalize(normalize);
         let batch = model().embed(&inputs, &options).expect("batch");
         assert_eq!(batch.len(), inputs.len());
         for (input, batched) in inputs.iter().zip(&batch) {
-            let alone = embed_one(input, &options).expect("alone");
+            let alone = model()
+                .embed(std::slice::from_ref(input), &options)
+                .expect("alone")
+                .remove(0);
             let cos = cosine(batched, &alone);
             assert!(cos >= 0.9999, "{input:?}: cosine {cos}");
             let (a, b) = (norm(batched), norm(&alone));
@@ -331,4 +334,57 @@ fn empty_string_and_empty_batch() {
             .expect("nothing to do")
             .is_empty()
     );
+}
+
+/// all-MiniLM-L6-v2's (BERT uncased) ids for `[CLS] hello world [SEP]`.
+const HELLO_WORLD_IDS: [u32; 4] = [101, 7592, 2088, 102];
+
+#[test]
+fn token_ids_embed_like_the_text_they_encode() {
+    let options = EmbedOptions::default();
+    let by_text = embed_one("hello world", &options).expect("text");
+    let out = model()
+        .embed(
+            &[
+                Input::Ids(HELLO_WORLD_IDS.to_vec()),
+                Input::from("hello world"),
+            ],
+            &options,
+        )
+        .expect("ids and text in one call");
+    assert!(cosine(&out[0], &by_text) > 0.99999, "ids vs text");
+    assert!(cosine(&out[1], &by_text) > 0.99999, "batched text");
+
+    // Without [CLS]/[SEP] the model sees other tokens: the ids are used as given.
+    let bare = model()
+        .embed(&[Input::Ids(vec![7592, 2088])], &options)
+        .expect("bare ids");
+    assert!(
+        cosine(&bare[0], &by_text) < 0.999,
+        "no special tokens are added"
+    );
+}
+
+#[test]
+fn token_ids_over_the_limit_are_refused_or_truncated() {
+    let long = Input::Ids([101].into_iter().chain([7592; 300]).chain([102]).collect());
+    let err = model()
+        .embed(std::slice::from_ref(&long), &EmbedOptions::default())
+        .expect_err("302 ids");
+    assert_eq!(err.status(), 413);
+    assert!(
+        err.to_string()
+            .contains("`inputs` must have less than 256 tokens. Given: 302"),
+        "{err}"
+    );
+    let truncated = model()
+        .embed(
+            &[long],
+            &EmbedOptions {
+                truncate: Some(true),
+                ..EmbedOptions::default()
+            },
+        )
+        .expect("truncated");
+    assert_eq!(truncated[0].len(), 384);
 }

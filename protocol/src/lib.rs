@@ -22,7 +22,7 @@ pub mod reply;
 pub mod request;
 
 pub use error::{EmbedError, ErrorResponse, ErrorType};
-pub use request::{EmbedOptions, EmbedRequest, TruncationDirection};
+pub use request::{EmbedOptions, EmbedRequest, Input, TruncationDirection};
 
 /// The default NATS subject requests are sent on (`--subject` / `EMBATCH_SUBJECT` on both sides).
 pub const DEFAULT_SUBJECT: &str = "embed";

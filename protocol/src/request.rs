@@ -10,13 +10,14 @@ use crate::EmbedError;
 /// TEI's `POST /embed` body.
 ///
 /// ```json
-/// {"inputs": "one text" | ["text", ...], "normalize": true, "truncate": false,
+/// {"inputs": "one text" | ["text", ...] | [101, 7592, 102] | [[101, 102], "text", ...],
+///  "normalize": true, "truncate": false,
 ///  "truncation_direction": "Right", "prompt_name": null, "dimensions": null}
 /// ```
 /// Only `inputs` is required. Unknown fields are ignored, as TEI does.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EmbedRequest {
-    /// One text or an array of texts.
+    /// One input or an array of inputs; an input is a text or an array of token ids.
     pub inputs: Inputs,
     /// L2-normalize each embedding (default `true`, as in TEI).
     #[serde(default = "default_normalize")]
@@ -40,14 +41,84 @@ fn default_normalize() -> bool {
     true
 }
 
-/// `inputs`: a single string or an array of strings.
+/// One input: a text, or the token ids of one (pre-tokenized) text, as TEI 1.9.3 accepts them.
+///
+/// Token ids are used as given: the model adds no special tokens to them (TEI decodes them to
+/// text and re-encodes it without adding special tokens, which keeps the ids the caller sent).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum Input {
+    /// `"text"`.
+    Text(String),
+    /// `[101, 7592, 102]`: token ids of the model's vocabulary.
+    Ids(Vec<u32>),
+}
+
+impl Input {
+    /// `true` for `""` and `[]` (TEI 1.9.3 answers 400 `Empty` for either).
+    pub fn is_empty(&self) -> bool {
+        match self {
+            Input::Text(text) => text.is_empty(),
+            Input::Ids(ids) => ids.is_empty(),
+        }
+    }
+
+    /// The text of a [`Input::Text`]; `None` for token ids.
+    pub fn as_text(&self) -> Option<&str> {
+        match self {
+            Input::Text(text) => Some(text),
+            Input::Ids(_) => None,
+        }
+    }
+
+    /// The size of the input as sent: bytes of a text, 4 bytes per token id. Used for byte
+    /// bounds (request size, queue bytes).
+    pub fn size_bytes(&self) -> usize {
+        match self {
+            Input::Text(text) => text.len(),
+            Input::Ids(ids) => ids.len() * std::mem::size_of::<u32>(),
+        }
+    }
+}
+
+impl From<String> for Input {
+    fn from(text: String) -> Input {
+        Input::Text(text)
+    }
+}
+
+/// An input equals a text when it is that text (not token ids).
+impl PartialEq<str> for Input {
+    fn eq(&self, other: &str) -> bool {
+        self.as_text() == Some(other)
+    }
+}
+
+/// See `PartialEq<str>`.
+impl PartialEq<&str> for Input {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_text() == Some(*other)
+    }
+}
+
+impl From<&str> for Input {
+    fn from(text: &str) -> Input {
+        Input::Text(text.to_owned())
+    }
+}
+
+/// `inputs`: one input or an array of inputs.
+///
+/// As in TEI 1.9.3, an array of numbers is *one* input of token ids (`[101, 7592, 102]`), and
+/// an array whose elements are texts or arrays of numbers is a batch
+/// (`["a", [101, 102]]`). An array mixing numbers with texts is refused.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum Inputs {
-    /// `"inputs": "text"`: the reply holds one embedding.
-    Single(String),
+    /// `"inputs": "text"` or `"inputs": [101, 7592, 102]`: the reply holds one embedding.
+    Single(Input),
     /// `"inputs": ["a", "b"]`: the reply holds one embedding per element, in order.
-    Batch(Vec<String>),
+    Batch(Vec<Input>),
 }
 
 impl Inputs {
@@ -64,12 +135,63 @@ impl Inputs {
         self.len() == 0
     }
 
-    /// The inputs as a vector, in order.
-    pub fn into_vec(self) -> Vec<String> {
+    /// The inputs as a slice, in order.
+    pub fn as_slice(&self) -> &[Input] {
         match self {
-            Inputs::Single(s) => vec![s],
+            Inputs::Single(input) => std::slice::from_ref(input),
+            Inputs::Batch(v) => v.as_slice(),
+        }
+    }
+
+    /// The inputs as a vector, in order.
+    pub fn into_vec(self) -> Vec<Input> {
+        match self {
+            Inputs::Single(input) => vec![input],
             Inputs::Batch(v) => v,
         }
+    }
+}
+
+/// One element of an `inputs` array, before it is known whether the array is a batch (texts and
+/// id arrays) or a single input of ids (numbers).
+enum Element {
+    Text(String),
+    Id(u32),
+    Ids(Vec<u32>),
+}
+
+impl<'de> Deserialize<'de> for Element {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ElementVisitor;
+
+        impl<'de> Visitor<'de> for ElementVisitor {
+            type Value = Element;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string, a token id or an array of token ids")
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Element, E> {
+                Ok(Element::Text(v.to_owned()))
+            }
+
+            fn visit_string<E: de::Error>(self, v: String) -> Result<Element, E> {
+                Ok(Element::Text(v))
+            }
+
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Element, E> {
+                u32::try_from(v).map(Element::Id).map_err(|_| {
+                    E::invalid_value(de::Unexpected::Unsigned(v), &"a token id below 2^32")
+                })
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Element, A::Error> {
+                Vec::<u32>::deserialize(de::value::SeqAccessDeserializer::new(seq))
+                    .map(Element::Ids)
+            }
+        }
+
+        deserializer.deserialize_any(ElementVisitor)
     }
 }
 
@@ -81,24 +203,49 @@ impl<'de> Deserialize<'de> for Inputs {
             type Value = Inputs;
 
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a string or an array of strings")
+                f.write_str(
+                    "a string, an array of token ids, or an array of strings and arrays of \
+                     token ids",
+                )
             }
 
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Inputs, E> {
-                Ok(Inputs::Single(v.to_owned()))
+                Ok(Inputs::Single(Input::Text(v.to_owned())))
             }
 
             fn visit_string<E: de::Error>(self, v: String) -> Result<Inputs, E> {
-                Ok(Inputs::Single(v))
+                Ok(Inputs::Single(Input::Text(v)))
             }
 
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Inputs, A::Error> {
-                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(1).min(1024));
-                while let Some(s) = seq.next_element::<String>()? {
-                    out.push(s);
+                let capacity = seq.size_hint().unwrap_or(1).min(1024);
+                let mut batch = Vec::with_capacity(capacity);
+                let mut ids = Vec::new();
+                while let Some(element) = seq.next_element::<Element>()? {
+                    match element {
+                        Element::Id(id) if batch.is_empty() => ids.push(id),
+                        Element::Text(_) | Element::Ids(_) if !ids.is_empty() => {
+                            return Err(mixed());
+                        }
+                        Element::Id(_) => return Err(mixed()),
+                        Element::Text(text) => batch.push(Input::Text(text)),
+                        Element::Ids(v) => batch.push(Input::Ids(v)),
+                    }
                 }
-                Ok(Inputs::Batch(out))
+                Ok(if ids.is_empty() {
+                    Inputs::Batch(batch)
+                } else {
+                    Inputs::Single(Input::Ids(ids))
+                })
             }
+        }
+
+        fn mixed<E: de::Error>() -> E {
+            E::custom(
+                "an array of token ids cannot mix numbers with strings or arrays: send \
+                 [101, 102] for one input of token ids, or [[101, 102], \"text\"] for several \
+                 inputs",
+            )
         }
 
         deserializer.deserialize_any(InputsVisitor)
@@ -184,7 +331,7 @@ impl EmbedRequest {
     ///
     /// # Errors
     /// - [`EmbedError::Empty`] (400) when `inputs` is an empty array or one input is an empty
-    ///   string (TEI 1.9.3 answers 400 `Empty` for both).
+    ///   string or an empty array of token ids (TEI 1.9.3 answers 400 `Empty` for these).
     /// - [`EmbedError::Validation`] (422) when it holds more than `max_inputs` inputs (mirrors
     ///   TEI 1.9.3's `max_client_batch_size` check, which answers 422), or `dimensions` is 0.
     pub fn validate(&self, max_inputs: usize) -> Result<(), EmbedError> {
@@ -192,13 +339,9 @@ impl EmbedRequest {
         if n == 0 {
             return Err(EmbedError::Empty("`inputs` cannot be empty".into()));
         }
-        let texts = match &self.inputs {
-            Inputs::Single(text) => std::slice::from_ref(text),
-            Inputs::Batch(texts) => texts.as_slice(),
-        };
-        if let Some(i) = texts.iter().position(String::is_empty) {
+        if let Some(i) = self.inputs.as_slice().iter().position(Input::is_empty) {
             return Err(EmbedError::Empty(format!(
-                "`inputs` cannot be empty: input {i} is an empty string"
+                "`inputs` cannot be empty: input {i} is empty"
             )));
         }
         if n > max_inputs {
@@ -227,7 +370,7 @@ impl EmbedRequest {
     }
 
     /// Splits the request into its inputs and its batching key.
-    pub fn into_parts(self) -> (Vec<String>, EmbedOptions) {
+    pub fn into_parts(self) -> (Vec<Input>, EmbedOptions) {
         let options = self.options();
         (self.inputs.into_vec(), options)
     }
@@ -244,7 +387,7 @@ mod tests {
     #[test]
     fn single_string_and_defaults() {
         let r = parse(r#"{"inputs":"hello"}"#).expect("valid");
-        assert_eq!(r.inputs, Inputs::Single("hello".into()));
+        assert_eq!(r.inputs, Inputs::Single(Input::from("hello")));
         assert_eq!(r.options(), EmbedOptions::default());
     }
 
@@ -270,14 +413,46 @@ mod tests {
         assert_eq!(err.status(), 422);
         assert!(err.to_string().contains("`normalize`"), "{err}");
 
-        let err = parse(r#"{"inputs":[1,2]}"#).expect_err("invalid");
-        assert!(err.to_string().contains("`inputs"), "{err}");
+        let err = parse(r#"{"inputs":[1,"a"]}"#).expect_err("invalid");
+        assert!(err.to_string().contains("`inputs`"), "{err}");
+        assert!(err.to_string().contains("cannot mix numbers"), "{err}");
+
+        let err = parse(r#"{"inputs":["a",{"b":1}]}"#).expect_err("invalid");
+        assert!(err.to_string().contains("`inputs[1]`"), "{err}");
+        assert!(err.to_string().contains("array of token ids"), "{err}");
+
+        let err = parse(r#"{"inputs":[-1]}"#).expect_err("invalid");
+        assert!(err.to_string().contains("`inputs[0]`"), "{err}");
 
         let err = parse(r#"{"inputs":{"a":1}}"#).expect_err("invalid");
         assert!(
-            err.to_string().contains("a string or an array of strings"),
+            err.to_string().contains("a string, an array of token ids"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn token_ids_as_tei_reads_them() {
+        let one = parse(r#"{"inputs":[101,7592,102]}"#).expect("one input of ids");
+        assert_eq!(one.inputs, Inputs::Single(Input::Ids(vec![101, 7592, 102])));
+        let batch = parse(r#"{"inputs":[[101,102],"text",[7592]]}"#).expect("a batch");
+        assert_eq!(
+            batch.inputs,
+            Inputs::Batch(vec![
+                Input::Ids(vec![101, 102]),
+                Input::from("text"),
+                Input::Ids(vec![7592]),
+            ])
+        );
+        let json = serde_json::to_value(&batch).expect("serializes");
+        assert_eq!(
+            json["inputs"],
+            serde_json::json!([[101, 102], "text", [7592]])
+        );
+        for body in [r#"{"inputs":[[]]}"#, r#"{"inputs":["a",[]]}"#] {
+            let err = parse(body).expect("parses").validate(8).expect_err("empty");
+            assert_eq!(err.status(), 400, "{body}");
+        }
     }
 
     #[test]

@@ -44,7 +44,7 @@ use axum::http::{HeaderMap, HeaderName, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, serve};
-use embatch_protocol::{EmbedError, EmbedRequest, ErrorResponse, ErrorType};
+use embatch_protocol::{EmbedError, EmbedRequest, ErrorResponse, ErrorType, Input};
 use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -107,7 +107,7 @@ impl Config {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RecordedCall {
     /// The inputs, in order (a single-string `inputs` is one element).
-    pub inputs: Vec<String>,
+    pub inputs: Vec<Input>,
     /// The other fields that change the result (the batching key), as JSON:
     /// `{"normalize": true, "truncate": …, "truncation_direction": …, "prompt_name": …,
     /// "dimensions": …}` with absent options left out.
@@ -340,9 +340,13 @@ fn injected_failure(status: u16) -> Response {
     (code, Json(body)).into_response()
 }
 
-fn check(request: &EmbedRequest, inputs: &[String], config: &Config) -> Result<(), EmbedError> {
+fn check(request: &EmbedRequest, config: &Config) -> Result<(), EmbedError> {
     request.validate(config.max_client_batch_size)?;
-    if let Some(i) = inputs.iter().position(|t| t.contains(POISON)) {
+    let inputs = request.inputs.as_slice();
+    if let Some(i) = inputs
+        .iter()
+        .position(|input| input.as_text().is_some_and(|t| t.contains(POISON)))
+    {
         return Err(EmbedError::Validation(format!(
             "input {i} contains the poison marker `{POISON}`"
         )));
@@ -367,13 +371,7 @@ async fn embed(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Byt
     let request_options = request.options();
     let normalize = request.normalize;
     let dimensions = request.dimensions;
-    let checked = {
-        let inputs = match &request.inputs {
-            embatch_protocol::request::Inputs::Single(s) => std::slice::from_ref(s),
-            embatch_protocol::request::Inputs::Batch(v) => v.as_slice(),
-        };
-        check(&request, inputs, &state.config)
-    };
+    let checked = check(&request, &state.config);
     let inputs = request.inputs.into_vec();
     let faults = state
         .faults
@@ -420,7 +418,7 @@ async fn embed(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Byt
     let body = tokio::task::spawn_blocking(move || {
         let vectors: Vec<Vec<f32>> = inputs
             .iter()
-            .map(|t| embedding(t, dim, dimensions, normalize))
+            .map(|input| embedding_of(input, dim, dimensions, normalize))
             .collect();
         serde_json::to_vec(&vectors)
     })
@@ -481,7 +479,7 @@ async fn health() -> StatusCode {
 }
 
 mod vectors;
-pub use vectors::embedding;
+pub use vectors::{embedding, embedding_of};
 
 #[cfg(test)]
 mod tests;

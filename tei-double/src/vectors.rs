@@ -1,5 +1,22 @@
 //! The double's deterministic vectors: a hash of the text, expanded (no model).
 
+/// The deterministic vector of one input: [`embedding`] of its text, or for token ids of their
+/// JSON text (`[101,7592,102]`), so ids and texts never share a vector by accident.
+pub fn embedding_of(
+    input: &embatch_protocol::Input,
+    dim: usize,
+    dimensions: Option<usize>,
+    normalize: bool,
+) -> Vec<f32> {
+    match input {
+        embatch_protocol::Input::Text(text) => embedding(text, dim, dimensions, normalize),
+        embatch_protocol::Input::Ids(ids) => {
+            let key = format!("{ids:?}").replace(' ', "");
+            embedding(&key, dim, dimensions, normalize)
+        }
+    }
+}
+
 /// The deterministic vector of `text`: `dim` floats in [-1, 1) from a 64-bit FNV-1a hash of the
 /// text expanded with splitmix64, cut to `dimensions` when given (as TEI's Matryoshka
 /// `dimensions`), then L2-normalized when `normalize`.

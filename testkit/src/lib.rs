@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 pub mod cluster;
 pub mod pki;
 pub use cluster::NatsCluster;
-pub use embatch_tei_double::{Config as TeiConfig, Faults, POISON, TeiDouble};
+pub use embatch_tei_double::{Config as TeiConfig, Faults, POISON, TeiDouble, embedding_of};
 pub use pki::{Pki, TlsProxy};
 
 /// The repository root (this crate lives in `<repo>/testkit`).
@@ -164,12 +164,13 @@ pub async fn start_tei(config: TeiConfig) -> TeiDouble {
 
 /// Bad request bodies that every entry point (gateway HTTP, direct NATS) refuses before any
 /// upstream work, with a limit of 3 inputs per request: `(body, status, error_type, a part of
-/// the message)`. Statuses and bodies follow TEI 1.9.3 except for token-id inputs (`[1]`), which
-/// TEI accepts and embatch refuses for now.
+/// the message)`. Statuses and bodies follow TEI 1.9.3.
 pub const BAD_REQUESTS: &[(&str, u16, &str, &str)] = &[
     ("{oops", 422, "Validation", "not valid JSON"),
     (r#"{"inputs":[]}"#, 400, "Empty", "`inputs` cannot be empty"),
-    (r#"{"inputs":[1]}"#, 422, "Validation", "`inputs[0]`"),
+    (r#"{"inputs":[1,"a"]}"#, 422, "Validation", "cannot mix numbers"),
+    (r#"{"inputs":["a",[]]}"#, 400, "Empty", "input 1 is empty"),
+    (r#"{"inputs":[-1]}"#, 422, "Validation", "`inputs[0]`"),
     (
         r#"{"inputs":"a","truncate":"no"}"#,
         422,
@@ -204,7 +205,7 @@ pub const BAD_REQUESTS: &[(&str, u16, &str, &str)] = &[
         r#"{"inputs":["a",""]}"#,
         400,
         "Empty",
-        "input 1 is an empty string",
+        "input 1 is empty",
     ),
     (r#"["a"]"#, 422, "Validation", "JSON object"),
 ];

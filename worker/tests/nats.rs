@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use embatch_client::{EmbedClient, RequestError};
-use embatch_protocol::headers;
+use embatch_protocol::{Input, headers};
 use embatch_testkit::{
-    Faults, NatsServer, POISON, RunningWorker, TeiConfig, double_vector, start_tei,
+    Faults, NatsServer, POISON, RunningWorker, TeiConfig, double_vector, embedding_of, start_tei,
 };
 
 /// [`embatch_testkit::Stack`] and a client on its server.
@@ -124,6 +124,41 @@ async fn a_poisoned_request_fails_alone_over_nats() {
             assert_eq!(vectors(&body), vec![double_vector(&format!("ok {i}"))]);
         }
     }
+    stack.base.worker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_id_inputs_reach_tei_as_sent_and_share_a_batch_with_texts() {
+    let stack = stack(&["--max-batch-size", "3", "--max-wait-time", "250ms"]).await;
+    let client = &stack.client;
+    let (ids, mixed) = tokio::join!(
+        request(client, r#"{"inputs":[101,7592,102]}"#),
+        request(client, r#"{"inputs":["a",[7592]]}"#),
+    );
+    assert_eq!(ids.0, 200, "{}", ids.1);
+    assert_eq!(mixed.0, 200, "{}", mixed.1);
+    let calls = stack.base.tei.calls();
+    assert_eq!(calls.len(), 1, "one upstream call for both requests");
+    let mut sent = calls[0].inputs.clone();
+    sent.sort_by_key(|input| format!("{input:?}"));
+    assert_eq!(
+        sent,
+        [
+            Input::Ids(vec![101, 7592, 102]),
+            Input::Ids(vec![7592]),
+            Input::from("a"),
+        ],
+        "token ids are forwarded as TEI's arrays of ids"
+    );
+    let vector = |input: &Input| embedding_of(input, TeiConfig::instant().dim, None, true);
+    assert_eq!(
+        vectors(&ids.1),
+        vec![vector(&Input::Ids(vec![101, 7592, 102]))]
+    );
+    assert_eq!(
+        vectors(&mixed.1),
+        vec![vector(&Input::from("a")), vector(&Input::Ids(vec![7592]))]
+    );
     stack.base.worker.stop().await;
 }
 

@@ -6,7 +6,7 @@
 use std::ops::Range;
 use std::time::Duration;
 
-use embatch_protocol::{EmbedError, EmbedOptions};
+use embatch_protocol::{EmbedError, EmbedOptions, Input};
 use tokio::time::Instant;
 
 use super::queue::Segment;
@@ -66,7 +66,7 @@ impl Done {
 /// isolated (at most about 2 × log2(requests) extra calls per offending request).
 pub(super) async fn run_batch<U: Upstream>(
     upstream: &U,
-    inputs: &[String],
+    inputs: &[Input],
     options: &EmbedOptions,
     segments: Vec<Segment>,
 ) -> Done {

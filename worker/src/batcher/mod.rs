@@ -74,7 +74,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
-use embatch_protocol::{EmbedError, EmbedOptions};
+use embatch_protocol::{EmbedError, EmbedOptions, Input};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -189,7 +189,7 @@ impl Drop for Reservation {
 
 /// An admitted request on its way to the actor.
 struct Job {
-    inputs: Vec<String>,
+    inputs: Vec<Input>,
     options: EmbedOptions,
     deadline: Instant,
     accepted: Instant,
@@ -207,7 +207,7 @@ impl BatcherHandle {
     /// As [`BatcherHandle::try_submit`], without the retry-after estimate.
     pub fn submit(
         &self,
-        inputs: Vec<String>,
+        inputs: Vec<Input>,
         options: EmbedOptions,
         deadline: Instant,
     ) -> Result<oneshot::Receiver<Outcome>, EmbedError> {
@@ -229,14 +229,14 @@ impl BatcherHandle {
     /// - [`EmbedError::Unavailable`] (503) when the batcher has stopped.
     pub fn try_submit(
         &self,
-        inputs: Vec<String>,
+        inputs: Vec<Input>,
         options: EmbedOptions,
         deadline: Instant,
     ) -> Result<oneshot::Receiver<Outcome>, Refused> {
         let now = Instant::now();
         let ask = Ask {
             inputs: inputs.len(),
-            bytes: inputs.iter().map(String::len).sum(),
+            bytes: inputs.iter().map(Input::size_bytes).sum(),
             deadline,
         };
         let admitted = self.shared.ledger().admit(&self.shared.limits, ask, now);

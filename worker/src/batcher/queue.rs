@@ -5,7 +5,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
-use embatch_protocol::EmbedOptions;
+use embatch_protocol::{EmbedOptions, Input};
 use tokio::time::Instant;
 
 /// tokio's timer fires on whole-millisecond ticks, rounding a deadline up by as much as 1 ms. The
@@ -16,7 +16,7 @@ pub(super) const TIMER_SLACK: Duration = Duration::from_micros(999);
 /// A request's inputs not yet sent upstream.
 struct Entry {
     /// Inputs not yet sent upstream.
-    inputs: Vec<String>,
+    inputs: Vec<Input>,
     /// Index (in the request) of `inputs[0]`.
     dispatched: usize,
     options: EmbedOptions,
@@ -70,7 +70,7 @@ pub(super) struct Formed {
     /// Options of every input of the batch.
     pub options: EmbedOptions,
     /// The inputs, in segment order.
-    pub inputs: Vec<String>,
+    pub inputs: Vec<Input>,
     /// Which request each run of `inputs` belongs to.
     pub segments: Vec<Segment>,
     /// Requests removed because of the cutoff, with their inputs.
@@ -97,7 +97,7 @@ impl Queue {
     pub fn push(
         &mut self,
         id: u64,
-        inputs: Vec<String>,
+        inputs: Vec<Input>,
         options: EmbedOptions,
         accepted: Instant,
         deadline: Instant,
@@ -237,8 +237,10 @@ mod tests {
         }
     }
 
-    fn texts(prefix: &str, n: usize) -> Vec<String> {
-        (0..n).map(|i| format!("{prefix}{i}")).collect()
+    fn texts(prefix: &str, n: usize) -> Vec<Input> {
+        (0..n)
+            .map(|i| Input::from(format!("{prefix}{i}")))
+            .collect()
     }
 
     #[test]

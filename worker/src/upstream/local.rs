@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use embatch_local_model::LocalModel;
-use embatch_protocol::EmbedOptions;
+use embatch_protocol::{EmbedOptions, Input};
 use serde_json::value::RawValue;
 
 use super::{Embedding, Upstream, UpstreamError};
@@ -26,7 +26,7 @@ impl LocalUpstream {
 impl Upstream for LocalUpstream {
     async fn embed(
         &self,
-        inputs: &[String],
+        inputs: &[Input],
         options: &EmbedOptions,
     ) -> Result<Vec<Embedding>, UpstreamError> {
         let model = Arc::clone(&self.model);

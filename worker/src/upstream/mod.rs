@@ -10,7 +10,7 @@ pub mod tei;
 
 use std::future::Future;
 
-use embatch_protocol::{EmbedError, EmbedOptions, ErrorResponse};
+use embatch_protocol::{EmbedError, EmbedOptions, ErrorResponse, Input};
 use serde_json::value::RawValue;
 
 /// One embedding, kept as the raw JSON array text the upstream produced (`[0.1,-0.2,...]`), so the
@@ -126,7 +126,7 @@ pub trait Upstream: Send + Sync + 'static {
     /// Returns exactly one embedding per input, in order.
     fn embed(
         &self,
-        inputs: &[String],
+        inputs: &[Input],
         options: &EmbedOptions,
     ) -> impl Future<Output = Result<Vec<Embedding>, UpstreamError>> + Send;
 
@@ -166,7 +166,7 @@ pub enum AnyUpstream {
 impl Upstream for AnyUpstream {
     async fn embed(
         &self,
-        inputs: &[String],
+        inputs: &[Input],
         options: &EmbedOptions,
     ) -> Result<Vec<Embedding>, UpstreamError> {
         match self {

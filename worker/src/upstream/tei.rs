@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use embatch_protocol::{EmbedError, EmbedOptions, ErrorResponse};
+use embatch_protocol::{EmbedError, EmbedOptions, ErrorResponse, Input};
 use serde::{Deserialize, Serialize};
 
 use super::{Embedding, Upstream, UpstreamError};
@@ -47,7 +47,7 @@ struct TeiInfo {
 /// The body sent to TEI: the batch's inputs and their shared options, in TEI's shape.
 #[derive(Serialize)]
 struct TeiRequest<'a> {
-    inputs: &'a [String],
+    inputs: &'a [Input],
     #[serde(flatten)]
     options: &'a EmbedOptions,
 }
@@ -164,7 +164,7 @@ async fn read_info(
 impl Upstream for TeiUpstream {
     async fn embed(
         &self,
-        inputs: &[String],
+        inputs: &[Input],
         options: &EmbedOptions,
     ) -> Result<Vec<Embedding>, UpstreamError> {
         let n = inputs.len();

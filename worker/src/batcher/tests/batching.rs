@@ -73,7 +73,7 @@ async fn requests_with_different_options_never_share_a_call() {
             receivers.push((
                 text.clone(),
                 batcher
-                    .submit(vec![text], options.clone(), far())
+                    .submit(vec![Input::from(text)], options.clone(), far())
                     .expect("accepted"),
             ));
         }
@@ -106,7 +106,11 @@ async fn an_oversized_request_is_split_and_reassembled_in_order() {
     let (batcher, _task) = spawn(Arc::clone(&upstream), config(32, 5, 2));
     let inputs: Vec<String> = (0..10).map(|i| format!("part {i}")).collect();
     let rx = batcher
-        .submit(inputs.clone(), EmbedOptions::default(), far())
+        .submit(
+            inputs.iter().map(|t| Input::from(t.as_str())).collect(),
+            EmbedOptions::default(),
+            far(),
+        )
         .expect("accepted");
     assert_eq!(texts(&outcome(rx).await.expect("ok")), inputs);
     let sizes: Vec<usize> = upstream.calls().iter().map(|(i, _)| i.len()).collect();

@@ -16,7 +16,7 @@ async fn a_poisoned_request_is_isolated_and_its_batch_mates_still_succeed() {
             (
                 text.clone(),
                 batcher
-                    .submit(vec![text], EmbedOptions::default(), far())
+                    .submit(vec![Input::from(text)], EmbedOptions::default(), far())
                     .expect("accepted"),
             )
         })
@@ -73,7 +73,7 @@ async fn a_panicking_batch_fails_exactly_its_requests_and_frees_its_slot() {
     };
     let submit = |text: &str, options: &EmbedOptions| {
         batcher
-            .submit(vec![text.to_string()], options.clone(), far())
+            .submit(vec![Input::from(text)], options.clone(), far())
             .expect("accepted")
     };
     let crashing = [

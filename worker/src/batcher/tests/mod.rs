@@ -8,7 +8,7 @@ mod overload;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use embatch_protocol::{EmbedError, EmbedOptions};
+use embatch_protocol::{EmbedError, EmbedOptions, Input};
 use serde_json::value::RawValue;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -49,13 +49,21 @@ impl Recording {
 impl Upstream for Recording {
     async fn embed(
         &self,
-        inputs: &[String],
+        inputs: &[Input],
         options: &EmbedOptions,
     ) -> Result<Vec<Embedding>, UpstreamError> {
+        // Token ids are recorded (and answered) as their debug text, `[101, 102]`.
+        let inputs: Vec<String> = inputs
+            .iter()
+            .map(|input| match input {
+                Input::Text(text) => text.clone(),
+                Input::Ids(ids) => format!("{ids:?}"),
+            })
+            .collect();
         self.calls
             .lock()
             .expect("lock")
-            .push((inputs.to_vec(), options.clone()));
+            .push((inputs.clone(), options.clone()));
         let delay = *self.delay.lock().expect("lock");
         tokio::time::sleep(delay).await;
         if let Some(err) = self.fail.lock().expect("lock").clone() {
@@ -130,7 +138,7 @@ fn submit<S: AsRef<str>>(
     texts: &[S],
     deadline: Instant,
 ) -> Result<oneshot::Receiver<Outcome>, EmbedError> {
-    let inputs = texts.iter().map(|t| t.as_ref().to_owned()).collect();
+    let inputs = texts.iter().map(|t| Input::from(t.as_ref())).collect();
     batcher.submit(inputs, EmbedOptions::default(), deadline)
 }
 
@@ -143,7 +151,7 @@ fn submit_each(
         .into_iter()
         .map(|text| {
             batcher
-                .submit(vec![text], EmbedOptions::default(), far())
+                .submit(vec![Input::from(text)], EmbedOptions::default(), far())
                 .expect("accepted")
         })
         .collect()

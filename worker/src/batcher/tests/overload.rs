@@ -164,7 +164,7 @@ async fn one_slow_call_does_not_lock_out_short_deadlines() {
         let sent = Instant::now();
         let rx = batcher
             .submit(
-                vec![format!("r{i}")],
+                vec![Input::from(format!("r{i}"))],
                 EmbedOptions::default(),
                 sent + Duration::from_secs(2),
             )
