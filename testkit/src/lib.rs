@@ -168,7 +168,12 @@ pub async fn start_tei(config: TeiConfig) -> TeiDouble {
 pub const BAD_REQUESTS: &[(&str, u16, &str, &str)] = &[
     ("{oops", 422, "Validation", "not valid JSON"),
     (r#"{"inputs":[]}"#, 400, "Empty", "`inputs` cannot be empty"),
-    (r#"{"inputs":[1,"a"]}"#, 422, "Validation", "cannot mix numbers"),
+    (
+        r#"{"inputs":[1,"a"]}"#,
+        422,
+        "Validation",
+        "cannot mix numbers",
+    ),
     (r#"{"inputs":["a",[]]}"#, 400, "Empty", "input 1 is empty"),
     (r#"{"inputs":[-1]}"#, 422, "Validation", "`inputs[0]`"),
     (
@@ -201,12 +206,7 @@ pub const BAD_REQUESTS: &[(&str, u16, &str, &str)] = &[
         "Validation",
         "at most 3 elements. Given: 4",
     ),
-    (
-        r#"{"inputs":["a",""]}"#,
-        400,
-        "Empty",
-        "input 1 is empty",
-    ),
+    (r#"{"inputs":["a",""]}"#, 400, "Empty", "input 1 is empty"),
     (r#"["a"]"#, 422, "Validation", "JSON object"),
 ];
 
