@@ -16,11 +16,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::HeaderMap;
-use async_nats::service::Request;
 use async_nats::service::endpoint::Endpoint;
-use embatch_protocol::{EmbedError, reply};
+use embatch_protocol::EmbedError;
 use futures::StreamExt;
 
+use crate::respond::Answer;
 use crate::upstream::{Upstream, UpstreamError};
 
 /// The endpoint's name in the NATS micro service (shown by `$SRV.INFO.embatch`).
@@ -36,11 +36,13 @@ const UPSTREAM_INFO_WAIT: Duration = Duration::from_millis(500);
 /// request is answered in its own task, so one that waits for the upstream holds up no other.
 pub(crate) async fn serve<U: Upstream + 'static>(
     mut endpoint: Endpoint,
+    client: async_nats::Client,
     upstream: Arc<U>,
     max_client_batch_size: usize,
 ) {
     while let Some(request) = endpoint.next().await {
         let upstream = Arc::clone(&upstream);
+        let client = client.clone();
         tokio::spawn(async move {
             let info = tokio::time::timeout(UPSTREAM_INFO_WAIT, upstream.info())
                 .await
@@ -53,7 +55,11 @@ pub(crate) async fn serve<U: Upstream + 'static>(
             let answer = info
                 .map_err(EmbedError::from)
                 .and_then(|info| document(info, max_client_batch_size));
-            respond(&request, answer).await;
+            let answer = match answer {
+                Ok(payload) => Answer::ok(HeaderMap::new(), payload.into()),
+                Err(err) => Answer::error(&err),
+            };
+            answer.send(&client, request).await;
         });
     }
 }
@@ -80,25 +86,6 @@ pub(crate) fn document(
         .map_err(|e| EmbedError::Backend(format!("cannot encode the info document: {e}")))
 }
 
-async fn respond(request: &Request, answer: Result<Vec<u8>, EmbedError>) {
-    let mut reply_headers = HeaderMap::new();
-    let payload = match answer {
-        Ok(payload) => payload,
-        Err(err) => {
-            for (name, value) in reply::error_headers(&err) {
-                reply_headers.insert(name, value.as_str());
-            }
-            err.to_json()
-        }
-    };
-    // As on the embed endpoint: errors go out as TEI's error body with error headers.
-    if let Err(err) = request
-        .respond_with_headers(Ok(payload.into()), reply_headers)
-        .await
-    {
-        tracing::debug!(%err, "cannot publish the info reply");
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -31,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::batcher::{BatcherHandle, Outcome};
+use crate::respond::Answer;
 
 /// Settings of the intake loop.
 #[derive(Debug, Clone)]
@@ -145,8 +146,9 @@ struct Intake {
 /// `$SRV.STATS`), while serving; through a second connection once the service's connection is
 /// draining at shutdown (a drained connection closes when its subscriptions are done, while the
 /// batcher still has requests to answer).
-#[derive(Default)]
 struct Replier {
+    /// The service's connection.
+    client: async_nats::Client,
     draining: OnceLock<async_nats::Client>,
 }
 
@@ -181,7 +183,10 @@ pub async fn run(
         config,
         replies,
         withdrawable: Arc::new(Withdrawable::default()),
-        replier: Arc::default(),
+        replier: Arc::new(Replier {
+            client: client.clone(),
+            draining: OnceLock::new(),
+        }),
     };
     tokio::pin!(shutdown);
     loop {
@@ -234,7 +239,7 @@ impl Intake {
             Err(err) => {
                 metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => err.kind())
                     .increment(1);
-                self.replier.respond(&request, Err(err)).await;
+                self.replier.respond(request, Err(err)).await;
                 return;
             }
         };
@@ -268,7 +273,7 @@ impl Intake {
                 reply_limit.observe(inputs, reply.payload.len())?;
                 Ok(reply)
             });
-            replier.respond(&request, outcome).await;
+            replier.respond(request, outcome).await;
         });
     }
 
@@ -311,43 +316,23 @@ impl Intake {
 
 impl Replier {
     /// Sends the reply: TEI's response body with timing headers, or TEI's error body with NATS
-    /// micro error headers (`Nats-Service-Error-Code`, `Nats-Service-Error`).
-    async fn respond(&self, request: &Request, outcome: Outcome) {
-        let mut reply_headers = HeaderMap::new();
-        let payload = match outcome {
+    /// micro error headers (`Nats-Service-Error-Code`, `Nats-Service-Error`), counted in
+    /// `$SRV.STATS` (see [`crate::respond`]). Once draining, it goes out on the spare connection.
+    async fn respond(&self, request: Request, outcome: Outcome) {
+        let answer = match outcome {
             Ok(reply) => {
+                let mut reply_headers = HeaderMap::new();
                 for (name, value) in reply::success_headers(reply.queue_time, reply.inference_time)
                 {
                     reply_headers.insert(name, value.as_str());
                 }
-                reply.payload
+                Answer::ok(reply_headers, reply.payload)
             }
-            Err(err) => {
-                for (name, value) in reply::error_headers(&err) {
-                    reply_headers.insert(name, value.as_str());
-                }
-                err.to_json().into()
-            }
+            Err(err) => Answer::error(&err),
         };
-        if let Some(spare) = self.draining.get() {
-            let Some(inbox) = request.message.reply.clone() else {
-                return;
-            };
-            if let Err(err) = spare
-                .publish_with_headers(inbox, reply_headers, payload)
-                .await
-            {
-                tracing::warn!(%err, "cannot publish reply");
-            }
-            return;
-        }
-        // Error replies go out as payloads with error headers (not `Err(..)`), because async-nats
-        // sends an empty body for `Err` and the contract promises TEI's error body.
-        if let Err(err) = request
-            .respond_with_headers(Ok(payload), reply_headers)
-            .await
-        {
-            tracing::warn!(%err, "cannot publish reply");
+        match self.draining.get() {
+            Some(spare) => answer.publish(spare, &request).await,
+            None => answer.send(&self.client, request).await,
         }
     }
 }

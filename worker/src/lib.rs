@@ -14,6 +14,7 @@ pub mod config;
 pub mod http;
 mod info;
 pub mod intake;
+mod respond;
 pub mod telemetry;
 pub mod upstream;
 
@@ -206,6 +207,7 @@ pub async fn run<U: Upstream>(
         })?;
     let info_task = tokio::spawn(info::serve(
         info_endpoint,
+        client.clone(),
         Arc::clone(&upstream),
         config.max_client_batch_size,
     ));

@@ -315,6 +315,34 @@ async fn the_worker_registers_as_a_nats_micro_service() {
         .expect("an `embed` endpoint");
     assert_eq!(embed["subject"], "embed");
     assert_eq!(embed["queue_group"], "embatch");
+
+    // Two good requests and one bad: `$SRV.STATS` counts the error (with its code and message)
+    // while the error reply itself still carries TEI's error body.
+    for body in [r#"{"inputs":"a"}"#, r#"{"inputs":["b"]}"#] {
+        assert_eq!(request(client, body).await.0, 200);
+    }
+    let (code, body) = request(client, r#"{"inputs":[]}"#).await;
+    assert_eq!(code, 400);
+    assert_eq!(body["error_type"], "Empty", "{body}");
+    let stats = client
+        .request("$SRV.STATS.embatch", Bytes::new())
+        .await
+        .expect("stats reply");
+    let stats: serde_json::Value = serde_json::from_slice(&stats.payload).expect("json");
+    let embed = stats["endpoints"]
+        .as_array()
+        .expect("endpoints")
+        .iter()
+        .find(|e| e["name"] == "embed")
+        .expect("stats of `embed`")
+        .clone();
+    assert_eq!(embed["num_requests"], 3, "{embed}");
+    assert_eq!(embed["num_errors"], 1, "{embed}");
+    let last_error = embed["last_error"].as_str().expect("last_error");
+    assert!(
+        last_error.contains("400") && last_error.contains("`inputs` cannot be empty"),
+        "{last_error}"
+    );
     stack.base.worker.stop().await;
 }
 
