@@ -230,77 +230,11 @@ def scenario_tuning(b: Stack) -> dict:
             "runs": runs}
 
 
-def scenario_overload(b: Stack) -> dict:
-    cap_warmup, cap_duration = b.d(2, 1), b.d(5, 3)
-    warmup, duration = b.d(2, 1), b.d(12, 4)
-    runs = []
-    # GPU-like upstream: direct and through embatch.
-    mark = b.sup.mark()
-    try:
-        nats = b.nats()
-        _, up = b.fake_upstream(GPU_BASE_MS, GPU_PER_INPUT_US, 1)
-        w = b.worker(nats, tei_url=up)
-        b.wait_workers(nats, [w])
-        _, gw = b.gateway(nats, secs(TIMEOUT_S))
-        gpu_worker = w.settings
-        for target, c in ((Target("direct", ["--url", up + "/embed"]), 8), (gw, 512)):
-            cap = b.load(f"{target.path} capacity c={c}", target, concurrency=c,
-                         warmup=cap_warmup, duration=cap_duration, timeout=TIMEOUT_S)
-            capacity = goodput(cap)
-            over = b.load(f"{target.path} @ 2x capacity", target, rate=2 * capacity,
-                          warmup=warmup, duration=duration, timeout=TIMEOUT_S,
-                          workers=[w] if target.path != "direct" else ())
-            runs.append(run_entry(target.path, {"upstream": "gpu", "path": target.path,
-                                                "capacity": capacity, "capacity_run": cap,
-                                                "rate": 2 * capacity}, over))
-    finally:
-        b.sup.stop_since(mark)
-    # The built-in CPU model through embatch.
-    corpus = corpus_path()
-    mark = b.sup.mark()
-    try:
-        _, w, gw = cpu_model_stack(b, secs(TIMEOUT_S))
-        cap = b.load("cpu model capacity c=128", gw, concurrency=128, warmup=b.d(3, 2),
-                     duration=cap_duration, timeout=TIMEOUT_S, corpus=corpus)
-        capacity = goodput(cap)
-        over = b.load("cpu model @ 2x capacity", gw, rate=2 * capacity, warmup=warmup,
-                      duration=duration, timeout=TIMEOUT_S, corpus=corpus, workers=[w])
-        runs.append(run_entry("gateway", {"upstream": "cpu", "path": "gateway",
-                                          "capacity": capacity, "capacity_run": cap,
-                                          "rate": 2 * capacity}, over))
-        cpu_worker = w.settings
-    finally:
-        b.sup.stop_since(mark)
-    return {"settings": {"gpu_upstream": GPU_UPSTREAM,
-                         "cpu_upstream": "built-in CPU model", "gpu_worker": gpu_worker,
-                         "cpu_worker": cpu_worker,
-                         "gateway": {"REQUEST_TIMEOUT": secs(TIMEOUT_S)},
-                         "timeout_s": TIMEOUT_S, "capacity_runs": "closed loop: direct c=8, "
-                         "embatch c=512 (GPU-like), c=128 (CPU model)",
-                         "warmup_s": warmup, "duration_s": duration,
-                         "corpus": corpus or "generated"},
-            "runs": runs}
-
-
-# What the binaries default to, recorded by the scenarios that run them on their defaults (for
-# the record only: the processes are started without these variables).
-DEFAULTS_RECORDED = {
-    "worker": ("MAX_BATCH_SIZE", "MAX_WAIT_TIME", "MAX_CONCURRENT_BATCHES", "QUEUE_CAP",
-               "MAX_QUEUE_BYTES", "MAX_QUEUE_DELAY", "DEFAULT_DEADLINE", "UPSTREAM_TIMEOUT"),
-    "gateway": ("REQUEST_TIMEOUT", "MAX_IN_FLIGHT", "MAX_CONNECTIONS"),
-}
-
-
-def recorded_defaults(b: Stack) -> dict:
-    return {"worker": {k: b.defaults.worker.get(k) for k in DEFAULTS_RECORDED["worker"]},
-            "gateway": {k: b.defaults.gateway.get(k) for k in DEFAULTS_RECORDED["gateway"]}}
-
-
-def scenario_tei_client_defaults(b: Stack) -> dict:
-    """Issue 8: a client like a TEI/OpenAI client (its own 2 s timeout, no deadline header) at
-    twice the capacity, gateway and worker on their defaults (no REQUEST_TIMEOUT, no worker
-    settings but the upstream and addresses). Capacity is measured closed loop just before, on the
-    same stack; the direct row is the same 2x overload against the fake upstream alone."""
+def overload_runs(b: Stack, *, request_timeout: str | None, defaults_only: bool) -> dict:
+    """Open loop at twice the capacity measured just before (closed loop, same stack): the
+    GPU-like upstream direct and through the gateway, then the built-in CPU model through the
+    gateway. `request_timeout` None leaves the gateway's REQUEST_TIMEOUT at its default;
+    `defaults_only` starts the workers with nothing but what they must be told."""
     cap_warmup, cap_duration = b.d(2, 1), b.d(5, 3)
     warmup, duration = b.d(2, 1), b.d(12, 4)
     runs = []
@@ -308,9 +242,9 @@ def scenario_tei_client_defaults(b: Stack) -> dict:
     try:
         nats = b.nats()
         _, up = b.fake_upstream(GPU_BASE_MS, GPU_PER_INPUT_US, 1)
-        w = b.worker(nats, tei_url=up, defaults_only=True)
+        w = b.worker(nats, tei_url=up, defaults_only=defaults_only)
         b.wait_workers(nats, [w])
-        _, gw = b.gateway(nats, None)
+        _, gw = b.gateway(nats, request_timeout)
         gpu_worker = w.settings
         for target, c in ((Target("direct", ["--url", up + "/embed"]), 8), (gw, 512)):
             cap = b.load(f"{target.path} capacity c={c}", target, concurrency=c,
@@ -328,9 +262,9 @@ def scenario_tei_client_defaults(b: Stack) -> dict:
     mark = b.sup.mark()
     try:
         nats = b.nats()
-        w = b.worker(nats, model=True, defaults_only=True)
+        w = b.worker(nats, model=True, defaults_only=defaults_only)
         b.wait_workers(nats, [w], timeout=180)
-        _, gw = b.gateway(nats, None)
+        _, gw = b.gateway(nats, request_timeout)
         cap = b.load("cpu model capacity c=128", gw, concurrency=128, warmup=b.d(3, 2),
                      duration=cap_duration, timeout=TIMEOUT_S, corpus=corpus)
         capacity = goodput(cap)
@@ -352,15 +286,44 @@ def scenario_tei_client_defaults(b: Stack) -> dict:
         b.sup.stop_since(mark)
     return {"settings": {"gpu_upstream": GPU_UPSTREAM, "cpu_upstream": "built-in CPU model",
                          "gpu_worker": gpu_worker, "cpu_worker": cpu_worker,
-                         "gateway": "defaults (no REQUEST_TIMEOUT)",
-                         "binary_defaults": recorded_defaults(b),
-                         "client": f"embatch-loadtest run --timeout {secs(TIMEOUT_S)}, "
-                                   "no x-embatch-timeout-ms header",
                          "timeout_s": TIMEOUT_S, "capacity_runs": "closed loop: direct c=8, "
                          "embatch c=512 (GPU-like), c=128 (CPU model)",
                          "warmup_s": warmup, "duration_s": duration,
                          "corpus": corpus or "generated"},
             "runs": runs}
+
+
+def scenario_overload(b: Stack) -> dict:
+    res = overload_runs(b, request_timeout=secs(TIMEOUT_S), defaults_only=False)
+    res["settings"]["gateway"] = {"REQUEST_TIMEOUT": secs(TIMEOUT_S)}
+    return res
+
+
+# What the binaries default to, recorded by the scenarios that run them on their defaults (for
+# the record only: the processes are started without these variables).
+DEFAULTS_RECORDED = {
+    "worker": ("MAX_BATCH_SIZE", "MAX_WAIT_TIME", "MAX_CONCURRENT_BATCHES", "QUEUE_CAP",
+               "MAX_QUEUE_BYTES", "MAX_QUEUE_DELAY", "DEFAULT_DEADLINE", "UPSTREAM_TIMEOUT"),
+    "gateway": ("REQUEST_TIMEOUT", "MAX_IN_FLIGHT", "MAX_CONNECTIONS"),
+}
+
+
+def recorded_defaults(b: Stack) -> dict:
+    return {"worker": {k: b.defaults.worker.get(k) for k in DEFAULTS_RECORDED["worker"]},
+            "gateway": {k: b.defaults.gateway.get(k) for k in DEFAULTS_RECORDED["gateway"]}}
+
+
+def scenario_tei_client_defaults(b: Stack) -> dict:
+    """Issue 8: a client like a TEI/OpenAI client (its own 2 s timeout, no deadline header) at
+    twice the capacity, gateway and worker on their defaults (no REQUEST_TIMEOUT, no worker
+    settings but the upstream and addresses). Capacity is measured closed loop just before, on the
+    same stack; the direct row is the same 2x overload against the fake upstream alone."""
+    res = overload_runs(b, request_timeout=None, defaults_only=True)
+    res["settings"].update({"gateway": "defaults (no REQUEST_TIMEOUT)",
+                            "binary_defaults": recorded_defaults(b),
+                            "client": f"embatch-loadtest run --timeout {secs(TIMEOUT_S)}, "
+                                      "no x-embatch-timeout-ms header"})
+    return res
 
 
 # slow_then_fast: the upstream's extra delay per call and how long it lasts from its start.
