@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use async_nats::service::ServiceExt;
 use embatch_protocol::{PROTOCOL_VERSION, SERVICE_NAME};
+use futures::TryFutureExt;
 use tokio_util::task::TaskTracker;
 
 pub use config::Config;
@@ -167,24 +168,21 @@ pub async fn run<U: Upstream>(
             what: "service",
             source,
         })?;
-    let endpoint = service
-        .endpoint_builder()
-        .name("embed")
-        .add(&config.subject)
-        .await
-        .map_err(|source| WorkerError::Service {
-            what: "endpoint embed",
-            source,
-        })?;
-    let info_endpoint = service
-        .endpoint_builder()
-        .name(info::ENDPOINT)
-        .add(embatch_protocol::headers::info_subject(&config.subject))
-        .await
-        .map_err(|source| WorkerError::Service {
-            what: "endpoint info",
-            source,
-        })?;
+    // `what` names the endpoint in a start-up error: "endpoint embed", "endpoint info".
+    let add_endpoint = |name: &'static str, what: &'static str, subject: String| {
+        service
+            .endpoint_builder()
+            .name(name)
+            .add(subject)
+            .map_err(move |source| WorkerError::Service { what, source })
+    };
+    let endpoint = add_endpoint("embed", "endpoint embed", config.subject.clone()).await?;
+    let info_endpoint = add_endpoint(
+        info::ENDPOINT,
+        "endpoint info",
+        embatch_protocol::headers::info_subject(&config.subject),
+    )
+    .await?;
     tracing::info!(
         subject = %config.subject,
         queue_group = %config.queue_group,

@@ -17,7 +17,7 @@
 //! publish to `_INBOX.>`, which a service that replies to requests has.
 
 use async_nats::service::{Request, error::Error as ServiceError};
-use async_nats::{Client, HeaderMap};
+use async_nats::{Client, HeaderMap, Subject};
 use bytes::Bytes;
 use embatch_protocol::{EmbedError, reply};
 
@@ -59,14 +59,8 @@ impl Answer {
     /// Publishes the reply on `client` without touching the service's statistics (used once the
     /// service's own connection is drained at shutdown).
     pub(crate) async fn publish(self, client: &Client, request: &Request) {
-        let Some(inbox) = request.message.reply.clone() else {
-            return;
-        };
-        if let Err(err) = client
-            .publish_with_headers(inbox, self.headers, self.payload)
-            .await
-        {
-            tracing::warn!(%err, "cannot publish reply");
+        if let Some(inbox) = request.message.reply.clone() {
+            publish(client, inbox, self.headers, self.payload).await;
         }
     }
 
@@ -86,16 +80,23 @@ impl Answer {
         let Some(inbox) = request.message.reply.take() else {
             return;
         };
-        if let Err(err) = client
-            .publish_with_headers(inbox, self.headers, self.payload)
-            .await
-        {
-            tracing::warn!(%err, "cannot publish error reply");
+        if !publish(client, inbox, self.headers, self.payload).await {
             return;
         }
         request.message.reply = Some(client.new_inbox().into());
         if let Err(err) = request.respond(Err(error)).await {
             tracing::debug!(%err, "cannot count the error reply in $SRV.STATS");
+        }
+    }
+}
+
+/// Publishes a reply to `inbox`; `false` (logged) when the connection refused it.
+async fn publish(client: &Client, inbox: Subject, headers: HeaderMap, payload: Bytes) -> bool {
+    match client.publish_with_headers(inbox, headers, payload).await {
+        Ok(()) => true,
+        Err(err) => {
+            tracing::warn!(%err, "cannot publish reply");
+            false
         }
     }
 }
