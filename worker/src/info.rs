@@ -86,7 +86,6 @@ pub(crate) fn document(
         .map_err(|e| EmbedError::Backend(format!("cannot encode the info document: {e}")))
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
