@@ -4,15 +4,18 @@
 //! # Layout
 //! - [`config`]: every setting, as a CLI flag and an environment variable.
 //! - [`routes`]: `POST /embed` (and `POST /`), `POST /v1/embeddings` (and `POST /embeddings`),
-//!   `GET /info`, `GET /health`, `GET /metrics` and the error → HTTP mapping.
+//!   `GET /info`, `GET /health`, `GET /metrics`, `GET /openapi.json` and the error → HTTP mapping.
 //! - [`openai`]: OpenAI's embeddings shapes and their translation to and from TEI's.
 //! - [`info`]: `GET /info`, asked of the workers over NATS.
+//! - [`openapi`]: the OpenAPI 3.1 document of these routes, served at `GET /openapi.json` and
+//!   `GET /api-doc/openapi.json`.
 //! - [`serve`]: the HTTP server loop: listen backlog, connection limit, header-read timeout.
 //! - [`telemetry`]: logging, the Prometheus recorder and metric names.
 
 pub mod config;
 pub mod info;
 pub mod openai;
+pub mod openapi;
 pub mod routes;
 pub mod serve;
 pub mod telemetry;

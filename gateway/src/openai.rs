@@ -11,6 +11,10 @@ use embatch_protocol::request::Inputs;
 use embatch_protocol::{EmbedError, EmbedRequest};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
+use utoipa::openapi::RefOr;
+use utoipa::openapi::schema::{
+    ArrayBuilder, KnownFormat, ObjectBuilder, OneOfBuilder, Schema, SchemaFormat, Type,
+};
 
 /// OpenAI's `POST /v1/embeddings` body.
 ///
@@ -22,7 +26,7 @@ use serde_json::value::RawValue;
 /// ids (an array of numbers is one input, an array of such arrays several) are accepted as
 /// OpenAI accepts them, and must be ids of the workers' model's vocabulary, as with TEI.
 /// Unknown fields are ignored.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 pub struct EmbeddingsRequest {
     /// One input or an array of inputs (texts or arrays of token ids); one embedding each, in
     /// order.
@@ -34,16 +38,18 @@ pub struct EmbeddingsRequest {
     /// How embeddings are encoded in the response (absent or `null`: `float`).
     #[serde(default)]
     pub encoding_format: Option<EncodingFormat>,
-    /// Matryoshka output size: keep the first `dimensions` values (TEI's `dimensions`).
+    /// Matryoshka output size: keep the first `dimensions` values (TEI's `dimensions`; a count
+    /// of values, at least 1).
     #[serde(default)]
+    #[schema(minimum = 1)]
     pub dimensions: Option<usize>,
     /// OpenAI's end-user id: accepted and ignored.
     #[serde(default)]
     pub user: Option<String>,
 }
 
-/// OpenAI's `encoding_format`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+/// OpenAI's `encoding_format`: `"float"` or `"base64"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum EncodingFormat {
     /// A JSON array of numbers per embedding (OpenAI's default).
@@ -124,9 +130,10 @@ impl EmbeddingsRequest {
 /// OpenAI's embeddings response:
 /// `{"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [...]}],
 ///   "model": "...", "usage": {"prompt_tokens": 0, "total_tokens": 0}}`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct EmbeddingsResponse {
     /// Always `"list"`.
+    #[schema(schema_with = list_tag)]
     pub object: &'static str,
     /// One entry per input, in input order.
     pub data: Vec<EmbeddingObject>,
@@ -137,9 +144,10 @@ pub struct EmbeddingsResponse {
 }
 
 /// One embedding of [`EmbeddingsResponse::data`].
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct EmbeddingObject {
     /// Always `"embedding"`.
+    #[schema(schema_with = embedding_tag)]
     pub object: &'static str,
     /// The input's position in the request, from 0.
     pub index: usize,
@@ -158,9 +166,69 @@ pub enum EmbeddingValue {
     Base64(String),
 }
 
+/// `[f32, ...]` or a base64 string (see [`EncodingFormat`]).
+impl utoipa::PartialSchema for EmbeddingValue {
+    fn schema() -> RefOr<Schema> {
+        let floats = ArrayBuilder::new()
+            .items(
+                ObjectBuilder::new()
+                    .schema_type(Type::Number)
+                    .format(Some(SchemaFormat::KnownFormat(KnownFormat::Float))),
+            )
+            .description(Some(
+                "`encoding_format: \"float\"`: the vector, one f32 per dimension.",
+            ));
+        let base64 = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .content_encoding("base64")
+            .description(Some(
+                "`encoding_format: \"base64\"`: standard base64 (padded) of the vector's f32 \
+                 values as little-endian bytes, 4 bytes per dimension.",
+            ));
+        OneOfBuilder::new().item(floats).item(base64).into()
+    }
+}
+
+impl utoipa::ToSchema for EmbeddingValue {}
+
+/// The schema of [`EmbeddingsResponse::object`]: always `"list"`.
+fn list_tag() -> Schema {
+    constant("list")
+}
+
+/// The schema of [`EmbeddingObject::object`]: always `"embedding"`.
+fn embedding_tag() -> Schema {
+    constant("embedding")
+}
+
+/// The schema of a string that is always `value` (OpenAI's `object` tags).
+fn constant(value: &'static str) -> Schema {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some([value]))
+        .description(Some(format!("Always `\"{value}\"`.")))
+        .into()
+}
+
+/// The schema of [`ErrorBody::kind`]: the values of [`OpenAiError::error_type`].
+fn error_types() -> Schema {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some([
+            "invalid_request_error",
+            "rate_limit_error",
+            "server_error",
+        ]))
+        .description(Some(
+            "OpenAI's error type: `rate_limit_error` for 429, `server_error` for 424 and 5xx, \
+             `invalid_request_error` for the other statuses.",
+        ))
+        .into()
+}
+
 /// OpenAI's `usage`. The worker's reply carries no token counts, so both are always `0` (not an
 /// estimate: a count that looks real but is not would mislead cost accounting).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, utoipa::ToSchema)]
 pub struct Usage {
     /// Tokens in the inputs: always 0 (not counted).
     pub prompt_tokens: u64,
@@ -224,23 +292,28 @@ pub struct OpenAiError {
 }
 
 /// OpenAI's error body: `{"error": {"message", "type", "param", "code"}}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = OpenAiErrorResponse)]
 pub struct ErrorResponse {
     /// The error.
     pub error: ErrorBody,
 }
 
-/// The inside of [`ErrorResponse`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// The inside of OpenAI's error body ([`ErrorResponse`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = OpenAiErrorBody)]
 pub struct ErrorBody {
     /// Human-readable message: the TEI route's message (TEI's `error`).
     pub message: String,
     /// OpenAI's error type; see [`OpenAiError::error_type`].
     #[serde(rename = "type")]
+    #[schema(schema_with = error_types)]
     pub kind: String,
     /// The request field at fault (`input`, `dimensions`, `encoding_format`, ...) or `null`.
+    #[schema(required = true)]
     pub param: Option<String>,
     /// Always `null`.
+    #[schema(required = true)]
     pub code: Option<String>,
 }
 

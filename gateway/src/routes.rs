@@ -15,15 +15,15 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{MethodRouter, get, post};
 use embatch_client::{EmbedClient, Reply};
 use embatch_protocol::reply::Timings;
-use embatch_protocol::{EmbedError, EmbedRequest};
+use embatch_protocol::{EmbedError, EmbedRequest, ErrorResponse};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use crate::openai::{EmbeddingsRequest, OpenAiError};
+use crate::openai::{EmbeddingsRequest, EmbeddingsResponse, OpenAiError};
 use crate::serve::ServeLimits;
 use crate::telemetry::names;
 
@@ -52,6 +52,8 @@ pub struct AppState {
     pub max_in_flight: usize,
     /// One permit per `/embed` request in flight (`MAX_IN_FLIGHT`); none left: 429.
     pub in_flight: Arc<Semaphore>,
+    /// The body of `GET /openapi.json`: [`crate::openapi::document`], serialized.
+    pub openapi: Bytes,
 }
 
 impl AppState {
@@ -78,22 +80,44 @@ impl AppState {
             in_flight: Arc::new(Semaphore::new(
                 config.max_in_flight.clamp(1, Semaphore::MAX_PERMITS),
             )),
+            openapi: crate::openapi::document_json(),
         }
     }
+}
+
+/// Every route the gateway serves, as `(method, path)`: exactly what [`app`] registers (the
+/// OpenAPI document describes each; `tests/openapi.rs` checks both).
+pub fn served() -> Vec<(&'static str, &'static str)> {
+    handlers()
+        .into_iter()
+        .map(|(method, path, _)| (method, path))
+        .collect()
+}
+
+/// The routes: method (for [`served`]), path and handler.
+fn handlers() -> [(&'static str, &'static str, MethodRouter<Arc<AppState>>); 9] {
+    [
+        ("POST", "/embed", post(embed)),
+        // TEI's compat route (`huggingface_hub`'s `InferenceClient(base_url=...)` posts here).
+        ("POST", "/", post(embed)),
+        ("POST", "/v1/embeddings", post(openai_embeddings)),
+        ("POST", "/embeddings", post(openai_embeddings)),
+        ("GET", "/info", get(info)),
+        ("GET", "/health", get(health)),
+        ("GET", "/metrics", get(metrics)),
+        ("GET", crate::openapi::DOCUMENT_PATHS[0], get(openapi)),
+        ("GET", crate::openapi::DOCUMENT_PATHS[1], get(openapi)),
+    ]
 }
 
 /// The gateway's router, apart from serving, so tests can drive it without a socket.
 pub fn app(state: AppState) -> Router {
     let limit = state.max_body_bytes;
-    Router::new()
-        .route("/embed", post(embed))
-        // TEI's compat route (`huggingface_hub`'s `InferenceClient(base_url=...)` posts here).
-        .route("/", post(embed))
-        .route("/v1/embeddings", post(openai_embeddings))
-        .route("/embeddings", post(openai_embeddings))
-        .route("/info", get(info))
-        .route("/health", get(health))
-        .route("/metrics", get(metrics))
+    handlers()
+        .into_iter()
+        .fold(Router::new(), |router, (_, path, handler)| {
+            router.route(path, handler)
+        })
         .layer(DefaultBodyLimit::max(limit))
         // Shared behind an `Arc`: axum clones the state for every request, and a deep clone (the
         // subject `String`, the NATS client's handles) was the gateway's own top symbol in the
@@ -164,7 +188,32 @@ impl Drop for InFlight {
 /// becomes the body as is (the vectors are never decoded here). When the client disconnects
 /// first, the request is withdrawn from the worker's queue (see
 /// `embatch_client::EmbedClient::embed`).
-async fn embed(
+#[utoipa::path(
+    post,
+    path = "/embed",
+    tag = "tei",
+    summary = "Embed texts (TEI's /embed)",
+    description = "Exactly TEI 1.9.3's `POST /embed`: one embedding per input, in input order. \
+                   `POST /` is the same route (TEI's compat route).",
+    request_body(content = EmbedRequest, content_type = "application/json",
+        example = json!({"inputs": ["What is vector search?", "Hello, world!"], "normalize": true})),
+    params(crate::openapi::TimeoutHeader),
+    responses(
+        (status = 200, description = "One embedding per input, in input order: an array of \
+                                      f32 arrays, each of the model's dimensions (or \
+                                      `dimensions`).",
+            body = Vec<Vec<f32>>,
+            headers(
+                ("x-queue-time" = u64, description = "Whole ms the request waited in the \
+                                                      worker before the upstream call."),
+                ("x-inference-time" = u64, description = "Whole ms of upstream work."),
+                ("x-total-time" = u64, description = "Whole ms the request spent in the \
+                                                      gateway."),
+            )),
+        crate::openapi::TeiErrors,
+    ),
+)]
+pub(crate) async fn embed(
     State(state): State<Arc<AppState>>,
     request_headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
@@ -199,7 +248,31 @@ where
 /// The request is translated into TEI's `/embed` body and sent down the same path as
 /// `POST /embed`; the reply is re-shaped into OpenAI's response. Errors have OpenAI's shape and
 /// the status `POST /embed` gives the same error.
-async fn openai_embeddings(
+#[utoipa::path(
+    post,
+    path = "/v1/embeddings",
+    tag = "openai",
+    summary = "Create embeddings (OpenAI's embeddings API)",
+    description = "OpenAI's `POST /v1/embeddings`; `POST /embeddings` is the same route. \
+                   Embeddings are normalized; `usage` counts are always 0. Errors have the \
+                   status `POST /embed` answers for the same error, in OpenAI's shape.",
+    request_body(content = EmbeddingsRequest, content_type = "application/json",
+        example = json!({"input": ["What is vector search?", "Hello, world!"], "model": "any"})),
+    params(crate::openapi::TimeoutHeader),
+    responses(
+        (status = 200, description = "One embedding per input, in input order.",
+            body = EmbeddingsResponse,
+            headers(
+                ("x-queue-time" = u64, description = "Whole ms the request waited in the \
+                                                      worker before the upstream call."),
+                ("x-inference-time" = u64, description = "Whole ms of upstream work."),
+                ("x-total-time" = u64, description = "Whole ms the request spent in the \
+                                                      gateway."),
+            )),
+        crate::openapi::OpenAiErrors,
+    ),
+)]
+pub(crate) async fn openai_embeddings(
     State(state): State<Arc<AppState>>,
     request_headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
@@ -330,7 +403,22 @@ fn client_timeout(request_headers: &HeaderMap, default: Duration) -> Result<Dura
 
 /// `GET /info`: TEI's `/info` document from one worker (see [`crate::info`]), waiting at most
 /// `--health-timeout`; 503 in TEI's error shape when no worker answers.
-async fn info(State(state): State<Arc<AppState>>) -> Response {
+#[utoipa::path(
+    get,
+    path = "/info",
+    tag = "tei",
+    summary = "The model served (TEI's /info)",
+    description = "TEI's `/info` document, answered by one worker over NATS.",
+    responses(
+        (status = 200, description = "TEI's `/info` document.", body = crate::openapi::Info),
+        (status = 424, description = "`Backend`: the worker's upstream answered a malformed \
+                                      `/info`.", body = ErrorResponse),
+        (status = 503, description = "`Unhealthy`: no worker answered within \
+                                      `HEALTH_TIMEOUT`, or the worker's upstream is \
+                                      unreachable.", body = ErrorResponse),
+    ),
+)]
+pub(crate) async fn info(State(state): State<Arc<AppState>>) -> Response {
     match crate::info::fetch(
         &state.client,
         state.health_timeout,
@@ -347,7 +435,19 @@ async fn info(State(state): State<Arc<AppState>>) -> Response {
 /// answers its `info` endpoint ([`embatch_protocol::headers::info_subject`]) within
 /// `--health-timeout` (an error reply counts: a worker is there); else 503. A worker of another
 /// subject does not make the gateway healthy.
-async fn health(State(state): State<Arc<AppState>>) -> StatusCode {
+#[utoipa::path(
+    get,
+    path = "/health",
+    tag = "operations",
+    summary = "Readiness",
+    responses(
+        (status = 200, description = "Connected to NATS and a worker of the gateway's subject \
+                                      answered within `HEALTH_TIMEOUT`. Empty body."),
+        (status = 503, description = "Not connected to NATS, or no worker answered. Empty \
+                                      body."),
+    ),
+)]
+pub(crate) async fn health(State(state): State<Arc<AppState>>) -> StatusCode {
     match state.client.info(state.health_timeout).await {
         Ok(_) | Err(embatch_client::RequestError::Reply(_)) => StatusCode::OK,
         Err(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -355,11 +455,40 @@ async fn health(State(state): State<Arc<AppState>>) -> StatusCode {
 }
 
 /// `GET /metrics`: Prometheus text exposition.
-async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "operations",
+    summary = "Prometheus metrics",
+    responses(
+        (status = 200, description = "Prometheus text exposition format 0.0.4.", body = String,
+            content_type = "text/plain"),
+        (status = 404, description = "No metrics recorder is installed (embedded gateways, \
+                                      tests). Empty body."),
+    ),
+)]
+pub(crate) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     match &state.metrics {
         Some(handle) => handle.render().into_response(),
         None => StatusCode::NOT_FOUND.into_response(),
     }
+}
+
+/// `GET /openapi.json` and `GET /api-doc/openapi.json`: the OpenAPI document of these routes (see
+/// [`crate::openapi`]), serialized once at start-up.
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = "operations",
+    summary = "This OpenAPI 3.1 document",
+    description = "Also at TEI's path `GET /api-doc/openapi.json`.",
+    responses(
+        (status = 200, description = "The OpenAPI 3.1 document of the gateway.",
+            body = Object, content_type = "application/json"),
+    ),
+)]
+pub(crate) async fn openapi(State(state): State<Arc<AppState>>) -> Response {
+    json_response(StatusCode::OK, state.openapi.clone())
 }
 
 #[cfg(test)]

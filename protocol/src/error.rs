@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 /// TEI's `error_type` values (serialized as in TEI: `"Validation"`, `"Overloaded"`, …), plus
 /// `Timeout` for a deadline that passed, which TEI has no equivalent for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum ErrorType {
     /// No worker or upstream can serve the request (503).
     Unhealthy,
@@ -41,6 +42,7 @@ impl ErrorType {
 
 /// TEI's error body: `{"error": "<message>", "error_type": "<ErrorType>"}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorResponse {
     /// Human-readable message; names the offending field and limit for validation errors.
     pub error: String,

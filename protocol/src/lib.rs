@@ -15,9 +15,13 @@
 //!   TEI error bodies and NATS error headers.
 //! - [`headers`]: header names, and the deadline header's encoding.
 //! - [`reply`]: the reply codec (success and error headers, decoding a reply into a result).
+//! - `openapi` (feature `openapi`): the OpenAPI schemas of [`request::Inputs`] and
+//!   [`request::Input`]; with the feature, the wire types also derive `utoipa::ToSchema`.
 
 pub mod error;
 pub mod headers;
+#[cfg(feature = "openapi")]
+mod openapi;
 pub mod reply;
 pub mod request;
 

@@ -16,11 +16,13 @@ use crate::EmbedError;
 /// ```
 /// Only `inputs` is required. Unknown fields are ignored, as TEI does.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct EmbedRequest {
     /// One input or an array of inputs; an input is a text or an array of token ids.
     pub inputs: Inputs,
     /// L2-normalize each embedding (default `true`, as in TEI).
     #[serde(default = "default_normalize")]
+    #[cfg_attr(feature = "openapi", schema(default = true))]
     pub normalize: bool,
     /// Truncate inputs longer than the model's maximum instead of failing with 413. Absent: the
     /// upstream's default (TEI's `--auto-truncate`, `false` for the built-in model).
@@ -32,8 +34,10 @@ pub struct EmbedRequest {
     /// Name of a prompt from the model's sentence-transformers config to prepend.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_name: Option<String>,
-    /// Matryoshka output size: keep the first `dimensions` values of each embedding.
+    /// Matryoshka output size: keep the first `dimensions` values of each embedding (a count of
+    /// values, at least 1; 0 is answered 422).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub dimensions: Option<usize>,
 }
 
@@ -252,8 +256,10 @@ impl<'de> Deserialize<'de> for Inputs {
     }
 }
 
-/// Which end of an over-long input is cut when truncating (TEI's `truncation_direction`).
+/// Which end of an over-long input is cut when truncating (TEI's `truncation_direction`):
+/// `"Left"` or `"Right"` (`"left"` and `"right"` are accepted too).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum TruncationDirection {
     /// Keep the end of the input.
     #[serde(alias = "left")]
