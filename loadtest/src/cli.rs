@@ -24,7 +24,7 @@ pub struct Cli {
 pub enum Command {
     /// Generate load against a TEI-compatible /embed URL or the embatch NATS subject and print
     /// throughput, goodput and latency percentiles.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Serve a TEI-compatible /embed that simulates one GPU (a benchmark instrument and test
     /// double): each call sleeps base + per-input cost, at most --concurrency calls at once, and
     /// answers deterministic vectors derived from a hash of each input text.
@@ -143,7 +143,7 @@ pub enum TargetSpec {
         /// The subject.
         subject: String,
         /// Credentials and TLS.
-        auth: embatch_runtime::NatsAuth,
+        auth: Box<embatch_runtime::NatsAuth>,
     },
 }
 
@@ -184,7 +184,7 @@ impl RunArgs {
             (None, Some(url)) => TargetSpec::Nats {
                 url,
                 subject: self.subject,
-                auth: self.nats_auth,
+                auth: Box::new(self.nats_auth),
             },
             _ => {
                 return Err(LoadtestError::Config(
@@ -357,7 +357,7 @@ mod tests {
             c.target,
             TargetSpec::Nats {
                 url: "nats://127.0.0.1:4222".into(),
-                auth: embatch_runtime::NatsAuth::default(),
+                auth: Box::default(),
                 subject: "emb".into()
             }
         );

@@ -21,7 +21,7 @@ async fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run(args) => run_command(args).await,
+        Command::Run(args) => run_command(*args).await,
         Command::FakeUpstream(args) => fake_upstream_command(args).await,
     };
     match result {

@@ -257,7 +257,7 @@ async fn beyond_queue_cap_requests_are_answered_429_at_once() {
         tokio::spawn(async move { request(&client, r#"{"inputs":["a","b","c","d"]}"#).await })
     };
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let (code, body) = request(&client, r#"{"inputs":"one too many"}"#).await;
+    let (code, body) = request(client, r#"{"inputs":"one too many"}"#).await;
     assert_eq!(code, 429, "{body}");
     assert_eq!(body["error_type"], "Overloaded");
     assert!(
@@ -275,7 +275,7 @@ async fn bad_requests_get_teis_error_body_and_nats_error_headers() {
     let (tei, client) = (&stack.base.tei, &stack.client);
     let cases = embatch_testkit::BAD_REQUESTS.iter().copied();
     for (body, status, kind, needle) in cases {
-        let (code, reply) = request(&client, body).await;
+        let (code, reply) = request(client, body).await;
         assert_eq!(code, status, "{body} → {reply}");
         assert_eq!(reply["error_type"], kind, "{body}");
         let message = reply["error"].as_str().expect("error message");
@@ -289,7 +289,7 @@ async fn bad_requests_get_teis_error_body_and_nats_error_headers() {
         "bad requests never reach the upstream"
     );
     // And a good request after all of them still works.
-    let (code, _) = request(&client, r#"{"inputs":"fine"}"#).await;
+    let (code, _) = request(client, r#"{"inputs":"fine"}"#).await;
     assert_eq!(code, 200);
     stack.base.worker.stop().await;
 }
