@@ -6,7 +6,11 @@
 #     ${XDG_CACHE_HOME:-~/.cache}/embatch/client-venv): huggingface_hub, openai (base64 and float),
 #     llama-index's TEI embeddings, nats-py; every vector is compared with testdata's TEI reference;
 #   - examples/direct_nats.py, examples/go (nats.go), examples/node (nats on npm), run as written:
-#     one vector of 384 floats on `embed`, and exit 3 (not a crash) on a subject nobody serves.
+#     one vector of 384 floats on `embed`, and exit 3 (not a crash) on a subject nobody serves;
+#   - schemathesis (pinned in the same requirements.txt) fuzzes every operation of the gateway's
+#     own GET /openapi.json (ST_MAX_EXAMPLES per operation, 40 by default, plus its coverage
+#     cases): no 5xx, only documented statuses, documented content types, headers and bodies.
+#     It prints its seed; ST_SEED=<seed> replays the same generated requests.
 # Stops everything it started on exit. Exits non-zero when any check fails.
 #
 # Usage: scripts/client-tests.sh        (scripts/test.sh runs it after cargo test)
@@ -125,6 +129,27 @@ expect_vector "examples/go (nats.go $nats_go, $(go env GOVERSION))" "$tmp/go-exa
 expect_no_responders "examples/go (nats.go $nats_go)" "$tmp/go-example"
 expect_vector "examples/node (nats $nats_js, node $(node --version))" node examples/node/index.mjs
 expect_no_responders "examples/node (nats $nats_js)" node examples/node/index.mjs
+
+# Last, so its load cannot disturb the checks above. tests/clients/schemathesis_hooks.py raises a
+# valid `x-embatch-timeout-ms` to 60 s: with a few ms, 504 is the right answer, not a defect.
+step "schemathesis: every operation of the gateway's /openapi.json, fuzzed against the gateway"
+st_version=$("$venv/bin/pip" show schemathesis | sed -n 's/^Version: //p')
+st_started=$SECONDS
+st_status=0
+SCHEMATHESIS_HOOKS=tests/clients/schemathesis_hooks.py "$venv/bin/st" run "$gateway/openapi.json" \
+  --checks not_a_server_error,status_code_conformance,content_type_conformance,response_headers_conformance,response_schema_conformance \
+  --max-examples "${ST_MAX_EXAMPLES:-40}" ${ST_SEED:+--seed "$ST_SEED"} --workers 1 \
+  --generation-database none --no-color \
+  >"$tmp/schemathesis.out" 2>&1 || st_status=$?
+cat "$tmp/schemathesis.out" >&2
+st_operations=$(sed -n 's/^ *Tested: *\([0-9]*\).*/\1/p' "$tmp/schemathesis.out" | tail -n 1)
+st_cases=$(sed -n 's/^ *\([0-9]* generated, .*\)$/\1/p' "$tmp/schemathesis.out" | tail -n 1)
+st_label="schemathesis $st_version: ${st_operations:-?} operations, ${st_cases:-no test cases} ($((SECONDS - st_started))s)"
+if [ "$st_status" -eq 0 ]; then
+  record PASS "$st_label"
+else
+  record FAIL "$st_label, exit $st_status (failures above)"
+fi
 
 passed=0 failed=0
 printf '\n==> client tests (%ss)\n' "$((SECONDS - started))"
