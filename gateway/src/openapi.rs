@@ -106,10 +106,10 @@ pub fn document_json() -> Bytes {
         .unwrap_or_default()
 }
 
-/// The request header every embedding route takes.
+/// The request header every embedding route takes: a declaration for the document (the handlers
+/// read [`crate::routes::TIMEOUT_HEADER`] themselves).
 #[derive(IntoParams)]
 #[into_params(parameter_in = Header)]
-#[allow(dead_code)] // a declaration for the document; the handlers read the header themselves
 pub struct TimeoutHeader {
     /// Shortens this request's deadline to this many milliseconds (whole, at least 1); never
     /// lengthens it beyond the gateway's `REQUEST_TIMEOUT`. Not a positive whole number: 422.
@@ -120,9 +120,9 @@ pub struct TimeoutHeader {
 }
 
 /// The error statuses of `POST /embed` and `POST /`, each with TEI's error body
-/// `{"error": string, "error_type": string}`.
+/// `{"error": string, "error_type": string}`: a declaration for the document, never built (the
+/// handlers answer [`embatch_protocol::EmbedError`]s).
 #[derive(IntoResponses)]
-#[allow(dead_code)] // a declaration for the document; errors are `EmbedError`s
 pub enum TeiErrors {
     /// `Empty`: `inputs` is an empty array, or one input is an empty string or an empty array of
     /// token ids.
@@ -164,9 +164,9 @@ pub enum TeiErrors {
 
 /// The error statuses of `POST /v1/embeddings` and `POST /embeddings`: the statuses
 /// `POST /embed` answers for the same errors, each with OpenAI's error body
-/// `{"error": {"message", "type", "param", "code"}}`.
+/// `{"error": {"message", "type", "param", "code"}}`: a declaration for the document, never built
+/// (the handlers answer [`crate::openai::OpenAiError`]s).
 #[derive(IntoResponses)]
-#[allow(dead_code)] // a declaration for the document; errors are `OpenAiError`s
 pub enum OpenAiErrors {
     /// `invalid_request_error`: `input` is an empty array, or one input is an empty string or an
     /// empty array of token ids.
@@ -205,8 +205,8 @@ pub enum OpenAiErrors {
 
 /// TEI's `GET /info` document, as a worker answers it: TEI's own `/info` for a TEI upstream, a
 /// TEI-shaped document for the built-in model. Only `model_id` and `max_client_batch_size` are
-/// always present; other fields are TEI's and may be `null` or absent.
-#[allow(dead_code)] // a declaration for the document; the body is the worker's JSON
+/// always present; other fields are TEI's and may be `null` or absent. A declaration for the
+/// document: the body is the worker's JSON, passed through.
 pub struct Info;
 
 impl PartialSchema for Info {

@@ -367,13 +367,13 @@ fn env_example_lists_every_compose_variable_with_its_default() {
     let mut defaults: BTreeMap<String, Option<String>> = BTreeMap::new();
     let mut problems = Vec::new();
     for i in &found {
-        if let Some(previous) = defaults.insert(i.name.clone(), i.default.clone()) {
-            if previous != i.default {
-                problems.push(format!(
-                    "compose.yaml: {} has two defaults, {previous:?} and {:?}",
-                    i.name, i.default
-                ));
-            }
+        if let Some(previous) = defaults.insert(i.name.clone(), i.default.clone())
+            && previous != i.default
+        {
+            problems.push(format!(
+                "compose.yaml: {} has two defaults, {previous:?} and {:?}",
+                i.name, i.default
+            ));
         }
     }
     assert!(
