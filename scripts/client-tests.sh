@@ -136,11 +136,13 @@ step "schemathesis: every operation of the gateway's /openapi.json, fuzzed again
 st_version=$("$venv/bin/pip" show schemathesis | sed -n 's/^Version: //p')
 st_started=$SECONDS
 st_status=0
-SCHEMATHESIS_HOOKS=tests/clients/schemathesis_hooks.py "$venv/bin/st" run "$gateway/openapi.json" \
+# Run in $tmp: schemathesis and hypothesis write caches (.schemathesis/, .hypothesis/) into the
+# working directory.
+st_hooks=$PWD/tests/clients/schemathesis_hooks.py
+(cd "$tmp" && SCHEMATHESIS_HOOKS=$st_hooks "$venv/bin/st" run "$gateway/openapi.json" \
   --checks not_a_server_error,status_code_conformance,content_type_conformance,response_headers_conformance,response_schema_conformance \
   --max-examples "${ST_MAX_EXAMPLES:-40}" ${ST_SEED:+--seed "$ST_SEED"} --workers 1 \
-  --generation-database none --no-color \
-  >"$tmp/schemathesis.out" 2>&1 || st_status=$?
+  --generation-database none --no-color) >"$tmp/schemathesis.out" 2>&1 || st_status=$?
 cat "$tmp/schemathesis.out" >&2
 st_operations=$(sed -n 's/^ *Tested: *\([0-9]*\).*/\1/p' "$tmp/schemathesis.out" | tail -n 1)
 st_cases=$(sed -n 's/^ *\([0-9]* generated, .*\)$/\1/p' "$tmp/schemathesis.out" | tail -n 1)
