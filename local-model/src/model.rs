@@ -171,8 +171,9 @@ impl LocalModel {
     /// # Errors
     /// - [`EmbedError::TooLarge`] (413) when an input is over the token limit and `truncate` is
     ///   not `Some(true)`: "`inputs` must have less than 256 tokens. Given: 1042".
-    /// - [`EmbedError::Validation`] (422) for `dimensions` of 0 or over [`LocalModel::dim`], or
-    ///   an unknown `prompt_name`; the message names the field and the limit or the choices.
+    /// - [`EmbedError::Validation`] (422) for `dimensions` of 0 or over [`LocalModel::dim`], an
+    ///   unknown `prompt_name`, or a token id outside the vocabulary (`inputs[i]`); the message
+    ///   names the field and the limit or the choices.
     /// - [`EmbedError::Tokenizer`] (422) when the tokenizer fails on an input.
     /// - [`EmbedError::Backend`] (424) when the forward pass fails.
     ///
@@ -194,9 +195,10 @@ impl LocalModel {
 
         let tokens = inputs
             .iter()
-            .map(|input| match input {
+            .enumerate()
+            .map(|(i, input)| match input {
                 Input::Text(text) => self.encoder.encode(text, prompt, truncate),
-                Input::Ids(ids) => self.encoder.encode_ids(ids, prompt, truncate),
+                Input::Ids(ids) => self.encoder.encode_ids(i, ids, prompt, truncate),
             })
             .collect::<Result<Vec<Tokens>, EmbedError>>()?;
 
@@ -213,7 +215,10 @@ impl LocalModel {
             let pooled = self
                 .forward(pass.iter().map(|&i| &tokens[i]))
                 .map_err(|err| {
-                    EmbedError::Backend(format!("local model inference failed: {err}"))
+                    // candle may append a backtrace on further lines: the reply keeps the cause.
+                    let err = err.to_string();
+                    let cause = err.lines().next().unwrap_or_default();
+                    EmbedError::Backend(format!("local model inference failed: {cause}"))
                 })?;
             for (&i, mut embedding) in pass.iter().zip(pooled) {
                 embedding.truncate(dimensions);

@@ -123,24 +123,41 @@ impl Encoder {
     /// encoded like a text input. Ids outside the vocabulary are dropped by the decoder.
     ///
     /// # Errors
-    /// As [`Encoder::encode`]: [`EmbedError::TooLarge`] for more than `max_input_length` ids
-    /// when not truncating, [`EmbedError::Tokenizer`] when decoding fails.
+    /// - [`EmbedError::Validation`] (422) naming `inputs[index]` for an id outside the model's
+    ///   vocabulary (the decoder would drop it, and an input of nothing but such ids would give
+    ///   the model nothing to embed), or ids that decode to no token at all.
+    /// - As [`Encoder::encode`]: [`EmbedError::TooLarge`] for more than `max_input_length` ids
+    ///   when not truncating, [`EmbedError::Tokenizer`] when decoding fails.
     pub(crate) fn encode_ids(
         &self,
+        index: usize,
         ids: &[u32],
         prompt: Option<&str>,
         truncate: Option<TruncationDirection>,
     ) -> Result<Tokens, EmbedError> {
+        let vocab = self.tokenizer.get_vocab_size(true);
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(EmbedError::Validation(format!(
+                "`inputs[{index}]`: token id {id} is outside the model's vocabulary: ids must be \
+                 below {vocab}"
+            )));
+        }
         let tokenizer_error = |err: tokenizers::Error| EmbedError::Tokenizer(err.to_string());
         let skip_special_tokens = prompt.is_some();
         let text = self
             .tokenizer
             .decode(ids, skip_special_tokens)
             .map_err(tokenizer_error)?;
-        match prompt {
-            Some(_) => self.encode(&text, prompt, truncate),
-            None => self.tokenize(&text, false, truncate),
+        let tokens = match prompt {
+            Some(_) => self.encode(&text, prompt, truncate)?,
+            None => self.tokenize(&text, false, truncate)?,
+        };
+        if tokens.ids.is_empty() {
+            return Err(EmbedError::Validation(format!(
+                "`inputs[{index}]`: the token ids decode to no token the model can embed"
+            )));
         }
+        Ok(tokens)
     }
 
     /// Tokenizes `text`, adding the model's special tokens when `add_special_tokens`, and checks

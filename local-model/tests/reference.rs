@@ -388,3 +388,18 @@ fn token_ids_over_the_limit_are_refused_or_truncated() {
         .expect("truncated");
     assert_eq!(truncated[0].len(), 384);
 }
+
+#[test]
+fn token_ids_outside_the_vocabulary_are_refused_naming_the_input() {
+    let err = model()
+        .embed(
+            &[Input::from("a"), Input::Ids(vec![101, 40_000, 102])],
+            &EmbedOptions::default(),
+        )
+        .expect_err("id 40000 is not in MiniLM's 30522");
+    let message = validation_message(&err, "`inputs[1]`");
+    assert!(
+        message.contains("40000") && message.contains("30522"),
+        "{message}"
+    );
+}
