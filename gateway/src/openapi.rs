@@ -16,8 +16,12 @@
 
 use bytes::Bytes;
 use embatch_protocol::{EmbedRequest, ErrorResponse, ErrorType, Input, TruncationDirection};
+use std::collections::BTreeMap;
+
+use utoipa::openapi::header::HeaderBuilder;
+use utoipa::openapi::response::{Response, ResponseBuilder};
 use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
-use utoipa::openapi::{OpenApi as Document, RefOr};
+use utoipa::openapi::{Content, OpenApi as Document, Ref, RefOr};
 use utoipa::{IntoParams, IntoResponses, OpenApi, PartialSchema, ToSchema};
 
 use crate::openai::{
@@ -117,6 +121,58 @@ pub struct TimeoutHeader {
     /// finish within it).
     #[param(rename = "x-embatch-timeout-ms", minimum = 1, required = false)]
     pub timeout_ms: u64,
+}
+
+/// The 200 of `POST /embed` and `POST /`: one embedding per input, in input order (an array of
+/// f32 arrays), with the timing headers. A declaration for the document.
+pub struct EmbedOk;
+
+impl IntoResponses for EmbedOk {
+    fn responses() -> BTreeMap<String, RefOr<Response>> {
+        ok_with_timings(
+            "One embedding per input, in input order: an array of f32 arrays, each of the \
+             model's dimensions (or `dimensions`).",
+            Vec::<Vec<f32>>::schema(),
+        )
+    }
+}
+
+/// The 200 of `POST /v1/embeddings` and `POST /embeddings`: OpenAI's embeddings response, with
+/// the timing headers. A declaration for the document.
+pub struct OpenAiOk;
+
+impl IntoResponses for OpenAiOk {
+    fn responses() -> BTreeMap<String, RefOr<Response>> {
+        ok_with_timings(
+            "One embedding per input, in input order.",
+            Ref::from_schema_name(EmbeddingsResponse::name()).into(),
+        )
+    }
+}
+
+/// A 200 with a JSON `body` and TEI's timing headers (whole ms, as TEI sends them).
+fn ok_with_timings(description: &str, body: RefOr<Schema>) -> BTreeMap<String, RefOr<Response>> {
+    let timings = [
+        (
+            "x-queue-time",
+            "Whole ms the request waited in the worker before the upstream call.",
+        ),
+        ("x-inference-time", "Whole ms of upstream work."),
+        ("x-total-time", "Whole ms the request spent in the gateway."),
+    ];
+    let response = timings.into_iter().fold(
+        ResponseBuilder::new()
+            .description(description)
+            .content("application/json", Content::new(Some(body))),
+        |response, (name, description)| {
+            let header = HeaderBuilder::new()
+                .schema(u64::schema())
+                .description(Some(description))
+                .build();
+            response.header(name, header)
+        },
+    );
+    BTreeMap::from([("200".to_owned(), response.build().into())])
 }
 
 /// The error statuses of `POST /embed` and `POST /`, each with TEI's error body

@@ -23,7 +23,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use crate::openai::{EmbeddingsRequest, EmbeddingsResponse, OpenAiError};
+use crate::openai::{EmbeddingsRequest, OpenAiError};
 use crate::serve::ServeLimits;
 use crate::telemetry::names;
 
@@ -198,20 +198,7 @@ impl Drop for InFlight {
     request_body(content = EmbedRequest, content_type = "application/json",
         example = json!({"inputs": ["What is vector search?", "Hello, world!"], "normalize": true})),
     params(crate::openapi::TimeoutHeader),
-    responses(
-        (status = 200, description = "One embedding per input, in input order: an array of \
-                                      f32 arrays, each of the model's dimensions (or \
-                                      `dimensions`).",
-            body = Vec<Vec<f32>>,
-            headers(
-                ("x-queue-time" = u64, description = "Whole ms the request waited in the \
-                                                      worker before the upstream call."),
-                ("x-inference-time" = u64, description = "Whole ms of upstream work."),
-                ("x-total-time" = u64, description = "Whole ms the request spent in the \
-                                                      gateway."),
-            )),
-        crate::openapi::TeiErrors,
-    ),
+    responses(crate::openapi::EmbedOk, crate::openapi::TeiErrors),
 )]
 pub(crate) async fn embed(
     State(state): State<Arc<AppState>>,
@@ -259,18 +246,7 @@ where
     request_body(content = EmbeddingsRequest, content_type = "application/json",
         example = json!({"input": ["What is vector search?", "Hello, world!"], "model": "any"})),
     params(crate::openapi::TimeoutHeader),
-    responses(
-        (status = 200, description = "One embedding per input, in input order.",
-            body = EmbeddingsResponse,
-            headers(
-                ("x-queue-time" = u64, description = "Whole ms the request waited in the \
-                                                      worker before the upstream call."),
-                ("x-inference-time" = u64, description = "Whole ms of upstream work."),
-                ("x-total-time" = u64, description = "Whole ms the request spent in the \
-                                                      gateway."),
-            )),
-        crate::openapi::OpenAiErrors,
-    ),
+    responses(crate::openapi::OpenAiOk, crate::openapi::OpenAiErrors),
 )]
 pub(crate) async fn openai_embeddings(
     State(state): State<Arc<AppState>>,
