@@ -201,6 +201,7 @@ impl EmbedClient {
                         && remaining > Duration::from_millis(100) =>
                 {
                     retries += 1;
+                    metrics::counter!(RETRIES, "reason" => "unavailable").increment(1);
                     tracing::debug!(%err, retries, "a worker answered 503; retrying");
                     tokio::time::sleep(retry_pause(retries)).await;
                 }
@@ -243,6 +244,7 @@ impl EmbedClient {
                             subject: self.subject.clone(),
                         });
                     }
+                    metrics::counter!(RETRIES, "reason" => "no_responders").increment(1);
                     tokio::time::sleep(backoff).await;
                     backoff *= 2;
                 }
@@ -318,6 +320,12 @@ fn decode(message: async_nats::Message) -> Result<Reply, RequestError> {
 
 /// How many times [`EmbedClient::embed`] retries a worker's 503 answer: 2.
 pub const UNAVAILABLE_RETRIES: u32 = 2;
+
+/// Counter of the retries [`EmbedClient::embed`] made, by `reason`: `no_responders` (no worker
+/// subscribed yet) and `unavailable` (a worker answered 503). Recorded through the `metrics`
+/// facade, so it appears in the `/metrics` of the process that installs a recorder (the
+/// gateway's).
+pub const RETRIES: &str = "embatch_client_retries_total";
 
 /// The pause before retry `n` (1-based): `10·n` ms plus 0–9 ms of jitter from the clock, so
 /// callers that failed together do not retry together.

@@ -38,5 +38,13 @@ pub fn init_metrics() -> Result<PrometheusHandle, metrics_exporter_prometheus::B
         "Connections closed at once because MAX_CONNECTIONS were open."
     );
     metrics::counter!(names::CONNECTIONS_REFUSED).absolute(0);
+    metrics::describe_counter!(
+        embatch_client::RETRIES,
+        "NATS requests sent again, by reason: no_responders (no worker subscribed yet), \
+         unavailable (a worker answered 503)."
+    );
+    for reason in ["no_responders", "unavailable"] {
+        metrics::counter!(embatch_client::RETRIES, "reason" => reason).absolute(0);
+    }
     Ok(handle)
 }

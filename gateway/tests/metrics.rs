@@ -295,5 +295,29 @@ async fn gateway_and_worker_metrics_after_a_short_load() {
     // The worker's HTTP app also answers /health while its NATS connection is up.
     get_ok(&http, &format!("{worker_http}/health")).await;
 
+    // A gateway on a subject no worker serves: "no responders" is retried (~150 ms) before its
+    // 503, and the retries are counted.
+    let lonely = start_gateway_at(
+        &nats.url(),
+        &["--subject", "unserved"],
+        Some(handle.clone()),
+    )
+    .await
+    .url;
+    let retried = |g: &BTreeMap<String, f64>| {
+        let series = r#"embatch_client_retries_total{reason="no_responders"}"#;
+        g.get(series).copied().unwrap_or(0.0)
+    };
+    let (_, before) = get_metrics(&http, &lonely).await;
+    let status = post(&http, &lonely, r#"{"inputs":"a"}"#.into(), &[]).await;
+    assert_eq!(status, 503);
+    let (_, after) = get_metrics(&http, &lonely).await;
+    assert!(
+        retried(&after) >= retried(&before) + 2.0,
+        "no-responders retries: {} → {}",
+        retried(&before),
+        retried(&after)
+    );
+
     worker.stop().await;
 }
