@@ -183,9 +183,14 @@ impl<U: Upstream> Actor<U> {
 
     /// Sends every due group upstream while call slots are free, oldest first.
     fn dispatch_ready(&mut self) {
-        let (slots, batch_limit, max_wait) = {
+        let (slots, batch_limit, max_wait, when_idle) = {
             let limits = &self.shared.limits;
-            (limits.slots, limits.batch_limit, limits.max_wait)
+            (
+                limits.slots,
+                limits.batch_limit,
+                limits.max_wait,
+                limits.dispatch_when_idle,
+            )
         };
         while self.batches.len() < slots {
             let now = Instant::now();
@@ -199,7 +204,8 @@ impl<U: Upstream> Actor<U> {
                 now,
                 batch_limit,
                 max_wait,
-                flush_all: self.closed,
+                // Closing flushes everything; an idle upstream takes any waiting group at once.
+                flush_all: self.closed || (when_idle && self.batches.is_empty()),
                 cutoff: now + call,
                 probe_allowed,
             };

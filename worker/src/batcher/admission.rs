@@ -62,6 +62,8 @@ pub(super) struct Limits {
     pub max_queue_delay: QueueDelay,
     /// `MAX_WAIT_TIME`.
     pub max_wait: Duration,
+    /// `DISPATCH_WHEN_IDLE`: a waiting group leaves at once while no upstream call is in flight.
+    pub dispatch_when_idle: bool,
     /// Upstream calls in flight at once (`MAX_CONCURRENT_BATCHES`).
     pub slots: usize,
     /// Most inputs per upstream call (the smaller of `MAX_BATCH_SIZE` and the upstream's limit).

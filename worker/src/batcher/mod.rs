@@ -104,10 +104,15 @@ pub struct BatcherConfig {
     /// Longest expected queue wait (acceptance to first upstream call) a request is admitted
     /// with; longer is shed with 429.
     pub max_queue_delay: QueueDelay,
+    /// While no upstream call is in flight, send a waiting group at once instead of after
+    /// `max_wait` (an idle upstream slot is wasted throughput; requests arriving during a call
+    /// still batch). Off by default.
+    pub dispatch_when_idle: bool,
 }
 
 impl Default for BatcherConfig {
-    /// The worker's command-line defaults: 32 inputs, 5 ms, 2 calls, 4,096 inputs, 64 MiB, auto.
+    /// The worker's command-line defaults: 32 inputs, 5 ms, 2 calls, 4,096 inputs, 64 MiB, auto,
+    /// no dispatch when idle.
     fn default() -> Self {
         BatcherConfig {
             max_batch_size: 32,
@@ -116,6 +121,7 @@ impl Default for BatcherConfig {
             queue_cap: 4096,
             max_queue_bytes: 64 << 20,
             max_queue_delay: QueueDelay::Auto,
+            dispatch_when_idle: false,
         }
     }
 }
@@ -305,6 +311,7 @@ pub fn spawn<U: Upstream>(
         max_queue_bytes: config.max_queue_bytes.max(1),
         max_queue_delay: config.max_queue_delay,
         max_wait: config.max_wait,
+        dispatch_when_idle: config.dispatch_when_idle,
         slots: config.max_concurrent_batches.max(1),
         batch_limit: config.max_batch_size.min(upstream.max_batch_size()).max(1),
     };

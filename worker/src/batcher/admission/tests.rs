@@ -8,6 +8,7 @@ fn limits() -> Limits {
         max_queue_bytes: 1 << 20,
         max_queue_delay: QueueDelay::Auto,
         max_wait: Duration::from_millis(5),
+        dispatch_when_idle: false,
         slots: 1,
         batch_limit: 4,
     }

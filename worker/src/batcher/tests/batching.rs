@@ -29,6 +29,34 @@ async fn a_lone_request_leaves_after_max_wait_time() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn with_dispatch_when_idle_a_lone_request_leaves_at_once_and_later_ones_batch_behind_it() {
+    let config = BatcherConfig {
+        dispatch_when_idle: true,
+        ..config(32, 5, 2)
+    };
+    let (upstream, batcher, _task) = start(Duration::from_millis(10), config);
+    let start = Instant::now();
+    let first = submit(&batcher, &["alone"], far()).expect("accepted");
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(
+        upstream.calls().len(),
+        1,
+        "an idle upstream takes it at once"
+    );
+    // Three more arrive during the 10 ms call: the second slot is free, but they wait as usual
+    // (MAX_WAIT_TIME, 5 ms) and leave together.
+    let later = submit_each(&batcher, numbered(3));
+    let reply = outcome(first).await.expect("ok");
+    assert_eq!(reply.queue_time, Duration::ZERO);
+    for rx in later {
+        outcome(rx).await.expect("ok");
+    }
+    let sizes: Vec<usize> = upstream.calls().iter().map(|(i, _)| i.len()).collect();
+    assert_eq!(sizes, [1, 3]);
+    assert_eq!(start.elapsed(), Duration::from_millis(1 + 5 + 10));
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_full_batch_leaves_at_once() {
     let (upstream, batcher, _task) = start(Duration::ZERO, config(4, 1000, 2));
     let start = Instant::now();

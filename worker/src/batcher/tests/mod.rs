@@ -97,6 +97,7 @@ fn config(max_batch_size: usize, max_wait_ms: u64, concurrent: usize) -> Batcher
         queue_cap: 10_000,
         max_queue_bytes: 1 << 20,
         max_queue_delay: QueueDelay::Fixed(Duration::from_secs(3600)),
+        dispatch_when_idle: false,
     }
 }
 
