@@ -130,18 +130,22 @@ struct ApiError(EmbedError);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let status =
-            StatusCode::from_u16(self.0.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let mut response = json_response(status, Bytes::from(self.0.to_json()));
-        if status == StatusCode::TOO_MANY_REQUESTS {
-            // Load shedding answers at once; a client that retries should wait a moment, not
-            // hammer (RFC 9110 Retry-After, whole seconds).
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        }
-        response
+        error_response(self.0.status(), Bytes::from(self.0.to_json()))
     }
+}
+
+/// An error response of `status` with the JSON `body` (TEI's or OpenAI's error shape). A 429
+/// carries `Retry-After: 1`: load shedding answers at once, and a client that retries should
+/// wait a moment, not hammer (RFC 9110 Retry-After, whole seconds).
+fn error_response(status: u16, body: Bytes) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = json_response(status, body);
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    response
 }
 
 fn json_response(status: StatusCode, body: Bytes) -> Response {
@@ -257,10 +261,12 @@ pub(crate) async fn openai_embeddings(
         let forwarded = async {
             let body = read_body(&state, &request_headers, body)?;
             let (request, shape) = EmbeddingsRequest::from_slice(&body)?.into_embed_request();
+            let timeout = client_timeout(&request_headers, state.request_timeout)?;
+            request.validate(state.max_client_batch_size)?;
             let body = serde_json::to_vec(&request).map_err(|e| {
                 EmbedError::Validation(format!("cannot translate the request: {e}"))
             })?;
-            let reply = forward(&state, &request_headers, Bytes::from(body), started).await?;
+            let reply = send(&state, Bytes::from(body), timeout, started).await?;
             let body = crate::openai::response_body(&reply.payload, shape)?;
             Ok::<_, OpenAiError>(reply_response(Bytes::from(body), &reply.timings, started))
         };
@@ -274,14 +280,7 @@ pub(crate) async fn openai_embeddings(
 
 /// An error in OpenAI's shape, with the TEI route's status (and its `Retry-After` on 429).
 fn openai_error_response(err: &OpenAiError) -> Response {
-    let status = StatusCode::from_u16(err.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let mut response = json_response(status, Bytes::from(err.to_json()));
-    if status == StatusCode::TOO_MANY_REQUESTS {
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-    }
-    response
+    error_response(err.status(), Bytes::from(err.to_json()))
 }
 
 /// A 200 JSON response of `body` with the reply's timing headers (`x-queue-time`,
@@ -334,9 +333,7 @@ fn read_body(
     })
 }
 
-/// The path every embedding route shares: validates `body` (TEI's `/embed` JSON), takes an
-/// in-flight permit and sends it as one NATS request with the request's remaining time as its
-/// deadline.
+/// `POST /embed`'s path: validates `body` (TEI's `/embed` JSON), then [`send`]s it as it is.
 async fn forward(
     state: &AppState,
     request_headers: &HeaderMap,
@@ -345,6 +342,18 @@ async fn forward(
 ) -> Result<Reply, EmbedError> {
     let timeout = client_timeout(request_headers, state.request_timeout)?;
     EmbedRequest::from_slice(&body)?.validate(state.max_client_batch_size)?;
+    send(state, body, timeout, started).await
+}
+
+/// The path every embedding route shares once its body is a validated TEI `/embed` JSON: takes
+/// an in-flight permit and sends it as one NATS request with what is left of `timeout` (the
+/// request's, see [`client_timeout`]) as its deadline.
+async fn send(
+    state: &AppState,
+    body: Bytes,
+    timeout: Duration,
+    started: Instant,
+) -> Result<Reply, EmbedError> {
     let Ok(_permit) = state.in_flight.try_acquire() else {
         return Err(EmbedError::Overloaded(format!(
             "the gateway has {} requests in flight (MAX_IN_FLIGHT)",
