@@ -1,7 +1,8 @@
 //! The double's deterministic vectors: a hash of the text, expanded (no model).
 
 /// The deterministic vector of one input: [`embedding`] of its text, or for token ids of their
-/// JSON text (`[101,7592,102]`), so ids and texts never share a vector by accident.
+/// JSON text (`[101,7592,102]`): ids get vectors of their own, which only a text spelling that
+/// same JSON would share.
 pub fn embedding_of(
     input: &embatch_protocol::Input,
     dim: usize,
@@ -11,7 +12,7 @@ pub fn embedding_of(
     match input {
         embatch_protocol::Input::Text(text) => embedding(text, dim, dimensions, normalize),
         embatch_protocol::Input::Ids(ids) => {
-            let key = format!("{ids:?}").replace(' ', "");
+            let key = serde_json::to_string(ids).unwrap_or_default();
             embedding(&key, dim, dimensions, normalize)
         }
     }
