@@ -131,12 +131,12 @@ impl EmbeddingsRequest {
 /// `{"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [...]}],
 ///   "model": "...", "usage": {"prompt_tokens": 0, "total_tokens": 0}}`.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct EmbeddingsResponse {
+pub struct EmbeddingsResponse<'a> {
     /// Always `"list"`.
     #[schema(schema_with = list_tag)]
     pub object: &'static str,
     /// One entry per input, in input order.
-    pub data: Vec<EmbeddingObject>,
+    pub data: Vec<EmbeddingObject<'a>>,
     /// The request's `model`, echoed.
     pub model: String,
     /// Token counts: see [`Usage`].
@@ -145,29 +145,29 @@ pub struct EmbeddingsResponse {
 
 /// One embedding of [`EmbeddingsResponse::data`].
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct EmbeddingObject {
+pub struct EmbeddingObject<'a> {
     /// Always `"embedding"`.
     #[schema(schema_with = embedding_tag)]
     pub object: &'static str,
     /// The input's position in the request, from 0.
     pub index: usize,
     /// The vector, encoded as the request's `encoding_format` asked.
-    pub embedding: EmbeddingValue,
+    pub embedding: EmbeddingValue<'a>,
 }
 
 /// An embedding in the response's encoding.
 #[derive(Debug, Serialize)]
 #[serde(untagged)]
-pub enum EmbeddingValue {
-    /// `encoding_format: "float"`: the worker's JSON array, passed through as is (its numbers are
-    /// never re-encoded).
-    Float(Box<RawValue>),
+pub enum EmbeddingValue<'a> {
+    /// `encoding_format: "float"`: the worker's JSON array, borrowed from its reply and passed
+    /// through as is (its numbers are never re-encoded).
+    Float(&'a RawValue),
     /// `encoding_format: "base64"`: see [`EncodingFormat::Base64`].
     Base64(String),
 }
 
 /// `[f32, ...]` or a base64 string (see [`EncodingFormat`]).
-impl utoipa::PartialSchema for EmbeddingValue {
+impl utoipa::PartialSchema for EmbeddingValue<'_> {
     fn schema() -> RefOr<Schema> {
         let floats = ArrayBuilder::new()
             .items(
@@ -189,7 +189,7 @@ impl utoipa::PartialSchema for EmbeddingValue {
     }
 }
 
-impl utoipa::ToSchema for EmbeddingValue {}
+impl utoipa::ToSchema for EmbeddingValue<'_> {}
 
 /// The schema of [`EmbeddingsResponse::object`]: always `"list"`.
 fn list_tag() -> Schema {
@@ -244,7 +244,7 @@ pub struct Usage {
 pub fn response_body(payload: &[u8], shape: ReplyShape) -> Result<Vec<u8>, EmbedError> {
     let malformed =
         |e: serde_json::Error| EmbedError::Backend(format!("malformed reply from the worker: {e}"));
-    let embeddings: Vec<Box<RawValue>> = serde_json::from_slice(payload).map_err(malformed)?;
+    let embeddings: Vec<&RawValue> = serde_json::from_slice(payload).map_err(malformed)?;
     let data = embeddings
         .into_iter()
         .enumerate()
