@@ -57,6 +57,9 @@ pub struct ErrorLatencySummary {
     pub p50_ms: f64,
     /// 99th percentile, ms.
     pub p99_ms: f64,
+    /// Maximum: the longest a failed request waited, ms (0 in reports written before it existed).
+    #[serde(default)]
+    pub max_ms: f64,
 }
 
 impl ErrorLatencySummary {
@@ -69,6 +72,7 @@ impl ErrorLatencySummary {
             count: hist.len(),
             p50_ms: us_to_ms(hist.value_at_quantile(0.5)),
             p99_ms: us_to_ms(hist.value_at_quantile(0.99)),
+            max_ms: us_to_ms(hist.max()),
         })
     }
 }
@@ -257,16 +261,16 @@ impl fmt::Display for Report {
         if let Some(e) = &self.error_latency {
             writeln!(
                 f,
-                "errors      p50 {:.2} ms, p99 {:.2} ms (n={})",
-                e.p50_ms, e.p99_ms, e.count
+                "errors      p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms (n={})",
+                e.p50_ms, e.p99_ms, e.max_ms, e.count
             )?;
         }
         if self.error_latency_by_kind.len() > 1 {
             for (kind, e) in &self.error_latency_by_kind {
                 writeln!(
                     f,
-                    "  {kind:<9} p50 {:.2} ms, p99 {:.2} ms (n={})",
-                    e.p50_ms, e.p99_ms, e.count
+                    "  {kind:<9} p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms (n={})",
+                    e.p50_ms, e.p99_ms, e.max_ms, e.count
                 )?;
             }
         }
@@ -363,6 +367,13 @@ mod tests {
             report.error_latency_by_kind["503 no responders"].p50_ms,
             2.0
         );
+        // The worst failure: the 2 ms no-responders answer (of all failures and of its kind).
+        assert_eq!(report.error_latency.as_ref().map(|e| e.max_ms), Some(2.0));
+        assert_eq!(
+            report.error_latency_by_kind["503 no responders"].max_ms,
+            2.0
+        );
+        assert_eq!(report.error_latency_by_kind["429"].max_ms, 1.0);
 
         let per_second = report.per_second.as_ref().expect("a timeline");
         assert_eq!(per_second.goodput, [8]);
@@ -376,5 +387,15 @@ mod tests {
         assert!(text.contains("8 succeeded, 2 failed"), "{text}");
         assert!(text.contains("429: 1, 503 no responders: 1"), "{text}");
         assert!(text.contains("p99.9"), "{text}");
+        assert!(text.contains("max 2.00 ms (n=2)"), "{text}");
+
+        // A report written before `max_ms` existed still reads (as 0).
+        let mut old = serde_json::to_value(&report).expect("serializes");
+        old["error_latency"]
+            .as_object_mut()
+            .expect("an object")
+            .remove("max_ms");
+        let back: Report = serde_json::from_value(old).expect("deserializes");
+        assert_eq!(back.error_latency.map(|e| e.max_ms), Some(0.0));
     }
 }
