@@ -155,6 +155,18 @@ class Supervisor:
         if child in self.children:
             self.children.remove(child)
 
+    def kill(self, child: Child, sig: int = signal.SIGKILL, wait: float = 5.0) -> None:
+        """Sends `sig` to `child` (a crash: `kill -9` by default) and waits up to `wait` s for it
+        to exit. It stays among `children`, so `stop_since` still closes its log. Safe to call from
+        a timer thread while the main thread waits for something else."""
+        if child.popen.poll() is None:
+            # Popen.send_signal signals only while the child is not yet reaped: never a reused PID.
+            child.popen.send_signal(sig)
+            try:
+                child.popen.wait(wait)
+            except subprocess.TimeoutExpired:
+                log(f"warning: {child.name} (pid {child.pid}) still running after signal {sig}")
+
     def mark(self) -> int:
         return len(self.children)
 

@@ -315,6 +315,141 @@ def fmt_recovery(rec: dict) -> str:
     return f"{x:.2f} s"
 
 
+def failed_share(r: dict) -> float:
+    """Failed requests (any kind, not_sent included) over all requests of the window."""
+    req = r["requests"]
+    n = req["succeeded"] + req["failed"]
+    return req["failed"] / n if n else 0.0
+
+
+def failure_lat(r: dict, key: str) -> float | None:
+    """A latency of the failures that reached the target (`max_ms`: the worst; absent from
+    reports of loadtests older than it)."""
+    return (r.get("error_latency") or {}).get(key)
+
+
+def when_label(run: dict) -> str:
+    return f"{run['when']}: `MEMBERSHIP={run['membership']}`"
+
+
+def membership_intro(s: dict) -> str:
+    return ("Each run has a stack of its own; before = every worker with `MEMBERSHIP=static` "
+            "(always a member of the queue group, the old behaviour), after = "
+            "`MEMBERSHIP=adaptive` (a worker leaves the queue group while its upstream is "
+            "unhealthy or its backlog is long, and rejoins). Gateway REQUEST_TIMEOUT "
+            f"{s['timeout_s']} s, client timeout {s['timeout_s']} s, single-input requests, open "
+            f"loop (latency from the scheduled send time), {s['warmup_s']:g} s warm-up, "
+            f"{s['duration_s']:g} s measured. Goodput = successes within the timeout per "
+            "second; p50/p99 are of the successes; failure latencies are of the failed requests "
+            "that reached the gateway.")
+
+
+def membership_target(runs: list[dict], label: str, value, fmt, ok) -> tuple | None:
+    """A target judged on the "after" run, its measured value followed by the "before" one."""
+    after = next((run for run in runs if run["when"] == "after"), None)
+    before = next((run for run in runs if run["when"] == "before"), None)
+    if after is None:
+        return None
+    v = value(after["report"], after)
+    text = fmt(v)
+    if before is not None:
+        text += f" (before: {fmt(value(before['report'], before))})"
+    return (label, text, v is not None and ok(v))
+
+
+def worker_cell(b: dict | None) -> str:
+    if not b or b.get("mean_batch_inputs") is None:
+        return "-" if b is None else "0 calls"
+    return (f"{b['inputs']:,.0f} inputs in {b['upstream_calls']:,.0f} calls, batch "
+            f"{b['mean_batch_inputs']:.1f}, {b['upstream_calls_per_s']:,.0f} calls/s")
+
+
+def render_uneven_workers(res: dict, targets: list) -> list[str]:
+    runs = res["runs"]
+    s = res["settings"]
+    batch = int(s["worker"]["MAX_BATCH_SIZE"])
+    cap = s["capacity"]
+    rate = s["rate"]
+    out = [f"Worker A on {s['upstreams']['A']} (≈ {cap['A']:,.0f} req/s at batch {batch}), "
+           f"worker B on {s['upstreams']['B']} (5x slower, ≈ {cap['B']:,.0f} req/s); open "
+           f"loop at {rate:,} req/s through the gateway: {rate / (cap['A'] + cap['B']):.0%} of "
+           f"their joint capacity, but an even split would send B {rate / 2:,.0f} req/s, "
+           f"{rate / 2 / cap['B']:.1f}x its capacity. "
+           + membership_intro(s) + " Per worker: the inputs of its upstream calls in the "
+           "measured window, mean inputs per call and calls per second (its metrics).", "",
+           "| run | offered req/s | goodput req/s | of offered | success p50 ms | success p99 ms "
+           "| worst failure ms | failures | worker A | worker B |",
+           "|---|---:|---:|---:|---:|---:|---:|---|---|---|"]
+    for run in runs:
+        r = run["report"]
+        by_worker = r.get("batches_by_worker") or [None, None]
+        out.append(f"| {when_label(run)} | {fmt_rate(run['rate'])} | {fmt_rate(goodput(r))} | "
+                   f"{goodput(r) / run['rate']:.1%} | {fmt_ms(lat(r, 'p50_ms'))} | "
+                   f"{fmt_ms(lat(r, 'p99_ms'))} | {fmt_ms(failure_lat(r, 'max_ms'))} | "
+                   f"{failures(r)} | {worker_cell(by_worker[0])} | {worker_cell(by_worker[1])} |")
+    for t in (
+        membership_target(runs, f"10. Uneven workers, adaptive: goodput ≥ 97% of the {rate:,} "
+                                "req/s offered", lambda r, run: goodput(r) / run["rate"],
+                          lambda v: f"{v:.1%}", lambda v: v >= 0.97),
+        membership_target(runs, "10. Uneven workers, adaptive: p99 of successes < 1 s",
+                          lambda r, run: lat(r, "p99_ms"), lambda v: f"{fmt_ms(v)} ms",
+                          lambda v: v < 1000),
+    ):
+        if t:
+            targets.append(t)
+    return out
+
+
+def kill_rows(res: dict, targets: list, label: str) -> list[str]:
+    """The table of a kill_during_load scenario, its goodput per second, and its target under
+    `label`: at most 1% of the requests failed with `MEMBERSHIP=adaptive`."""
+    runs = res["runs"]
+    s = res["settings"]
+    window = int(s["duration_s"])
+    out = [f"Two equal workers, A and B, each on its own GPU-like fake upstream ({GPU_BASE_MS} "
+           f"ms + {GPU_PER_INPUT_US} µs/input, one call at a time); open loop at "
+           f"{s['rate']:,} req/s through the gateway; {s['kill_at_s']:g} s into the measured "
+           f"window, SIGKILL of {s['victim']}, left down for the rest of the run. "
+           + membership_intro(s), "",
+           "| run | offered req/s | requests | goodput req/s | of offered | failed | failures "
+           "| failure p50 ms | worst failure ms | success p99 ms | killed at |",
+           "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+    for run in runs:
+        r = run["report"]
+        req = r["requests"]
+        killed = run.get("kill_offset_s")
+        out.append(f"| {when_label(run)} | {fmt_rate(run['rate'])} | "
+                   f"{req['succeeded'] + req['failed']:,} | {fmt_rate(goodput(r))} | "
+                   f"{goodput(r) / run['rate']:.1%} | {req['failed']:,} "
+                   f"({failed_share(r):.2%}) | {failures(r)} | "
+                   f"{fmt_ms(failure_lat(r, 'p50_ms'))} | {fmt_ms(failure_lat(r, 'max_ms'))} | "
+                   f"{fmt_ms(lat(r, 'p99_ms'))} | "
+                   f"{'-' if killed is None else f'+{killed:.2f} s'} |")
+    out += ["", "Goodput per second of the measured window (successes within the timeout "
+                "completed in that second; **×** = the second of the kill):", ""]
+    for run in runs:
+        r = run["report"]
+        good = ((r.get("per_second") or {}).get("goodput") or [])[:window]
+        killed = run.get("kill_offset_s")
+        at = int(killed) if killed is not None else None
+        cells = [f"{'**×** ' if i == at else ''}{n:,}" for i, n in enumerate(good)]
+        out.append(f"- {when_label(run)}: " + (", ".join(cells) or "-"))
+    t = membership_target(runs, f"{label}, adaptive: ≤ 1% of the requests failed",
+                          lambda r, run: failed_share(r), lambda v: f"{v:.2%}",
+                          lambda v: v <= 0.01)
+    if t:
+        targets.append(t)
+    return out
+
+
+def render_sick_upstream(res: dict, targets: list) -> list[str]:
+    return kill_rows(res, targets, "11. Sick upstream")
+
+
+def render_worker_kill(res: dict, targets: list) -> list[str]:
+    return kill_rows(res, targets, "12. Worker killed")
+
+
 RENDERERS = {
     "gpu_rates": render_gpu_rates,
     "low_load": render_low_load,
@@ -325,6 +460,9 @@ RENDERERS = {
     "overload": render_overload,
     "tei_client_defaults": render_tei_client_defaults,
     "slow_then_fast": render_slow_then_fast,
+    "uneven_workers": render_uneven_workers,
+    "sick_upstream": render_sick_upstream,
+    "worker_kill": render_worker_kill,
 }
 
 

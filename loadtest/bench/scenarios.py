@@ -40,6 +40,10 @@ SCENARIOS = [
     ("tei_client_defaults", "8. Default settings, 2x overload, a TEI client with its own 2 s "
                             "timeout and no deadline (issue 8)"),
     ("slow_then_fast", "9. Upstream slow (4 s per call) for 10 s, then fast: recovery (issue 8)"),
+    ("uneven_workers", "10. Two workers, one 5x slower: does the load follow capacity? "
+                       "(issue 9)"),
+    ("sick_upstream", "11. One of two workers' upstream dies during the load (issue 9)"),
+    ("worker_kill", "12. One of two workers is killed (SIGKILL) during the load (issue 9)"),
 ]
 SCENARIO_NAMES = [name for name, _ in SCENARIOS]
 
@@ -404,6 +408,147 @@ def scenario_slow_then_fast(b: Stack) -> dict:
             "runs": [run_entry("gateway", {"path": "gateway", "rate": rate}, r)]}
 
 
+# Issue 9: every scenario below runs its stack twice, "before" with every worker a permanent
+# member of the queue group (MEMBERSHIP=static, the old behaviour) and "after" with
+# MEMBERSHIP=adaptive (a worker leaves the group while its upstream is unhealthy or its backlog
+# is long, and rejoins).
+MEMBERSHIPS = (("before", "static"), ("after", "adaptive"))
+# uneven_workers: worker A's upstream (ms, us/input; ~1,380 req/s at batch 32) and worker B's,
+# 5x slower (~276 req/s).
+UNEVEN_FAST = (20, 100)
+UNEVEN_SLOW = (100, 500)
+
+
+def capacity(base_ms: float, per_input_us: float, batch: int) -> float:
+    """Requests per second of an upstream that computes one call at a time, at full batches."""
+    return batch / (base_ms / 1e3 + batch * per_input_us / 1e6)
+
+
+def membership_runs(b: Stack, run_one) -> list[dict]:
+    """`run_one(when, membership)` once per MEMBERSHIPS entry, each on a stack of its own (all
+    its processes stopped after it)."""
+    runs = []
+    for when, membership in MEMBERSHIPS:
+        mark = b.sup.mark()
+        try:
+            runs.append(run_one(when, membership))
+        finally:
+            b.sup.stop_since(mark)
+    return runs
+
+
+def without_membership(settings: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in settings.items() if k != "MEMBERSHIP"}
+
+
+def event_offsets(r: dict) -> list[dict]:
+    """The report's `events`, each with `offset_s`: when it ran, in seconds from the start of the
+    loadtest's measured window (`per_second.start_unix_ms`)."""
+    start = (r.get("per_second") or {}).get("start_unix_ms")
+    return [{**e, "offset_s": (e["unix_ms"] - start) / 1e3 if start else None}
+            for e in r.get("events") or []]
+
+
+def scenario_uneven_workers(b: Stack) -> dict:
+    """Issue 9: two workers on upstreams of very different speed (A ~1,380 req/s, B 5x slower,
+    ~276 req/s at batch 32), open loop at 1,000 req/s through the gateway: well within A + B's
+    capacity, but not if the queue group splits the requests evenly."""
+    rate, warmup, duration = 1000, b.d(2, 1), b.d(15, 5)
+    worker_settings = {}
+
+    def run(when: str, membership: str) -> dict:
+        nats = b.nats()
+        workers = []
+        for name, (base_ms, per_input_us) in (("A", UNEVEN_FAST), ("B", UNEVEN_SLOW)):
+            _, up = b.fake_upstream(base_ms, per_input_us, 1, name=f"fake-upstream-{name}")
+            workers.append(b.worker(nats, tei_url=up, name=f"worker-{name}",
+                                    MEMBERSHIP=membership))
+        b.wait_workers(nats, workers)
+        _, gw = b.gateway(nats, secs(TIMEOUT_S))
+        r = b.load(f"{when}: MEMBERSHIP={membership} @ {rate} req/s", gw, rate=rate,
+                   warmup=warmup, duration=duration, timeout=TIMEOUT_S, workers=workers)
+        worker_settings.update(without_membership(workers[0].settings))
+        return run_entry("gateway", {"path": "gateway", "when": when, "membership": membership,
+                                     "rate": rate, "workers": ["A", "B"]}, r)
+
+    runs = membership_runs(b, run)
+    batch = b.defaults.max_batch_size
+    return {"settings": {"upstreams": {
+                             "A": f"fake-upstream {UNEVEN_FAST[0]} ms + {UNEVEN_FAST[1]} us/input,"
+                                  " concurrency 1",
+                             "B": f"fake-upstream {UNEVEN_SLOW[0]} ms + {UNEVEN_SLOW[1]} us/input,"
+                                  " concurrency 1"},
+                         "capacity": {"A": capacity(*UNEVEN_FAST, batch),
+                                      "B": capacity(*UNEVEN_SLOW, batch)},
+                         "worker": worker_settings,
+                         "gateway": {"REQUEST_TIMEOUT": secs(TIMEOUT_S)},
+                         "timeout_s": TIMEOUT_S, "rate": rate, "warmup_s": warmup,
+                         "duration_s": duration},
+            "runs": runs}
+
+
+def kill_during_load(b: Stack, *, victim: str, warmup: float, duration: float,
+                     kill_at: float, rate: float) -> dict:
+    """Two equal workers (A and B), each on its own GPU-like upstream, open loop at `rate`
+    through the gateway; `kill_at` s into the measured window, SIGKILL of worker B's upstream
+    (`victim` "upstream") or of worker B itself (`victim` "worker"), left down."""
+    worker_settings = {}
+
+    def run(when: str, membership: str) -> dict:
+        nats = b.nats()
+        upstreams, workers = [], []
+        for name in ("A", "B"):
+            up_child, up = b.fake_upstream(GPU_BASE_MS, GPU_PER_INPUT_US, 1,
+                                           name=f"fake-upstream-{name}")
+            upstreams.append(up_child)
+            workers.append(b.worker(nats, tei_url=up, name=f"worker-{name}",
+                                    MEMBERSHIP=membership))
+        b.wait_workers(nats, workers)
+        _, gw = b.gateway(nats, secs(TIMEOUT_S))
+        doomed = upstreams[1] if victim == "upstream" else workers[1].child
+        event = f"SIGKILL {doomed.name}"
+        r = b.load(f"{when}: MEMBERSHIP={membership} @ {rate} req/s", gw, rate=rate,
+                   warmup=warmup, duration=duration, timeout=TIMEOUT_S, workers=workers,
+                   events=[(kill_at, event, lambda: b.sup.kill(doomed))])
+        events = event_offsets(r)
+        if any(e["error"] for e in events):
+            raise BenchError(f"the kill failed: {events}")
+        if doomed.alive():
+            raise BenchError(f"{doomed.name} survived SIGKILL")
+        killed = events[0]
+        log(f"  {event} at +{killed['offset_s']:.2f} s of the measured window; goodput per "
+            f"second {(r.get('per_second') or {}).get('goodput')}")
+        worker_settings.update(without_membership(workers[0].settings))
+        return run_entry("gateway", {"path": "gateway", "when": when, "membership": membership,
+                                     "rate": rate, "killed": event,
+                                     "kill_unix_ms": killed["unix_ms"],
+                                     "kill_offset_s": killed["offset_s"]}, r)
+
+    runs = membership_runs(b, run)
+    return {"settings": {"upstream": f"one {GPU_UPSTREAM} per worker",
+                         "worker": worker_settings,
+                         "gateway": {"REQUEST_TIMEOUT": secs(TIMEOUT_S)},
+                         "timeout_s": TIMEOUT_S, "rate": rate, "warmup_s": warmup,
+                         "duration_s": duration, "kill_at_s": kill_at,
+                         "victim": ("worker B's fake upstream (calls to it: connection refused)"
+                                    if victim == "upstream" else "worker B (kill -9)")},
+            "runs": runs}
+
+
+def scenario_sick_upstream(b: Stack) -> dict:
+    """Issue 9: worker B's upstream dies (SIGKILL, left down) 4 s into the load; B itself keeps
+    running and answering."""
+    return kill_during_load(b, victim="upstream", warmup=1, duration=b.d(12, 8),
+                            kill_at=b.d(4, 3), rate=200)
+
+
+def scenario_worker_kill(b: Stack) -> dict:
+    """Issue 9: worker B is killed with SIGKILL 4 s into the load (no drain, no goodbye: its
+    requests in flight are lost and only the gateway's deadline ends them)."""
+    return kill_during_load(b, victim="worker", warmup=1, duration=b.d(12, 8),
+                            kill_at=b.d(4, 3), rate=200)
+
+
 SCENARIO_FUNCS = {
     "gpu_rates": scenario_gpu_rates,
     "low_load": scenario_low_load,
@@ -414,4 +559,7 @@ SCENARIO_FUNCS = {
     "overload": scenario_overload,
     "tei_client_defaults": scenario_tei_client_defaults,
     "slow_then_fast": scenario_slow_then_fast,
+    "uneven_workers": scenario_uneven_workers,
+    "sick_upstream": scenario_sick_upstream,
+    "worker_kill": scenario_worker_kill,
 }

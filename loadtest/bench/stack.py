@@ -6,8 +6,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
 import time
+import urllib.error
 from pathlib import Path
+from typing import Callable
 
 from .defaults import BinaryDefaults
 from .procs import (REPO, BenchError, Child, Supervisor, children_cpu_seconds, free_port,
@@ -71,14 +74,27 @@ class Worker:
                 totals[parts[0]] = float(parts[1])
         return totals
 
+    def totals_if_up(self) -> dict[str, float] | None:
+        """`totals()`, or None when the worker has exited or its /metrics does not answer (a
+        worker a scenario killed)."""
+        if not self.child.alive():
+            return None
+        try:
+            return self.totals()
+        except (OSError, urllib.error.URLError, BenchError):
+            return None
+
 
 def batch_stats(before: list[dict], after: list[dict], measured_s: float) -> dict:
-    """Mean inputs per upstream call, calls per second and mean call time over a window."""
+    """Mean inputs per upstream call, calls per second and mean call time over a window; also
+    the window's upstream calls and the inputs they held."""
     delta = {k: sum(a[k] - b[k] for a, b in zip(after, before)) for k in after[0]}
     calls = delta["embatch_worker_batch_inputs_count"]
     timed = delta["embatch_worker_upstream_seconds_count"]
     waited = delta["embatch_worker_queue_wait_seconds_count"]
     return {
+        "upstream_calls": calls,
+        "inputs": delta["embatch_worker_batch_inputs_sum"],
         "mean_queue_wait_ms": (1e3 * delta["embatch_worker_queue_wait_seconds_sum"] / waited
                                if waited else None),
         "mean_batch_inputs": delta["embatch_worker_batch_inputs_sum"] / calls if calls else None,
@@ -221,9 +237,19 @@ class Stack:
     def load(self, label: str, target: Target, *, rate: float | None = None,
              concurrency: int | None = None, duration: float, warmup: float,
              timeout: float, corpus: str | None = None, workers: list[Worker] = (),
-             measure_cpu_of: dict[str, Child] | None = None) -> dict:
+             measure_cpu_of: dict[str, Child] | None = None,
+             events: list[tuple[float, str, Callable[[], None]]] = ()) -> dict:
         """Runs `embatch-loadtest run` and returns its JSON report, plus `batches` (from the
-        workers' metrics over the measured window) and `cpu_s` (per process) when asked."""
+        workers' metrics over the measured window; with several workers also
+        `batches_by_worker`, in the order of `workers`) and `cpu_s` (per process) when asked.
+
+        A worker whose /metrics cannot be read at the end of the window (one the scenario
+        killed) is left out of `batches` and is None in `batches_by_worker`.
+
+        `events`: (offset_s, name, action) — each `action` runs on a timer thread `offset_s`
+        after the measured window begins (the end of the warm-up, counted from the loadtest's
+        start); the report's `events` say when each one ran (`unix_ms`, comparable with
+        `per_second.start_unix_ms`) and whether it raised."""
         self.runs += 1
         json_path = self.log_dir / f"run-{self.runs:03d}.json"
         argv = [self.bins["embatch-loadtest"], "run", *target.args]
@@ -239,6 +265,13 @@ class Stack:
         children_before = children_cpu_seconds()
         started = time.monotonic()
         child = self.sup.spawn(f"loadtest-{label}", argv, self.env())
+        fired: list[dict] = []
+        timers = [threading.Timer(max(0.0, started + warmup + offset - time.monotonic()),
+                                  run_event, (fired, offset, name, action))
+                  for offset, name, action in events]
+        for t in timers:
+            t.daemon = True
+            t.start()
         try:
             if workers:
                 # The workers' counters over the measured window only: from the end of the
@@ -246,13 +279,17 @@ class Stack:
                 time.sleep(max(0.0, started + warmup - time.monotonic()))
                 before = [w.totals() for w in workers]
                 time.sleep(max(0.0, started + warmup + duration - time.monotonic()))
-                window = [w.totals() for w in workers]
+                window = [w.totals_if_up() for w in workers]
             limit = warmup + duration + timeout + 60
             try:
                 child.popen.wait(max(1.0, started + limit - time.monotonic()))
             except subprocess.TimeoutExpired:
                 raise BenchError(f"loadtest {label} did not finish within {limit:.0f} s")
         finally:
+            for t in timers:
+                t.cancel()
+            for t in timers:
+                t.join()
             cpu_after = {n: c.cpu() for n, c in (measure_cpu_of or {}).items() if c.alive()}
             self.sup.stop(child)
         wall = time.monotonic() - started
@@ -260,7 +297,18 @@ class Stack:
             raise BenchError(f"loadtest {label} failed:\n{child.log_tail()}")
         report = json.loads(json_path.read_text())
         if workers:
-            report["batches"] = batch_stats(before, window, duration)
+            up = [(b, a) for b, a in zip(before, window) if a is not None]
+            report["batches"] = (batch_stats([b for b, _ in up], [a for _, a in up], duration)
+                                 if up else None)
+            if len(workers) > 1:
+                report["batches_by_worker"] = [
+                    batch_stats([b], [a], duration) if a is not None else None
+                    for b, a in zip(before, window)]
+        if events:
+            missed = {name for _, name, _ in events} - {e["name"] for e in fired}
+            if missed:
+                raise BenchError(f"loadtest {label}: {', '.join(sorted(missed))} did not run")
+            report["events"] = sorted(fired, key=lambda e: e["unix_ms"])
         if measure_cpu_of is not None:
             report["cpu_s"] = {n: cpu_after[n] - cpu_before[n] for n in cpu_after}
             report["cpu_s"]["loadtest"] = children_cpu_seconds() - children_before
@@ -268,3 +316,16 @@ class Stack:
         log(f"  {label:<30} {summary_line(report)}")
         time.sleep(self.d(0.5, 0.2))  # let in-flight work drain between runs
         return report
+
+
+def run_event(fired: list[dict], offset: float, name: str, action: Callable[[], None]) -> None:
+    """Runs one of `Stack.load`'s events (on its timer thread) and records when."""
+    unix_ms = int(time.time() * 1000)
+    error = None
+    try:
+        action()
+    except Exception as e:  # noqa: BLE001 - recorded, and the scenario decides
+        error = f"{e.__class__.__name__}: {e}"
+        log(f"  event {name} failed: {error}")
+    fired.append({"name": name, "planned_offset_s": offset, "unix_ms": unix_ms,
+                  "error": error})
