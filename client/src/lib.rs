@@ -18,6 +18,8 @@
 //! # Ok(()) }
 //! ```
 
+pub mod fleet;
+
 use std::time::Duration;
 
 use async_nats::client::RequestErrorKind;
@@ -102,6 +104,26 @@ pub enum RequestError {
         /// The subject sent to.
         subject: String,
     },
+    /// No worker is a member of the queue group, and discovery says workers exist and at least
+    /// one has left it because it is full (429: retry later; see [`fleet`]).
+    #[error(
+        "every embatch worker on subject `{subject}` is at capacity (full workers leave the \
+         queue group until their backlog drains); retry in ~1 s"
+    )]
+    Saturated {
+        /// The subject sent to.
+        subject: String,
+    },
+    /// No worker is a member of the queue group, and discovery says the workers that exist
+    /// left it because their upstream fails (503; see [`fleet`]).
+    #[error(
+        "no embatch worker on subject `{subject}` has a healthy upstream (workers leave the \
+         queue group while their upstream fails and rejoin when it recovers)"
+    )]
+    Unhealthy {
+        /// The subject sent to.
+        subject: String,
+    },
     /// No reply within the budget (504).
     #[error("no reply within {budget_ms} ms")]
     TimedOut {
@@ -130,7 +152,9 @@ impl From<RequestError> for EmbedError {
             RequestError::Reply(err) => err,
             RequestError::TimedOut { .. } => EmbedError::DeadlineExceeded(err.to_string()),
             RequestError::MaxPayload(_) => EmbedError::TooLarge(err.to_string()),
+            RequestError::Saturated { .. } => EmbedError::Overloaded(err.to_string()),
             RequestError::NoResponders { .. }
+            | RequestError::Unhealthy { .. }
             | RequestError::Transport(_)
             | RequestError::Disconnected => EmbedError::Unavailable(err.to_string()),
         }
@@ -142,6 +166,7 @@ impl From<RequestError> for EmbedError {
 pub struct EmbedClient {
     nats: async_nats::Client,
     subject: String,
+    discovery: fleet::Discovery,
 }
 
 impl EmbedClient {
@@ -151,6 +176,7 @@ impl EmbedClient {
         EmbedClient {
             nats,
             subject: subject.into(),
+            discovery: fleet::Discovery::default(),
         }
     }
 
@@ -178,8 +204,14 @@ impl EmbedClient {
     /// Every request carries a fresh [`headers::REQUEST_ID`]; when this future is dropped before
     /// the reply came (the caller went away, e.g. an HTTP client disconnected), the id is
     /// published on [`headers::cancel_subject`] so the worker drops the request before it costs
-    /// upstream work. "No responders" is retried for up to [`NO_RESPONDERS_RETRY`] within the
-    /// budget: workers re-subscribe a few ms after a NATS reconnect or a rolling restart.
+    /// upstream work.
+    ///
+    /// "No responders" (no worker is a member of the queue group) is first put to service
+    /// discovery ([`fleet`]): workers that left because they are full make it
+    /// [`RequestError::Saturated`] (429) at once, workers whose upstream fails make it
+    /// [`RequestError::Unhealthy`] (503) at once. Otherwise it is retried for up to
+    /// [`NO_RESPONDERS_RETRY`] within the budget: workers re-subscribe a few ms after a NATS
+    /// reconnect or a rolling restart.
     ///
     /// A worker's "unavailable" answer (503: its upstream is unreachable or it is stopping) is
     /// retried at most [`UNAVAILABLE_RETRIES`] times, after 10–20 ms and 20–30 ms (jittered), while
@@ -237,6 +269,23 @@ impl EmbedClient {
             match self.nats.send_request(self.subject.clone(), request).await {
                 Ok(message) => break message,
                 Err(err) if err.kind() == RequestErrorKind::NoResponders => {
+                    let fleet = self
+                        .discovery
+                        .ask(&self.nats, embatch_protocol::SERVICE_NAME, &self.subject)
+                        .await;
+                    let verdict = match fleet {
+                        fleet::Fleet::Saturated => Some(RequestError::Saturated {
+                            subject: self.subject.clone(),
+                        }),
+                        fleet::Fleet::Unhealthy => Some(RequestError::Unhealthy {
+                            subject: self.subject.clone(),
+                        }),
+                        fleet::Fleet::Absent => None,
+                    };
+                    if let Some(verdict) = verdict {
+                        cancel.disarm();
+                        return Err(verdict);
+                    }
                     let waited = started.elapsed();
                     if waited + backoff >= NO_RESPONDERS_RETRY.min(budget) {
                         cancel.disarm();

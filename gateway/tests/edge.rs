@@ -185,3 +185,50 @@ async fn while_nats_is_down_requests_get_503_not_a_timeout() {
         "{body}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_worker_full_is_429_with_retry_after_and_no_worker_is_503() {
+    // One input per call, one call at a time, 600 ms each: a few queued requests put the
+    // (adaptive, default) worker over one call time of backlog, and it leaves the queue group.
+    let Stack { nats, tei, worker } = Stack::start(
+        tei_taking(Duration::from_millis(600)),
+        &["--max-batch-size", "1", "--max-concurrent-batches", "1"],
+    )
+    .await;
+    let gateway = start_gateway_at(&nats.url(), &[], None).await;
+    let first = post(&gateway.url, "measure the call", Duration::from_secs(10))
+        .await
+        .expect("HTTP response");
+    assert_eq!(first.status().as_u16(), 200);
+    let queued: Vec<_> = (0..3)
+        .map(|i| {
+            let url = gateway.url.clone();
+            tokio::spawn(async move {
+                post(&url, &format!("queued {i}"), Duration::from_secs(10)).await
+            })
+        })
+        .collect();
+    wait_until("a queued request reached the upstream", || {
+        tei.calls().len() >= 2
+    })
+    .await;
+    let shed = post(&gateway.url, "one too many", Duration::from_secs(10))
+        .await
+        .expect("HTTP response");
+    assert_eq!(shed.status().as_u16(), 429);
+    assert_eq!(shed.headers()["retry-after"], "1");
+    let body: serde_json::Value = shed.json().await.expect("TEI error body");
+    assert_tei_error(&body, "Overloaded", "at capacity");
+    for task in queued {
+        let status = task.await.expect("joins").expect("HTTP response").status();
+        assert!(matches!(status.as_u16(), 200 | 429), "{status}");
+    }
+    worker.stop().await;
+
+    let absent = post(&gateway.url, "nobody home", Duration::from_secs(10))
+        .await
+        .expect("HTTP response");
+    assert_eq!(absent.status().as_u16(), 503);
+    let body: serde_json::Value = absent.json().await.expect("TEI error body");
+    assert_tei_error(&body, "Unhealthy", "no embatch worker is listening");
+}

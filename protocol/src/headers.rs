@@ -34,6 +34,29 @@ pub fn info_subject(subject: &str) -> String {
 /// Request header (optional): the contract version the client speaks, e.g. `1`.
 pub const VERSION: &str = "Embatch-Version";
 
+/// Metadata key of the workers' `$SRV.PING` and `$SRV.INFO` answers (NATS micro discovery) that
+/// carries a worker's live queue-group membership: [`membership::JOINED`] (takes requests),
+/// [`membership::FULL`] (left the queue group while its backlog drains: saturated, not absent),
+/// [`membership::UPSTREAM_UNHEALTHY`] (left while its upstream fails) or
+/// [`membership::STOPPING`]. A client that gets "no responders" asks discovery: any `full` or
+/// `joined` worker means 429 (retry later), none but unhealthy or stopping ones, or none at all,
+/// means 503.
+pub const MEMBERSHIP_METADATA: &str = "membership";
+
+/// The values of [`MEMBERSHIP_METADATA`].
+pub mod membership {
+    /// A member of the queue group: takes requests.
+    pub const JOINED: &str = "joined";
+    /// Left the queue group: its backlog is more than about one upstream call plus
+    /// `MAX_WAIT_TIME`; rejoins when it has drained.
+    pub const FULL: &str = "full";
+    /// Left the queue group: its upstream fails (refused, 5xx, timeouts, a failing `/health`);
+    /// rejoins when the upstream's `/health` answers again.
+    pub const UPSTREAM_UNHEALTHY: &str = "upstream_unhealthy";
+    /// Left the queue group for good: shutting down.
+    pub const STOPPING: &str = "stopping";
+}
+
 /// Reply header: milliseconds the request waited in the worker before its upstream call started
 /// (mirrors TEI's `x-queue-time`).
 pub const QUEUE_TIME_MS: &str = "Embatch-Queue-Time-Ms";

@@ -129,7 +129,8 @@ pub struct Faults {
     /// concurrency limit: a slow network or a stalled server rather than a busy GPU).
     pub delay: Duration,
     /// `Some(status)`: answer every call with this HTTP status and a TEI error body
-    /// (`error_type` as TEI gives for that status), after [`Faults::delay`].
+    /// (`error_type` as TEI gives for that status), after [`Faults::delay`]. A 5xx also makes
+    /// `GET /health` answer 503.
     pub fail_with: Option<u16>,
 }
 
@@ -474,8 +475,20 @@ async fn info(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
     }))
 }
 
-async fn health() -> StatusCode {
-    StatusCode::OK
+/// 200, or 503 (as TEI answers while its model cannot run) while [`Faults::fail_with`] holds a
+/// 5xx status: a failing server also fails its health check.
+async fn health(State(state): State<Arc<AppState>>) -> StatusCode {
+    let failing = state
+        .faults
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .fail_with
+        .is_some_and(|status| status >= 500);
+    if failing {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    }
 }
 
 mod vectors;

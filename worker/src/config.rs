@@ -92,6 +92,14 @@ pub struct Config {
     #[arg(long, env = "DISPATCH_WHEN_IDLE", default_value_t = false, action = clap::ArgAction::Set)]
     pub dispatch_when_idle: bool,
 
+    /// Queue-group membership. `adaptive`: the worker leaves the queue group while its backlog
+    /// is over one upstream call time + MAX_WAIT_TIME or its upstream fails (2 failed calls or
+    /// /health probes in a row), and rejoins when drained or when /health answers again, so
+    /// requests go to workers that can serve them in time. `static`: always a member (an equal
+    /// share each; what a worker cannot serve is shed with 429).
+    #[arg(long, env = "MEMBERSHIP", default_value = "adaptive")]
+    pub membership: crate::membership::Mode,
+
     /// Most inputs in one request (mirrors TEI's max_client_batch_size; answered 422 beyond, as TEI 1.9.3).
     #[arg(long, env = "MAX_CLIENT_BATCH_SIZE", default_value_t = 512)]
     pub max_client_batch_size: usize,

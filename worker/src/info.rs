@@ -1,5 +1,6 @@
-//! The worker's `info` endpoint: a second NATS micro endpoint, on `<subject>.info` in the same
-//! queue group, that answers the upstream's description in the shape of TEI's `GET /info`, so
+//! The worker's `info` endpoint: a second endpoint of its NATS micro service, on
+//! `<subject>.info` in the same queue group (a member while the worker runs, whatever its
+//! membership on the request subject), that answers the upstream's description in the shape of TEI's `GET /info`, so
 //! the gateway's `GET /info` (and any NATS client, in any language) can ask a worker what model
 //! it serves and what it accepts.
 //!
@@ -16,10 +17,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::HeaderMap;
-use async_nats::service::endpoint::Endpoint;
 use embatch_protocol::EmbedError;
 use futures::StreamExt;
+use tokio::time::Instant;
 
+use crate::micro::EndpointStats;
 use crate::respond::Answer;
 use crate::upstream::{Upstream, UpstreamError};
 
@@ -31,18 +33,22 @@ pub(crate) const ENDPOINT: &str = "info";
 /// not make a present worker look absent: past this, the answer is a 503 error reply.
 const UPSTREAM_INFO_WAIT: Duration = Duration::from_millis(500);
 
-/// Answers every request on `endpoint` with [`document`] of `upstream`'s info, until the
-/// endpoint's subscription ends (the caller aborts this task when the worker stops). Each
-/// request is answered in its own task, so one that waits for the upstream holds up no other.
+/// Answers every request on `requests` with [`document`] of `upstream`'s info, counted in
+/// `stats`, until the subscription ends (the caller aborts this task when the worker stops).
+/// Each request is answered in its own task, so one that waits for the upstream holds up no
+/// other.
 pub(crate) async fn serve<U: Upstream + 'static>(
-    mut endpoint: Endpoint,
+    mut requests: async_nats::Subscriber,
     client: async_nats::Client,
     upstream: Arc<U>,
     max_client_batch_size: usize,
+    stats: EndpointStats,
 ) {
-    while let Some(request) = endpoint.next().await {
+    while let Some(request) = requests.next().await {
+        let received = Instant::now();
         let upstream = Arc::clone(&upstream);
         let client = client.clone();
+        let stats = stats.clone();
         tokio::spawn(async move {
             let info = tokio::time::timeout(UPSTREAM_INFO_WAIT, upstream.info())
                 .await
@@ -59,7 +65,7 @@ pub(crate) async fn serve<U: Upstream + 'static>(
                 Ok(payload) => Answer::ok(HeaderMap::new(), payload.into()),
                 Err(err) => Answer::error(&err),
             };
-            answer.send(&client, request).await;
+            answer.send(&client, &request, &stats, received).await;
         });
     }
 }

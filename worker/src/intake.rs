@@ -1,8 +1,8 @@
-//! NATS intake: the worker's NATS micro service endpoint, from message to batcher and back.
+//! NATS intake: the worker's `embed` endpoint, from message to batcher and back.
 //!
-//! The worker registers as NATS micro service [`embatch_protocol::SERVICE_NAME`] with one
-//! endpoint on the request subject in the shared queue group, so `$SRV.PING`, `$SRV.INFO` and
-//! `$SRV.STATS` discovery comes from async-nats for free (the gateway's `/health` pings it).
+//! Requests arrive on the request subject in the shared queue group while the worker is a
+//! member ([`crate::group`]); they are counted under the `embed` endpoint of the worker's NATS
+//! micro service ([`crate::micro`]: `$SRV.PING`, `$SRV.INFO`, `$SRV.STATS`).
 //!
 //! The intake loop never waits on the batcher: it parses, validates, admits (or answers an error
 //! at once) and moves on, so the client's subscription buffer, which would drop messages silently
@@ -19,11 +19,10 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_nats::HeaderMap;
-use async_nats::service::{Request, endpoint::Endpoint};
+use async_nats::{HeaderMap, Message};
 use embatch_protocol::{EmbedError, EmbedRequest, PROTOCOL_VERSION, headers, reply};
 use futures::StreamExt;
 use tokio::time::Instant;
@@ -31,6 +30,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::batcher::{BatcherHandle, Outcome};
+use crate::group::{Event, Group};
+use crate::micro::EndpointStats;
 use crate::respond::Answer;
 
 /// Settings of the intake loop.
@@ -139,94 +140,87 @@ struct Intake {
     replies: TaskTracker,
     withdrawable: Arc<Withdrawable>,
     reply_limit: Arc<ReplyLimit>,
-    replier: Arc<Replier>,
-}
-
-/// Where replies go: through the request, on the service's connection (which counts them in
-/// `$SRV.STATS`), while serving; through a second connection once the service's connection is
-/// draining at shutdown (a drained connection closes when its subscriptions are done, while the
-/// batcher still has requests to answer).
-struct Replier {
-    /// The service's connection.
     client: async_nats::Client,
-    draining: OnceLock<async_nats::Client>,
+    stats: EndpointStats,
 }
 
 /// How long shutdown waits for the server to confirm the drain (its PONG) while still admitting
 /// the requests it delivered before the unsubscribe.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Reads requests from `endpoint` until `shutdown` resolves, then drains: the connection
-/// `client` unsubscribes everything (NATS drain: UNSUB, then PING; the server delivers nothing
-/// after its PONG), every request delivered until then is admitted, and replies move to the
-/// connection `reply_connection` yields, which `run` returns for the caller to flush. Without it
-/// (the second connection failed), the endpoint is unsubscribed at once and requests the server
-/// had already routed here may be lost.
+/// Reads requests from `group` until `shutdown` resolves, then leaves the queue group for good:
+/// the subscription drains (NATS drain: UNSUB, then PING; the server routes nothing here after
+/// its PONG), and every request delivered until then is admitted. Requests and membership
+/// events alternate in one loop, so admitting a request and re-deciding membership never race.
 ///
-/// Replies are sent by tasks on `replies`; wait on it (after dropping the batcher) to know every
-/// accepted request was answered. Messages on `cancels` (the [`headers::cancel_subject`])
-/// withdraw requests by id.
+/// Replies are sent on `client` by tasks on `replies` and counted in `stats`; wait on `replies`
+/// (after dropping the batcher) to know every accepted request was answered. Messages on
+/// `cancels` (the [`headers::cancel_subject`]) withdraw requests by id, in a task of their own.
 #[allow(clippy::too_many_arguments)] // one call site; each argument is a distinct part
-pub async fn run(
-    mut endpoint: Endpoint,
-    mut cancels: async_nats::Subscriber,
+pub(crate) async fn run(
+    mut group: Group,
+    cancels: async_nats::Subscriber,
     batcher: BatcherHandle,
     config: IntakeConfig,
     replies: TaskTracker,
     shutdown: impl Future<Output = ()>,
     client: async_nats::Client,
-    reply_connection: impl Future<Output = Option<async_nats::Client>>,
-) -> Option<async_nats::Client> {
+    stats: EndpointStats,
+) {
     let intake = Intake {
         batcher,
         reply_limit: Arc::new(ReplyLimit::new(config.max_payload)),
         config,
         replies,
         withdrawable: Arc::new(Withdrawable::default()),
-        replier: Arc::new(Replier {
-            client: client.clone(),
-            draining: OnceLock::new(),
-        }),
+        client,
+        stats,
     };
+    let withdrawals = tokio::spawn(withdraw(cancels, Arc::clone(&intake.withdrawable)));
     tokio::pin!(shutdown);
     loop {
-        tokio::select! {
-            request = endpoint.next() => match request {
-                Some(request) => intake.admit(request).await,
-                None => return None,
-            },
-            Some(cancel) = cancels.next() => intake.withdrawable.cancel(&cancel.payload),
+        let event = tokio::select! {
+            event = group.next() => event,
             () = &mut shutdown => break,
+        };
+        match event {
+            Event::Request(request) => {
+                intake.admit(request).await;
+                group.observe().await;
+            }
+            Event::Probe(ok) => group.probed(ok).await,
+            Event::Recheck => group.observe().await,
+            Event::Ended => {
+                withdrawals.abort();
+                return;
+            }
         }
     }
-    let Some(spare) = reply_connection.await else {
-        tracing::warn!("shutdown: no second connection for replies; unsubscribing without a drain");
-        if let Err(err) = endpoint.stop().await {
-            tracing::warn!(%err, "unsubscribe failed");
-        }
-        while let Ok(Some(request)) =
-            tokio::time::timeout(Duration::from_millis(200), endpoint.next()).await
-        {
-            intake.admit(request).await;
-        }
-        return None;
-    };
     tracing::info!("shutdown: draining the request subscription");
-    let _ = intake.replier.draining.set(spare.clone());
-    if let Err(err) = client.drain().await {
-        tracing::warn!(%err, "drain failed");
-    }
+    group.stop().await;
     // Ends when the server has confirmed the unsubscribe: nothing is routed here after that.
-    while let Ok(Some(request)) = tokio::time::timeout(DRAIN_TIMEOUT, endpoint.next()).await {
-        intake.admit(request).await;
+    while let Ok(event) = tokio::time::timeout(DRAIN_TIMEOUT, group.next()).await {
+        match event {
+            Event::Request(request) => intake.admit(request).await,
+            Event::Ended => break,
+            Event::Probe(_) | Event::Recheck => {}
+        }
     }
-    Some(spare)
+    withdrawals.abort();
+}
+
+/// Withdraws the requests named on `cancels` until the subscription ends.
+async fn withdraw(mut cancels: async_nats::Subscriber, withdrawable: Arc<Withdrawable>) {
+    while let Some(cancel) = cancels.next().await {
+        withdrawable.cancel(&cancel.payload);
+    }
 }
 
 impl Intake {
     /// Admits one request into the batcher, or answers its error at once.
-    async fn admit(&self, request: Request) {
-        if request.message.reply.is_none() {
+    async fn admit(&self, request: Message) {
+        let received = Instant::now();
+        if request.reply.is_none() {
             metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => "no_reply_subject")
                 .increment(1);
             tracing::debug!(
@@ -239,12 +233,11 @@ impl Intake {
             Err(err) => {
                 metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => err.kind())
                     .increment(1);
-                self.replier.respond(request, Err(err)).await;
+                self.respond(&request, Err(err), received).await;
                 return;
             }
         };
         let id = request
-            .message
             .headers
             .as_ref()
             .and_then(|h| h.get(headers::REQUEST_ID))
@@ -255,7 +248,8 @@ impl Intake {
             (Arc::clone(&self.withdrawable), id)
         });
         let reply_limit = Arc::clone(&self.reply_limit);
-        let replier = Arc::clone(&self.replier);
+        let client = self.client.clone();
+        let stats = self.stats.clone();
         self.replies.spawn(async move {
             let outcome = tokio::select! {
                 outcome = receiver => outcome.unwrap_or_else(|_| {
@@ -273,17 +267,26 @@ impl Intake {
                 reply_limit.observe(inputs, reply.payload.len())?;
                 Ok(reply)
             });
-            replier.respond(request, outcome).await;
+            answer(outcome)
+                .send(&client, &request, &stats, received)
+                .await;
         });
+    }
+
+    /// Answers `request` at once (an error found before the batcher).
+    async fn respond(&self, request: &Message, outcome: Outcome, received: Instant) {
+        answer(outcome)
+            .send(&self.client, request, &self.stats, received)
+            .await;
     }
 
     /// Parses, validates and submits a request; its receiver and input count.
     fn submit(
         &self,
-        request: &Request,
+        request: &Message,
     ) -> Result<(tokio::sync::oneshot::Receiver<Outcome>, usize), EmbedError> {
         let received = Instant::now();
-        let message_headers = request.message.headers.as_ref();
+        let message_headers = request.headers.as_ref();
         if let Some(version) = message_headers.and_then(|h| h.get(headers::VERSION)) {
             let major = version.as_str().split('.').next().unwrap_or_default();
             if major != PROTOCOL_VERSION {
@@ -304,7 +307,7 @@ impl Intake {
             })?,
             None => self.config.default_deadline,
         };
-        let body = EmbedRequest::from_slice(&request.message.payload)?;
+        let body = EmbedRequest::from_slice(&request.payload)?;
         body.validate(self.config.max_client_batch_size)?;
         let (inputs, options) = body.into_parts();
         let n = inputs.len();
@@ -314,25 +317,18 @@ impl Intake {
     }
 }
 
-impl Replier {
-    /// Sends the reply: TEI's response body with timing headers, or TEI's error body with NATS
-    /// micro error headers (`Nats-Service-Error-Code`, `Nats-Service-Error`), counted in
-    /// `$SRV.STATS` (see [`crate::respond`]). Once draining, it goes out on the spare connection.
-    async fn respond(&self, request: Request, outcome: Outcome) {
-        let answer = match outcome {
-            Ok(reply) => {
-                let mut reply_headers = HeaderMap::new();
-                for (name, value) in reply::success_headers(reply.queue_time, reply.inference_time)
-                {
-                    reply_headers.insert(name, value.as_str());
-                }
-                Answer::ok(reply_headers, reply.payload)
+/// The reply for `outcome`: TEI's response body with timing headers, or TEI's error body with
+/// NATS micro error headers (`Nats-Service-Error-Code`, `Nats-Service-Error`), see
+/// [`crate::respond`].
+fn answer(outcome: Outcome) -> Answer {
+    match outcome {
+        Ok(reply) => {
+            let mut reply_headers = HeaderMap::new();
+            for (name, value) in reply::success_headers(reply.queue_time, reply.inference_time) {
+                reply_headers.insert(name, value.as_str());
             }
-            Err(err) => Answer::error(&err),
-        };
-        match self.draining.get() {
-            Some(spare) => answer.publish(spare, &request).await,
-            None => answer.send(&self.client, request).await,
+            Answer::ok(reply_headers, reply.payload)
         }
+        Err(err) => Answer::error(&err),
     }
 }

@@ -3,7 +3,10 @@
 //!
 //! # Layout
 //! - [`config`]: every setting, as a CLI flag and an environment variable.
-//! - [`intake`]: the NATS micro service endpoint: parse, validate, admit, reply.
+//! - `intake`: the `embed` endpoint: parse, validate, admit, reply.
+//! - [`membership`]: when the worker is a member of the queue group (full, upstream unhealthy);
+//!   `group` holds or drains the subscription accordingly.
+//! - `micro`: NATS micro service discovery (`$SRV.PING`, `$SRV.INFO`, `$SRV.STATS`).
 //! - [`batcher`]: the batching actor: batch formation, overload control, fault isolation.
 //! - [`upstream`]: TEI over HTTP, or the built-in CPU model.
 //! - [`http`]: the worker's small HTTP server for `/metrics` and `/health`.
@@ -11,9 +14,12 @@
 
 pub mod batcher;
 pub mod config;
+mod group;
 pub mod http;
 mod info;
-pub mod intake;
+mod intake;
+pub mod membership;
+mod micro;
 mod respond;
 pub mod telemetry;
 pub mod upstream;
@@ -22,9 +28,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::service::ServiceExt;
 use embatch_protocol::{PROTOCOL_VERSION, SERVICE_NAME};
-use futures::TryFutureExt;
 use tokio_util::task::TaskTracker;
 
 pub use config::Config;
@@ -39,8 +43,8 @@ pub enum WorkerError {
     /// redacted).
     #[error(transparent)]
     Connect(#[from] embatch_runtime::NatsError),
-    /// The NATS micro service, one of its endpoints or the cancel subscription could not be
-    /// set up.
+    /// Service discovery, one of the endpoints' subscriptions or the cancel subscription could
+    /// not be set up.
     #[error("cannot register the NATS service ({what}): {source}")]
     Service {
         /// What was being set up, e.g. `endpoint embed`.
@@ -153,39 +157,62 @@ pub async fn run<U: Upstream>(
 ) -> Result<(), WorkerError> {
     let upstream = Arc::new(upstream);
     let (batcher, batcher_task) = batcher::spawn(Arc::clone(&upstream), config.batcher());
-    let service = client
-        .service_builder()
-        .description("embatch: batches embedding requests for an upstream model")
-        .metadata(
-            [("protocol_version".to_string(), PROTOCOL_VERSION.to_string())]
+    let service_error = |what: &'static str| {
+        move |source: async_nats::SubscribeError| WorkerError::Service {
+            what,
+            source: source.into(),
+        }
+    };
+    let info_subject = embatch_protocol::headers::info_subject(&config.subject);
+    let embed_stats = micro::EndpointStats::new("embed", &config.subject, &config.queue_group);
+    let info_stats = micro::EndpointStats::new(info::ENDPOINT, &info_subject, &config.queue_group);
+    let membership = membership::Membership::new(config.membership, config.max_wait_time);
+    let (state, state_rx) = tokio::sync::watch::channel(membership.state());
+    let discovery = micro::serve(
+        client.clone(),
+        micro::Identity {
+            name: SERVICE_NAME.to_owned(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            description: "embatch: batches embedding requests for an upstream model".to_owned(),
+            metadata: [("protocol_version".to_owned(), PROTOCOL_VERSION.to_owned())]
                 .into_iter()
                 .collect(),
-        )
-        .queue_group(&config.queue_group)
-        .start(SERVICE_NAME, env!("CARGO_PKG_VERSION"))
-        .await
-        .map_err(|source| WorkerError::Service {
-            what: "service",
-            source,
-        })?;
-    // `what` names the endpoint in a start-up error: "endpoint embed", "endpoint info".
-    let add_endpoint = |name: &'static str, what: &'static str, subject: String| {
-        service
-            .endpoint_builder()
-            .name(name)
-            .add(subject)
-            .map_err(move |source| WorkerError::Service { what, source })
-    };
-    let endpoint = add_endpoint("embed", "endpoint embed", config.subject.clone()).await?;
-    let info_endpoint = add_endpoint(
-        info::ENDPOINT,
-        "endpoint info",
-        embatch_protocol::headers::info_subject(&config.subject),
+        },
+        vec![embed_stats.clone(), info_stats.clone()],
+        state_rx.clone(),
     )
-    .await?;
+    .await
+    .map_err(service_error("service discovery"))?;
+    let info_requests = client
+        .queue_subscribe(info_subject, config.queue_group.clone())
+        .await
+        .map_err(service_error("endpoint info"))?;
+    let probes = match config.membership {
+        membership::Mode::Adaptive => Some(group::spawn_probes(Arc::clone(&upstream), state_rx)),
+        membership::Mode::Static => None,
+    };
+    let (probes, probe_task) = probes.unzip();
+    let group = group::Group::join(
+        client.clone(),
+        group::Address {
+            subject: config.subject.clone(),
+            queue_group: config.queue_group.clone(),
+        },
+        membership,
+        state,
+        batcher.clone(),
+        probes,
+    )
+    .await
+    .map_err(service_error("endpoint embed"))?;
+    let cancels = client
+        .subscribe(embatch_protocol::headers::cancel_subject(&config.subject))
+        .await
+        .map_err(service_error("cancel subscription"))?;
     tracing::info!(
         subject = %config.subject,
         queue_group = %config.queue_group,
+        membership = %config.membership,
         upstream_max_batch = upstream.max_batch_size(),
         "worker ready"
     );
@@ -196,33 +223,28 @@ pub async fn run<U: Upstream>(
         max_client_batch_size: config.max_client_batch_size,
         max_payload: client.server_info().max_payload,
     };
-    let cancels = client
-        .subscribe(embatch_protocol::headers::cancel_subject(&config.subject))
-        .await
-        .map_err(|source| WorkerError::Service {
-            what: "cancel subscription",
-            source: source.into(),
-        })?;
     let info_task = tokio::spawn(info::serve(
-        info_endpoint,
+        info_requests,
         client.clone(),
         Arc::clone(&upstream),
         config.max_client_batch_size,
+        info_stats,
     ));
-    let spare = intake::run(
-        endpoint,
+    intake::run(
+        group,
         cancels,
         batcher,
         intake_config,
         replies.clone(),
         shutdown,
         client.clone(),
-        reply_connection(config),
+        embed_stats,
     )
     .await;
-    // After a drain the service's connection is closed: the rest goes out on the spare one.
-    let client = spare.unwrap_or(client);
     info_task.abort();
+    if let Some(task) = probe_task {
+        task.abort();
+    }
 
     // The intake dropped the last batcher handle: the batcher flushes and answers what it holds.
     replies.close();
@@ -244,30 +266,9 @@ pub async fn run<U: Upstream>(
         Ok(Err(err)) => tracing::warn!(%err, "cannot flush replies"),
         Err(_) => tracing::warn!("cannot flush replies: NATS did not answer within 5 s"),
     }
-    if let Err(err) = service.stop().await {
-        tracing::debug!(%err, "service stop");
-    }
+    discovery.abort();
     tracing::info!("worker stopped");
     Ok(())
-}
-
-/// The second connection that carries replies while the service's connection drains at
-/// shutdown; `None` if it cannot be had within 2 s.
-async fn reply_connection(config: &Config) -> Option<async_nats::Client> {
-    let connect = config
-        .nats
-        .connect("embatch-worker-drain", async_nats::ConnectOptions::new());
-    match tokio::time::timeout(Duration::from_secs(2), connect).await {
-        Ok(Ok(client)) => Some(client),
-        Ok(Err(err)) => {
-            tracing::warn!(%err, "cannot open a connection for replies during the drain");
-            None
-        }
-        Err(_) => {
-            tracing::warn!("cannot open a connection for replies during the drain: timed out");
-            None
-        }
-    }
 }
 
 /// Connects to NATS as a worker (`embatch-worker`), to the servers of `--nats-url` in the order

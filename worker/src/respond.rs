@@ -1,27 +1,17 @@
-//! Replies on the worker's micro-service endpoints (`embed`, `info`): TEI's bodies with the
-//! contract's headers, and error replies counted in the service's `$SRV.STATS`.
+//! Replies on the worker's endpoints (`embed`, `info`): TEI's bodies with the contract's
+//! headers, counted in the endpoint's `$SRV.STATS` entry (see [`crate::micro`]).
 //!
-//! The contract promises TEI's error JSON as the body of an error reply, next to the NATS micro
-//! error headers (`Nats-Service-Error-Code`, `Nats-Service-Error`). async-nats 0.51 counts an
-//! error in `$SRV.STATS` (`num_errors`, `last_error`) only for `Request::respond(Err(..))`, and
-//! that call always sends an *empty* body (nats.go's `micro` lets an error carry data; async-nats
-//! does not). So an error reply is sent in two steps:
-//! 1. the reply itself (TEI's error body and the error headers) is published to the caller's
-//!    inbox on the worker's connection;
-//! 2. the request's reply subject is then pointed at a fresh inbox of the worker's own that
-//!    nobody subscribes to, and `respond(Err(..))` is called, which counts the error (and the
-//!    request, with its processing time) and publishes an empty message the server drops.
-//!
-//! Step 2 costs one more publish per error reply: no body, only the subject and the two error
-//! headers (the code and the one-line message). At 2x overload (~5,000 429s per second) runs
-//! with and without it differed by less than the benchmark machine's noise. It needs permission
-//! to publish to `_INBOX.>`; under `allow_responses`-only permissions the server refuses it (the
-//! reply itself has gone out by then).
+//! An error reply carries TEI's error JSON as its body next to the NATS micro error headers
+//! (`Nats-Service-Error-Code`, `Nats-Service-Error`), as nats.go's `micro` lets an error carry
+//! data, and is counted in `num_errors` with `last_error` = `code:message`.
 
-use async_nats::service::{Request, error::Error as ServiceError};
-use async_nats::{Client, HeaderMap, Subject};
+use async_nats::service::error::Error as ServiceError;
+use async_nats::{Client, HeaderMap, Message};
 use bytes::Bytes;
 use embatch_protocol::{EmbedError, reply};
+use tokio::time::Instant;
+
+use crate::micro::EndpointStats;
 
 /// A reply ready to send: its headers and body, and for an error the entry for `$SRV.STATS`.
 pub(crate) struct Answer {
@@ -50,7 +40,6 @@ impl Answer {
         Answer {
             headers,
             payload: err.to_json().into(),
-            // The one-line message of the header: async-nats puts `status` in a header too.
             error: Some(ServiceError {
                 code: usize::from(err.status()),
                 status: message.1,
@@ -58,47 +47,23 @@ impl Answer {
         }
     }
 
-    /// Publishes the reply on `client` without touching the service's statistics (used once the
-    /// service's own connection is drained at shutdown).
-    pub(crate) async fn publish(self, client: &Client, request: &Request) {
-        if let Some(inbox) = request.message.reply.clone() {
-            publish(client, inbox, self.headers, self.payload).await;
-        }
-    }
-
-    /// Answers `request` and records it in the endpoint's `$SRV.STATS`: a success through
-    /// `respond`, an error as the module documentation describes (its body published on
-    /// `client`, the service's connection, then counted).
-    pub(crate) async fn send(self, client: &Client, mut request: Request) {
-        let Some(error) = self.error else {
-            if let Err(err) = request
-                .respond_with_headers(Ok(self.payload), self.headers)
+    /// Publishes the reply to `request`'s inbox on `client` and counts it in `stats`, with the
+    /// time since `received`. A request without a reply subject (published, not requested) is
+    /// only counted.
+    pub(crate) async fn send(
+        self,
+        client: &Client,
+        request: &Message,
+        stats: &EndpointStats,
+        received: Instant,
+    ) {
+        if let Some(inbox) = request.reply.clone()
+            && let Err(err) = client
+                .publish_with_headers(inbox, self.headers, self.payload)
                 .await
-            {
-                tracing::warn!(%err, "cannot publish reply");
-            }
-            return;
-        };
-        let Some(inbox) = request.message.reply.take() else {
-            return;
-        };
-        if !publish(client, inbox, self.headers, self.payload).await {
-            return;
-        }
-        request.message.reply = Some(client.new_inbox().into());
-        if let Err(err) = request.respond(Err(error)).await {
-            tracing::debug!(%err, "cannot count the error reply in $SRV.STATS");
-        }
-    }
-}
-
-/// Publishes a reply to `inbox`; `false` (logged) when the connection refused it.
-async fn publish(client: &Client, inbox: Subject, headers: HeaderMap, payload: Bytes) -> bool {
-    match client.publish_with_headers(inbox, headers, payload).await {
-        Ok(()) => true,
-        Err(err) => {
+        {
             tracing::warn!(%err, "cannot publish reply");
-            false
         }
+        stats.record(received.elapsed(), self.error);
     }
 }

@@ -29,6 +29,12 @@ pub mod names {
     pub const UPSTREAM_CALLS: &str = "embatch_worker_upstream_calls_total";
     /// Counter: batch tasks that panicked (their requests were answered 424).
     pub const BATCHES_CRASHED: &str = "embatch_worker_batches_crashed_total";
+    /// Gauge: 1 while the worker is a member of the queue group (takes requests), else 0.
+    pub const MEMBER: &str = "embatch_worker_queue_group_member";
+    /// Counter, labels `event` (`joined`, `left`, or `changed` when only the reason changed) and
+    /// `state` (the new state: `joined`, `full`, `upstream_unhealthy`, `stopping`): changes of
+    /// queue-group membership.
+    pub const MEMBERSHIP_CHANGES: &str = "embatch_worker_membership_changes_total";
 }
 
 pub use embatch_runtime::{LogFormat, init_logging};
@@ -82,6 +88,14 @@ fn describe() {
         "Batch tasks that panicked; their requests were answered 424."
     );
     metrics::counter!(names::BATCHES_CRASHED).absolute(0);
+    describe_gauge!(
+        names::MEMBER,
+        "1 while the worker is a member of the queue group, else 0."
+    );
+    describe_counter!(
+        names::MEMBERSHIP_CHANGES,
+        "Queue-group membership changes, by event (joined, left) and new state (full, upstream_unhealthy, ...)."
+    );
     for reason in crate::batcher::SHED_REASONS {
         metrics::counter!(names::SHED, "reason" => reason).absolute(0);
     }

@@ -51,6 +51,14 @@ async fn request(client: &async_nats::Client, body: &str) -> (u16, serde_json::V
             err.status(),
             serde_json::to_value(err.to_response()).expect("serializes"),
         ),
+        // Discovery's verdict when no worker is a member of the queue group (429 or 503).
+        Err(err @ (RequestError::Saturated { .. } | RequestError::Unhealthy { .. })) => {
+            let err = embatch_protocol::EmbedError::from(err);
+            (
+                err.status(),
+                serde_json::to_value(err.to_response()).expect("serializes"),
+            )
+        }
         Err(err) => panic!("no reply: {err}"),
     }
 }
@@ -185,8 +193,20 @@ async fn upstream_down_answers_503_fast_and_upstream_5xx_answers_424() {
         fail_with: Some(500),
         ..Faults::default()
     });
-    let worker =
-        RunningWorker::start(&nats, &["--tei-url", &tei.url, "--max-wait-time", "1ms"]).await;
+    // Static membership: this is about the answers of a worker whose upstream fails (an
+    // adaptive worker would leave the group; see tests/membership.rs).
+    let worker = RunningWorker::start(
+        &nats,
+        &[
+            "--tei-url",
+            &tei.url,
+            "--max-wait-time",
+            "1ms",
+            "--membership",
+            "static",
+        ],
+    )
+    .await;
     let (code, body) = request(&client, r#"{"inputs":"x"}"#).await;
     assert_eq!(code, 424, "{body}");
     assert_eq!(body["error_type"], "Backend");

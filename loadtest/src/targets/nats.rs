@@ -67,6 +67,9 @@ pub fn classify_request_error(err: &RequestError) -> FailureKind {
         RequestError::MaxPayload(_) => FailureKind::Status(413),
         RequestError::Transport(_) | RequestError::Disconnected => FailureKind::Transport,
         RequestError::Reply(err) => FailureKind::Status(err.status()),
+        // Discovery's verdict on "no responders": every worker full (429) or sick (503).
+        RequestError::Saturated { .. } => FailureKind::Status(429),
+        RequestError::Unhealthy { .. } => FailureKind::Status(503),
     }
 }
 

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use embatch_protocol::EmbedError;
@@ -15,7 +16,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::admission::ShedReason;
-use super::isolate::{self, Done};
+use super::isolate::{self, CallOutcome, Done};
 use super::queue::{Formed, Queue, Take};
 use super::{Job, Outcome, Reply, Reservation, Shared};
 use crate::telemetry::names;
@@ -286,6 +287,11 @@ impl<U: Upstream> Actor<U> {
             metrics::histogram!(names::UPSTREAM_TIME).record(call.elapsed.as_secs_f64());
             metrics::counter!(names::UPSTREAM_CALLS, "outcome" => call.outcome.label())
                 .increment(1);
+            if call.outcome == CallOutcome::Ok {
+                self.shared.failed_calls.store(0, Ordering::Relaxed);
+            } else if call.unhealthy {
+                self.shared.failed_calls.fetch_add(1, Ordering::Relaxed);
+            }
         }
         let now = Instant::now();
         if let Some(elapsed) = done.clean_call() {

@@ -41,6 +41,9 @@ pub(super) struct Call {
     pub elapsed: Duration,
     /// How it ended.
     pub outcome: CallOutcome,
+    /// Whether it failed in a way that says the upstream is unhealthy (refused, 5xx, timeout,
+    /// malformed reply; see [`UpstreamError::is_unhealthy`]), for queue-group membership.
+    pub unhealthy: bool,
 }
 
 /// What a batch task hands back to the actor.
@@ -92,6 +95,7 @@ pub(super) async fn run_batch<U: Upstream>(
         let mut call = Call {
             elapsed: started.elapsed(),
             outcome: CallOutcome::Ok,
+            unhealthy: false,
         };
         match outcome {
             Ok(mut vectors) if vectors.len() == batch.len() => {
@@ -103,6 +107,7 @@ pub(super) async fn run_batch<U: Upstream>(
             }
             Ok(vectors) => {
                 call.outcome = CallOutcome::Failed;
+                call.unhealthy = true;
                 let err = EmbedError::from(UpstreamError::CountMismatch {
                     sent: batch.len(),
                     got: vectors.len(),
@@ -122,6 +127,7 @@ pub(super) async fn run_batch<U: Upstream>(
                 } else {
                     CallOutcome::Failed
                 };
+                call.unhealthy = err.is_unhealthy();
                 tracing::debug!(%err, requests = range.len(), "upstream call failed");
                 fill(&mut results[range], &EmbedError::from(err));
             }

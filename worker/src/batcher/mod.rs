@@ -70,6 +70,7 @@ mod queue;
 #[cfg(test)]
 mod tests;
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -171,6 +172,9 @@ pub struct BatcherHandle {
 struct Shared {
     limits: Limits,
     ledger: Mutex<Ledger>,
+    /// Upstream calls that failed as an unhealthy upstream fails, in a row (reset by a success
+    /// or by [`BatcherHandle::reset_failures`]).
+    failed_calls: AtomicU32,
 }
 
 impl Shared {
@@ -287,6 +291,25 @@ impl BatcherHandle {
         Ok(rx)
     }
 
+    /// The worker's load and its upstream's recent failures now, for queue-group membership
+    /// (see `crate::membership`): the expected wait of a request queued now before its first
+    /// upstream call, the estimated call time, and the failed calls in a row.
+    pub fn load(&self) -> crate::membership::Load {
+        let now = Instant::now();
+        let ledger = self.shared.ledger();
+        let call = ledger.estimate.call_at(now);
+        crate::membership::Load {
+            start_wait: call.map(|call| ledger.start_wait(&self.shared.limits, call)),
+            call,
+            failed_calls: self.shared.failed_calls.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Forgets the failed calls in a row: the upstream's `/health` answered again.
+    pub fn reset_failures(&self) {
+        self.shared.failed_calls.store(0, Ordering::Relaxed);
+    }
+
     /// How long until this worker would admit a 1-input request with a generous deadline again:
     /// the estimated time for its queue to drain below `max_queue_delay`, `queue_cap` and
     /// `max_queue_bytes`; at least one upstream call time (1 s before the first measurement).
@@ -318,6 +341,7 @@ pub fn spawn<U: Upstream>(
     let shared = Arc::new(Shared {
         limits,
         ledger: Mutex::new(Ledger::default()),
+        failed_calls: AtomicU32::new(0),
     });
     let (tx, rx) = mpsc::unbounded_channel();
     let task = tokio::spawn(actor::Actor::new(upstream, Arc::clone(&shared), rx).run());

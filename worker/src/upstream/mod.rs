@@ -83,6 +83,24 @@ impl UpstreamError {
             _ => false,
         }
     }
+
+    /// `true` when the failure says the upstream itself is unwell: unreachable, TLS failing,
+    /// timed out, a 5xx, or a reply that is not TEI's shape. An upstream's 429 (busy), an input
+    /// it rejects, or a crash of our own call task are not. Counted for queue-group membership
+    /// (see `crate::membership`).
+    pub fn is_unhealthy(&self) -> bool {
+        match self {
+            UpstreamError::Unreachable(_)
+            | UpstreamError::Tls(_)
+            | UpstreamError::Timeout(_)
+            | UpstreamError::Malformed(_)
+            | UpstreamError::CountMismatch { .. } => true,
+            UpstreamError::Status { status, .. } | UpstreamError::Http { status, .. } => {
+                *status >= 500
+            }
+            UpstreamError::Model(_) | UpstreamError::Crashed(_) => false,
+        }
+    }
 }
 
 impl From<UpstreamError> for EmbedError {
@@ -153,6 +171,18 @@ pub trait Upstream: Send + Sync + 'static {
             }))
         }
     }
+
+    /// Whether the upstream is healthy now: TEI's `GET /health` (200 when its model answers),
+    /// probed by the worker to leave and rejoin its queue group (see `crate::membership`).
+    ///
+    /// The default, for upstreams in this process (the built-in model, test doubles), is always
+    /// healthy.
+    ///
+    /// # Errors
+    /// The failure, as for [`Upstream::embed`]: unreachable, a timeout, an error status.
+    fn health(&self) -> impl Future<Output = Result<(), UpstreamError>> + Send {
+        async { Ok(()) }
+    }
 }
 
 /// The upstream chosen by configuration.
@@ -186,6 +216,13 @@ impl Upstream for AnyUpstream {
         match self {
             AnyUpstream::Tei(u) => u.info().await,
             AnyUpstream::Local(u) => u.info().await,
+        }
+    }
+
+    async fn health(&self) -> Result<(), UpstreamError> {
+        match self {
+            AnyUpstream::Tei(u) => u.health().await,
+            AnyUpstream::Local(u) => u.health().await,
         }
     }
 }

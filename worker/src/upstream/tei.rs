@@ -15,6 +15,8 @@ pub struct TeiUpstream {
     embed_url: String,
     /// `{tei_url}/info`.
     info_url: String,
+    /// `{tei_url}/health`.
+    health_url: String,
     /// TEI's `GET /info` document as read at start-up, or on the first [`Upstream::info`] call
     /// after a start-up read failed.
     info: tokio::sync::OnceCell<serde_json::Value>,
@@ -97,6 +99,7 @@ impl TeiUpstream {
             .build()
             .map_err(|e| EmbedError::Unavailable(format!("cannot build HTTP client: {e}")))?;
         let info_url = format!("{base}/info");
+        let health_url = format!("{base}/health");
         let info = tokio::sync::OnceCell::new();
         let read = read_info(&client, &info_url, timeout).await;
         if let Err(UpstreamError::Tls(reason)) = &read {
@@ -129,6 +132,7 @@ impl TeiUpstream {
             client,
             embed_url: format!("{base}/embed"),
             info_url,
+            health_url,
             info,
             max_batch_size,
             timeout,
@@ -212,6 +216,29 @@ impl Upstream for TeiUpstream {
             .get_or_try_init(|| read_info(&self.client, &self.info_url, self.timeout))
             .await
             .cloned()
+    }
+
+    /// `GET {tei_url}/health`: 200 is healthy (TEI answers 503 while its model cannot run).
+    /// Bounded by `crate::membership::PROBE_TIMEOUT` (less than `UPSTREAM_TIMEOUT` when that is
+    /// shorter).
+    async fn health(&self) -> Result<(), UpstreamError> {
+        let timeout = crate::membership::PROBE_TIMEOUT.min(self.timeout);
+        let response = self
+            .client
+            .get(&self.health_url)
+            .timeout(timeout)
+            .send()
+            .await
+            .map_err(|e| transport_error(e, timeout))?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        let body = response.text().await.unwrap_or_default();
+        Err(UpstreamError::Http {
+            status: status.as_u16(),
+            body: body.chars().take(512).collect(),
+        })
     }
 }
 

@@ -1,0 +1,250 @@
+//! The request subject's queue subscription, held or drained as [`Membership`] decides, and
+//! the upstream `/health` probes that feed the decision.
+//!
+//! [`Group::next`] yields the requests of the current subscription and of subscriptions still
+//! draining; between requests it takes probe results and, while the worker is full, re-checks
+//! its load every [`FULL_RECHECK`]. Leaving drains (`Subscriber::drain()`: UNSUB then PING; what
+//! the server routed before its PONG is still delivered), so nothing routed here is lost;
+//! rejoining subscribes anew. Every change is logged, counted in
+//! `embatch_worker_membership_changes_total` and published to discovery ([`crate::micro`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::{Client, Message, Subscriber};
+use futures::StreamExt;
+use futures::stream::SelectAll;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio::time::{Interval, MissedTickBehavior};
+
+use crate::batcher::BatcherHandle;
+use crate::membership::{
+    MemberState, Membership, PROBE_INTERVAL, PROBE_INTERVAL_UNHEALTHY, PROBE_TIMEOUT, Transition,
+};
+use crate::telemetry::names;
+use crate::upstream::Upstream;
+
+/// How often a full worker re-checks whether its queue has drained enough to rejoin.
+pub const FULL_RECHECK: Duration = Duration::from_millis(2);
+
+/// Where the worker subscribes: the request subject and the shared queue group.
+#[derive(Debug, Clone)]
+pub(crate) struct Address {
+    /// `EMBATCH_SUBJECT`.
+    pub subject: String,
+    /// `QUEUE_GROUP`.
+    pub queue_group: String,
+}
+
+/// What [`Group::next`] yields.
+#[derive(Debug)]
+pub(crate) enum Event {
+    /// A request (from the current subscription or one draining).
+    Request(Message),
+    /// A `/health` probe's result: pass it to [`Group::probed`].
+    Probe(bool),
+    /// Full, and time to re-check the load: call [`Group::observe`].
+    Recheck,
+    /// Every subscription has ended: after [`Group::stop`], or the connection closed.
+    Ended,
+}
+
+/// The worker's membership in the queue group of the request subject.
+pub(crate) struct Group {
+    client: Client,
+    address: Address,
+    current: Option<Subscriber>,
+    draining: SelectAll<Subscriber>,
+    membership: Membership,
+    state: watch::Sender<MemberState>,
+    batcher: BatcherHandle,
+    probes: Option<mpsc::Receiver<bool>>,
+    recheck: Interval,
+}
+
+impl Group {
+    /// Subscribes to `address` as a member; `probes` carries the upstream's `/health` results
+    /// (see [`spawn_probes`]; `None` for `MEMBERSHIP=static`).
+    ///
+    /// # Errors
+    /// When the subscription cannot be made.
+    pub async fn join(
+        client: Client,
+        address: Address,
+        membership: Membership,
+        state: watch::Sender<MemberState>,
+        batcher: BatcherHandle,
+        probes: Option<mpsc::Receiver<bool>>,
+    ) -> Result<Group, async_nats::SubscribeError> {
+        let current = client
+            .queue_subscribe(address.subject.clone(), address.queue_group.clone())
+            .await?;
+        metrics::gauge!(names::MEMBER).set(1.0);
+        state.send_replace(membership.state());
+        let mut recheck = tokio::time::interval(FULL_RECHECK);
+        recheck.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        Ok(Group {
+            client,
+            address,
+            current: Some(current),
+            draining: SelectAll::new(),
+            membership,
+            state,
+            batcher,
+            probes,
+            recheck,
+        })
+    }
+
+    /// The next thing to handle: a request routed to this worker, a probe result, or (while
+    /// full) a tick to re-check the load. Cancel-safe: it only waits; acting on a probe or a
+    /// tick ([`Group::probed`], [`Group::observe`]) is the caller's next step.
+    pub async fn next(&mut self) -> Event {
+        loop {
+            let full = self.membership.state() == MemberState::Full;
+            tokio::select! {
+                message = next_of(&mut self.current) => match message {
+                    Some(message) => return Event::Request(message),
+                    None => {
+                        self.current = None;
+                        if self.draining.is_empty() {
+                            return Event::Ended;
+                        }
+                    }
+                },
+                Some(message) = self.draining.next(), if !self.draining.is_empty() => {
+                    return Event::Request(message);
+                }
+                Some(ok) = recv_of(&mut self.probes) => return Event::Probe(ok),
+                _ = self.recheck.tick(), if full => return Event::Recheck,
+                else => return Event::Ended,
+            }
+        }
+    }
+
+    /// Re-decides from the batcher's load (after a request was admitted).
+    pub async fn observe(&mut self) {
+        let transition = self.membership.observe(self.batcher.load());
+        self.apply(transition).await;
+    }
+
+    /// Takes a `/health` probe's result.
+    pub async fn probed(&mut self, ok: bool) {
+        let (transition, recovered) = self.membership.probed(ok, self.batcher.load());
+        if recovered {
+            self.batcher.reset_failures();
+        }
+        self.apply(transition).await;
+    }
+
+    /// Leaves for good: drains the subscription; [`Group::next`] then yields what the server
+    /// had routed here until it confirms, and ends.
+    pub async fn stop(&mut self) {
+        self.probes = None;
+        let transition = self.membership.stop();
+        self.apply(transition).await;
+    }
+
+    async fn apply(&mut self, transition: Option<Transition>) {
+        let Some(transition) = transition else {
+            return;
+        };
+        self.state.send_replace(transition.to);
+        let event = transition.event();
+        metrics::counter!(
+            names::MEMBERSHIP_CHANGES,
+            "event" => event.unwrap_or("changed"),
+            "state" => transition.to.label()
+        )
+        .increment(1);
+        let load = self.batcher.load();
+        tracing::info!(
+            from = transition.from.label(),
+            to = transition.to.label(),
+            start_wait_ms = load.start_wait.map(|d| d.as_millis()),
+            call_ms = load.call.map(|d| d.as_millis()),
+            failed_calls = load.failed_calls,
+            "queue-group membership: {}",
+            event.unwrap_or("reason changed")
+        );
+        match event {
+            Some("left") => {
+                if let Some(mut subscriber) = self.current.take() {
+                    if let Err(err) = subscriber.drain().await {
+                        tracing::warn!(%err, "cannot drain the request subscription");
+                    }
+                    self.draining.push(subscriber);
+                }
+                metrics::gauge!(names::MEMBER).set(0.0);
+            }
+            Some(_) => {
+                match self
+                    .client
+                    .queue_subscribe(
+                        self.address.subject.clone(),
+                        self.address.queue_group.clone(),
+                    )
+                    .await
+                {
+                    Ok(subscriber) => {
+                        self.current = Some(subscriber);
+                        metrics::gauge!(names::MEMBER).set(1.0);
+                    }
+                    // The connection is closed: the next read ends the intake.
+                    Err(err) => tracing::warn!(%err, "cannot rejoin the queue group"),
+                }
+            }
+            None => {}
+        }
+    }
+}
+
+async fn next_of(subscriber: &mut Option<Subscriber>) -> Option<Message> {
+    match subscriber {
+        Some(subscriber) => subscriber.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn recv_of(probes: &mut Option<mpsc::Receiver<bool>>) -> Option<bool> {
+    match probes {
+        Some(probes) => probes.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Probes `upstream`'s health every [`PROBE_INTERVAL`] ([`PROBE_INTERVAL_UNHEALTHY`] while
+/// `state` says the upstream is unhealthy), each bounded by [`PROBE_TIMEOUT`], and sends each
+/// result; the task ends when the receiver is dropped.
+pub(crate) fn spawn_probes<U: Upstream>(
+    upstream: Arc<U>,
+    state: watch::Receiver<MemberState>,
+) -> (mpsc::Receiver<bool>, JoinHandle<()>) {
+    let (tx, rx) = mpsc::channel(1);
+    let task = tokio::spawn(async move {
+        loop {
+            let interval = if *state.borrow() == MemberState::UpstreamUnhealthy {
+                PROBE_INTERVAL_UNHEALTHY
+            } else {
+                PROBE_INTERVAL
+            };
+            tokio::time::sleep(interval).await;
+            let ok = match tokio::time::timeout(PROBE_TIMEOUT, upstream.health()).await {
+                Ok(Ok(())) => true,
+                Ok(Err(err)) => {
+                    tracing::debug!(%err, "upstream health probe failed");
+                    false
+                }
+                Err(_) => {
+                    tracing::debug!("upstream health probe timed out");
+                    false
+                }
+            };
+            if tx.send(ok).await.is_err() {
+                return;
+            }
+        }
+    });
+    (rx, task)
+}

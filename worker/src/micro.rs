@@ -1,0 +1,198 @@
+//! The worker's NATS micro service presence: `$SRV.PING`, `$SRV.INFO` and `$SRV.STATS`
+//! discovery (protocol `io.nats.micro.v1`), answered with async-nats's own wire types, plus the
+//! per-endpoint counters behind `$SRV.STATS`.
+//!
+//! Why not async-nats's `service` API, which the worker used until its queue-group membership
+//! became adaptive (see [`crate::membership`]): a service endpoint can only leave its queue group
+//! with `Endpoint::stop()`, which unsubscribes at once, so requests the server had already routed
+//! to the worker are dropped by the client, unanswered. The worker's endpoints are therefore
+//! plain queue subscriptions, which leave losslessly with `Subscriber::drain()` (UNSUB, then
+//! everything delivered before the server's PONG is still read). This module answers the
+//! discovery verbs for them, the same JSON async-nats would send, with one addition: the
+//! `membership` metadata key carries the worker's live state ([`MemberState`]), so a client that
+//! gets "no responders" can tell *every worker is full* (429) from *every worker's upstream is
+//! down* or *no worker runs* (503).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_nats::service::{Info, PingResponse, Stats, endpoint, error::Error as ServiceError};
+use futures::StreamExt;
+use futures::stream::SelectAll;
+use tokio::sync::watch;
+
+use crate::membership::MemberState;
+
+/// The metadata key whose value is the worker's [`MemberState`] (`joined`, `full`,
+/// `upstream_unhealthy`, `stopping`) in `$SRV.PING` and `$SRV.INFO` answers.
+pub const MEMBERSHIP_KEY: &str = embatch_protocol::headers::MEMBERSHIP_METADATA;
+
+/// What `$SRV.INFO` says about one endpoint, and its counters for `$SRV.STATS`.
+#[derive(Clone)]
+pub(crate) struct EndpointStats {
+    info: endpoint::Info,
+    counters: Arc<Mutex<Counters>>,
+}
+
+#[derive(Default)]
+struct Counters {
+    requests: usize,
+    errors: usize,
+    processing_time: Duration,
+    last_error: Option<ServiceError>,
+}
+
+impl EndpointStats {
+    /// An endpoint `name` on `subject` in `queue_group`, with nothing counted yet.
+    pub(crate) fn new(name: &str, subject: &str, queue_group: &str) -> EndpointStats {
+        EndpointStats {
+            info: endpoint::Info {
+                name: name.to_owned(),
+                subject: subject.to_owned(),
+                queue_group: queue_group.to_owned(),
+                metadata: HashMap::new(),
+            },
+            counters: Arc::default(),
+        }
+    }
+
+    /// Counts one answered request that took `elapsed` from receipt to reply; `error` is the
+    /// status code and one-line message of an error reply (`last_error` shows `code:message`).
+    pub(crate) fn record(&self, elapsed: Duration, error: Option<ServiceError>) {
+        let mut counters = self.counters.lock().unwrap_or_else(PoisonError::into_inner);
+        counters.requests += 1;
+        counters.processing_time += elapsed;
+        if let Some(error) = error {
+            counters.errors += 1;
+            counters.last_error = Some(error);
+        }
+    }
+
+    fn stats(&self) -> endpoint::Stats {
+        let counters = self.counters.lock().unwrap_or_else(PoisonError::into_inner);
+        let average = u32::try_from(counters.requests)
+            .ok()
+            .filter(|n| *n > 0)
+            .map_or(Duration::ZERO, |n| counters.processing_time / n);
+        endpoint::Stats {
+            name: self.info.name.clone(),
+            subject: self.info.subject.clone(),
+            requests: counters.requests,
+            errors: counters.errors,
+            processing_time: counters.processing_time,
+            average_processing_time: average,
+            last_error: counters.last_error.clone(),
+            data: None,
+            queue_group: self.info.queue_group.clone(),
+        }
+    }
+}
+
+/// The service's identity as discovery reports it.
+pub(crate) struct Identity {
+    /// The service name ([`embatch_protocol::SERVICE_NAME`]).
+    pub name: String,
+    /// The worker's version.
+    pub version: String,
+    /// One line on what it does.
+    pub description: String,
+    /// Static metadata (`protocol_version`); `membership` is added live.
+    pub metadata: HashMap<String, String>,
+}
+
+/// Subscribes to the discovery subjects (`$SRV.<VERB>`, `$SRV.<VERB>.<name>`,
+/// `$SRV.<VERB>.<name>.<id>` for PING, INFO and STATS) and returns the task answering them until
+/// it is aborted or the connection closes. `state` is read on every answer.
+///
+/// # Errors
+/// When a subscription cannot be made (the connection is closed).
+pub(crate) async fn serve(
+    client: async_nats::Client,
+    identity: Identity,
+    endpoints: Vec<EndpointStats>,
+    state: watch::Receiver<MemberState>,
+) -> Result<tokio::task::JoinHandle<()>, async_nats::SubscribeError> {
+    let inbox = client.new_inbox();
+    let id = inbox.rsplit('.').next().unwrap_or(&inbox).to_owned();
+    let started = async_nats::datetime::now();
+    let mut verbs = SelectAll::new();
+    for verb in ["PING", "INFO", "STATS"] {
+        for subject in [
+            format!("$SRV.{verb}"),
+            format!("$SRV.{verb}.{}", identity.name),
+            format!("$SRV.{verb}.{}.{id}", identity.name),
+        ] {
+            let subscriber = client.subscribe(subject).await?;
+            verbs.push(subscriber.map(move |message| (verb, message)));
+        }
+    }
+    Ok(tokio::spawn(async move {
+        while let Some((verb, message)) = verbs.next().await {
+            let Some(reply) = message.reply else {
+                continue;
+            };
+            let mut metadata = identity.metadata.clone();
+            metadata.insert(MEMBERSHIP_KEY.to_owned(), state.borrow().label().to_owned());
+            let body = match verb {
+                "PING" => serde_json::to_vec(&PingResponse {
+                    kind: "io.nats.micro.v1.ping_response".into(),
+                    name: identity.name.clone(),
+                    id: id.clone(),
+                    version: identity.version.clone(),
+                    metadata,
+                }),
+                "INFO" => serde_json::to_vec(&Info {
+                    kind: "io.nats.micro.v1.info_response".into(),
+                    name: identity.name.clone(),
+                    id: id.clone(),
+                    description: identity.description.clone(),
+                    version: identity.version.clone(),
+                    metadata,
+                    endpoints: endpoints.iter().map(|e| e.info.clone()).collect(),
+                }),
+                _ => serde_json::to_vec(&Stats {
+                    kind: "io.nats.micro.v1.stats_response".into(),
+                    name: identity.name.clone(),
+                    id: id.clone(),
+                    version: identity.version.clone(),
+                    started,
+                    endpoints: endpoints.iter().map(EndpointStats::stats).collect(),
+                }),
+            };
+            match body {
+                Ok(body) => {
+                    if let Err(err) = client.publish(reply, body.into()).await {
+                        tracing::debug!(%err, verb, "cannot answer a discovery request");
+                    }
+                }
+                Err(err) => tracing::warn!(%err, verb, "cannot encode a discovery answer"),
+            }
+        }
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_count_requests_errors_and_the_average() {
+        let embed = EndpointStats::new("embed", "embatch.embed.v1", "embatch");
+        embed.record(Duration::from_millis(10), None);
+        embed.record(
+            Duration::from_millis(30),
+            Some(ServiceError {
+                code: 429,
+                status: "full".into(),
+            }),
+        );
+        let stats = embed.stats();
+        assert_eq!((stats.requests, stats.errors), (2, 1));
+        assert_eq!(stats.average_processing_time, Duration::from_millis(20));
+        let json = serde_json::to_value(&stats).expect("serialisable");
+        assert_eq!(json["last_error"], "429:full");
+        assert_eq!(json["num_requests"], 2);
+        assert_eq!(json["queue_group"], "embatch");
+    }
+}

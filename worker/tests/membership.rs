@@ -1,0 +1,256 @@
+//! Queue-group membership over a real nats-server, against TEI doubles: a worker leaves while its
+//! upstream fails and rejoins when it recovers, a slow worker leaves while full so requests go to
+//! the one with capacity, and a client tells "every worker is full" (429) from "no worker" (503).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use embatch_client::{EmbedClient, RequestError};
+use embatch_protocol::headers::membership;
+use embatch_testkit::{Faults, NatsServer, RunningWorker, TeiConfig, start_tei};
+use futures::StreamExt;
+
+async fn connect(nats: &NatsServer) -> async_nats::Client {
+    async_nats::connect(nats.url())
+        .await
+        .expect("client connects")
+}
+
+/// The `membership` metadata of the first worker answering `$SRV.INFO.embatch` (these tests run
+/// one worker at a time when they ask), within 200 ms.
+async fn state(client: &async_nats::Client) -> Option<String> {
+    let inbox = client.new_inbox();
+    let mut answers = client.subscribe(inbox.clone()).await.expect("subscribe");
+    client
+        .publish_with_reply("$SRV.INFO.embatch", inbox, Bytes::new())
+        .await
+        .expect("publish");
+    let answer = tokio::time::timeout(Duration::from_millis(200), answers.next())
+        .await
+        .ok()??;
+    let info: serde_json::Value = serde_json::from_slice(&answer.payload).expect("JSON");
+    info["metadata"]["membership"].as_str().map(str::to_owned)
+}
+
+/// Polls [`state`] until it is `want`, for at most `limit`; the time it took, or the last state.
+async fn wait_for_state(
+    client: &async_nats::Client,
+    want: &str,
+    limit: Duration,
+) -> Result<Duration, Option<String>> {
+    let started = std::time::Instant::now();
+    loop {
+        let now = state(client).await;
+        if now.as_deref() == Some(want) {
+            return Ok(started.elapsed());
+        }
+        if started.elapsed() > limit {
+            return Err(now);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn embed(client: &EmbedClient, text: &str) -> Result<u16, RequestError> {
+    let body = serde_json::json!({ "inputs": text }).to_string();
+    match client
+        .embed(Bytes::from(body), Duration::from_secs(10))
+        .await
+    {
+        Ok(_) => Ok(200),
+        Err(RequestError::Reply(err)) => Ok(err.status()),
+        Err(err) => Err(err),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_leaves_while_its_upstream_fails_and_rejoins_when_it_recovers() {
+    let nats = NatsServer::start();
+    let tei = start_tei(TeiConfig::instant()).await;
+    let worker =
+        RunningWorker::start(&nats, &["--tei-url", &tei.url, "--max-wait-time", "1ms"]).await;
+    let raw = connect(&nats).await;
+    let client = EmbedClient::new(raw.clone(), "embed");
+    assert_eq!(state(&raw).await.as_deref(), Some(membership::JOINED));
+    assert_eq!(embed(&client, "before").await, Ok(200));
+
+    tei.set_faults(Faults {
+        fail_with: Some(500),
+        ..Faults::default()
+    });
+    for _ in 0..2 {
+        assert_eq!(embed(&client, "while failing").await, Ok(424));
+    }
+    wait_for_state(&raw, membership::UPSTREAM_UNHEALTHY, Duration::from_secs(5))
+        .await
+        .expect("the worker leaves after two failed calls");
+    let calls = tei.calls().len();
+    let started = std::time::Instant::now();
+    let refused = embed(&client, "no healthy worker").await;
+    assert!(
+        matches!(refused, Err(RequestError::Unhealthy { .. })),
+        "{refused:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "answered without waiting out the budget: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        embatch_protocol::EmbedError::from(refused.expect_err("an error")).status(),
+        503
+    );
+    assert_eq!(tei.calls().len(), calls, "no upstream call while out");
+
+    tei.set_faults(Faults::default());
+    wait_for_state(&raw, membership::JOINED, Duration::from_secs(5))
+        .await
+        .expect("the worker rejoins once /health answers");
+    assert_eq!(embed(&client, "after").await, Ok(200));
+    worker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_go_to_the_worker_with_capacity_and_none_is_lost() {
+    let nats = NatsServer::start();
+    // ~53 req/s at batch 8 with two calls in flight, against ~3,000 req/s.
+    let slow = start_tei(TeiConfig {
+        base: Duration::from_millis(300),
+        concurrency: 2,
+        ..TeiConfig::instant()
+    })
+    .await;
+    let fast = start_tei(TeiConfig {
+        base: Duration::from_millis(5),
+        concurrency: 2,
+        ..TeiConfig::instant()
+    })
+    .await;
+    let args = |url: &str| {
+        [
+            "--tei-url",
+            url,
+            "--max-batch-size",
+            "8",
+            "--max-wait-time",
+            "2ms",
+        ]
+        .map(str::to_owned)
+    };
+    let slow_args = args(&slow.url);
+    let fast_args = args(&fast.url);
+    let slow_worker = RunningWorker::start(&nats, &slow_args.each_ref().map(String::as_str)).await;
+    let fast_worker = RunningWorker::start(&nats, &fast_args.each_ref().map(String::as_str)).await;
+    let client = EmbedClient::new(connect(&nats).await, "embed");
+    // Warm-up: both workers measure their upstream's call time.
+    let warm: Vec<_> = (0..16)
+        .map(|i| {
+            let client = client.clone();
+            tokio::spawn(async move { embed(&client, &format!("warm {i}")).await })
+        })
+        .collect();
+    for task in warm {
+        assert_eq!(task.await.expect("task"), Ok(200));
+    }
+    let (slow_before, fast_before) = (inputs(&slow), inputs(&fast));
+
+    // 300 requests at ~200 req/s: an equal share would give the slow worker twice what it can do.
+    let mut tasks = Vec::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(5));
+    for i in 0..300 {
+        tick.tick().await;
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            embed(&client, &format!("request {i}")).await
+        }));
+    }
+    let mut answered = Vec::new();
+    for task in tasks {
+        answered.push(task.await.expect("task"));
+    }
+    let ok = answered.iter().filter(|r| **r == Ok(200)).count();
+    assert_eq!(ok, 300, "every request served: {answered:?}");
+    let (slow_served, fast_served) = (inputs(&slow) - slow_before, inputs(&fast) - fast_before);
+    assert_eq!(slow_served + fast_served, 300, "each input embedded once");
+    assert!(
+        slow_served * 3 < fast_served,
+        "the slow worker left while full: slow {slow_served}, fast {fast_served}"
+    );
+    slow_worker.stop().await;
+    fast_worker.stop().await;
+}
+
+fn inputs(tei: &embatch_testkit::TeiDouble) -> usize {
+    tei.calls().iter().map(|c| c.inputs.len()).sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_worker_full_is_429_and_no_worker_is_503() {
+    let nats = NatsServer::start();
+    let tei = start_tei(TeiConfig {
+        base: Duration::from_millis(600),
+        concurrency: 1,
+        ..TeiConfig::instant()
+    })
+    .await;
+    let worker = RunningWorker::start(
+        &nats,
+        &[
+            "--tei-url",
+            &tei.url,
+            "--max-batch-size",
+            "1",
+            "--max-concurrent-batches",
+            "1",
+            "--max-wait-time",
+            "1ms",
+        ],
+    )
+    .await;
+    let raw = connect(&nats).await;
+    let client = EmbedClient::new(raw.clone(), "embed");
+    assert_eq!(embed(&client, "measure").await, Ok(200));
+    // Requests queued behind a 600 ms call: the worker leaves the group as full.
+    let queued: Vec<_> = (0..4)
+        .map(|i| {
+            let client = client.clone();
+            tokio::spawn(async move { embed(&client, &format!("queued {i}")).await })
+        })
+        .collect();
+    wait_for_state(&raw, membership::FULL, Duration::from_secs(2))
+        .await
+        .expect("the worker is full");
+    let started = std::time::Instant::now();
+    let saturated = embed(&client, "one more").await;
+    assert!(
+        matches!(saturated, Err(RequestError::Saturated { .. })),
+        "{saturated:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(300),
+        "429 at once: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        embatch_protocol::EmbedError::from(saturated.expect_err("an error")).status(),
+        429
+    );
+    for task in queued {
+        let answer = task.await.expect("task");
+        assert!(
+            matches!(answer, Ok(200 | 429) | Err(RequestError::Saturated { .. })),
+            "a queued request is served or shed, never lost: {answer:?}"
+        );
+    }
+    worker.stop().await;
+
+    let absent = embed(&client, "nobody").await;
+    assert!(
+        matches!(absent, Err(RequestError::NoResponders { .. })),
+        "{absent:?}"
+    );
+    assert_eq!(
+        embatch_protocol::EmbedError::from(absent.expect_err("an error")).status(),
+        503
+    );
+}
