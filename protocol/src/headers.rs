@@ -47,8 +47,8 @@ pub const MEMBERSHIP_METADATA: &str = "membership";
 pub mod membership {
     /// A member of the queue group: takes requests.
     pub const JOINED: &str = "joined";
-    /// Left the queue group: its backlog is more than about one upstream call plus
-    /// `MAX_WAIT_TIME`; rejoins when it has drained.
+    /// Left the queue group: its backlog is over its `MAX_QUEUE_DELAY` (where it would shed
+    /// with 429); rejoins when it has drained to half of that.
     pub const FULL: &str = "full";
     /// Left the queue group: its upstream fails (refused, 5xx, timeouts, a failing `/health`);
     /// rejoins when the upstream's `/health` answers again.

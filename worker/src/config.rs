@@ -93,7 +93,7 @@ pub struct Config {
     pub dispatch_when_idle: bool,
 
     /// Queue-group membership. `adaptive`: the worker leaves the queue group while its backlog
-    /// is over one upstream call time + MAX_WAIT_TIME or its upstream fails (2 failed calls or
+    /// is over MAX_QUEUE_DELAY (where it would shed; rejoins at half of it) or its upstream fails (2 failed calls or
     /// /health probes in a row), and rejoins when drained or when /health answers again, so
     /// requests go to workers that can serve them in time. `static`: always a member (an equal
     /// share each; what a worker cannot serve is shed with 429).

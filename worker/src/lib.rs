@@ -166,7 +166,7 @@ pub async fn run<U: Upstream>(
     let info_subject = embatch_protocol::headers::info_subject(&config.subject);
     let embed_stats = micro::EndpointStats::new("embed", &config.subject, &config.queue_group);
     let info_stats = micro::EndpointStats::new(info::ENDPOINT, &info_subject, &config.queue_group);
-    let membership = membership::Membership::new(config.membership, config.max_wait_time);
+    let membership = membership::Membership::new(config.membership);
     let (state, state_rx) = tokio::sync::watch::channel(membership.state());
     let discovery = micro::serve(
         client.clone(),

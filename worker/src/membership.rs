@@ -109,6 +109,9 @@ pub struct Load {
     pub start_wait: Option<Duration>,
     /// The estimated upstream call time; `None` before the first measurement.
     pub call: Option<Duration>,
+    /// The queue-delay bound admission enforces with that call time (`MAX_QUEUE_DELAY`; `auto`
+    /// = 2 × the call time + `MAX_WAIT_TIME`); `None` before the first measurement.
+    pub bound: Option<Duration>,
     /// Upstream calls that failed in a row (refused, 5xx, timeout), since the last success.
     pub failed_calls: u32,
 }
@@ -138,17 +141,15 @@ impl Transition {
 #[derive(Debug)]
 pub struct Membership {
     mode: Mode,
-    max_wait: Duration,
     state: MemberState,
     failed_probes: u32,
 }
 
 impl Membership {
-    /// A worker that starts as a member; `max_wait` is its `MAX_WAIT_TIME`.
-    pub fn new(mode: Mode, max_wait: Duration) -> Membership {
+    /// A worker that starts as a member.
+    pub fn new(mode: Mode) -> Membership {
         Membership {
             mode,
-            max_wait,
             state: MemberState::Joined,
             failed_probes: 0,
         }
@@ -204,15 +205,15 @@ impl Membership {
     }
 
     fn over_high_water(&self, load: Load) -> bool {
-        match (load.start_wait, load.call) {
-            (Some(wait), Some(call)) => wait > call.saturating_add(self.max_wait),
+        match (load.start_wait, load.bound) {
+            (Some(wait), Some(bound)) => wait > bound,
             _ => false,
         }
     }
 
     fn under_low_water(&self, load: Load) -> bool {
-        match (load.start_wait, load.call) {
-            (Some(wait), Some(call)) => wait <= call / 2,
+        match (load.start_wait, load.bound) {
+            (Some(wait), Some(bound)) => wait <= bound / 2,
             _ => true,
         }
     }
@@ -228,28 +229,30 @@ mod tests {
     use super::*;
 
     const CALL: Duration = Duration::from_millis(100);
-    const WAIT: Duration = Duration::from_millis(5);
+    /// `auto`: 2 × the call + 5 ms.
+    const BOUND: Duration = Duration::from_millis(205);
 
     fn load(start_wait_ms: u64, failed_calls: u32) -> Load {
         Load {
             start_wait: Some(Duration::from_millis(start_wait_ms)),
             call: Some(CALL),
+            bound: Some(BOUND),
             failed_calls,
         }
     }
 
     fn adaptive() -> Membership {
-        Membership::new(Mode::Adaptive, WAIT)
+        Membership::new(Mode::Adaptive)
     }
 
     #[test]
-    fn a_backlog_over_one_call_plus_the_wait_leaves_and_an_empty_queue_rejoins() {
+    fn a_backlog_over_the_admission_bound_leaves_and_half_of_it_rejoins() {
         let mut m = adaptive();
-        assert_eq!(m.observe(load(105, 0)), None, "at the mark: stays");
-        let left = m.observe(load(106, 0)).expect("over it: leaves");
+        assert_eq!(m.observe(load(205, 0)), None, "at the bound: stays");
+        let left = m.observe(load(206, 0)).expect("over it: leaves");
         assert_eq!((left.to, left.event()), (MemberState::Full, Some("left")));
-        assert_eq!(m.observe(load(60, 0)), None, "hysteresis: still draining");
-        let back = m.observe(load(50, 0)).expect("half a call: rejoins");
+        assert_eq!(m.observe(load(103, 0)), None, "hysteresis: still draining");
+        let back = m.observe(load(102, 0)).expect("half the bound: rejoins");
         assert_eq!(
             (back.to, back.event()),
             (MemberState::Joined, Some("joined"))
@@ -262,6 +265,7 @@ mod tests {
         let unmeasured = Load {
             start_wait: None,
             call: None,
+            bound: None,
             failed_calls: 0,
         };
         assert_eq!(m.observe(unmeasured), None);
@@ -302,7 +306,7 @@ mod tests {
 
     #[test]
     fn static_membership_never_leaves_until_stopped() {
-        let mut m = Membership::new(Mode::Static, WAIT);
+        let mut m = Membership::new(Mode::Static);
         assert_eq!(m.observe(load(10_000, 9)), None);
         assert_eq!(m.probed(false, load(0, 0)).0, None);
         assert_eq!(m.probed(false, load(0, 0)).0, None);

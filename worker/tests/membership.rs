@@ -81,9 +81,10 @@ async fn a_worker_leaves_while_its_upstream_fails_and_rejoins_when_it_recovers()
     for _ in 0..2 {
         assert_eq!(embed(&client, "while failing").await, Ok(424));
     }
-    wait_for_state(&raw, membership::UPSTREAM_UNHEALTHY, Duration::from_secs(5))
+    let left = wait_for_state(&raw, membership::UPSTREAM_UNHEALTHY, Duration::from_secs(5))
         .await
         .expect("the worker leaves after two failed calls");
+    println!("out {} ms after the second failed call", left.as_millis());
     let calls = tei.calls().len();
     let started = std::time::Instant::now();
     let refused = embed(&client, "no healthy worker").await;
@@ -103,9 +104,13 @@ async fn a_worker_leaves_while_its_upstream_fails_and_rejoins_when_it_recovers()
     assert_eq!(tei.calls().len(), calls, "no upstream call while out");
 
     tei.set_faults(Faults::default());
-    wait_for_state(&raw, membership::JOINED, Duration::from_secs(5))
+    let rejoined = wait_for_state(&raw, membership::JOINED, Duration::from_secs(5))
         .await
         .expect("the worker rejoins once /health answers");
+    println!(
+        "back {} ms after the upstream recovered",
+        rejoined.as_millis()
+    );
     assert_eq!(embed(&client, "after").await, Ok(200));
     worker.stop().await;
 }

@@ -293,7 +293,8 @@ impl BatcherHandle {
 
     /// The worker's load and its upstream's recent failures now, for queue-group membership
     /// (see `crate::membership`): the expected wait of a request queued now before its first
-    /// upstream call, the estimated call time, and the failed calls in a row.
+    /// upstream call, the estimated call time, the queue-delay bound admission enforces with it,
+    /// and the failed calls in a row.
     pub fn load(&self) -> crate::membership::Load {
         let now = Instant::now();
         let ledger = self.shared.ledger();
@@ -301,6 +302,7 @@ impl BatcherHandle {
         crate::membership::Load {
             start_wait: call.map(|call| ledger.start_wait(&self.shared.limits, call)),
             call,
+            bound: call.map(|call| Ledger::delay_bound(&self.shared.limits, call)),
             failed_calls: self.shared.failed_calls.load(Ordering::Relaxed),
         }
     }
