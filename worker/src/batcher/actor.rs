@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use embatch_protocol::EmbedError;
@@ -288,9 +287,13 @@ impl<U: Upstream> Actor<U> {
             metrics::counter!(names::UPSTREAM_CALLS, "outcome" => call.outcome.label())
                 .increment(1);
             if call.outcome == CallOutcome::Ok {
-                self.shared.failed_calls.store(0, Ordering::Relaxed);
+                self.shared
+                    .failed_calls
+                    .send_if_modified(|n| std::mem::take(n) != 0);
             } else if call.unhealthy {
-                self.shared.failed_calls.fetch_add(1, Ordering::Relaxed);
+                self.shared
+                    .failed_calls
+                    .send_modify(|n| *n = n.saturating_add(1));
             }
         }
         let now = Instant::now();

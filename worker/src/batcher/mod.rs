@@ -70,13 +70,12 @@ mod queue;
 #[cfg(test)]
 mod tests;
 
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
 use embatch_protocol::{EmbedError, EmbedOptions, Input};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -173,8 +172,8 @@ struct Shared {
     limits: Limits,
     ledger: Mutex<Ledger>,
     /// Upstream calls that failed as an unhealthy upstream fails, in a row (reset by a success
-    /// or by [`BatcherHandle::reset_failures`]).
-    failed_calls: AtomicU32,
+    /// or by [`BatcherHandle::reset_failures`]); watched by the queue-group membership.
+    failed_calls: watch::Sender<u32>,
 }
 
 impl Shared {
@@ -303,13 +302,19 @@ impl BatcherHandle {
             start_wait: call.map(|call| ledger.start_wait(&self.shared.limits, call)),
             call,
             bound: call.map(|call| Ledger::delay_bound(&self.shared.limits, call)),
-            failed_calls: self.shared.failed_calls.load(Ordering::Relaxed),
+            failed_calls: *self.shared.failed_calls.borrow(),
         }
     }
 
     /// Forgets the failed calls in a row: the upstream's `/health` answered again.
     pub fn reset_failures(&self) {
-        self.shared.failed_calls.store(0, Ordering::Relaxed);
+        self.shared.failed_calls.send_replace(0);
+    }
+
+    /// Notified when the count of failed upstream calls in a row changes (the membership
+    /// re-decides at once instead of at the next request or probe).
+    pub fn failures(&self) -> watch::Receiver<u32> {
+        self.shared.failed_calls.subscribe()
     }
 
     /// How long until this worker would admit a 1-input request with a generous deadline again:
@@ -343,7 +348,7 @@ pub fn spawn<U: Upstream>(
     let shared = Arc::new(Shared {
         limits,
         ledger: Mutex::new(Ledger::default()),
-        failed_calls: AtomicU32::new(0),
+        failed_calls: watch::Sender::new(0),
     });
     let (tx, rx) = mpsc::unbounded_channel();
     let task = tokio::spawn(actor::Actor::new(upstream, Arc::clone(&shared), rx).run());
