@@ -188,8 +188,10 @@ async fn while_nats_is_down_requests_get_503_not_a_timeout() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_worker_full_is_429_with_retry_after_and_no_worker_is_503() {
-    // One input per call, one call at a time, 600 ms each: a few queued requests put the
-    // (adaptive, default) worker over one call time of backlog, and it leaves the queue group.
+    // One input per call, one call at a time, 600 ms each: a few queued requests put the worker
+    // over its admission bound. Alone, it stays a member (it would leave only while another
+    // worker serves) and sheds with 429 itself; several full workers answer the same, whichever
+    // of them is a member, and when none is, the gateway answers 429 from discovery.
     let Stack { nats, tei, worker } = Stack::start(
         tei_taking(Duration::from_millis(600)),
         &["--max-batch-size", "1", "--max-concurrent-batches", "1"],
@@ -218,7 +220,7 @@ async fn every_worker_full_is_429_with_retry_after_and_no_worker_is_503() {
     assert_eq!(shed.status().as_u16(), 429);
     assert_eq!(shed.headers()["retry-after"], "1");
     let body: serde_json::Value = shed.json().await.expect("TEI error body");
-    assert_tei_error(&body, "Overloaded", "at capacity");
+    assert_tei_error(&body, "Overloaded", "retry in");
     for task in queued {
         let status = task.await.expect("joins").expect("HTTP response").status();
         assert!(matches!(status.as_u16(), 200 | 429), "{status}");

@@ -31,6 +31,13 @@ pub fn info_subject(subject: &str) -> String {
     format!("{subject}.info")
 }
 
+/// `<subject>.members`: where workers announce their queue-group membership to each other
+/// (`{"id": "<service id>", "membership": "joined"}` on every change and every second), so a
+/// full worker leaves only while another is a member. Workers only; clients need not know it.
+pub fn members_subject(subject: &str) -> String {
+    format!("{subject}.members")
+}
+
 /// Request header (optional): the contract version the client speaks, e.g. `1`.
 pub const VERSION: &str = "Embatch-Version";
 

@@ -12,29 +12,34 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::{Client, Message, Subscriber};
+use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::SelectAll;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
-use tokio::time::{Interval, MissedTickBehavior};
+use tokio::time::{Instant, Interval, MissedTickBehavior};
 
 use crate::batcher::BatcherHandle;
 use crate::membership::{
-    MemberState, Membership, PROBE_INTERVAL, PROBE_INTERVAL_UNHEALTHY, PROBE_TIMEOUT, Transition,
+    Load, MemberState, Membership, PROBE_INTERVAL, PROBE_INTERVAL_UNHEALTHY, PROBE_TIMEOUT,
+    Transition,
 };
+use crate::peers::{self, HEARTBEAT, Peers};
 use crate::telemetry::names;
 use crate::upstream::Upstream;
 
 /// How often a full worker re-checks whether its queue has drained enough to rejoin.
 pub const FULL_RECHECK: Duration = Duration::from_millis(2);
 
-/// Where the worker subscribes: the request subject and the shared queue group.
+/// Where the worker subscribes: the request subject and the shared queue group, and who it is.
 #[derive(Debug, Clone)]
 pub(crate) struct Address {
     /// `EMBATCH_SUBJECT`.
     pub subject: String,
     /// `QUEUE_GROUP`.
     pub queue_group: String,
+    /// The worker's service id (as discovery reports it), in its announcements.
+    pub id: String,
 }
 
 /// What [`Group::next`] yields.
@@ -42,13 +47,23 @@ pub(crate) struct Address {
 pub(crate) enum Event {
     /// A request (from the current subscription or one draining).
     Request(Message),
-    /// A `/health` probe's result: pass it to [`Group::probed`].
-    Probe(bool),
-    /// Full and time to re-check the load, or an upstream call failed: call
-    /// [`Group::observe`].
-    Recheck,
+    /// Something for the membership decision: pass it to [`Group::control`].
+    Control(Control),
     /// Every subscription has ended: after [`Group::stop`], or the connection closed.
     Ended,
+}
+
+/// An input of the membership decision.
+#[derive(Debug)]
+pub(crate) enum Control {
+    /// A `/health` probe's result.
+    Probe(bool),
+    /// Full and time to re-check the load, or an upstream call failed.
+    Recheck,
+    /// A peer's announcement (its payload).
+    Peer(Bytes),
+    /// Time to repeat this worker's own state.
+    Heartbeat,
 }
 
 /// The worker's membership in the queue group of the request subject.
@@ -63,6 +78,9 @@ pub(crate) struct Group {
     probes: Option<mpsc::Receiver<bool>>,
     failures: watch::Receiver<u32>,
     recheck: Interval,
+    peers: Peers,
+    announcements: Subscriber,
+    heartbeat: Interval,
 }
 
 impl Group {
@@ -79,15 +97,23 @@ impl Group {
         batcher: BatcherHandle,
         probes: Option<mpsc::Receiver<bool>>,
     ) -> Result<Group, async_nats::SubscribeError> {
+        let announcements = client
+            .subscribe(peers::members_subject(&address.subject))
+            .await?;
         let current = client
             .queue_subscribe(address.subject.clone(), address.queue_group.clone())
             .await?;
         metrics::gauge!(names::MEMBER).set(1.0);
+        let mut heartbeat = tokio::time::interval(HEARTBEAT);
+        heartbeat.set_missed_tick_behavior(MissedTickBehavior::Delay);
         state.send_replace(membership.state());
         let mut recheck = tokio::time::interval(FULL_RECHECK);
         recheck.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let failures = batcher.failures();
         Ok(Group {
+            peers: Peers::new(address.id.clone()),
+            announcements,
+            heartbeat,
             failures,
             client,
             address,
@@ -101,12 +127,18 @@ impl Group {
         })
     }
 
-    /// The next thing to handle: a request routed to this worker, a probe result, or (while
-    /// full) a tick to re-check the load. Cancel-safe: it only waits; acting on a probe or a
-    /// tick ([`Group::probed`], [`Group::observe`]) is the caller's next step.
+    /// The next thing to handle: a request routed to this worker, or an input of the
+    /// membership decision. Cancel-safe: it only waits; acting on a control
+    /// ([`Group::control`]) is the caller's next step, outside any `select!`.
     pub async fn next(&mut self) -> Event {
         loop {
-            let full = self.membership.state() == MemberState::Full;
+            let state = self.membership.state();
+            let stopping = state == MemberState::Stopping;
+            if stopping && self.current.is_none() && self.draining.is_empty() {
+                return Event::Ended;
+            }
+            let full = state == MemberState::Full;
+            let adaptive = self.probes.is_some() && !stopping;
             tokio::select! {
                 message = next_of(&mut self.current) => match message {
                     Some(message) => return Event::Request(message),
@@ -117,30 +149,68 @@ impl Group {
                         }
                     }
                 },
-                Some(message) = self.draining.next(), if !self.draining.is_empty() => {
-                    return Event::Request(message);
+                message = self.draining.next(), if !self.draining.is_empty() => match message {
+                    Some(message) => return Event::Request(message),
+                    None => continue, // every drain is complete
+                },
+                Some(ok) = recv_of(&mut self.probes) => return Event::Control(Control::Probe(ok)),
+                _ = self.recheck.tick(), if full => return Event::Control(Control::Recheck),
+                Ok(()) = self.failures.changed(), if adaptive => {
+                    return Event::Control(Control::Recheck);
                 }
-                Some(ok) = recv_of(&mut self.probes) => return Event::Probe(ok),
-                _ = self.recheck.tick(), if full => return Event::Recheck,
-                Ok(()) = self.failures.changed(), if self.probes.is_some() => return Event::Recheck,
-                else => return Event::Ended,
+                Some(message) = self.announcements.next(), if !stopping => {
+                    return Event::Control(Control::Peer(message.payload));
+                }
+                _ = self.heartbeat.tick(), if !stopping => {
+                    return Event::Control(Control::Heartbeat);
+                }
             }
         }
     }
 
-    /// Re-decides from the batcher's load (after a request was admitted).
+    /// Acts on a membership input.
+    pub async fn control(&mut self, control: Control) {
+        match control {
+            Control::Probe(ok) => {
+                let load = self.load();
+                let (transition, recovered) = self.membership.probed(ok, load);
+                if recovered {
+                    self.batcher.reset_failures();
+                }
+                self.apply(transition).await;
+            }
+            Control::Recheck => self.observe().await,
+            Control::Peer(payload) => {
+                if self.peers.record(&payload, Instant::now()) {
+                    self.observe().await;
+                }
+            }
+            Control::Heartbeat => self.announce().await,
+        }
+    }
+
+    /// Re-decides from the load (after a request was admitted).
     pub async fn observe(&mut self) {
-        let transition = self.membership.observe(self.batcher.load());
+        let load = self.load();
+        let transition = self.membership.observe(load);
         self.apply(transition).await;
     }
 
-    /// Takes a `/health` probe's result.
-    pub async fn probed(&mut self, ok: bool) {
-        let (transition, recovered) = self.membership.probed(ok, self.batcher.load());
-        if recovered {
-            self.batcher.reset_failures();
+    /// The batcher's load, and whether a peer is a member.
+    fn load(&mut self) -> Load {
+        Load {
+            peer_is_member: self.peers.any_member(Instant::now()),
+            ..self.batcher.load()
         }
-        self.apply(transition).await;
+    }
+
+    /// Publishes this worker's state to its peers.
+    async fn announce(&self) {
+        let payload = peers::announcement(&self.address.id, self.membership.state());
+        let subject = peers::members_subject(&self.address.subject);
+        if let Err(err) = self.client.publish(subject, payload).await {
+            tracing::debug!(%err, "cannot announce the membership");
+        }
     }
 
     /// Leaves for good: drains the subscription; [`Group::next`] then yields what the server
@@ -156,6 +226,7 @@ impl Group {
             return;
         };
         self.state.send_replace(transition.to);
+        self.announce().await;
         let event = transition.event();
         metrics::counter!(
             names::MEMBERSHIP_CHANGES,

@@ -188,8 +188,7 @@ pub(crate) async fn run(
                 intake.admit(request).await;
                 group.observe().await;
             }
-            Event::Probe(ok) => group.probed(ok).await,
-            Event::Recheck => group.observe().await,
+            Event::Control(control) => group.control(control).await,
             Event::Ended => {
                 withdrawals.abort();
                 return;
@@ -203,7 +202,7 @@ pub(crate) async fn run(
         match event {
             Event::Request(request) => intake.admit(request).await,
             Event::Ended => break,
-            Event::Probe(_) | Event::Recheck => {}
+            Event::Control(_) => {}
         }
     }
     withdrawals.abort();

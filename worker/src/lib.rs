@@ -20,6 +20,7 @@ mod info;
 mod intake;
 pub mod membership;
 mod micro;
+mod peers;
 mod respond;
 pub mod telemetry;
 pub mod upstream;
@@ -168,8 +169,12 @@ pub async fn run<U: Upstream>(
     let info_stats = micro::EndpointStats::new(info::ENDPOINT, &info_subject, &config.queue_group);
     let membership = membership::Membership::new(config.membership);
     let (state, state_rx) = tokio::sync::watch::channel(membership.state());
+    // The service id: discovery reports it, and membership announcements carry it.
+    let inbox = client.new_inbox();
+    let id = inbox.rsplit('.').next().unwrap_or(&inbox).to_owned();
     let discovery = micro::serve(
         client.clone(),
+        id.clone(),
         micro::Identity {
             name: SERVICE_NAME.to_owned(),
             version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -197,6 +202,7 @@ pub async fn run<U: Upstream>(
         group::Address {
             subject: config.subject.clone(),
             queue_group: config.queue_group.clone(),
+            id,
         },
         membership,
         state,

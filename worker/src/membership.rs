@@ -114,6 +114,9 @@ pub struct Load {
     pub bound: Option<Duration>,
     /// Upstream calls that failed in a row (refused, 5xx, timeout), since the last success.
     pub failed_calls: u32,
+    /// Whether another worker is a member of the queue group now (from their announcements,
+    /// see `crate::peers`): a full worker leaves only then, and rejoins when it is no longer so.
+    pub peer_is_member: bool,
 }
 
 /// A change of membership: the intake subscribes (`joined`) or drains its subscription.
@@ -172,8 +175,12 @@ impl Membership {
             _ if unhealthy => MemberState::UpstreamUnhealthy,
             // Only a successful probe brings an unhealthy worker back (it resets the counts).
             MemberState::UpstreamUnhealthy => MemberState::UpstreamUnhealthy,
-            MemberState::Joined if self.over_high_water(load) => MemberState::Full,
-            MemberState::Full if self.under_low_water(load) => MemberState::Joined,
+            MemberState::Joined if self.over_high_water(load) && load.peer_is_member => {
+                MemberState::Full
+            }
+            MemberState::Full if self.under_low_water(load) || !load.peer_is_member => {
+                MemberState::Joined
+            }
             state => state,
         };
         self.set(next)
@@ -191,7 +198,7 @@ impl Membership {
         if self.state != MemberState::UpstreamUnhealthy || self.mode == Mode::Static {
             return (self.observe(load), false);
         }
-        let next = if self.over_high_water(load) {
+        let next = if self.over_high_water(load) && load.peer_is_member {
             MemberState::Full
         } else {
             MemberState::Joined
@@ -238,6 +245,7 @@ mod tests {
             call: Some(CALL),
             bound: Some(BOUND),
             failed_calls,
+            peer_is_member: true,
         }
     }
 
@@ -260,6 +268,31 @@ mod tests {
     }
 
     #[test]
+    fn the_last_member_never_leaves_for_backlog_and_a_full_worker_rejoins_when_alone() {
+        let mut m = adaptive();
+        let alone = |wait| Load {
+            peer_is_member: false,
+            ..load(wait, 0)
+        };
+        assert_eq!(m.observe(alone(10_000)), None, "no other member: stays");
+        assert_eq!(
+            m.observe(load(10_000, 0)).map(|t| t.to),
+            Some(MemberState::Full)
+        );
+        let back = m.observe(alone(10_000)).expect("the others left: rejoins");
+        assert_eq!(back.to, MemberState::Joined);
+        // Upstream failures still take the last member out: it cannot serve.
+        assert_eq!(
+            m.observe(Load {
+                failed_calls: 2,
+                ..alone(0)
+            })
+            .map(|t| t.to),
+            Some(MemberState::UpstreamUnhealthy)
+        );
+    }
+
+    #[test]
     fn nothing_measured_never_leaves_for_backlog() {
         let mut m = adaptive();
         let unmeasured = Load {
@@ -267,6 +300,7 @@ mod tests {
             call: None,
             bound: None,
             failed_calls: 0,
+            peer_is_member: true,
         };
         assert_eq!(m.observe(unmeasured), None);
         assert_eq!(m.state(), MemberState::Joined);

@@ -101,7 +101,7 @@ pub(crate) struct Identity {
     pub metadata: HashMap<String, String>,
 }
 
-/// Subscribes to the discovery subjects (`$SRV.<VERB>`, `$SRV.<VERB>.<name>`,
+/// Subscribes, as service instance `id`, to the discovery subjects (`$SRV.<VERB>`, `$SRV.<VERB>.<name>`,
 /// `$SRV.<VERB>.<name>.<id>` for PING, INFO and STATS) and returns the task answering them until
 /// it is aborted or the connection closes. `state` is read on every answer.
 ///
@@ -109,12 +109,11 @@ pub(crate) struct Identity {
 /// When a subscription cannot be made (the connection is closed).
 pub(crate) async fn serve(
     client: async_nats::Client,
+    id: String,
     identity: Identity,
     endpoints: Vec<EndpointStats>,
     state: watch::Receiver<MemberState>,
 ) -> Result<tokio::task::JoinHandle<()>, async_nats::SubscribeError> {
-    let inbox = client.new_inbox();
-    let id = inbox.rsplit('.').next().unwrap_or(&inbox).to_owned();
     let started = async_nats::datetime::now();
     let mut verbs = SelectAll::new();
     for verb in ["PING", "INFO", "STATS"] {

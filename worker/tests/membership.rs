@@ -191,64 +191,78 @@ fn inputs(tei: &embatch_testkit::TeiDouble) -> usize {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_worker_full_is_429_and_no_worker_is_503() {
+async fn a_full_worker_leaves_only_while_another_serves_and_no_worker_is_503() {
     let nats = NatsServer::start();
-    let tei = start_tei(TeiConfig {
+    // One input per call, one call at a time, 600 ms each: three queued requests put a worker
+    // over its admission bound (2 × 600 ms + 1 ms of expected wait).
+    let slow = || TeiConfig {
         base: Duration::from_millis(600),
         concurrency: 1,
         ..TeiConfig::instant()
-    })
-    .await;
-    let worker = RunningWorker::start(
-        &nats,
-        &[
+    };
+    let args = |url: &str| {
+        [
             "--tei-url",
-            &tei.url,
+            url,
             "--max-batch-size",
             "1",
             "--max-concurrent-batches",
             "1",
             "--max-wait-time",
             "1ms",
-        ],
-    )
-    .await;
+        ]
+        .map(str::to_owned)
+    };
+    let tei = start_tei(slow()).await;
+    let lone_args = args(&tei.url);
+    let lone = RunningWorker::start(&nats, &lone_args.each_ref().map(String::as_str)).await;
     let raw = connect(&nats).await;
     let client = EmbedClient::new(raw.clone(), "embed");
     assert_eq!(embed(&client, "measure").await, Ok(200));
-    // Requests queued behind a 600 ms call: the worker leaves the group as full.
-    let queued: Vec<_> = (0..4)
-        .map(|i| {
-            let client = client.clone();
-            tokio::spawn(async move { embed(&client, &format!("queued {i}")).await })
-        })
-        .collect();
-    wait_for_state(&raw, membership::FULL, Duration::from_secs(2))
-        .await
-        .expect("the worker is full");
-    let started = std::time::Instant::now();
-    let saturated = embed(&client, "one more").await;
+    let flood = |n: usize| {
+        (0..n)
+            .map(|i| {
+                let client = client.clone();
+                tokio::spawn(async move { embed(&client, &format!("flood {i}")).await })
+            })
+            .collect::<Vec<_>>()
+    };
+    // Alone, the worker stays a member however full: it sheds with 429 itself.
+    let mut answers = Vec::new();
+    for task in flood(6) {
+        answers.push(task.await.expect("task"));
+    }
+    assert!(answers.contains(&Ok(429)), "{answers:?}");
     assert!(
-        matches!(saturated, Err(RequestError::Saturated { .. })),
-        "{saturated:?}"
+        answers.iter().all(|a| matches!(a, Ok(200 | 429))),
+        "every request is answered by the worker: {answers:?}"
     );
-    assert!(
-        started.elapsed() < Duration::from_millis(300),
-        "429 at once: {:?}",
-        started.elapsed()
-    );
-    assert_eq!(
-        embatch_protocol::EmbedError::from(saturated.expect_err("an error")).status(),
-        429
-    );
-    for task in queued {
+    assert_eq!(state(&raw).await.as_deref(), Some(membership::JOINED));
+
+    // With a second worker, the full one leaves while the other serves.
+    let other_tei = start_tei(slow()).await;
+    let other_args = args(&other_tei.url);
+    let other = RunningWorker::start(&nats, &other_args.each_ref().map(String::as_str)).await;
+    tokio::time::sleep(peers_heard()).await;
+    let mut left = false;
+    let tasks = flood(6);
+    for _ in 0..50 {
+        if states(&raw).await.iter().any(|s| s == membership::FULL) {
+            left = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for task in tasks {
         let answer = task.await.expect("task");
         assert!(
             matches!(answer, Ok(200 | 429) | Err(RequestError::Saturated { .. })),
-            "a queued request is served or shed, never lost: {answer:?}"
+            "served, or shed with 429, never lost: {answer:?}"
         );
     }
-    worker.stop().await;
+    assert!(left, "a full worker left the group while the other served");
+    lone.stop().await;
+    other.stop().await;
 
     let absent = embed(&client, "nobody").await;
     assert!(
@@ -259,4 +273,32 @@ async fn every_worker_full_is_429_and_no_worker_is_503() {
         embatch_protocol::EmbedError::from(absent.expect_err("an error")).status(),
         503
     );
+}
+
+/// Long enough for workers to hear each other's first announcement.
+fn peers_heard() -> Duration {
+    Duration::from_millis(200)
+}
+
+/// The `membership` of every worker answering `$SRV.INFO.embatch` within 100 ms.
+async fn states(client: &async_nats::Client) -> Vec<String> {
+    let inbox = client.new_inbox();
+    let mut answers = client.subscribe(inbox.clone()).await.expect("subscribe");
+    client
+        .publish_with_reply("$SRV.INFO.embatch", inbox, Bytes::new())
+        .await
+        .expect("publish");
+    let mut states = Vec::new();
+    while let Ok(Some(answer)) =
+        tokio::time::timeout(Duration::from_millis(100), answers.next()).await
+    {
+        let info: serde_json::Value = serde_json::from_slice(&answer.payload).expect("JSON");
+        states.push(
+            info["metadata"]["membership"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned(),
+        );
+    }
+    states
 }
