@@ -81,6 +81,8 @@ pub(crate) struct Group {
     peers: Peers,
     announcements: Subscriber,
     heartbeat: Interval,
+    /// What this worker last announced: its state and whether it had room.
+    announced: (MemberState, bool),
 }
 
 impl Group {
@@ -112,6 +114,7 @@ impl Group {
         let failures = batcher.failures();
         Ok(Group {
             peers: Peers::new(address.id.clone()),
+            announced: (MemberState::Stopping, false),
             announcements,
             heartbeat,
             failures,
@@ -189,24 +192,35 @@ impl Group {
         }
     }
 
-    /// Re-decides from the load (after a request was admitted).
+    /// Re-decides from the load (after a request was admitted), and tells the peers when this
+    /// worker's room changed.
     pub async fn observe(&mut self) {
         let load = self.load();
         let transition = self.membership.observe(load);
         self.apply(transition).await;
+        let now = (
+            self.membership.state(),
+            self.membership.has_room(self.batcher.load()),
+        );
+        if now != self.announced {
+            self.announce().await;
+        }
     }
 
     /// The batcher's load, and whether a peer is a member.
     fn load(&mut self) -> Load {
         Load {
-            peer_is_member: self.peers.any_member(Instant::now()),
+            peer_has_room: self.peers.any_room(Instant::now()),
             ..self.batcher.load()
         }
     }
 
-    /// Publishes this worker's state to its peers.
-    async fn announce(&self) {
-        let payload = peers::announcement(&self.address.id, self.membership.state());
+    /// Publishes this worker's state and room to its peers.
+    async fn announce(&mut self) {
+        let state = self.membership.state();
+        let room = self.membership.has_room(self.batcher.load());
+        self.announced = (state, room);
+        let payload = peers::announcement(&self.address.id, state, room);
         let subject = peers::members_subject(&self.address.subject);
         if let Err(err) = self.client.publish(subject, payload).await {
             tracing::debug!(%err, "cannot announce the membership");

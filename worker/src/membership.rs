@@ -100,6 +100,14 @@ impl MemberState {
     }
 }
 
+impl Membership {
+    /// Whether this worker has room for a peer's share: a member whose expected queue wait is
+    /// at most half its bound (what its announcements say; see `crate::peers`).
+    pub fn has_room(&self, load: Load) -> bool {
+        self.state.is_member() && self.under_low_water(load)
+    }
+}
+
 /// What the batcher says about the worker's load and its upstream (see
 /// `BatcherHandle::status`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -114,9 +122,10 @@ pub struct Load {
     pub bound: Option<Duration>,
     /// Upstream calls that failed in a row (refused, 5xx, timeout), since the last success.
     pub failed_calls: u32,
-    /// Whether another worker is a member of the queue group now (from their announcements,
-    /// see `crate::peers`): a full worker leaves only then, and rejoins when it is no longer so.
-    pub peer_is_member: bool,
+    /// Whether another worker is a member of the queue group now *and has room* (its own
+    /// backlog under half its bound), from the workers' announcements (see `crate::peers`): a
+    /// full worker leaves only then, and rejoins when it is no longer so.
+    pub peer_has_room: bool,
 }
 
 /// A change of membership: the intake subscribes (`joined`) or drains its subscription.
@@ -175,10 +184,10 @@ impl Membership {
             _ if unhealthy => MemberState::UpstreamUnhealthy,
             // Only a successful probe brings an unhealthy worker back (it resets the counts).
             MemberState::UpstreamUnhealthy => MemberState::UpstreamUnhealthy,
-            MemberState::Joined if self.over_high_water(load) && load.peer_is_member => {
+            MemberState::Joined if self.over_high_water(load) && load.peer_has_room => {
                 MemberState::Full
             }
-            MemberState::Full if self.under_low_water(load) || !load.peer_is_member => {
+            MemberState::Full if self.under_low_water(load) || !load.peer_has_room => {
                 MemberState::Joined
             }
             state => state,
@@ -198,7 +207,7 @@ impl Membership {
         if self.state != MemberState::UpstreamUnhealthy || self.mode == Mode::Static {
             return (self.observe(load), false);
         }
-        let next = if self.over_high_water(load) && load.peer_is_member {
+        let next = if self.over_high_water(load) && load.peer_has_room {
             MemberState::Full
         } else {
             MemberState::Joined
@@ -245,7 +254,7 @@ mod tests {
             call: Some(CALL),
             bound: Some(BOUND),
             failed_calls,
-            peer_is_member: true,
+            peer_has_room: true,
         }
     }
 
@@ -268,18 +277,20 @@ mod tests {
     }
 
     #[test]
-    fn the_last_member_never_leaves_for_backlog_and_a_full_worker_rejoins_when_alone() {
+    fn a_full_worker_leaves_only_for_a_peer_with_room_and_rejoins_when_none_has() {
         let mut m = adaptive();
         let alone = |wait| Load {
-            peer_is_member: false,
+            peer_has_room: false,
             ..load(wait, 0)
         };
-        assert_eq!(m.observe(alone(10_000)), None, "no other member: stays");
+        assert_eq!(m.observe(alone(10_000)), None, "no peer with room: stays");
         assert_eq!(
             m.observe(load(10_000, 0)).map(|t| t.to),
             Some(MemberState::Full)
         );
-        let back = m.observe(alone(10_000)).expect("the others left: rejoins");
+        let back = m
+            .observe(alone(10_000))
+            .expect("no peer has room now: rejoins");
         assert_eq!(back.to, MemberState::Joined);
         // Upstream failures still take the last member out: it cannot serve.
         assert_eq!(
@@ -300,7 +311,7 @@ mod tests {
             call: None,
             bound: None,
             failed_calls: 0,
-            peer_is_member: true,
+            peer_has_room: true,
         };
         assert_eq!(m.observe(unmeasured), None);
         assert_eq!(m.state(), MemberState::Joined);

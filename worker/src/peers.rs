@@ -1,12 +1,14 @@
 //! What a worker knows of its peers' queue-group membership, from their announcements on
 //! [`embatch_protocol::headers::members_subject`].
 //!
-//! Every worker publishes `{"id": "<its service id>", "membership": "<state>"}` there on every
-//! change of membership and every [`HEARTBEAT`]; every worker listens. A full worker leaves the
-//! queue group only while a peer is a member, and a full worker that is out rejoins when the last
-//! member leaves: the group never empties because everyone is busy (a lone worker keeps its
-//! queue and sheds with 429 itself, as with `MEMBERSHIP=static`), only because upstreams fail.
-//! A peer not heard from for [`EXPIRY`] (killed, partitioned) counts as gone.
+//! Every worker publishes `{"id": "<its service id>", "membership": "<state>", "room": <bool>}`
+//! there when its state or its room changes and every [`HEARTBEAT`]; every worker listens.
+//! `room` says the worker is a member with a backlog under half its bound. A full worker leaves
+//! the queue group only while a peer has room, and a full worker that is out rejoins when no
+//! peer has room any more: a fleet that is full everywhere stays in the group and sheds with 429
+//! as `MEMBERSHIP=static` does (each leave would only push its share onto peers that shed it);
+//! the group empties only when upstreams fail. A peer not heard from for [`EXPIRY`] (killed,
+//! partitioned) counts as gone.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -29,21 +31,25 @@ struct Announcement<'a> {
     id: &'a str,
     #[serde(rename = "membership")]
     state: &'a str,
+    #[serde(default)]
+    room: bool,
 }
 
 pub(crate) use embatch_protocol::headers::members_subject;
 
-/// The announcement of worker `id` in `state`, as JSON bytes.
-pub(crate) fn announcement(id: &str, state: MemberState) -> Bytes {
+/// The announcement of worker `id` in `state`, with or without `room`, as JSON bytes.
+pub(crate) fn announcement(id: &str, state: MemberState, room: bool) -> Bytes {
     serde_json::to_vec(&Announcement {
         id,
         state: state.label(),
+        room,
     })
     .map(Bytes::from)
     .unwrap_or_default()
 }
 
-/// The peers heard from, by service id: whether each is a member, and when it was last heard.
+/// The peers heard from, by service id: whether each is a member with room, and when it was
+/// last heard.
 #[derive(Debug)]
 pub(crate) struct Peers {
     me: String,
@@ -59,8 +65,8 @@ impl Peers {
         }
     }
 
-    /// Takes an announcement received at `now`; `true` when it changed whether that peer is a
-    /// member. Malformed payloads are ignored.
+    /// Takes an announcement received at `now`; `true` when it changed whether that peer has
+    /// room. Malformed payloads are ignored.
     pub(crate) fn record(&mut self, payload: &[u8], now: Instant) -> bool {
         let Ok(heard) = serde_json::from_slice::<Announcement<'_>>(payload) else {
             return false;
@@ -68,7 +74,7 @@ impl Peers {
         if heard.id == self.me {
             return false;
         }
-        let member = heard.state == membership::JOINED;
+        let member = heard.state == membership::JOINED && heard.room;
         if heard.state == membership::STOPPING {
             return self.seen.remove(heard.id).is_some_and(|(was, _)| was);
         }
@@ -76,8 +82,9 @@ impl Peers {
         before.is_none_or(|(was, _)| was != member)
     }
 
-    /// Whether a peer heard from within [`EXPIRY`] of `now` is a member; forgets the expired.
-    pub(crate) fn any_member(&mut self, now: Instant) -> bool {
+    /// Whether a peer heard from within [`EXPIRY`] of `now` is a member with room; forgets the
+    /// expired.
+    pub(crate) fn any_room(&mut self, now: Instant) -> bool {
         self.seen
             .retain(|_, (_, at)| now.saturating_duration_since(*at) <= EXPIRY);
         self.seen.values().any(|(member, _)| *member)
@@ -89,25 +96,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn members_are_tracked_until_they_leave_stop_or_expire() {
+    fn members_with_room_are_tracked_until_they_fill_leave_stop_or_expire() {
         let start = Instant::now();
         let mut peers = Peers::new("me".into());
-        assert!(!peers.any_member(start));
-        assert!(!peers.record(&announcement("me", MemberState::Joined), start));
-        assert!(
-            !peers.any_member(start),
-            "its own announcement is not a peer"
-        );
-        assert!(peers.record(&announcement("a", MemberState::Joined), start));
-        assert!(peers.any_member(start));
-        assert!(peers.record(&announcement("a", MemberState::Full), start));
-        assert!(!peers.any_member(start));
-        assert!(peers.record(&announcement("a", MemberState::Joined), start));
-        assert!(peers.record(&announcement("a", MemberState::Stopping), start));
-        assert!(!peers.any_member(start));
-        peers.record(&announcement("b", MemberState::Joined), start);
-        assert!(peers.any_member(start + EXPIRY));
-        assert!(!peers.any_member(start + EXPIRY + Duration::from_millis(1)));
+        assert!(!peers.any_room(start));
+        assert!(!peers.record(&announcement("me", MemberState::Joined, true), start));
+        assert!(!peers.any_room(start), "its own announcement is not a peer");
+        assert!(peers.record(&announcement("a", MemberState::Joined, true), start));
+        assert!(peers.any_room(start));
+        assert!(peers.record(&announcement("a", MemberState::Joined, false), start));
+        assert!(!peers.any_room(start), "a member without room");
+        assert!(!peers.record(&announcement("a", MemberState::Full, false), start));
+        assert!(!peers.any_room(start));
+        assert!(peers.record(&announcement("a", MemberState::Joined, true), start));
+        assert!(peers.record(&announcement("a", MemberState::Stopping, false), start));
+        assert!(!peers.any_room(start));
+        peers.record(&announcement("b", MemberState::Joined, true), start);
+        assert!(peers.any_room(start + EXPIRY));
+        assert!(!peers.any_room(start + EXPIRY + Duration::from_millis(1)));
         assert!(!peers.record(b"not json", start));
     }
 }

@@ -302,3 +302,64 @@ async fn states(client: &async_nats::Client) -> Vec<String> {
     }
     states
 }
+
+/// What leaving the queue group relies on: a drained subscription still gets every message the
+/// server routed to it before it processed the UNSUB, while another member takes the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_queue_subscription_loses_no_message_routed_to_it() {
+    const TOTAL: usize = 20_000;
+    let nats = NatsServer::start();
+    let leaving = connect(&nats).await;
+    let staying = connect(&nats).await;
+    let publisher = connect(&nats).await;
+    let mut a = leaving
+        .queue_subscribe("drain.test", "g".to_owned())
+        .await
+        .expect("subscribe");
+    let mut b = staying
+        .queue_subscribe("drain.test", "g".to_owned())
+        .await
+        .expect("subscribe");
+    staying.flush().await.expect("flush");
+    let counted = tokio::spawn(async move {
+        let mut n = 0;
+        while tokio::time::timeout(Duration::from_secs(2), b.next())
+            .await
+            .ok()
+            .flatten()
+            .is_some()
+        {
+            n += 1;
+        }
+        n
+    });
+    let sending = tokio::spawn(async move {
+        for i in 0..TOTAL {
+            publisher
+                .publish("drain.test", Bytes::from(i.to_string()))
+                .await
+                .expect("publish");
+        }
+        publisher.flush().await.expect("flush");
+    });
+    let mut got_a = 0;
+    // Leave in the middle of the stream, while messages are in flight to this subscription.
+    while got_a < TOTAL / 8 {
+        if tokio::time::timeout(Duration::from_secs(5), a.next())
+            .await
+            .ok()
+            .flatten()
+            .is_none()
+        {
+            break;
+        }
+        got_a += 1;
+    }
+    a.drain().await.expect("drain");
+    while let Ok(Some(_)) = tokio::time::timeout(Duration::from_secs(5), a.next()).await {
+        got_a += 1;
+    }
+    sending.await.expect("publisher");
+    let got_b = counted.await.expect("counter");
+    assert_eq!(got_a + got_b, TOTAL, "a: {got_a}, b: {got_b}");
+}

@@ -303,7 +303,7 @@ impl BatcherHandle {
             call,
             bound: call.map(|call| Ledger::delay_bound(&self.shared.limits, call)),
             failed_calls: *self.shared.failed_calls.borrow(),
-            peer_is_member: false, // the batcher knows no peers; see `crate::group`
+            peer_has_room: false, // the batcher knows no peers; see `crate::group`
         }
     }
 
