@@ -83,7 +83,13 @@ pub(crate) struct Group {
     heartbeat: Interval,
     /// What this worker last announced: its state and whether it had room.
     announced: (MemberState, bool),
+    /// The queue wait a request met on admission, smoothed ([`ROOM_SMOOTHING`] per request):
+    /// whether this worker has room for a peer's share.
+    typical_wait: Duration,
 }
+
+/// Weight of each admitted request's queue wait in [`Group`]'s typical wait.
+const ROOM_SMOOTHING: f64 = 0.1;
 
 impl Group {
     /// Subscribes to `address` as a member; `probes` carries the upstream's `/health` results
@@ -115,6 +121,7 @@ impl Group {
         Ok(Group {
             peers: Peers::new(address.id.clone()),
             announced: (MemberState::Stopping, false),
+            typical_wait: Duration::ZERO,
             announcements,
             heartbeat,
             failures,
@@ -196,15 +203,25 @@ impl Group {
     /// worker's room changed.
     pub async fn observe(&mut self) {
         let load = self.load();
+        if let Some(wait) = load.start_wait {
+            let typical = self.typical_wait.as_secs_f64();
+            self.typical_wait =
+                Duration::from_secs_f64(typical + ROOM_SMOOTHING * (wait.as_secs_f64() - typical));
+        }
         let transition = self.membership.observe(load);
         self.apply(transition).await;
-        let now = (
-            self.membership.state(),
-            self.membership.has_room(self.batcher.load()),
-        );
-        if now != self.announced {
+        if (self.membership.state(), self.has_room()) != self.announced {
             self.announce().await;
         }
+    }
+
+    /// Whether this worker has room for a peer's share, by its typical wait.
+    fn has_room(&self) -> bool {
+        let load = self.batcher.load();
+        self.membership.has_room(Load {
+            start_wait: load.start_wait.map(|_| self.typical_wait),
+            ..load
+        })
     }
 
     /// The batcher's load, and whether a peer is a member.
@@ -218,7 +235,7 @@ impl Group {
     /// Publishes this worker's state and room to its peers.
     async fn announce(&mut self) {
         let state = self.membership.state();
-        let room = self.membership.has_room(self.batcher.load());
+        let room = self.has_room();
         self.announced = (state, room);
         let payload = peers::announcement(&self.address.id, state, room);
         let subject = peers::members_subject(&self.address.subject);

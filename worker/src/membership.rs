@@ -101,10 +101,14 @@ impl MemberState {
 }
 
 impl Membership {
-    /// Whether this worker has room for a peer's share: a member whose expected queue wait is
-    /// at most half its bound (what its announcements say; see `crate::peers`).
-    pub fn has_room(&self, load: Load) -> bool {
-        self.state.is_member() && self.under_low_water(load)
+    /// Whether this worker has room for a peer's share: a member whose *typical* queue wait
+    /// (`load.start_wait` smoothed over recent requests by the caller) is at most half its
+    /// bound, or that has measured nothing yet. What its announcements say (see
+    /// `crate::peers`). The instant wait would not do: a saturated worker's queue empties for a
+    /// moment after every dispatch, and peers that left on that flicker pushed their share onto
+    /// it (benchmark 5, measured).
+    pub fn has_room(&self, smoothed: Load) -> bool {
+        self.state.is_member() && self.under_low_water(smoothed)
     }
 }
 
@@ -122,9 +126,9 @@ pub struct Load {
     pub bound: Option<Duration>,
     /// Upstream calls that failed in a row (refused, 5xx, timeout), since the last success.
     pub failed_calls: u32,
-    /// Whether another worker is a member of the queue group now *and has room* (its own
-    /// backlog under half its bound), from the workers' announcements (see `crate::peers`): a
-    /// full worker leaves only then, and rejoins when it is no longer so.
+    /// Whether another worker is a member of the queue group now *and has room* (its typical
+    /// queue wait under half its bound), from the workers' announcements (see `crate::peers`): a full
+    /// worker leaves only then, and rejoins when it is no longer so.
     pub peer_has_room: bool,
 }
 
@@ -301,6 +305,18 @@ mod tests {
             .map(|t| t.to),
             Some(MemberState::UpstreamUnhealthy)
         );
+    }
+
+    #[test]
+    fn room_is_a_typical_wait_under_half_the_bound() {
+        let mut m = adaptive();
+        assert!(m.has_room(load(102, 0)));
+        assert!(!m.has_room(load(103, 0)));
+        m.observe(Load {
+            peer_has_room: true,
+            ..load(10_000, 0)
+        });
+        assert!(!m.has_room(load(0, 0)), "out of the group");
     }
 
     #[test]

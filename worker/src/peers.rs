@@ -3,7 +3,8 @@
 //!
 //! Every worker publishes `{"id": "<its service id>", "membership": "<state>", "room": <bool>}`
 //! there when its state or its room changes and every [`HEARTBEAT`]; every worker listens.
-//! `room` says the worker is a member with a backlog under half its bound. A full worker leaves
+//! `room` says the worker is a member whose typical queue wait (smoothed over its recent
+//! requests) is under half its bound. A full worker leaves
 //! the queue group only while a peer has room, and a full worker that is out rejoins when no
 //! peer has room any more: a fleet that is full everywhere stays in the group and sheds with 429
 //! as `MEMBERSHIP=static` does (each leave would only push its share onto peers that shed it);

@@ -191,7 +191,7 @@ fn inputs(tei: &embatch_testkit::TeiDouble) -> usize {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_full_worker_leaves_only_while_another_serves_and_no_worker_is_503() {
+async fn a_full_worker_leaves_only_while_another_has_room_and_no_worker_is_503() {
     let nats = NatsServer::start();
     // One input per call, one call at a time, 600 ms each: three queued requests put a worker
     // over its admission bound (2 × 600 ms + 1 ms of expected wait).
@@ -239,13 +239,14 @@ async fn a_full_worker_leaves_only_while_another_serves_and_no_worker_is_503() {
     );
     assert_eq!(state(&raw).await.as_deref(), Some(membership::JOINED));
 
-    // With a second worker, the full one leaves while the other serves.
-    let other_tei = start_tei(slow()).await;
+    // With a second worker that has room (an instant upstream), the full one leaves while the
+    // other serves.
+    let other_tei = start_tei(TeiConfig::instant()).await;
     let other_args = args(&other_tei.url);
     let other = RunningWorker::start(&nats, &other_args.each_ref().map(String::as_str)).await;
     tokio::time::sleep(peers_heard()).await;
     let mut left = false;
-    let tasks = flood(6);
+    let tasks = flood(10);
     for _ in 0..50 {
         if states(&raw).await.iter().any(|s| s == membership::FULL) {
             left = true;
