@@ -1,5 +1,6 @@
 //! Saturation versus absence: what NATS micro discovery says about the workers when the server
-//! answered "no responders" (no worker is a member of the queue group right now).
+//! kept answering "no responders" (no worker is a member of the queue group) for the whole
+//! retry window.
 //!
 //! Workers leave the queue group while they are full or their upstream fails, and say so in the
 //! `membership` metadata of their `$SRV.INFO` answer
@@ -7,12 +8,13 @@
 //! answered by every worker within [`DISCOVERY_WAIT`], tells the cases apart:
 //! - a worker on our subject is `full`: [`Fleet::Saturated`] (429: retry later);
 //! - none is full and one is `upstream_unhealthy`: [`Fleet::Unhealthy`] (503);
-//! - none answers, or they are `joined` (re-subscribing) or `stopping`: [`Fleet::Absent`] (the
-//!   caller keeps retrying "no responders" for a moment: workers re-subscribe after a reconnect
-//!   or a rolling restart).
+//! - none answers, or they are `joined` (re-subscribing) or `stopping`: [`Fleet::Absent`] (503:
+//!   no worker).
 //!
 //! A saturated verdict is kept for [`SATURATED_FOR`], so an overloaded fleet costs one discovery
-//! round per that interval, not one per request.
+//! round per that interval, not one per request. Workers leave while full only if another member
+//! has room, so an empty group of full workers is a race of a few ms, and requests that meet it
+//! usually find a member again within the caller's retry window.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;

@@ -206,12 +206,12 @@ impl EmbedClient {
     /// published on [`headers::cancel_subject`] so the worker drops the request before it costs
     /// upstream work.
     ///
-    /// "No responders" (no worker is a member of the queue group) is first put to service
-    /// discovery ([`fleet`]): workers that left because they are full make it
-    /// [`RequestError::Saturated`] (429) at once, workers whose upstream fails make it
-    /// [`RequestError::Unhealthy`] (503) at once. Otherwise it is retried for up to
-    /// [`NO_RESPONDERS_RETRY`] within the budget: workers re-subscribe a few ms after a NATS
-    /// reconnect or a rolling restart.
+    /// "No responders" (no worker is a member of the queue group) is retried for up to
+    /// [`NO_RESPONDERS_RETRY`] within the budget (10, 20, 40, 80 ms): workers re-subscribe a few
+    /// ms after a NATS reconnect or a rolling restart, and a full worker rejoins as soon as it
+    /// sees no other member with room. Then service discovery ([`fleet`]) says why: workers
+    /// that are full make it [`RequestError::Saturated`] (429), workers whose upstream fails
+    /// [`RequestError::Unhealthy`] (503), none [`RequestError::NoResponders`] (503).
     ///
     /// A worker's "unavailable" answer (503: its upstream is unreachable or it is stopping) is
     /// retried at most [`UNAVAILABLE_RETRIES`] times, after 10–20 ms and 20–30 ms (jittered), while
@@ -269,33 +269,28 @@ impl EmbedClient {
             match self.nats.send_request(self.subject.clone(), request).await {
                 Ok(message) => break message,
                 Err(err) if err.kind() == RequestErrorKind::NoResponders => {
-                    let fleet = self
-                        .discovery
-                        .ask(&self.nats, embatch_protocol::SERVICE_NAME, &self.subject)
-                        .await;
-                    let verdict = match fleet {
-                        fleet::Fleet::Saturated => Some(RequestError::Saturated {
-                            subject: self.subject.clone(),
-                        }),
-                        fleet::Fleet::Unhealthy => Some(RequestError::Unhealthy {
-                            subject: self.subject.clone(),
-                        }),
-                        fleet::Fleet::Absent => None,
-                    };
-                    if let Some(verdict) = verdict {
-                        cancel.disarm();
-                        return Err(verdict);
-                    }
                     let waited = started.elapsed();
-                    if waited + backoff >= NO_RESPONDERS_RETRY.min(budget) {
-                        cancel.disarm();
-                        return Err(RequestError::NoResponders {
-                            subject: self.subject.clone(),
-                        });
+                    if waited + backoff < NO_RESPONDERS_RETRY.min(budget) {
+                        metrics::counter!(RETRIES, "reason" => "no_responders").increment(1);
+                        tokio::time::sleep(backoff).await;
+                        backoff *= 2;
+                        continue;
                     }
-                    metrics::counter!(RETRIES, "reason" => "no_responders").increment(1);
-                    tokio::time::sleep(backoff).await;
-                    backoff *= 2;
+                    cancel.disarm();
+                    // Still no member: discovery says whether the workers are full, sick or
+                    // absent.
+                    let subject = self.subject.clone();
+                    return Err(
+                        match self
+                            .discovery
+                            .ask(&self.nats, embatch_protocol::SERVICE_NAME, &self.subject)
+                            .await
+                        {
+                            fleet::Fleet::Saturated => RequestError::Saturated { subject },
+                            fleet::Fleet::Unhealthy => RequestError::Unhealthy { subject },
+                            fleet::Fleet::Absent => RequestError::NoResponders { subject },
+                        },
+                    );
                 }
                 Err(err) => {
                     if err.kind() != RequestErrorKind::TimedOut {
