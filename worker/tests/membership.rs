@@ -19,17 +19,27 @@ async fn connect(nats: &NatsServer) -> async_nats::Client {
 /// The `membership` metadata of the first worker answering `$SRV.INFO.embatch` (these tests run
 /// one worker at a time when they ask), within 200 ms.
 async fn state(client: &async_nats::Client) -> Option<String> {
+    states(client, 1, Duration::from_millis(200)).await.pop()
+}
+
+/// The `membership` of the first `most` workers answering `$SRV.INFO.embatch`, each within
+/// `wait` of the previous answer.
+async fn states(client: &async_nats::Client, most: usize, wait: Duration) -> Vec<String> {
     let inbox = client.new_inbox();
     let mut answers = client.subscribe(inbox.clone()).await.expect("subscribe");
     client
         .publish_with_reply("$SRV.INFO.embatch", inbox, Bytes::new())
         .await
         .expect("publish");
-    let answer = tokio::time::timeout(Duration::from_millis(200), answers.next())
-        .await
-        .ok()??;
-    let info: serde_json::Value = serde_json::from_slice(&answer.payload).expect("JSON");
-    info["metadata"]["membership"].as_str().map(str::to_owned)
+    let mut states = Vec::new();
+    while states.len() < most
+        && let Ok(Some(answer)) = tokio::time::timeout(wait, answers.next()).await
+    {
+        let info: serde_json::Value = serde_json::from_slice(&answer.payload).expect("JSON");
+        let state = info["metadata"]["membership"].as_str().unwrap_or_default();
+        states.push(state.to_owned());
+    }
+    states
 }
 
 /// Polls [`state`] until it is `want`, for at most `limit`; the time it took, or the last state.
@@ -250,7 +260,7 @@ async fn a_full_worker_leaves_only_while_another_has_room_and_no_worker_is_503()
     let tasks = flood(20);
     let mut seen = Vec::new();
     for _ in 0..50 {
-        let now = states(&raw).await;
+        let now = states(&raw, 2, Duration::from_millis(100)).await;
         if now.iter().any(|s| s == membership::FULL) {
             left = true;
             break;
@@ -288,29 +298,6 @@ async fn a_full_worker_leaves_only_while_another_has_room_and_no_worker_is_503()
 /// Long enough for workers to hear each other's first announcement.
 fn peers_heard() -> Duration {
     Duration::from_millis(200)
-}
-
-/// The `membership` of every worker answering `$SRV.INFO.embatch` within 100 ms.
-async fn states(client: &async_nats::Client) -> Vec<String> {
-    let inbox = client.new_inbox();
-    let mut answers = client.subscribe(inbox.clone()).await.expect("subscribe");
-    client
-        .publish_with_reply("$SRV.INFO.embatch", inbox, Bytes::new())
-        .await
-        .expect("publish");
-    let mut states = Vec::new();
-    while let Ok(Some(answer)) =
-        tokio::time::timeout(Duration::from_millis(100), answers.next()).await
-    {
-        let info: serde_json::Value = serde_json::from_slice(&answer.payload).expect("JSON");
-        states.push(
-            info["metadata"]["membership"]
-                .as_str()
-                .unwrap_or("")
-                .to_owned(),
-        );
-    }
-    states
 }
 
 /// What leaving the queue group relies on: a drained subscription still gets every message the
