@@ -93,10 +93,10 @@ pub struct Config {
     pub dispatch_when_idle: bool,
 
     /// Queue-group membership. `adaptive`: the worker leaves the queue group while its backlog
-    /// is over MAX_QUEUE_DELAY (where it would shed; rejoins at half of it) or its upstream fails (2 failed calls or
-    /// /health probes in a row), and rejoins when drained or when /health answers again, so
-    /// requests go to workers that can serve them in time. `static`: always a member (an equal
-    /// share each; what a worker cannot serve is shed with 429).
+    /// is over MAX_QUEUE_DELAY (where it would shed) and another member has room, or while its
+    /// upstream fails (2 failed calls or /health probes in a row); it rejoins when drained to
+    /// half of that, when no member has room, or when /health answers again. `static`: always
+    /// a member (an equal share each; what a worker cannot serve is shed with 429).
     #[arg(long, env = "MEMBERSHIP", default_value = "adaptive")]
     pub membership: crate::membership::Mode,
 
