@@ -105,6 +105,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="first wait up to this long for the 1-minute load average to drop "
                              "below --max-load")
     parser.add_argument("--max-load", type=float, default=1.0)
+    parser.add_argument("--worker-setting", action="append", default=[], metavar="KEY=VALUE",
+                        help="an environment setting for every worker the scenarios start from "
+                             "worker_base (repeatable; recorded in the results), e.g. "
+                             "DISPATCH_WHEN_IDLE=false to measure the other way of a default")
     parser.add_argument("--render-only", action="store_true",
                         help="only regenerate RESULTS.md from the JSON files")
     return parser.parse_args(argv)
@@ -167,7 +171,13 @@ def main(argv: list[str] | None = None) -> int:
             meta["previous"] = json.loads((out_dir / "machine.json").read_text())
         (out_dir / "machine.json").write_text(json.dumps(meta, indent=2) + "\n")
         log(f"{meta['cores']} cores, load average {meta['loadavg_start']:.2f}; logs in {log_dir}")
-        bench = Stack(args.quick, bins, nats_bin, log_dir, defaults, worker_base(defaults))
+        base = worker_base(defaults)
+        for setting in args.worker_setting:
+            key, sep, value = setting.partition("=")
+            if not sep or not key:
+                raise BenchError(f"--worker-setting {setting!r}: expected KEY=VALUE")
+            base[key] = value
+        bench = Stack(args.quick, bins, nats_bin, log_dir, defaults, base)
         for name in names:
             if not run_scenario(bench, name, args.quick, command, out_dir):
                 failed.append(name)
