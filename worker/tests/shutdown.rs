@@ -40,7 +40,7 @@ async fn spawn_worker(
     client: &async_nats::Client,
     expected: usize,
 ) -> Child {
-    let worker = Command::new(env!("CARGO_BIN_EXE_embatch-worker"))
+    let mut worker = Command::new(env!("CARGO_BIN_EXE_embatch-worker"))
         .env("NATS_URL", nats.url())
         .env("TEI_URL", &tei.url)
         .env("METRICS_ADDR", "")
@@ -54,6 +54,8 @@ async fn spawn_worker(
             return worker;
         }
     }
+    let _ = worker.kill();
+    let _ = worker.wait();
     panic!("worker never became ready");
 }
 
