@@ -169,9 +169,9 @@ pub async fn run<U: Upstream>(
     let info_stats = micro::EndpointStats::new(info::ENDPOINT, &info_subject, &config.queue_group);
     let membership = membership::Membership::new(config.membership);
     let (state, state_rx) = tokio::sync::watch::channel(membership.state());
-    // The service id: discovery reports it, and membership announcements carry it.
-    let inbox = client.new_inbox();
-    let id = inbox.rsplit('.').next().unwrap_or(&inbox).to_owned();
+    // The service id (a NUID, as async-nats's own services use): discovery reports it, and
+    // membership announcements carry it.
+    let id = nuid::next().to_string();
     let discovery = micro::serve(
         client.clone(),
         id.clone(),

@@ -28,11 +28,14 @@ use crate::membership::MemberState;
 /// `upstream_unhealthy`, `stopping`) in `$SRV.PING` and `$SRV.INFO` answers.
 pub const MEMBERSHIP_KEY: &str = embatch_protocol::headers::MEMBERSHIP_METADATA;
 
-/// What `$SRV.INFO` says about one endpoint, and its counters for `$SRV.STATS`.
+/// What `$SRV.INFO` says about one endpoint, and its counters for `$SRV.STATS`. Cloning shares
+/// both (one `Arc`: each reply task holds a clone).
 #[derive(Clone)]
-pub(crate) struct EndpointStats {
+pub(crate) struct EndpointStats(Arc<Endpoint>);
+
+struct Endpoint {
     info: endpoint::Info,
-    counters: Arc<Mutex<Counters>>,
+    counters: Mutex<Counters>,
 }
 
 #[derive(Default)]
@@ -46,21 +49,25 @@ struct Counters {
 impl EndpointStats {
     /// An endpoint `name` on `subject` in `queue_group`, with nothing counted yet.
     pub(crate) fn new(name: &str, subject: &str, queue_group: &str) -> EndpointStats {
-        EndpointStats {
+        EndpointStats(Arc::new(Endpoint {
             info: endpoint::Info {
                 name: name.to_owned(),
                 subject: subject.to_owned(),
                 queue_group: queue_group.to_owned(),
                 metadata: HashMap::new(),
             },
-            counters: Arc::default(),
-        }
+            counters: Mutex::default(),
+        }))
     }
 
     /// Counts one answered request that took `elapsed` from receipt to reply; `error` is the
     /// status code and one-line message of an error reply (`last_error` shows `code:message`).
     pub(crate) fn record(&self, elapsed: Duration, error: Option<ServiceError>) {
-        let mut counters = self.counters.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut counters = self
+            .0
+            .counters
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         counters.requests += 1;
         counters.processing_time += elapsed;
         if let Some(error) = error {
@@ -70,21 +77,25 @@ impl EndpointStats {
     }
 
     fn stats(&self) -> endpoint::Stats {
-        let counters = self.counters.lock().unwrap_or_else(PoisonError::into_inner);
+        let counters = self
+            .0
+            .counters
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let average = u32::try_from(counters.requests)
             .ok()
             .filter(|n| *n > 0)
             .map_or(Duration::ZERO, |n| counters.processing_time / n);
         endpoint::Stats {
-            name: self.info.name.clone(),
-            subject: self.info.subject.clone(),
+            name: self.0.info.name.clone(),
+            subject: self.0.info.subject.clone(),
             requests: counters.requests,
             errors: counters.errors,
             processing_time: counters.processing_time,
             average_processing_time: average,
             last_error: counters.last_error.clone(),
             data: None,
-            queue_group: self.info.queue_group.clone(),
+            queue_group: self.0.info.queue_group.clone(),
         }
     }
 }
@@ -148,7 +159,7 @@ pub(crate) async fn serve(
                     description: identity.description.clone(),
                     version: identity.version.clone(),
                     metadata,
-                    endpoints: endpoints.iter().map(|e| e.info.clone()).collect(),
+                    endpoints: endpoints.iter().map(|e| e.0.info.clone()).collect(),
                 }),
                 _ => serde_json::to_vec(&Stats {
                     kind: "io.nats.micro.v1.stats_response".into(),
