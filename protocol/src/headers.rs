@@ -32,7 +32,8 @@ pub fn info_subject(subject: &str) -> String {
 }
 
 /// `<subject>.members`: where workers announce their queue-group membership to each other
-/// (`{"id": "<service id>", "membership": "joined"}` on every change and every second), so a
+/// (`{"id": "<service id>", "membership": "joined", "room": true}` on every change and every
+/// 0.5 s), so a
 /// full worker leaves only while another is a member. Workers only; clients need not know it.
 pub fn members_subject(subject: &str) -> String {
     format!("{subject}.members")

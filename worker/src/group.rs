@@ -4,8 +4,11 @@
 //! [`Group::next`] yields the requests of the current subscription and of subscriptions still
 //! draining; between requests it takes probe results and, while the worker is full, re-checks
 //! its load every [`FULL_RECHECK`]. Leaving drains (`Subscriber::drain()`: UNSUB then PING; what
-//! the server routed before its PONG is still delivered), so nothing routed here is lost;
-//! rejoining subscribes anew. Every change is logged, counted in
+//! was delivered to the connection is still read and answered); rejoining subscribes anew.
+//! async-nats 0.51.0 ends a drained subscription at its connection handler's next poll after
+//! writing the UNSUB rather than at the server's PONG, so a request the server routed just before
+//! it read the UNSUB can be dropped, unanswered (its caller waits out its deadline). A test that
+//! drains in the middle of 20,000 messages has not shown it (`worker/tests/membership.rs`). Every change is logged, counted in
 //! `embatch_worker_membership_changes_total` and published to discovery ([`crate::micro`]).
 
 use std::sync::Arc;
@@ -83,8 +86,8 @@ pub(crate) struct Group {
     heartbeat: Interval,
     /// What this worker last announced: its state and whether it had room.
     announced: (MemberState, bool),
-    /// The queue wait a request met on admission, smoothed ([`ROOM_SMOOTHING`] per request):
-    /// whether this worker has room for a peer's share.
+    /// The queue wait requests met on admission, smoothed ([`ROOM_SMOOTHING`] per admitted
+    /// request): whether this worker has room for a peer's share.
     typical_wait: Duration,
 }
 
@@ -195,37 +198,50 @@ impl Group {
                     self.observe().await;
                 }
             }
-            Control::Heartbeat => self.announce().await,
+            Control::Heartbeat => {
+                self.peers.forget_expired(Instant::now());
+                self.announce().await;
+            }
         }
     }
 
-    /// Re-decides from the load (after a request was admitted), and tells the peers when this
-    /// worker's room changed.
-    pub async fn observe(&mut self) {
+    /// After a request was admitted: takes the queue wait it met into the typical wait, then
+    /// re-decides ([`Group::observe`]). One read of the batcher's load per request.
+    pub async fn admitted(&mut self) {
         let load = self.load();
         if let Some(wait) = load.start_wait {
             let typical = self.typical_wait.as_secs_f64();
             self.typical_wait =
                 Duration::from_secs_f64(typical + ROOM_SMOOTHING * (wait.as_secs_f64() - typical));
         }
+        self.decide(load).await;
+    }
+
+    /// Re-decides from the load now (a re-check while full, a peer's change), and tells the
+    /// peers when this worker's state or room changed.
+    pub async fn observe(&mut self) {
+        let load = self.load();
+        self.decide(load).await;
+    }
+
+    async fn decide(&mut self, load: Load) {
         let transition = self.membership.observe(load);
         self.apply(transition).await;
-        if (self.membership.state(), self.has_room()) != self.announced {
+        if (self.membership.state(), self.has_room(load)) != self.announced {
             self.announce().await;
         }
     }
 
-    /// Whether this worker has room for a peer's share, by its typical wait.
-    fn has_room(&self) -> bool {
-        let load = self.batcher.load();
+    /// Whether this worker has room for a peer's share, by its typical wait under `load`.
+    fn has_room(&self, load: Load) -> bool {
         self.membership.has_room(Load {
             start_wait: load.start_wait.map(|_| self.typical_wait),
             ..load
         })
     }
 
-    /// The batcher's load, and whether a peer is a member.
-    fn load(&mut self) -> Load {
+    /// The batcher's load, and whether a peer has room.
+    fn load(&self) -> Load {
         Load {
             peer_has_room: self.peers.any_room(Instant::now()),
             ..self.batcher.load()
@@ -235,7 +251,7 @@ impl Group {
     /// Publishes this worker's state and room to its peers.
     async fn announce(&mut self) {
         let state = self.membership.state();
-        let room = self.has_room();
+        let room = self.has_room(self.batcher.load());
         self.announced = (state, room);
         let payload = peers::announcement(&self.address.id, state, room);
         let subject = peers::members_subject(&self.address.subject);

@@ -186,7 +186,7 @@ pub(crate) async fn run(
         match event {
             Event::Request(request) => {
                 intake.admit(request).await;
-                group.observe().await;
+                group.admitted().await;
             }
             Event::Control(control) => group.control(control).await,
             Event::Ended => {
@@ -197,7 +197,8 @@ pub(crate) async fn run(
     }
     tracing::info!("shutdown: draining the request subscription");
     group.stop().await;
-    // Ends when the server has confirmed the unsubscribe: nothing is routed here after that.
+    // Ends when the drained subscription ends (async-nats 0.51.0: at its next poll after writing
+    // the UNSUB, not at the server's PONG; see `crate::group`).
     while let Ok(event) = tokio::time::timeout(DRAIN_TIMEOUT, group.next()).await {
         match event {
             Event::Request(request) => intake.admit(request).await,
@@ -227,7 +228,7 @@ impl Intake {
             );
             return;
         }
-        let (receiver, inputs) = match self.submit(&request) {
+        let (receiver, inputs) = match self.submit(&request, received) {
             Ok(accepted) => accepted,
             Err(err) => {
                 metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => err.kind())
@@ -279,12 +280,13 @@ impl Intake {
             .await;
     }
 
-    /// Parses, validates and submits a request; its receiver and input count.
+    /// Parses, validates and submits a request received at `received`; its receiver and input
+    /// count.
     fn submit(
         &self,
         request: &Message,
+        received: Instant,
     ) -> Result<(tokio::sync::oneshot::Receiver<Outcome>, usize), EmbedError> {
-        let received = Instant::now();
         let message_headers = request.headers.as_ref();
         if let Some(version) = message_headers.and_then(|h| h.get(headers::VERSION)) {
             let major = version.as_str().split('.').next().unwrap_or_default();

@@ -3,11 +3,12 @@
 //! per-endpoint counters behind `$SRV.STATS`.
 //!
 //! Why not async-nats's `service` API, which the worker used until its queue-group membership
-//! became adaptive (see [`crate::membership`]): a service endpoint can only leave its queue group
-//! with `Endpoint::stop()`, which unsubscribes at once, so requests the server had already routed
-//! to the worker are dropped by the client, unanswered. The worker's endpoints are therefore
-//! plain queue subscriptions, which leave losslessly with `Subscriber::drain()` (UNSUB, then
-//! everything delivered before the server's PONG is still read). This module answers the
+//! became adaptive (see [`crate::membership`]): its metadata is fixed at start, and discovery
+//! must report the live membership; and a service endpoint can only leave its queue group with
+//! `Endpoint::stop()`, which unsubscribes at once and drops requests delivered to the connection
+//! but not yet read. The worker's endpoints are therefore plain queue subscriptions, which leave
+//! with `Subscriber::drain()` (what was delivered is still read; the window async-nats 0.51.0
+//! leaves open is described in `crate::group`). This module answers the
 //! discovery verbs for them, the same JSON async-nats would send, with one addition: the
 //! `membership` metadata key carries the worker's live state ([`MemberState`]), so a client that
 //! gets "no responders" can tell *every worker is full* (429) from *every worker's upstream is

@@ -22,9 +22,11 @@ use tokio::time::Instant;
 use crate::membership::MemberState;
 
 /// How often a worker repeats its state.
-pub const HEARTBEAT: Duration = Duration::from_secs(1);
-/// How long a peer's last announcement counts.
-pub const EXPIRY: Duration = Duration::from_secs(3);
+pub const HEARTBEAT: Duration = Duration::from_millis(500);
+/// How long a peer's last announcement counts (three heartbeats). A killed worker announces
+/// nothing: for this long its peers may still count it as a member with room, and a full worker
+/// may leave the group for it.
+pub const EXPIRY: Duration = Duration::from_millis(1500);
 
 /// One announcement (`membership` is the key discovery uses too).
 #[derive(Debug, Serialize, Deserialize)]
@@ -83,12 +85,18 @@ impl Peers {
         before.is_none_or(|(was, _)| was != member)
     }
 
-    /// Whether a peer heard from within [`EXPIRY`] of `now` is a member with room; forgets the
-    /// expired.
-    pub(crate) fn any_room(&mut self, now: Instant) -> bool {
+    /// Whether a peer heard from within [`EXPIRY`] of `now` is a member with room (asked per
+    /// request: it only reads).
+    pub(crate) fn any_room(&self, now: Instant) -> bool {
+        self.seen
+            .values()
+            .any(|(room, at)| *room && now.saturating_duration_since(*at) <= EXPIRY)
+    }
+
+    /// Forgets the peers not heard from within [`EXPIRY`] of `now` (at each heartbeat).
+    pub(crate) fn forget_expired(&mut self, now: Instant) {
         self.seen
             .retain(|_, (_, at)| now.saturating_duration_since(*at) <= EXPIRY);
-        self.seen.values().any(|(member, _)| *member)
     }
 }
 
