@@ -5,10 +5,10 @@
 //! draining; between requests it takes probe results and, while the worker is full, re-checks
 //! its load every [`FULL_RECHECK`]. Leaving drains (`Subscriber::drain()`: UNSUB then PING; what
 //! was delivered to the connection is still read and answered); rejoining subscribes anew.
-//! async-nats 0.51.0 ends a drained subscription at its connection handler's next poll after
-//! writing the UNSUB rather than at the server's PONG, so a request the server routed just before
-//! it read the UNSUB can be dropped, unanswered (its caller waits out its deadline). A test that
-//! drains in the middle of 20,000 messages has not shown it (`worker/tests/membership.rs`). Every change is logged, counted in
+//! The drain ends at the server's PONG, so what the server routed before it read the UNSUB is
+//! delivered too; as published, async-nats 0.51.0 ended it one poll after writing the UNSUB and
+//! dropped those requests (the workspace uses a patched copy: vendor/async-nats/EMBATCH-PATCH.md;
+//! `worker/tests/membership.rs` drains in the middle of 20,000 messages and counts them all). Every change is logged, counted in
 //! `embatch_worker_membership_changes_total` and published to discovery ([`crate::micro`]).
 
 use std::sync::Arc;

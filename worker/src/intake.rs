@@ -197,8 +197,8 @@ pub(crate) async fn run(
     }
     tracing::info!("shutdown: draining the request subscription");
     group.stop().await;
-    // Ends when the drained subscription ends (async-nats 0.51.0: at its next poll after writing
-    // the UNSUB, not at the server's PONG; see `crate::group`).
+    // Ends when the drained subscription ends, at the server's PONG: nothing is routed here after
+    // that (with the patched async-nats; see `crate::group`).
     while let Ok(event) = tokio::time::timeout(DRAIN_TIMEOUT, group.next()).await {
         match event {
             Event::Request(request) => intake.admit(request).await,

@@ -13,9 +13,9 @@
 //!   Probes run every [`PROBE_INTERVAL_UNHEALTHY`] while the worker is out for this reason, every
 //!   [`PROBE_INTERVAL`] otherwise, each bounded by [`PROBE_TIMEOUT`].
 //!
-//! Leaving is `Subscriber::drain()`: requests already delivered are still read and answered
-//! (by admission: admitted or shed with 429); for the window async-nats 0.51.0 leaves open, see
-//! `crate::group`. The discovery service stays registered and reports the state (see
+//! Leaving is `Subscriber::drain()`: every request the server routed before it processed the
+//! unsubscribe is still read and answered (by admission: admitted or shed with 429; this needs
+//! the patched async-nats, see `crate::group`). The discovery service stays registered and reports the state (see
 //! [`crate::micro`]). `MEMBERSHIP=static` keeps the worker a member whatever happens (each
 //! worker then gets an equal share and sheds what it cannot serve with 429).
 //!
