@@ -117,19 +117,28 @@ impl NatsServer {
 
     /// Starts `nats-server` on a free port with extra command-line arguments.
     pub fn start_with_args(args: &[&str]) -> NatsServer {
-        let port = free_port();
-        let child = Command::new(nats_server_bin())
-            .args(["-a", "127.0.0.1", "-p", &port.to_string()])
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("nats-server starts");
-        wait_for_port(
-            SocketAddr::from(([127, 0, 0, 1], port)),
-            Duration::from_secs(10),
-        );
-        NatsServer { child, port }
+        // A free port can be taken by another test between `free_port` and the server's bind:
+        // the port then answers, but not this server, which has exited. Try another port.
+        for _ in 0..5 {
+            let port = free_port();
+            let mut child = Command::new(nats_server_bin())
+                .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+                .args(args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("nats-server starts");
+            wait_for_port(
+                SocketAddr::from(([127, 0, 0, 1], port)),
+                Duration::from_secs(10),
+            );
+            std::thread::sleep(Duration::from_millis(50));
+            match child.try_wait() {
+                Ok(None) => return NatsServer { child, port },
+                _ => continue, // it exited: the port was someone else's
+            }
+        }
+        panic!("nats-server did not stay up on any of 5 free ports");
     }
 
     /// `nats://127.0.0.1:<port>`.
