@@ -107,6 +107,13 @@ def render_low_load(res: dict, targets: list) -> list[str]:
         limit = s["max_wait_ms"] + 1
         targets.append((f"2. Low load: added p50 of the gateway path ≤ MAX_WAIT_TIME + 1 ms "
                         f"= {limit} ms", f"+{added:.2f} ms", added <= limit))
+    # Issue 11: the pipeline's own share, beyond the MAX_WAIT_TIME a lone request waits.
+    for path, bound in (("nats", 0.3), ("gateway", 0.5)):
+        r = find(runs, path=path)
+        if direct and r and lat(r, "p50_ms") is not None:
+            over = lat(r, "p50_ms") - lat(direct, "p50_ms") - s["max_wait_ms"]
+            targets.append((f"2. Low load, via {path}: p50 added beyond MAX_WAIT_TIME ≤ {bound} "
+                            "ms (issue 11)", f"{over:+.2f} ms", over <= bound))
     return out
 
 
@@ -133,19 +140,75 @@ def render_pipeline(res: dict, targets: list) -> list[str]:
     out = ["Fake upstream that answers at once (0 ms), closed loop with 256 requests in flight, "
            "single-input requests, 384-float vectors: what the pipeline itself can do on this "
            "machine, and the CPU time each process spends per request (utime + stime from "
-           "/proc/PID/stat over the run, divided by the requests completed).", "",
-           "| path | req/s | p50 ms | p99 ms | " + " | ".join(f"{p} µs/req" for p in procs)
-           + " | cores busy |",
-           "|---|---:|---:|---:|" + "---:|" * len(procs) + "---:|"]
+           "/proc/PID/stat over the run, divided by the requests completed). `direct` sends the "
+           "same load to the fake upstream itself: the reference for the other two paths.", "",
+           "| path | req/s | % of direct | p50 ms | p99 ms | "
+           + " | ".join(f"{p} µs/req" for p in procs) + " | cores busy |",
+           "|---|---:|---:|---:|---:|" + "---:|" * len(procs) + "---:|"]
+    on_path = {"direct": {"fake-upstream", "loadtest"},
+               "nats": {"worker", "nats-server", "fake-upstream", "loadtest"}}
+    direct = find(runs, path="direct")
     for run in runs:
         r = run["report"]
         n = max(1, r["requests"]["sent"])
         cpu = r.get("cpu_s", {})
-        cells = [f"{cpu[p] * 1e6 / n:.0f}" if p in cpu and (run["path"] != "nats" or p != "gateway")
-                 else "-" for p in procs]
+        used = on_path.get(run["path"], set(procs))
+        cells = [f"{cpu[p] * 1e6 / n:.0f}" if p in cpu and p in used else "-" for p in procs]
         busy = f"{sum(cpu.values()) / r['cpu_wall_s']:.2f}" if r.get("cpu_wall_s") else "-"
-        out.append(f"| {run['path']} | {fmt_rate(throughput(r))} | {fmt_ms(lat(r, 'p50_ms'))} | "
-                   f"{fmt_ms(lat(r, 'p99_ms'))} | " + " | ".join(cells) + f" | {busy} |")
+        share = (f"{throughput(r) / throughput(direct):.0%}" if direct and throughput(direct)
+                 else "-")
+        out.append(f"| {run['path']} | {fmt_rate(throughput(r))} | {share} | "
+                   f"{fmt_ms(lat(r, 'p50_ms'))} | {fmt_ms(lat(r, 'p99_ms'))} | "
+                   + " | ".join(cells) + f" | {busy} |")
+    if direct and throughput(direct):
+        for path, floor in (("gateway", 0.80), ("nats", 0.90)):
+            r = find(runs, path=path)
+            if r is not None:
+                share = throughput(r) / throughput(direct)
+                targets.append((f"4. Instant upstream, via {path}: ≥ {floor:.0%} of the direct "
+                                "upstream's req/s (issue 11)",
+                                f"{share:.0%} ({fmt_rate(throughput(r))} of "
+                                f"{fmt_rate(throughput(direct))} req/s)", share >= floor))
+    r = find(runs, path="gateway")
+    if r is not None and r.get("cpu_s"):
+        n = max(1, r["requests"]["sent"])
+        for proc in ("gateway", "worker"):
+            us = r["cpu_s"].get(proc, 0) * 1e6 / n
+            targets.append((f"4. CPU per request at the ceiling, {proc}: ≤ 12 µs (issue 11)",
+                            f"{us:.0f} µs", us <= 12))
+    return out
+
+
+def render_closed_gpu(res: dict, targets: list) -> list[str]:
+    runs = res["runs"]
+    s = res["settings"]
+    batch = int(s["worker"]["MAX_BATCH_SIZE"])
+    out = [f"Fake upstream {GPU_BASE_MS} ms + {GPU_PER_INPUT_US} µs/input, one call at a time "
+           f"(ceiling {s['ceiling']:,.0f} req/s with full batches of {batch}); closed loop with "
+           f"{s['concurrency']} requests in flight, single-input requests. With 64 in flight "
+           "and 2 calls at a time, each batch fills only if every reply is back and resent "
+           "before the next call leaves: time a path adds shows as a shorter mean batch. Mean "
+           "batch = inputs per upstream call over the measured window.", "",
+           "| path | req/s | % of nats | mean batch | p50 ms | p99 ms | errors |",
+           "|---|---:|---:|---:|---:|---:|---|"]
+    nats = find(runs, path="nats")
+    for run in runs:
+        r = run["report"]
+        mb = (r.get("batches") or {}).get("mean_batch_inputs")
+        share = (f"{throughput(r) / throughput(nats):.1%}"
+                 if nats and throughput(nats) and run["path"] != "direct" else "-")
+        out.append(f"| {run['path']} | {fmt_rate(throughput(r))} | {share} | "
+                   f"{'-' if mb is None else f'{mb:.1f}'} | {fmt_ms(lat(r, 'p50_ms'))} | "
+                   f"{fmt_ms(lat(r, 'p99_ms'))} | {failures(r)} |")
+    gw = find(runs, path="gateway")
+    if gw and nats and throughput(nats):
+        share = throughput(gw) / throughput(nats)
+        targets.append(("13. GPU-like, closed loop c=64, via gateway: ≥ 98% of NATS direct "
+                        "(issue 11)", f"{share:.1%}", share >= 0.98))
+        mb = (gw.get("batches") or {}).get("mean_batch_inputs")
+        if mb is not None:
+            targets.append(("13. GPU-like, closed loop c=64, via gateway: mean batch ≥ 31.5 "
+                            "(issue 11)", f"{mb:.1f}", mb >= 31.5))
     return out
 
 
@@ -463,6 +526,7 @@ RENDERERS = {
     "uneven_workers": render_uneven_workers,
     "sick_upstream": render_sick_upstream,
     "worker_kill": render_worker_kill,
+    "closed_gpu": render_closed_gpu,
 }
 
 

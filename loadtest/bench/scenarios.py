@@ -44,6 +44,8 @@ SCENARIOS = [
                        "(issue 9)"),
     ("sick_upstream", "11. One of two workers' upstream dies during the load (issue 9)"),
     ("worker_kill", "12. One of two workers is killed (SIGKILL) during the load (issue 9)"),
+    ("closed_gpu", "13. GPU-like upstream, closed loop with 64 in flight: do the paths fill "
+                   "batches alike? (issue 11)"),
 ]
 SCENARIO_NAMES = [name for name, _ in SCENARIOS]
 
@@ -162,14 +164,41 @@ def scenario_pipeline(b: Stack) -> dict:
     procs = {"gateway": gw_child, "worker": w.child, "nats-server": nats.child,
              "fake-upstream": up_child}
     runs = []
-    for target in (gw, nats.target()):
+    # Direct first: the upstream's own ceiling on this machine, the reference of issue 11's
+    # targets (gateway >= 80 %, NATS >= 90 % of it, in the same run).
+    for target in (Target("direct", ["--url", up + "/embed"]), gw, nats.target()):
         # No warm-up, so CPU time and request counts cover exactly the same requests.
         r = b.load(f"{target.path} c={concurrency}", target, concurrency=concurrency, warmup=0,
-                   duration=duration, timeout=TIMEOUT_S, measure_cpu_of=procs, workers=[w])
+                   duration=duration, timeout=TIMEOUT_S, measure_cpu_of=procs,
+                   workers=[w] if target.path != "direct" else ())
         runs.append(run_entry(target.path, {"path": target.path, "concurrency": concurrency}, r))
     return {"settings": {"upstream": "fake-upstream 0 ms + 0 us/input, concurrency 64 (instant)",
                          "worker": w.settings, "duration_s": duration,
                          "concurrency": concurrency},
+            "runs": runs}
+
+
+def scenario_closed_gpu(b: Stack) -> dict:
+    """Issue 11: closed loop at 64 in flight on the GPU-like upstream. Every millisecond a path
+    adds to the round trip leaves the next batch short, so mean batch and req/s show the cost
+    of the gateway hop next to NATS direct (and the upstream alone, for scale)."""
+    duration, warmup, concurrency = b.d(10, 3), b.d(2, 1), 64
+    nats = b.nats()
+    _, up = b.fake_upstream(GPU_BASE_MS, GPU_PER_INPUT_US, 1)
+    w = b.worker(nats, tei_url=up)
+    b.wait_workers(nats, [w])
+    _, gw = b.gateway(nats, secs(TIMEOUT_S))
+    runs = []
+    for target in (Target("direct", ["--url", up + "/embed"]), gw, nats.target()):
+        r = b.load(f"{target.path} c={concurrency}", target, concurrency=concurrency,
+                   warmup=warmup, duration=duration, timeout=TIMEOUT_S,
+                   workers=[w] if target.path != "direct" else ())
+        runs.append(run_entry(target.path, {"path": target.path, "concurrency": concurrency}, r))
+    return {"settings": {"upstream": GPU_UPSTREAM, "worker": w.settings,
+                         "gateway": {"REQUEST_TIMEOUT": secs(TIMEOUT_S)},
+                         "timeout_s": TIMEOUT_S, "warmup_s": warmup, "duration_s": duration,
+                         "concurrency": concurrency,
+                         "ceiling": ceiling(b.defaults.max_batch_size)},
             "runs": runs}
 
 
@@ -562,4 +591,5 @@ SCENARIO_FUNCS = {
     "uneven_workers": scenario_uneven_workers,
     "sick_upstream": scenario_sick_upstream,
     "worker_kill": scenario_worker_kill,
+    "closed_gpu": scenario_closed_gpu,
 }

@@ -372,7 +372,7 @@ fn assemble(request: &Pending, now: Instant) -> Outcome {
         .results
         .iter()
         .flatten()
-        .map(|v| v.get().len() + 1)
+        .map(|v| v.json().len() + 1)
         .sum();
     let mut body = Vec::with_capacity(len + 2);
     body.push(b'[');
@@ -385,7 +385,7 @@ fn assemble(request: &Pending, now: Instant) -> Outcome {
         if i > 0 {
             body.push(b',');
         }
-        body.extend_from_slice(vector.get().as_bytes());
+        body.extend_from_slice(vector.json());
     }
     body.push(b']');
     let first_call = request.first_call.unwrap_or(now);

@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use embatch_local_model::LocalModel;
 use embatch_protocol::{EmbedOptions, Input};
-use serde_json::value::RawValue;
 
 use super::{Embedding, Upstream, UpstreamError};
 
@@ -39,8 +38,8 @@ impl Upstream for LocalUpstream {
         vectors
             .iter()
             .map(|v| {
-                serde_json::to_string(v)
-                    .and_then(RawValue::from_string)
+                serde_json::to_vec(v)
+                    .map(Embedding::from_json)
                     .map_err(|e| UpstreamError::Malformed(format!("cannot encode embedding: {e}")))
             })
             .collect()

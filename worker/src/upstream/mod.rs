@@ -5,17 +5,15 @@
 //!
 //! The batcher is generic over [`Upstream`], so its tests can use an in-process double.
 
+mod embedding;
 pub mod local;
 pub mod tei;
 
 use std::future::Future;
 
 use embatch_protocol::{EmbedError, EmbedOptions, ErrorResponse, Input};
-use serde_json::value::RawValue;
 
-/// One embedding, kept as the raw JSON array text the upstream produced (`[0.1,-0.2,...]`), so the
-/// worker slices an upstream reply into per-request replies without re-encoding any float.
-pub type Embedding = Box<RawValue>;
+pub use embedding::Embedding;
 
 /// Why an upstream call failed, by cause. [`UpstreamError::blames_input`] decides whether the
 /// batcher bisects the batch to isolate an input; `From<UpstreamError> for EmbedError` is the

@@ -194,8 +194,7 @@ impl Upstream for TeiUpstream {
                 },
             });
         }
-        let embeddings: Vec<Embedding> =
-            serde_json::from_slice(&body).map_err(|e| UpstreamError::Malformed(e.to_string()))?;
+        let embeddings = Embedding::split_reply(&body).map_err(UpstreamError::Malformed)?;
         if embeddings.len() != n {
             return Err(UpstreamError::CountMismatch {
                 sent: n,

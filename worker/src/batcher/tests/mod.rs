@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use embatch_protocol::{EmbedError, EmbedOptions, Input};
-use serde_json::value::RawValue;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -79,7 +78,7 @@ impl Upstream for Recording {
         }
         Ok(inputs
             .iter()
-            .map(|i| RawValue::from_string(serde_json::json!([i]).to_string()).expect("valid json"))
+            .map(|i| Embedding::from_json(serde_json::json!([i]).to_string()))
             .collect())
     }
 

@@ -1,0 +1,182 @@
+//! One embedding as the JSON text the upstream wrote, and the split of TEI's reply into them.
+//!
+//! The worker never decodes a float: it cuts TEI's reply body `[[0.1,-0.2,...],[...],...]` into
+//! one slice per input (sharing the body's buffer, no copy) and joins the slices of each request
+//! into its reply. Decoding each number only to check it was the worker's top cost at the
+//! pipeline's ceiling (serde_json's `RawValue` validation: 23 % of its CPU with 384-float
+//! vectors), so the split checks the shape the batcher relies on and leaves the digits as TEI
+//! wrote them, as an HTTP proxy would.
+
+use bytes::Bytes;
+
+/// One embedding: the JSON array text of its values, e.g. `[0.0132,-0.0418,...]` (bytes, UTF-8).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Embedding(Bytes);
+
+impl Embedding {
+    /// An embedding whose JSON text `json` the caller produced itself (e.g. serde_json's
+    /// serialization of a `Vec<f32>`); it is not checked.
+    pub fn from_json(json: impl Into<Bytes>) -> Embedding {
+        Embedding(json.into())
+    }
+
+    /// The JSON text, as sent to the caller.
+    pub fn json(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// Splits a TEI `/embed` reply body into its embeddings, in order, each a slice of `body`.
+    ///
+    /// Accepted: an array (`[...]`) whose elements are arrays holding only number characters
+    /// (`0-9 + - . e E`), commas and JSON whitespace — the shape TEI answers. The numbers are not
+    /// parsed: a reply that TEI could not have written, like `[["a"]]`, `[{"x":1}]`, `[[1],2]`
+    /// or `[[1]` is refused; one with a malformed number inside a well-formed array is passed
+    /// on as written.
+    ///
+    /// # Errors
+    /// A message naming the byte offset where the body left that shape.
+    pub fn split_reply(body: &Bytes) -> Result<Vec<Embedding>, String> {
+        let bytes = body.as_ref();
+        let mut at = skip_whitespace(bytes, 0);
+        if bytes.get(at) != Some(&b'[') {
+            return Err(shape_error(
+                at,
+                "expected `[` opening the array of embeddings",
+            ));
+        }
+        at = skip_whitespace(bytes, at + 1);
+        let mut embeddings = Vec::new();
+        if bytes.get(at) == Some(&b']') {
+            return finish(bytes, at + 1, embeddings);
+        }
+        loop {
+            if bytes.get(at) != Some(&b'[') {
+                return Err(shape_error(at, "expected `[` opening an embedding"));
+            }
+            let Some(len) = memchr::memchr(b']', &bytes[at..]) else {
+                return Err(shape_error(at, "an embedding's `]` is missing"));
+            };
+            let end = at + len + 1;
+            let values = &bytes[at + 1..end - 1];
+            if !all_number_text(values) {
+                let bad = values.iter().position(|&b| !is_number_text(b)).unwrap_or(0);
+                return Err(shape_error(
+                    at + 1 + bad,
+                    "an embedding may hold only numbers (found another character)",
+                ));
+            }
+            embeddings.push(Embedding(body.slice(at..end)));
+            at = skip_whitespace(bytes, end);
+            match bytes.get(at) {
+                Some(b',') => at = skip_whitespace(bytes, at + 1),
+                Some(b']') => return finish(bytes, at + 1, embeddings),
+                _ => return Err(shape_error(at, "expected `,` or `]` after an embedding")),
+            }
+        }
+    }
+}
+
+/// Only whitespace may follow the closing `]` at `at`.
+fn finish(bytes: &[u8], at: usize, embeddings: Vec<Embedding>) -> Result<Vec<Embedding>, String> {
+    let rest = skip_whitespace(bytes, at);
+    if rest != bytes.len() {
+        return Err(shape_error(rest, "trailing characters after the array"));
+    }
+    Ok(embeddings)
+}
+
+fn shape_error(at: usize, what: &str) -> String {
+    format!("the reply is not an array of embeddings: {what} at byte {at}")
+}
+
+fn skip_whitespace(bytes: &[u8], mut at: usize) -> usize {
+    while bytes.get(at).is_some_and(|b| is_whitespace(*b)) {
+        at += 1;
+    }
+    at
+}
+
+fn is_whitespace(b: u8) -> bool {
+    matches!(b, b' ' | b'\n' | b'\r' | b'\t')
+}
+
+/// A character of a JSON number list: digits, sign, point, exponent, comma, whitespace. Written
+/// without branches, so [`all_number_text`] compiles to SIMD compares.
+fn is_number_text(b: u8) -> bool {
+    (b.wrapping_sub(b'0') < 10)
+        | (b == b'-')
+        | (b == b'+')
+        | (b == b'.')
+        | (b == b'e')
+        | (b == b'E')
+        | (b == b',')
+        | (b == b' ')
+        | (b == b'\n')
+        | (b == b'\r')
+        | (b == b'\t')
+}
+
+/// Whether every byte of `values` [`is_number_text`], 64 bytes at a time (no early exit inside a
+/// block, so each block is checked with vector instructions).
+fn all_number_text(values: &[u8]) -> bool {
+    values
+        .chunks(64)
+        .all(|block| block.iter().fold(true, |ok, &b| ok & is_number_text(b)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn split(body: &str) -> Result<Vec<String>, String> {
+        Embedding::split_reply(&Bytes::copy_from_slice(body.as_bytes())).map(|v| {
+            v.iter()
+                .map(|e| String::from_utf8(e.json().to_vec()).expect("utf-8"))
+                .collect()
+        })
+    }
+
+    #[test]
+    fn splits_tei_replies_into_the_arrays_as_written() {
+        assert_eq!(
+            split("[[0.1,-2e-3],[3.5E+2, 4]]").expect("valid"),
+            ["[0.1,-2e-3]", "[3.5E+2, 4]"]
+        );
+        assert_eq!(
+            split(" [ [1] ,\n [2]\t] \n").expect("valid"),
+            ["[1]", "[2]"]
+        );
+        assert_eq!(split("[]").expect("valid"), Vec::<String>::new());
+        assert_eq!(split("[[]]").expect("valid"), ["[]"]);
+    }
+
+    #[test]
+    fn refuses_what_tei_cannot_have_written_naming_the_offset() {
+        for (body, offset, what) in [
+            ("", 0, "expected `[` opening the array"),
+            ("{\"error\":\"x\"}", 0, "expected `[` opening the array"),
+            ("[1,2]", 1, "expected `[` opening an embedding"),
+            ("[[1],2]", 5, "expected `[` opening an embedding"),
+            ("[[\"a\"]]", 2, "only numbers"),
+            ("[[null]]", 2, "only numbers"),
+            ("[[[1]]]", 2, "only numbers"),
+            ("[[1]", 4, "expected `,` or `]`"),
+            ("[[1] [2]]", 5, "expected `,` or `]`"),
+            ("[[1,2", 1, "`]` is missing"),
+            ("[[1]] x", 6, "trailing characters"),
+        ] {
+            let err = split(body).expect_err(body);
+            assert!(
+                err.contains(what) && err.ends_with(&format!("at byte {offset}")),
+                "{body:?}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn slices_share_the_reply_buffer() {
+        let body = Bytes::from_static(b"[[1,2],[3]]");
+        let split = Embedding::split_reply(&body).expect("valid");
+        assert_eq!(split[1].json().as_ptr(), body[7..].as_ptr());
+    }
+}
