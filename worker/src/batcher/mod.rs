@@ -57,7 +57,9 @@
 //! Each accepted request has a span (`embed_request`: inputs, bytes, then outcome) from submit to
 //! answer, a child of the submitter's current span; each batch task runs in a span
 //! (`upstream_batch`: inputs, requests, probe) that follows from the spans of its requests, so
-//! the upstream call's events carry it.
+//! the upstream call's events carry it. Request spans are at `debug` level
+//! (`RUST_LOG=embatch_worker=debug` turns them on), so the default `info` records none per
+//! request; batch spans are at `info`.
 //!
 //! # Shutdown
 //! When every [`BatcherHandle`] is dropped, the actor stops waiting for `max_wait`, sends all it
@@ -261,7 +263,7 @@ impl BatcherHandle {
             inputs: ask.inputs,
             bytes: ask.bytes,
         };
-        let span = tracing::info_span!(
+        let span = tracing::debug_span!(
             "embed_request",
             inputs = ask.inputs,
             bytes = ask.bytes,
