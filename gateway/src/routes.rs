@@ -25,7 +25,7 @@ use tokio::time::Instant;
 
 use crate::openai::{EmbeddingsRequest, OpenAiError};
 use crate::serve::ServeLimits;
-use crate::telemetry::names;
+use crate::telemetry::RequestMetrics;
 
 /// HTTP request header with which a client shortens its own timeout, in whole milliseconds
 /// (never lengthens it beyond `--request-timeout`).
@@ -54,6 +54,8 @@ pub struct AppState {
     pub in_flight: Arc<Semaphore>,
     /// The body of `GET /openapi.json`: [`crate::openapi::document`], serialized.
     pub openapi: Bytes,
+    /// The per-request metric handles of the embedding routes.
+    pub request_metrics: RequestMetrics,
 }
 
 impl AppState {
@@ -81,6 +83,7 @@ impl AppState {
                 config.max_in_flight.clamp(1, Semaphore::MAX_PERMITS),
             )),
             openapi: crate::openapi::document_json(),
+            request_metrics: RequestMetrics::register(),
         }
     }
 }
@@ -162,29 +165,27 @@ fn json_response(status: StatusCode, body: Bytes) -> Response {
 
 /// Counts a `/embed` request in flight and records how it ended, also when the client hung up
 /// and the handler was dropped before answering (status `499`, as nginx logs it).
-struct InFlight {
+struct InFlight<'a> {
+    metrics: &'a RequestMetrics,
     started: Instant,
     status: Option<StatusCode>,
 }
 
-impl InFlight {
-    fn start() -> InFlight {
-        metrics::gauge!(names::IN_FLIGHT).increment(1.0);
+impl InFlight<'_> {
+    fn start(metrics: &RequestMetrics) -> InFlight<'_> {
+        metrics.started();
         InFlight {
+            metrics,
             started: Instant::now(),
             status: None,
         }
     }
 }
 
-impl Drop for InFlight {
+impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        metrics::gauge!(names::IN_FLIGHT).decrement(1.0);
-        let status = self
-            .status
-            .map_or_else(|| "499".to_owned(), |s| s.as_str().to_owned());
-        metrics::counter!(names::REQUESTS, "status" => status).increment(1);
-        metrics::histogram!(names::REQUEST_TIME).record(self.started.elapsed().as_secs_f64());
+        let status = self.status.map_or(499, |s| s.as_u16());
+        self.metrics.ended(status, self.started.elapsed());
     }
 }
 
@@ -209,7 +210,8 @@ pub(crate) async fn embed(
     request_headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    counted(|started| async move {
+    let shared = Arc::clone(&state);
+    counted(&shared.request_metrics, |started| async move {
         let forwarded = async {
             let body = read_body(&state, &request_headers, body)?;
             forward(&state, &request_headers, body, started).await
@@ -224,12 +226,12 @@ pub(crate) async fn embed(
 
 /// Runs one embedding request's handler under the in-flight gauge and the request metrics
 /// ([`InFlight`], which also counts a client hang-up); the handler gets the request's start.
-async fn counted<F, Fut>(handle: F) -> Response
+async fn counted<F, Fut>(metrics: &RequestMetrics, handle: F) -> Response
 where
     F: FnOnce(Instant) -> Fut,
     Fut: std::future::Future<Output = Response>,
 {
-    let mut in_flight = InFlight::start();
+    let mut in_flight = InFlight::start(metrics);
     let response = handle(in_flight.started).await;
     in_flight.status = Some(response.status());
     response
@@ -257,7 +259,8 @@ pub(crate) async fn openai_embeddings(
     request_headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    counted(|started| async move {
+    let shared = Arc::clone(&state);
+    counted(&shared.request_metrics, |started| async move {
         let forwarded = async {
             let body = read_body(&state, &request_headers, body)?;
             let (request, shape) = EmbeddingsRequest::from_slice(&body)?.into_embed_request();

@@ -18,6 +18,54 @@ pub mod names {
 
 pub use embatch_runtime::{LogFormat, init_logging};
 
+/// Statuses whose `embatch_gateway_requests_total` counter [`RequestMetrics`] registers up front:
+/// every status the embedding routes answer themselves (`499`: the client hung up first, as
+/// nginx logs it). A worker's error status outside this list is counted all the same, through
+/// the registry.
+const COUNTED_STATUSES: [u16; 12] = [200, 400, 413, 415, 422, 424, 429, 499, 500, 502, 503, 504];
+
+/// The handles of the per-request metrics ([`names::IN_FLIGHT`], [`names::REQUEST_TIME`],
+/// [`names::REQUESTS`] by status), registered once with the process's recorder: looking a
+/// metric up by name (and by label) hashes its key on every call, and the embedding routes
+/// record four per request. Without a recorder (tests) every handle is a no-op.
+#[derive(Clone)]
+pub struct RequestMetrics {
+    in_flight: metrics::Gauge,
+    time: metrics::Histogram,
+    by_status: [(u16, metrics::Counter); COUNTED_STATUSES.len()],
+}
+
+impl RequestMetrics {
+    /// Registers the handles with the recorder installed now (install it first).
+    pub fn register() -> RequestMetrics {
+        RequestMetrics {
+            in_flight: metrics::gauge!(names::IN_FLIGHT),
+            time: metrics::histogram!(names::REQUEST_TIME),
+            by_status: COUNTED_STATUSES.map(|status| {
+                (
+                    status,
+                    metrics::counter!(names::REQUESTS, "status" => status.to_string()),
+                )
+            }),
+        }
+    }
+
+    /// A request started: one more in flight.
+    pub fn started(&self) {
+        self.in_flight.increment(1.0);
+    }
+
+    /// A request ended with `status` (`499` when the client hung up) after `elapsed`.
+    pub fn ended(&self, status: u16, elapsed: std::time::Duration) {
+        self.in_flight.decrement(1.0);
+        match self.by_status.iter().find(|(s, _)| *s == status) {
+            Some((_, counter)) => counter.increment(1),
+            None => metrics::counter!(names::REQUESTS, "status" => status.to_string()).increment(1),
+        }
+        self.time.record(elapsed.as_secs_f64());
+    }
+}
+
 /// Installs the process's Prometheus recorder (upkeep every 5 s) and returns the handle that
 /// renders `/metrics`.
 ///

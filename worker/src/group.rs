@@ -6,9 +6,10 @@
 //! its load every [`FULL_RECHECK`]. Leaving drains (`Subscriber::drain()`: UNSUB then PING; what
 //! was delivered to the connection is still read and answered); rejoining subscribes anew.
 //! The drain ends at the server's PONG, so what the server routed before it read the UNSUB is
-//! delivered too; as published, async-nats 0.51.0 ended it one poll after writing the UNSUB and
-//! dropped those requests (the workspace uses a patched copy: vendor/async-nats/EMBATCH-PATCH.md;
-//! `worker/tests/membership.rs` drains in the middle of 20,000 messages and counts them all). Every change is logged, counted in
+//! meant to be delivered too; as published, async-nats 0.51.0 ended it one poll after writing
+//! the UNSUB and dropped those requests (the workspace uses a patched copy:
+//! vendor/async-nats/EMBATCH-PATCH.md). Even so, `worker/tests/membership.rs` (ignored) still
+//! sees a few hundred of 20,000 messages lost in some runs: leaving is not lossless yet. Every change is logged, counted in
 //! `embatch_worker_membership_changes_total` and published to discovery ([`crate::micro`]).
 
 use std::sync::Arc;
