@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# CPU per request of two builds, in alternating pairs on the same machine: benchmark 4's setup
+# (instant fake upstream, closed loop), one stack per run, so a before/after comparison survives a
+# noisy machine. For each run it prints req/s, p50/p99, the failures and the CPU time (utime +
+# stime from /proc/PID/stat over the run) each process spent per request, in µs.
+#
+# Usage: loadtest/compare_cpu.sh BEFORE_DIR AFTER_DIR [PAIRS] [PATH] [CONCURRENCY] [SECONDS]
+#   BEFORE_DIR, AFTER_DIR: directories with embatch-gateway and embatch-worker (e.g. a release
+#   build of an older commit, and target/release). The load generator and the fake upstream are
+#   always target/release/embatch-loadtest, so both builds see the same instrument.
+#   PATH: gateway (default), nats or direct.
+# Environment: BEFORE_ENV / AFTER_ENV: settings (space-separated NAME=VALUE) for the gateway and
+# the worker of that side, e.g. AFTER_ENV=TOKIO_WORKER_THREADS=1 with the same build on both
+# sides to measure a setting; PROFILE=gateway|worker records `perf record -g` of that process for 4 s in each
+# run (perf.data in the run's temp dir, printed on stderr); NATS_SERVER_BIN as for the tests.
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+before=$1 after=$2 pairs=${3:-3} path=${4:-gateway} conc=${5:-256} secs=${6:-6}
+loadtest="$repo/target/release/embatch-loadtest"
+nats_server=${NATS_SERVER_BIN:-$("$repo/scripts/install-nats-server.sh")}
+
+# One run against the build in $1; prints one line.
+run() {
+  local bin=$1 label=$2 settings=$3 tmp pids=()
+  tmp=$(mktemp -d)
+  trap 'kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null' RETURN
+  "$nats_server" -a 127.0.0.1 -p 0 -ports_file_dir "$tmp" >"$tmp/nats.log" 2>&1 &
+  local nats_pid=$!; pids+=("$nats_pid")
+  for _ in $(seq 50); do compgen -G "$tmp/*.ports" >/dev/null && break; sleep 0.1; done
+  local nats_url
+  nats_url=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["nats"][0])' "$tmp"/*.ports)
+  "$loadtest" fake-upstream --base-ms 0 --per-input-us 0 --concurrency 64 >"$tmp/up.log" 2>&1 &
+  local up_pid=$!; pids+=("$up_pid")
+  for _ in $(seq 50); do [ -s "$tmp/up.log" ] && break; sleep 0.1; done
+  local up_addr
+  up_addr=$(head -1 "$tmp/up.log" | awk '{print $3}')
+  # shellcheck disable=SC2086 # $settings is a list of NAME=VALUE words
+  env $settings NATS_URL="$nats_url" TEI_URL="http://$up_addr" METRICS_ADDR=127.0.0.1:0 \
+    "$bin/embatch-worker" >"$tmp/worker.log" 2>&1 &
+  local worker_pid=$!; pids+=("$worker_pid")
+  local port
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  # shellcheck disable=SC2086
+  env $settings NATS_URL="$nats_url" LISTEN_ADDR="127.0.0.1:$port" REQUEST_TIMEOUT=2s \
+    "$bin/embatch-gateway" >"$tmp/gateway.log" 2>&1 &
+  local gateway_pid=$!; pids+=("$gateway_pid")
+  for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 0.1; done
+  local target
+  case $path in
+    gateway) target=(--url "http://127.0.0.1:$port/embed") ;;
+    nats) target=(--nats "$nats_url") ;;
+    direct) target=(--url "http://$up_addr/embed") ;;
+    *) echo "PATH must be gateway, nats or direct" >&2; return 1 ;;
+  esac
+  cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+  local names=(gateway worker nats-server fake-upstream) procs=("$gateway_pid" "$worker_pid" "$nats_pid" "$up_pid") start=() end=()
+  for p in "${procs[@]}"; do start+=("$(cpu "$p")"); done
+  "$loadtest" run "${target[@]}" -c "$conc" -d "${secs}s" --timeout 2s --json "$tmp/report.json" --quiet >"$tmp/load.log" 2>&1 &
+  local load_pid=$!
+  if [ -n "${PROFILE:-}" ]; then
+    local profiled=$gateway_pid
+    [ "$PROFILE" = worker ] && profiled=$worker_pid
+    sleep 1
+    perf record -g -o "$tmp/perf.data" -p "$profiled" -- sleep 4 >/dev/null 2>&1 || true
+    echo "perf data: $tmp/perf.data" >&2
+  fi
+  wait "$load_pid"
+  for p in "${procs[@]}"; do end+=("$(cpu "$p")"); done
+  local ticks=()
+  for i in "${!procs[@]}"; do ticks+=("${names[$i]}=$(( end[i] - start[i] ))"); done
+  python3 - "$tmp/report.json" "$label" "$(getconf CLK_TCK)" "${ticks[@]}" <<'PY'
+import json, sys
+report = json.load(open(sys.argv[1]))
+label, hz = sys.argv[2], int(sys.argv[3])
+sent = max(1, report["requests"]["sent"])
+cpu = " ".join(f"{name} {int(t) * 1e6 / hz / sent:.1f}"
+               for name, t in (kv.split("=") for kv in sys.argv[4:]))
+lat = report["latency"]
+print(f"{label:<7} {report['throughput']['requests_per_s']:>8,.0f} req/s  p50 {lat['p50_ms']} ms  "
+      f"p99 {lat['p99_ms']} ms  failures {report['failures'] or 0}  µs/req: {cpu}")
+PY
+}
+
+echo "path $path, closed loop c=$conc, ${secs} s per run, $pairs pairs; load average $(cut -d' ' -f1 /proc/loadavg)"
+for _ in $(seq "$pairs"); do
+  run "$before" before "${BEFORE_ENV:-}"
+  run "$after" after "${AFTER_ENV:-}"
+done
