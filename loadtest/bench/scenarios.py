@@ -73,16 +73,23 @@ def run_entry(label: str, params: dict, report: dict) -> dict:
     return {"label": label, **params, "report": report}
 
 
-def scenario_gpu_rates(b: Stack) -> dict:
-    rates = [100, 400, 2000, 5400] if b.quick else [100, 200, 400, 1000, 2500, 4000, 5000,
-                                                     5400, 5550]
-    direct_max_rate = 400  # beyond this the direct path only times out
-    warmup, duration = b.d(2, 1), b.d(8, 3)
+def gpu_stack(b: Stack):
+    """nats-server, the GPU-like fake upstream, one worker on it (ready) and a gateway with the
+    bench's 2 s REQUEST_TIMEOUT: the stack of scenarios 1, 2 and 13."""
     nats = b.nats()
     _, up = b.fake_upstream(GPU_BASE_MS, GPU_PER_INPUT_US, 1)
     w = b.worker(nats, tei_url=up)
     b.wait_workers(nats, [w])
     _, gw = b.gateway(nats, secs(TIMEOUT_S))
+    return nats, up, w, gw
+
+
+def scenario_gpu_rates(b: Stack) -> dict:
+    rates = [100, 400, 2000, 5400] if b.quick else [100, 200, 400, 1000, 2500, 4000, 5000,
+                                                     5400, 5550]
+    direct_max_rate = 400  # beyond this the direct path only times out
+    warmup, duration = b.d(2, 1), b.d(8, 3)
+    nats, up, w, gw = gpu_stack(b)
     direct = Target("direct", ["--url", up + "/embed"])
     runs = []
     for rate in rates:
@@ -107,11 +114,7 @@ def scenario_low_load(b: Stack) -> dict:
     # and that phase, different in every run, would shift every latency of a run by the same
     # 0-1 ms. At 19.93 req/s the phase sweeps, so each run sees the average.
     rate, warmup, duration = 19.93, 1, b.d(15, 5)
-    nats = b.nats()
-    _, up = b.fake_upstream(GPU_BASE_MS, GPU_PER_INPUT_US, 1)
-    w = b.worker(nats, tei_url=up)
-    b.wait_workers(nats, [w])
-    _, gw = b.gateway(nats, secs(TIMEOUT_S))
+    nats, up, w, gw = gpu_stack(b)
     runs = []
     for target in (Target("direct", ["--url", up + "/embed"]), gw, nats.target()):
         r = b.load(f"{target.path} @ {rate} req/s", target, rate=rate, warmup=warmup,
@@ -183,11 +186,7 @@ def scenario_closed_gpu(b: Stack) -> dict:
     adds to the round trip leaves the next batch short, so mean batch and req/s show the cost
     of the gateway hop next to NATS direct (and the upstream alone, for scale)."""
     duration, warmup, concurrency = b.d(10, 3), b.d(2, 1), 64
-    nats = b.nats()
-    _, up = b.fake_upstream(GPU_BASE_MS, GPU_PER_INPUT_US, 1)
-    w = b.worker(nats, tei_url=up)
-    b.wait_workers(nats, [w])
-    _, gw = b.gateway(nats, secs(TIMEOUT_S))
+    nats, up, w, gw = gpu_stack(b)
     runs = []
     for target in (Target("direct", ["--url", up + "/embed"]), gw, nats.target()):
         r = b.load(f"{target.path} c={concurrency}", target, concurrency=concurrency,
