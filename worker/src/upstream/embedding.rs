@@ -3,9 +3,9 @@
 //! The worker never decodes a float: it cuts TEI's reply body `[[0.1,-0.2,...],[...],...]` into
 //! one slice per input (sharing the body's buffer, no copy) and joins the slices of each request
 //! into its reply. Decoding each number only to check it was the worker's top cost at the
-//! pipeline's ceiling (serde_json's `RawValue` validation: 22–23 % of its CPU in two profiles with 384-float
-//! vectors), so the split checks the shape the batcher relies on and leaves the digits as TEI
-//! wrote them, as an HTTP proxy would.
+//! pipeline's ceiling (serde_json's `RawValue` validation: 22–23 % of its CPU in two profiles
+//! with 384-float vectors), so the split checks the shape the batcher relies on and leaves the
+//! digits as TEI wrote them, as an HTTP proxy would.
 
 use bytes::Bytes;
 
