@@ -28,8 +28,10 @@ impl Embedding {
     /// Splits a TEI `/embed` reply body into its embeddings, in order, each a slice of `body`.
     ///
     /// Accepted: an array (`[...]`) whose elements are arrays holding only number characters
-    /// (`0-9 + - . e E`), commas and JSON whitespace — the shape TEI answers. The numbers are not
-    /// parsed: a reply that TEI could not have written, like `[["a"]]`, `[{"x":1}]`, `[[1],2]`
+    /// (`0-9 + - . e E`), `null`, commas and JSON whitespace — the shape TEI answers (serde_json
+    /// writes a NaN value as `null`; that input's caller gets it as TEI sent it, and its
+    /// batch-mates are unaffected, as when the reply was parsed). The numbers are not parsed: a
+    /// reply that TEI could not have written, like `[["a"]]`, `[{"x":1}]`, `[[true]]`, `[[1],2]`
     /// or `[[1]` is refused; one with a malformed number inside a well-formed array is passed
     /// on as written.
     ///
@@ -100,10 +102,13 @@ fn is_whitespace(b: u8) -> bool {
     matches!(b, b' ' | b'\n' | b'\r' | b'\t')
 }
 
-/// A character of a JSON number list: digits, sign, point, exponent, comma, whitespace. Written
-/// without branches, so [`all_number_text`] compiles to SIMD compares.
+/// A character of a JSON number list: digits, sign, point, exponent, comma, whitespace, and the
+/// letters of `null`. Written without branches, so [`all_number_text`] compiles to SIMD compares.
 fn is_number_text(b: u8) -> bool {
     (b.wrapping_sub(b'0') < 10)
+        | (b == b'n')
+        | (b == b'u')
+        | (b == b'l')
         | (b == b'-')
         | (b == b'+')
         | (b == b'.')
@@ -148,6 +153,8 @@ mod tests {
         );
         assert_eq!(split("[]").expect("valid"), Vec::<String>::new());
         assert_eq!(split("[[]]").expect("valid"), ["[]"]);
+        // A NaN value, as serde_json (and so TEI) writes it.
+        assert_eq!(split("[[0.5,null]]").expect("valid"), ["[0.5,null]"]);
     }
 
     #[test]
@@ -158,7 +165,7 @@ mod tests {
             ("[1,2]", 1, "expected `[` opening an embedding"),
             ("[[1],2]", 5, "expected `[` opening an embedding"),
             ("[[\"a\"]]", 2, "only numbers"),
-            ("[[null]]", 2, "only numbers"),
+            ("[[true]]", 2, "only numbers"),
             ("[[[1]]]", 2, "only numbers"),
             ("[[1]", 4, "expected `,` or `]`"),
             ("[[1] [2]]", 5, "expected `,` or `]`"),
