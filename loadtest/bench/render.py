@@ -185,10 +185,11 @@ def render_closed_gpu(res: dict, targets: list) -> list[str]:
     batch = int(s["worker"]["MAX_BATCH_SIZE"])
     out = [f"Fake upstream {GPU_BASE_MS} ms + {GPU_PER_INPUT_US} µs/input, one call at a time "
            f"(ceiling {s['ceiling']:,.0f} req/s with full batches of {batch}); closed loop with "
-           f"{s['concurrency']} requests in flight, single-input requests. With 64 in flight "
-           "and 2 calls at a time, each batch fills only if every reply is back and resent "
-           "before the next call leaves: time a path adds shows as a shorter mean batch. Mean "
-           "batch = inputs per upstream call over the measured window.", "",
+           f"{s['concurrency']} requests in flight, single-input requests. With 2 × "
+           "MAX_BATCH_SIZE in flight the worker carries either two full cohorts or three "
+           "smaller ones that each leave at MAX_WAIT_TIME (slower, shorter batches); once split "
+           "they stay split, so a run lands in one mode or the other (see \"Where the CPU "
+           "goes\"). Mean batch = inputs per upstream call over the measured window.", "",
            "| path | req/s | % of nats | mean batch | p50 ms | p99 ms | errors |",
            "|---|---:|---:|---:|---:|---:|---|"]
     nats = find(runs, path="nats")
