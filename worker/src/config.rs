@@ -68,6 +68,15 @@ pub struct Config {
     #[arg(long, env = "MAX_CONCURRENT_BATCHES", default_value_t = 2)]
     pub max_concurrent_batches: usize,
 
+    /// A batch that is not full (fewer than MAX_BATCH_SIZE inputs) is sent only while fewer than
+    /// this many upstream calls are in flight; beyond it only full batches take a slot. Unset:
+    /// MAX_CONCURRENT_BATCHES - 1 (at least 1), so while a call runs, a batch that waited
+    /// MAX_WAIT_TIME keeps filling in the worker instead of queueing inside the busy upstream,
+    /// and the last slot is kept for a full batch. MAX_CONCURRENT_BATCHES: any due batch takes
+    /// any free slot.
+    #[arg(long, env = "PARTIAL_BATCH_SLOTS")]
+    pub partial_batch_slots: Option<usize>,
+
     /// Most inputs accepted and not yet answered; beyond it requests are answered 429 at once.
     /// Bounds the worker's memory; keep it below NATS' subscription buffer (65,536 messages).
     #[arg(long, env = "QUEUE_CAP", default_value_t = 4096)]
@@ -134,6 +143,7 @@ impl Config {
             max_batch_size: self.max_batch_size,
             max_wait: self.max_wait_time,
             max_concurrent_batches: self.max_concurrent_batches,
+            partial_batch_slots: self.partial_batch_slots,
             queue_cap: self.queue_cap,
             max_queue_bytes: self.max_queue_bytes,
             max_queue_delay: self.max_queue_delay,

@@ -114,10 +114,10 @@ impl<U: Upstream> Actor<U> {
             {
                 break;
             }
-            let flush_at = if self.batches.len() < self.shared.limits.slots {
+            let flush_at = if self.partial_allowed() {
                 self.queue.next_due(self.shared.limits.max_wait)
             } else {
-                None // only a completion can make progress
+                None // only a completion or a filling group can make progress
             };
             tokio::select! {
                 biased;
@@ -181,7 +181,15 @@ impl<U: Upstream> Actor<U> {
         }
     }
 
-    /// Sends every due group upstream while call slots are free, oldest first.
+    /// A batch that is not full may take a slot now: fewer than `partial_slots` calls are in
+    /// flight, or the batcher is closing (everything leaves).
+    fn partial_allowed(&self) -> bool {
+        self.closed || self.batches.len() < self.shared.limits.partial_slots
+    }
+
+    /// Sends every due group upstream while call slots are free, oldest first. The slots beyond
+    /// `partial_slots` take only full batches: while the upstream is busy, a batch that waited
+    /// `MAX_WAIT_TIME` keeps filling in the queue rather than waiting inside the upstream.
     fn dispatch_ready(&mut self) {
         let (slots, batch_limit, max_wait, when_idle) = {
             let limits = &self.shared.limits;
@@ -206,6 +214,7 @@ impl<U: Upstream> Actor<U> {
                 max_wait,
                 // Closing flushes everything; an idle upstream takes any waiting group at once.
                 flush_all: self.closed || (when_idle && self.batches.is_empty()),
+                partial: self.partial_allowed(),
                 cutoff: now + call,
                 probe_allowed,
             };

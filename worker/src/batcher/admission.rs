@@ -66,6 +66,9 @@ pub(super) struct Limits {
     pub dispatch_when_idle: bool,
     /// Upstream calls in flight at once (`MAX_CONCURRENT_BATCHES`).
     pub slots: usize,
+    /// A batch that is not full is sent only while fewer calls than this are in flight
+    /// (`PARTIAL_BATCH_SLOTS`, 1..=`slots`).
+    pub partial_slots: usize,
     /// Most inputs per upstream call (the smaller of `MAX_BATCH_SIZE` and the upstream's limit).
     pub batch_limit: usize,
 }

@@ -98,6 +98,10 @@ pub struct BatcherConfig {
     pub max_wait: Duration,
     /// Most upstream calls in flight at once.
     pub max_concurrent_batches: usize,
+    /// A batch that is not full is sent only while fewer than this many calls are in flight
+    /// (clamped to 1..=`max_concurrent_batches`); `None`: `max_concurrent_batches - 1` (at least
+    /// 1), keeping the last slot for a full batch.
+    pub partial_batch_slots: Option<usize>,
     /// Most inputs accepted and not yet answered; more are shed with 429.
     pub queue_cap: usize,
     /// Most bytes of input text (UTF-8) accepted and not yet answered; more are shed with 429,
@@ -113,13 +117,14 @@ pub struct BatcherConfig {
 }
 
 impl Default for BatcherConfig {
-    /// The worker's command-line defaults: 32 inputs, 5 ms, 2 calls, 4,096 inputs, 64 MiB, auto,
-    /// no dispatch when idle.
+    /// The worker's command-line defaults: 32 inputs, 5 ms, 2 calls (the last one for a full
+    /// batch), 4,096 inputs, 64 MiB, auto, no dispatch when idle.
     fn default() -> Self {
         BatcherConfig {
             max_batch_size: 32,
             max_wait: Duration::from_millis(5),
             max_concurrent_batches: 2,
+            partial_batch_slots: None,
             queue_cap: 4096,
             max_queue_bytes: 64 << 20,
             max_queue_delay: QueueDelay::Auto,
@@ -339,13 +344,18 @@ pub fn spawn<U: Upstream>(
     upstream: Arc<U>,
     config: BatcherConfig,
 ) -> (BatcherHandle, JoinHandle<()>) {
+    let slots = config.max_concurrent_batches.max(1);
     let limits = Limits {
         queue_cap: config.queue_cap.max(1),
         max_queue_bytes: config.max_queue_bytes.max(1),
         max_queue_delay: config.max_queue_delay,
         max_wait: config.max_wait,
         dispatch_when_idle: config.dispatch_when_idle,
-        slots: config.max_concurrent_batches.max(1),
+        slots,
+        partial_slots: config
+            .partial_batch_slots
+            .unwrap_or(slots - 1)
+            .clamp(1, slots),
         batch_limit: config.max_batch_size.min(upstream.max_batch_size()).max(1),
     };
     let shared = Arc::new(Shared {

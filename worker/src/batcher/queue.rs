@@ -56,6 +56,9 @@ pub(super) struct Take {
     pub max_wait: Duration,
     /// Send every group now (shutdown), full or not.
     pub flush_all: bool,
+    /// A group that is not full may leave (when due or with `flush_all`); otherwise only a full
+    /// batch may (every partial-batch slot is taken).
+    pub partial: bool,
     /// A request not yet started whose deadline comes before this instant (now + one call time)
     /// would not be wanted by the time its answer came: it is expired instead of sent.
     pub cutoff: Instant,
@@ -150,17 +153,19 @@ impl Queue {
             .min()
     }
 
-    /// Takes up to `batch_limit` inputs from the oldest due group: one holding a full batch, or
-    /// whose head waited `max_wait`, or any with `flush_all`. `None` when no group is due.
+    /// Takes up to `batch_limit` inputs from the oldest due group: one holding a full batch, or,
+    /// with `partial`, one whose head waited `max_wait` or any with `flush_all`. `None` when no
+    /// group is due.
     pub fn take(&mut self, take: Take) -> Option<Formed> {
         let key = self
             .groups
             .iter()
             .filter_map(|(key, g)| {
                 let head = self.entries.get(g.queue.front()?)?;
-                let ready = take.flush_all
-                    || g.inputs >= take.batch_limit
-                    || take.now + TIMER_SLACK >= head.accepted + take.max_wait;
+                let ready = g.inputs >= take.batch_limit
+                    || (take.partial
+                        && (take.flush_all
+                            || take.now + TIMER_SLACK >= head.accepted + take.max_wait));
                 ready.then_some((head.accepted, key))
             })
             .min_by_key(|(accepted, _)| *accepted)
@@ -232,6 +237,7 @@ mod tests {
             batch_limit,
             max_wait: Duration::from_millis(5),
             flush_all: false,
+            partial: true,
             cutoff: now,
             probe_allowed: false,
         }

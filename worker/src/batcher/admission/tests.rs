@@ -10,6 +10,7 @@ fn limits() -> Limits {
         max_wait: Duration::from_millis(5),
         dispatch_when_idle: false,
         slots: 1,
+        partial_slots: 1,
         batch_limit: 4,
     }
 }

@@ -43,8 +43,8 @@ async fn with_dispatch_when_idle_a_lone_request_leaves_at_once_and_later_ones_ba
         1,
         "an idle upstream takes it at once"
     );
-    // Three more arrive during the 10 ms call: the second slot is free, but they wait as usual
-    // (MAX_WAIT_TIME, 5 ms) and leave together.
+    // Three more arrive during the 10 ms call: they wait as usual (MAX_WAIT_TIME, 5 ms), then,
+    // not being a full batch, keep filling until the running call ends, and leave together.
     let later = submit_each(&batcher, numbered(3));
     let reply = outcome(first).await.expect("ok");
     assert_eq!(reply.queue_time, Duration::ZERO);
@@ -53,7 +53,58 @@ async fn with_dispatch_when_idle_a_lone_request_leaves_at_once_and_later_ones_ba
     }
     let sizes: Vec<usize> = upstream.calls().iter().map(|(i, _)| i.len()).collect();
     assert_eq!(sizes, [1, 3]);
-    assert_eq!(start.elapsed(), Duration::from_millis(1 + 5 + 10));
+    assert_eq!(start.elapsed(), Duration::from_millis(10 + 10));
+}
+
+#[tokio::test(start_paused = true)]
+async fn while_a_call_runs_a_due_partial_batch_keeps_filling_and_a_full_one_takes_the_last_slot() {
+    // MAX_BATCH_SIZE 4, MAX_WAIT_TIME 5 ms, 2 slots (the default PARTIAL_BATCH_SLOTS: 1), and
+    // a 10 ms upstream call.
+    let (upstream, batcher, _task) = start(Duration::from_millis(10), config(4, 5, 2));
+    let start = Instant::now();
+    let first = submit_each(&batcher, numbered(4));
+    let x = submit(&batcher, &["x"], far()).expect("accepted");
+    tokio::time::sleep(Duration::from_millis(6)).await;
+    assert_eq!(
+        upstream.calls().len(),
+        1,
+        "a partial batch past MAX_WAIT_TIME waits while a call runs"
+    );
+    let filler = submit_each(&batcher, ["a", "b", "c"].map(String::from));
+    tokio::task::yield_now().await;
+    assert_eq!(
+        upstream.calls().len(),
+        2,
+        "once full it takes the second slot at once"
+    );
+    let y = submit(&batcher, &["y"], far()).expect("accepted");
+    for rx in first.into_iter().chain(filler) {
+        outcome(rx).await.expect("ok");
+    }
+    assert_eq!(outcome(x).await.expect("ok").queue_time, Duration::from_millis(6));
+    // y was due at 11 ms; the full batch launched at 6 ms runs until 16 ms.
+    let y = outcome(y).await.expect("ok");
+    assert_eq!(y.queue_time, Duration::from_millis(10));
+    assert_eq!(start.elapsed(), Duration::from_millis(26));
+    let sizes: Vec<usize> = upstream.calls().iter().map(|(i, _)| i.len()).collect();
+    assert_eq!(sizes, [4, 4, 1]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_partial_batch_slots_equal_to_the_slots_a_due_batch_takes_any_free_slot() {
+    let config = BatcherConfig {
+        partial_batch_slots: Some(2),
+        ..config(4, 5, 2)
+    };
+    let (upstream, batcher, _task) = start(Duration::from_millis(10), config);
+    let first = submit_each(&batcher, numbered(4));
+    let x = submit(&batcher, &["x"], far()).expect("accepted");
+    tokio::time::sleep(Duration::from_millis(6)).await;
+    assert_eq!(upstream.calls().len(), 2, "x left at MAX_WAIT_TIME");
+    for rx in first {
+        outcome(rx).await.expect("ok");
+    }
+    assert_eq!(outcome(x).await.expect("ok").queue_time, Duration::from_millis(5));
 }
 
 #[tokio::test(start_paused = true)]

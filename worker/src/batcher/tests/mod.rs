@@ -93,6 +93,7 @@ fn config(max_batch_size: usize, max_wait_ms: u64, concurrent: usize) -> Batcher
         max_batch_size,
         max_wait: Duration::from_millis(max_wait_ms),
         max_concurrent_batches: concurrent,
+        partial_batch_slots: None,
         queue_cap: 10_000,
         max_queue_bytes: 1 << 20,
         max_queue_delay: QueueDelay::Fixed(Duration::from_secs(3600)),
