@@ -83,10 +83,16 @@ def render_low_load(res: dict, targets: list) -> list[str]:
     runs = res["runs"]
     s = res["settings"]
     direct = find(runs, path="direct")
+    when_idle = str(s.get("worker", {}).get("DISPATCH_WHEN_IDLE", "false")).lower() == "true"
+    wait_note = ("with DISPATCH_WHEN_IDLE=true a lone request finds no call in "
+                 "flight and leaves at once, so what is added is the pipeline itself"
+                 if when_idle else
+                 "with DISPATCH_WHEN_IDLE=false a lone request waits MAX_WAIT_TIME for company, "
+                 "the price of batching at low load")
     out = [f"Open loop at {s['rate']} req/s (≈ 20, chosen so arrivals are not phase-locked to "
            "the 1 ms timer ticks), GPU-like upstream, MAX_WAIT_TIME "
-           f"{s['max_wait_ms']} ms: a lone request waits MAX_WAIT_TIME for company, the price of "
-           "batching at low load.", "",
+           f"{s['max_wait_ms']} ms: {wait_note}. The pipeline's own latency is the added p50 "
+           "less the worker's mean queue wait.", "",
            "| path | p50 ms | p90 ms | p99 ms | added p50 vs direct | worker queue wait (mean) "
            "| errors |",
            "|---|---:|---:|---:|---:|---:|---|"]
@@ -107,13 +113,16 @@ def render_low_load(res: dict, targets: list) -> list[str]:
         limit = s["max_wait_ms"] + 1
         targets.append((f"2. Low load: added p50 of the gateway path ≤ MAX_WAIT_TIME + 1 ms "
                         f"= {limit} ms", f"+{added:.2f} ms", added <= limit))
-    # Issue 11: the pipeline's own share, beyond the MAX_WAIT_TIME a lone request waits.
+    # Issue 11: the pipeline's own share: the added p50 less the time the request waited in the
+    # worker's queue for batch-mates (MAX_WAIT_TIME, or ~0 when it is sent at once when idle).
     for path, bound in (("nats", 0.3), ("gateway", 0.5)):
         r = find(runs, path=path)
-        if direct and r and lat(r, "p50_ms") is not None:
-            over = lat(r, "p50_ms") - lat(direct, "p50_ms") - s["max_wait_ms"]
-            targets.append((f"2. Low load, via {path}: p50 added beyond MAX_WAIT_TIME ≤ {bound} "
-                            "ms (issue 11)", f"{over:+.2f} ms", over <= bound))
+        wait = ((r or {}).get("batches") or {}).get("mean_queue_wait_ms")
+        if direct and r and lat(r, "p50_ms") is not None and wait is not None:
+            own = lat(r, "p50_ms") - lat(direct, "p50_ms") - wait
+            targets.append((f"2. Low load, via {path}: the pipeline's own latency (added p50 "
+                            f"less the mean queue wait) ≤ {bound} ms (issue 11)",
+                            f"{own:+.2f} ms", own <= bound))
     return out
 
 

@@ -26,7 +26,7 @@ LONG_TIMEOUT_S = 10
 # The worker's batching defaults, as its --help declares them, passed explicitly so every result
 # records them; plus the bench's own settings.
 RECORDED_WORKER_DEFAULTS = ("MAX_BATCH_SIZE", "MAX_WAIT_TIME", "MAX_CONCURRENT_BATCHES",
-                            "QUEUE_CAP")
+                            "QUEUE_CAP", "DISPATCH_WHEN_IDLE")
 WORKER_OVERRIDES = {"SHUTDOWN_GRACE": "2s"}  # stop quickly between runs
 
 SCENARIOS = [

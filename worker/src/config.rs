@@ -96,9 +96,10 @@ pub struct Config {
     pub max_queue_delay: QueueDelay,
 
     /// While no upstream call is in flight, send a waiting batch at once instead of after
-    /// MAX_WAIT_TIME (requests arriving during a call still batch). Cuts low-load latency by up
-    /// to MAX_WAIT_TIME; `true` or `false`.
-    #[arg(long, env = "DISPATCH_WHEN_IDLE", default_value_t = false, action = clap::ArgAction::Set)]
+    /// MAX_WAIT_TIME (requests arriving during a call still batch, see PARTIAL_BATCH_SLOTS).
+    /// Cuts low-load latency by up to MAX_WAIT_TIME; `true` or `false` (then a batch always
+    /// waits MAX_WAIT_TIME or until full).
+    #[arg(long, env = "DISPATCH_WHEN_IDLE", default_value_t = true, action = clap::ArgAction::Set)]
     pub dispatch_when_idle: bool,
 
     /// Queue-group membership. `adaptive`: the worker leaves the queue group while its backlog

@@ -70,7 +70,16 @@ fn vectors(body: &serde_json::Value) -> Vec<Vec<f32>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_clients_share_full_batches_and_each_gets_its_own_slice() {
-    let stack = stack(&["--max-batch-size", "32", "--max-wait-time", "250ms"]).await;
+    // Every request waits for company (no dispatch when idle), so the batches are exactly full.
+    let stack = stack(&[
+        "--max-batch-size",
+        "32",
+        "--max-wait-time",
+        "250ms",
+        "--dispatch-when-idle",
+        "false",
+    ])
+    .await;
     let (tei, client) = (&stack.base.tei, &stack.client);
 
     let tasks: Vec<_> = (0..64)
@@ -137,7 +146,15 @@ async fn a_poisoned_request_fails_alone_over_nats() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_id_inputs_reach_tei_as_sent_and_share_a_batch_with_texts() {
-    let stack = stack(&["--max-batch-size", "3", "--max-wait-time", "250ms"]).await;
+    let stack = stack(&[
+        "--max-batch-size",
+        "3",
+        "--max-wait-time",
+        "250ms",
+        "--dispatch-when-idle",
+        "false",
+    ])
+    .await;
     let client = &stack.client;
     let (ids, mixed) = tokio::join!(
         request(client, r#"{"inputs":[101,7592,102]}"#),

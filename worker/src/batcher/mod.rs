@@ -112,13 +112,13 @@ pub struct BatcherConfig {
     pub max_queue_delay: QueueDelay,
     /// While no upstream call is in flight, send a waiting group at once instead of after
     /// `max_wait` (an idle upstream slot is wasted throughput; requests arriving during a call
-    /// still batch). Off by default.
+    /// still batch). On by default.
     pub dispatch_when_idle: bool,
 }
 
 impl Default for BatcherConfig {
     /// The worker's command-line defaults: 32 inputs, 5 ms, 2 calls (the last one for a full
-    /// batch), 4,096 inputs, 64 MiB, auto, no dispatch when idle.
+    /// batch), 4,096 inputs, 64 MiB, auto, dispatch when idle.
     fn default() -> Self {
         BatcherConfig {
             max_batch_size: 32,
@@ -128,7 +128,7 @@ impl Default for BatcherConfig {
             queue_cap: 4096,
             max_queue_bytes: 64 << 20,
             max_queue_delay: QueueDelay::Auto,
-            dispatch_when_idle: false,
+            dispatch_when_idle: true,
         }
     }
 }
