@@ -96,7 +96,8 @@ def render_low_load(res: dict, targets: list) -> list[str]:
            "| path | p50 ms | p90 ms | p99 ms | added p50 vs direct | worker queue wait (mean) "
            "| errors |",
            "|---|---:|---:|---:|---:|---:|---|"]
-    for path in ("direct", "gateway", "nats"):
+    names = {"relay": "nats, bare relay instead of the worker"}
+    for path in ("direct", "gateway", "nats", "relay"):
         r = find(runs, path=path)
         if r is None:
             continue
@@ -105,8 +106,17 @@ def render_low_load(res: dict, targets: list) -> list[str]:
             added = f"+{lat(r, 'p50_ms') - lat(direct, 'p50_ms'):.2f} ms"
         wait = (r.get("batches") or {}).get("mean_queue_wait_ms")
         wait = "-" if wait is None else f"{wait:.2f} ms"
-        out.append(f"| {path} | {fmt_ms(lat(r, 'p50_ms'))} | {fmt_ms(lat(r, 'p90_ms'))} | "
+        out.append(f"| {names.get(path, path)} | {fmt_ms(lat(r, 'p50_ms'))} | "
+                   f"{fmt_ms(lat(r, 'p90_ms'))} | "
                    f"{fmt_ms(lat(r, 'p99_ms'))} | {added} | {wait} | {failures(r)} |")
+    relay = find(runs, path="relay")
+    if direct and relay and lat(relay, "p50_ms") is not None:
+        out += ["", "The relay row is the NATS path with `embatch-loadtest nats-relay` in the "
+                "worker's place: it POSTs each message, unbatched, to the same upstream and "
+                "publishes the body to the reply inbox (no validation, admission or batching). "
+                "Its added p50 is what the two NATS hops cost on this machine, the floor of any "
+                "NATS-based design; the nats row less the relay row is what the worker itself "
+                "adds."]
     gw = find(runs, path="gateway")
     if direct and gw and lat(gw, "p50_ms") is not None:
         added = lat(gw, "p50_ms") - lat(direct, "p50_ms")
@@ -195,10 +205,12 @@ def render_closed_gpu(res: dict, targets: list) -> list[str]:
     out = [f"Fake upstream {GPU_BASE_MS} ms + {GPU_PER_INPUT_US} µs/input, one call at a time "
            f"(ceiling {s['ceiling']:,.0f} req/s with full batches of {batch}); closed loop with "
            f"{s['concurrency']} requests in flight, single-input requests. With 2 × "
-           "MAX_BATCH_SIZE in flight the worker carries either two full cohorts or three "
-           "smaller ones that each leave at MAX_WAIT_TIME (slower, shorter batches); once split "
-           "they stay split, so a run lands in one mode or the other (see \"Where the CPU "
-           "goes\"). Mean batch = inputs per upstream call over the measured window.", "",
+           "MAX_BATCH_SIZE in flight the worker can carry two full cohorts or three smaller "
+           "ones (slower, shorter batches). When any due batch could take any free call slot, "
+           "a split stayed split and runs landed in one mode or the other; a batch that is not "
+           "full now waits for the running call (PARTIAL_BATCH_SLOTS, \"How batching works\", "
+           "point 3), so split cohorts merge back into full batches. Mean batch = inputs per "
+           "upstream call over the measured window.", "",
            "| path | req/s | % of nats | mean batch | p50 ms | p99 ms | errors |",
            "|---|---:|---:|---:|---:|---:|---|"]
     nats = find(runs, path="nats")

@@ -121,6 +121,14 @@ def scenario_low_load(b: Stack) -> dict:
                    duration=duration, timeout=TIMEOUT_S,
                    workers=[w] if target.path != "direct" else ())
         runs.append(run_entry(target.path, {"path": target.path, "rate": rate}, r))
+    # The same NATS path with a bare relay in the worker's place (one HTTP call per message):
+    # what the NATS hops cost on their own, apart from the worker.
+    b.stop_worker(nats, w, 0)
+    b.relay(nats, up)
+    relay = Target("relay", nats.target().args)
+    r = b.load(f"nats relay @ {rate} req/s", relay, rate=rate, warmup=warmup,
+               duration=duration, timeout=TIMEOUT_S)
+    runs.append(run_entry("relay", {"path": "relay", "rate": rate}, r))
     return {"settings": {"upstream": GPU_UPSTREAM, "worker": w.settings, "rate": rate,
                          "warmup_s": warmup, "duration_s": duration,
                          "max_wait_ms": b.defaults.max_wait_ms},

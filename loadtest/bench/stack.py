@@ -224,6 +224,15 @@ class Stack:
         self.sup.stop(worker.child)
         wait_until("the worker to unsubscribe", lambda: nats.subscribers() == remaining, 10)
 
+    def relay(self, nats: Nats, upstream: str) -> Child:
+        """Starts `embatch-loadtest nats-relay` on the subject (no worker may be subscribed):
+        every request POSTed, unbatched, to `upstream`."""
+        child = self.sup.spawn("nats-relay", [self.bins["embatch-loadtest"], "nats-relay",
+                                              "--nats", nats.url, "--subject", nats.subject,
+                                              "--upstream", upstream], self.env())
+        wait_until("the relay to subscribe", lambda: nats.subscribers() == 1, 15, [child])
+        return child
+
     def gateway(self, nats: Nats, request_timeout: str | None) -> tuple[Child, Target]:
         """Starts the gateway; `request_timeout` None leaves REQUEST_TIMEOUT at its default."""
         port = free_port(self.ports)

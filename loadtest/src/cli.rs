@@ -29,6 +29,26 @@ pub enum Command {
     /// double): each call sleeps base + per-input cost, at most --concurrency calls at once, and
     /// answers deterministic vectors derived from a hash of each input text.
     FakeUpstream(FakeUpstreamArgs),
+    /// Answer embed requests on a NATS subject by POSTing each, unbatched, to a TEI-compatible
+    /// upstream and publishing its body to the reply inbox: the least a NATS-to-TEI bridge does
+    /// (a benchmark reference, not a worker: no validation, admission or deadlines).
+    NatsRelay(NatsRelayArgs),
+}
+
+/// `embatch-loadtest nats-relay`.
+#[derive(Debug, Clone, Args)]
+pub struct NatsRelayArgs {
+    /// NATS server URL(s), comma-separated.
+    #[arg(long)]
+    pub nats: String,
+
+    /// Subject to answer on (the workers' EMBATCH_SUBJECT).
+    #[arg(long, env = "EMBATCH_SUBJECT", default_value = embatch_protocol::DEFAULT_SUBJECT)]
+    pub subject: String,
+
+    /// The upstream's base URL (its `/embed` is called), e.g. http://127.0.0.1:8081.
+    #[arg(long)]
+    pub upstream: String,
 }
 
 /// `embatch-loadtest run`.

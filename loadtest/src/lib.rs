@@ -10,6 +10,8 @@
 //! - [`report`]: the run's summary, human-readable and JSON.
 //! - [`progress`]: the progress bar shown while running.
 //! - [`run`]: ties the above together for `embatch-loadtest run`.
+//! - [`relay`]: `embatch-loadtest nats-relay`, a bare NATS-to-TEI bridge (the benchmarks'
+//!   reference for what the NATS hops alone cost).
 //!
 //! `embatch-loadtest fake-upstream` serves [`embatch_tei_double`], the workspace's one TEI double
 //! (a GPU-like cost model).
@@ -18,6 +20,7 @@ pub mod cli;
 pub mod corpus;
 pub mod load;
 pub mod progress;
+pub mod relay;
 pub mod report;
 pub mod run;
 pub mod stats;

@@ -1,11 +1,12 @@
-//! `embatch-loadtest`: `run` generates load, `fake-upstream` serves a GPU-like TEI double.
+//! `embatch-loadtest`: `run` generates load, `fake-upstream` serves a GPU-like TEI double,
+//! `nats-relay` is a bare NATS-to-TEI bridge (a benchmark reference).
 
 use std::io::Write;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::Parser;
-use embatch_loadtest::cli::{Cli, Command, FakeUpstreamArgs, RunArgs};
+use embatch_loadtest::cli::{Cli, Command, FakeUpstreamArgs, NatsRelayArgs, RunArgs};
 use embatch_loadtest::{LoadtestError, run};
 use embatch_tei_double::SharedFaults;
 use tracing_subscriber::EnvFilter;
@@ -23,6 +24,7 @@ async fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => run_command(*args).await,
         Command::FakeUpstream(args) => fake_upstream_command(args).await,
+        Command::NatsRelay(args) => nats_relay_command(args).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -70,6 +72,13 @@ async fn fake_upstream_command(args: FakeUpstreamArgs) -> Result<(), LoadtestErr
     })
     .await
     .map_err(|e| LoadtestError::Config(format!("TEI double failed: {e}")))
+}
+
+async fn nats_relay_command(args: NatsRelayArgs) -> Result<(), LoadtestError> {
+    let nats = embatch_client::connect(&args.nats, "embatch-loadtest-relay")
+        .await
+        .map_err(|e| LoadtestError::Config(format!("cannot connect to NATS: {e}")))?;
+    embatch_loadtest::relay::serve(nats, args.subject, args.upstream).await
 }
 
 /// Sets the extra delay of the calls that arrive from now on.
