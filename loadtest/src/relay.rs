@@ -11,8 +11,8 @@
 
 use async_nats::HeaderMap;
 use bytes::Bytes;
-use futures::StreamExt;
 use embatch_protocol::headers;
+use futures::StreamExt;
 
 use crate::LoadtestError;
 

@@ -81,7 +81,10 @@ async fn while_a_call_runs_a_due_partial_batch_keeps_filling_and_a_full_one_take
     for rx in first.into_iter().chain(filler) {
         outcome(rx).await.expect("ok");
     }
-    assert_eq!(outcome(x).await.expect("ok").queue_time, Duration::from_millis(6));
+    assert_eq!(
+        outcome(x).await.expect("ok").queue_time,
+        Duration::from_millis(6)
+    );
     // y was due at 11 ms; the full batch launched at 6 ms runs until 16 ms.
     let y = outcome(y).await.expect("ok");
     assert_eq!(y.queue_time, Duration::from_millis(10));
@@ -104,7 +107,10 @@ async fn with_partial_batch_slots_equal_to_the_slots_a_due_batch_takes_any_free_
     for rx in first {
         outcome(rx).await.expect("ok");
     }
-    assert_eq!(outcome(x).await.expect("ok").queue_time, Duration::from_millis(5));
+    assert_eq!(
+        outcome(x).await.expect("ok").queue_time,
+        Duration::from_millis(5)
+    );
 }
 
 #[tokio::test(start_paused = true)]
