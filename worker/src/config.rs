@@ -58,8 +58,9 @@ pub struct Config {
     #[arg(long, env = "MAX_BATCH_SIZE", default_value_t = 32)]
     pub max_batch_size: usize,
 
-    /// Longest a batch waits for more inputs after its first request arrived (e.g. 5ms). The
-    /// latency a lone request pays at low load, in exchange for fuller batches.
+    /// Longest a batch that is not full waits for more inputs after its first request arrived
+    /// while a call slot for it is free (e.g. 5ms). With DISPATCH_WHEN_IDLE it applies only while
+    /// a call is in flight (an idle upstream takes a lone request at once).
     #[arg(long, env = "MAX_WAIT_TIME", default_value = "5ms", value_parser = humantime::parse_duration)]
     pub max_wait_time: Duration,
 
