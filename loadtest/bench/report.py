@@ -27,9 +27,10 @@ def failures(r: dict) -> str:
 def fmt_ms(x: float | None) -> str:
     if x is None:
         return "-"
-    if x < 10:
+    # Three significant figures; the bounds are where rounding would add a digit (9.996 → 10.0).
+    if x < 9.995:
         return f"{x:.2f}"
-    if x < 100:
+    if x < 99.95:
         return f"{x:.1f}"
     return f"{x:,.0f}"
 
