@@ -475,6 +475,9 @@ pub(crate) struct ConnectionHandler {
     drain_pings: VecDeque<(u64, u64)>,
     pings_written: u64,
     pongs_read: u64,
+    // embatch patch: commands were queued and the task yielded once before writing them, so
+    // that tasks ready on this runtime thread add theirs to the same write (see `ProcessFut`).
+    yielded_before_write: bool,
 }
 
 impl ConnectionHandler {
@@ -501,6 +504,7 @@ impl ConnectionHandler {
             drain_pings: VecDeque::new(),
             pings_written: 0,
             pongs_read: 0,
+            yielded_before_write: false,
         }
     }
 
@@ -635,6 +639,19 @@ impl ConnectionHandler {
                     if !mem::take(&mut made_progress) {
                         break;
                     }
+
+                    // embatch patch: coalesce writes. Each request a task publishes wakes this
+                    // task; writing at once sends one small write per request (one system call,
+                    // and one read on the server, each). Yielding once first lets the tasks that
+                    // are ready on this thread queue theirs, and they leave in one write. An
+                    // idle runtime polls this task again at once, so a lone message is not held.
+                    if !mem::replace(&mut self.handler.yielded_before_write, true)
+                        && !self.handler.connection.is_write_buf_full()
+                    {
+                        cx.waker().wake_by_ref();
+                        return Poll::Pending;
+                    }
+                    self.handler.yielded_before_write = false;
 
                     match self.handler.connection.poll_write(cx) {
                         Poll::Pending => {
