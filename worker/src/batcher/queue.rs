@@ -54,9 +54,9 @@ pub(super) struct Take {
     pub batch_limit: usize,
     /// `MAX_WAIT_TIME`.
     pub max_wait: Duration,
-    /// Send every group now (shutdown), full or not.
+    /// Send every group now, full or not (shutdown, or an idle upstream with dispatch when idle).
     pub flush_all: bool,
-    /// A group that is not full may leave (when due or with `flush_all`); otherwise only a full
+    /// A group that is not full may leave when its head waited `max_wait`; otherwise only a full
     /// batch may (every partial-batch slot is taken).
     pub partial: bool,
     /// A request not yet started whose deadline comes before this instant (now + one call time)
@@ -153,8 +153,8 @@ impl Queue {
             .min()
     }
 
-    /// Takes up to `batch_limit` inputs from the oldest due group: one holding a full batch, or,
-    /// with `partial`, one whose head waited `max_wait` or any with `flush_all`. `None` when no
+    /// Takes up to `batch_limit` inputs from the oldest due group: one holding a full batch, any
+    /// with `flush_all`, or, with `partial`, one whose head waited `max_wait`. `None` when no
     /// group is due.
     pub fn take(&mut self, take: Take) -> Option<Formed> {
         let key = self
@@ -162,10 +162,9 @@ impl Queue {
             .iter()
             .filter_map(|(key, g)| {
                 let head = self.entries.get(g.queue.front()?)?;
-                let ready = g.inputs >= take.batch_limit
-                    || (take.partial
-                        && (take.flush_all
-                            || take.now + TIMER_SLACK >= head.accepted + take.max_wait));
+                let ready = take.flush_all
+                    || g.inputs >= take.batch_limit
+                    || (take.partial && take.now + TIMER_SLACK >= head.accepted + take.max_wait);
                 ready.then_some((head.accepted, key))
             })
             .min_by_key(|(accepted, _)| *accepted)
