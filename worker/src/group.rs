@@ -10,8 +10,9 @@
 //! the UNSUB and dropped those requests (the workspace uses a patched copy:
 //! vendor/async-nats/EMBATCH-PATCH.md). nats-server itself delivers at most once and may drop a
 //! message it routed to this member around the UNSUB (`worker/tests/membership.rs` prints what
-//! it dropped; rare, but seen): such a request ends at its caller's deadline. Every change is logged, counted in
-//! `embatch_worker_membership_changes_total` and published to discovery ([`crate::micro`]).
+//! it dropped; rare, but seen): such a request ends at its caller's deadline. Every change is
+//! logged, counted in `embatch_worker_membership_changes_total` and published to discovery
+//! ([`crate::micro`]).
 
 use std::sync::Arc;
 use std::time::Duration;
