@@ -133,11 +133,11 @@ class Supervisor:
             stderr=subprocess.STDOUT,
             # Own process group: a Ctrl-C in the terminal reaches only the bench, which then
             # stops its children in order. Not a session of its own: with Linux's
-            # sched_autogroup (on by default), each session is a scheduling group that gets an
-            # equal share of the CPU however many threads it runs, so on a saturated box every
-            # process would get the same share whatever its load; in the bench's session they
-            # share the cores by thread, as when started from one shell (see "Where the CPU
-            # goes").
+            # sched_autogroup (kernel.sched_autogroup_enabled), each session is a scheduling
+            # group that gets an equal share of the CPU however many threads it runs, so on a
+            # saturated box every process would get the same share whatever its load; in the
+            # bench's session they share the cores by thread, as when started from one shell
+            # (see "Where the CPU goes").
             process_group=0,
         )
         child = Child(name, popen, log_path, log_file)

@@ -190,9 +190,9 @@ def scenario_pipeline(b: Stack) -> dict:
 
 
 def scenario_closed_gpu(b: Stack) -> dict:
-    """Issue 11: closed loop at 64 in flight on the GPU-like upstream. Every millisecond a path
-    adds to the round trip leaves the next batch short, so mean batch and req/s show the cost
-    of the gateway hop next to NATS direct (and the upstream alone, for scale)."""
+    """Issue 11: closed loop at 64 in flight on the GPU-like upstream: whether the gateway hop
+    leaves batches shorter than NATS direct (mean batch and req/s side by side, and the
+    upstream alone for scale)."""
     duration, warmup, concurrency = b.d(10, 3), b.d(2, 1), 64
     nats, up, w, gw = gpu_stack(b)
     runs = []
