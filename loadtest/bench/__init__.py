@@ -8,6 +8,7 @@ from the repository root) builds, starts, measures and stops everything itself.
                   scenario
     report.py     accessors and number formats of one loadtest report
     render.py     RESULTS.md: one Markdown section per scenario and the targets table
-    results.py    machine info, RESULTS.md and the README block
+    results.py    machine info, RESULTS.md, the docs/benchmarks.md block and the charts
+    charts.py     SVG charts from the same JSON (matplotlib, in .bin/bench-venv)
     cli.py        the command line (`main`)
 """

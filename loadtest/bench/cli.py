@@ -14,11 +14,16 @@ with `embatch-loadtest run`, and stops every process it started (by PID, also on
 error).
 
 Output: one raw JSON file per scenario, `loadtest/results/<scenario>.json` (the settings, every
-loadtest report as `embatch-loadtest run --json` wrote it, and derived numbers), and
+loadtest report as `embatch-loadtest run --json` wrote it, and derived numbers),
 `loadtest/results/RESULTS.md`, rendered from all scenario files present, so `--only X` refreshes
-one section and keeps the others. Logs of every process go to a temporary directory (printed).
+one section and keeps the others, the same tables in docs/benchmarks.md, and SVG charts in
+`loadtest/results/charts/` from the same files. Logs of every process go to a temporary directory
+(printed). `--render-only` redraws the tables and `--charts-only` the charts from the JSON files
+at hand, without running anything.
 
-Python 3 standard library only. Linux only (CPU time is read from /proc/PID/stat).
+Python 3 standard library only, but for the charts: they run in .bin/bench-venv with the
+matplotlib pinned in loadtest/requirements.txt, installed on first use (`--no-charts` skips
+them). Linux only (CPU time is read from /proc/PID/stat).
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from pathlib import Path
 
 from .defaults import BinaryDefaults, DefaultsError
 from .procs import REPO, BenchError, Terminated, load_average, log
-from .results import RESULTS_DIR, machine_info, utc_now, write_results
+from .results import RESULTS_DIR, machine_info, utc_now, write_charts, write_results
 from .scenarios import SCENARIO_FUNCS, SCENARIO_NAMES, SCENARIOS, worker_base
 from .stack import Stack
 
@@ -110,7 +115,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "worker_base (repeatable; recorded in the results), e.g. "
                              "DISPATCH_WHEN_IDLE=false to measure the other way of a default")
     parser.add_argument("--render-only", action="store_true",
-                        help="only regenerate RESULTS.md from the JSON files")
+                        help="only regenerate RESULTS.md and docs/benchmarks.md from the JSON "
+                             "files")
+    parser.add_argument("--charts-only", action="store_true",
+                        help="only redraw the charts (results/charts/*.svg) from the JSON files, "
+                             "installing the pinned matplotlib into .bin/bench-venv if needed")
+    parser.add_argument("--no-charts", action="store_true",
+                        help="do not draw the charts (no matplotlib needed)")
     return parser.parse_args(argv)
 
 
@@ -142,8 +153,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out_dir = args.out or (RESULTS_DIR / "quick" if args.quick else RESULTS_DIR)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if args.render_only:
-        write_results(out_dir)
+    if args.render_only or args.charts_only:
+        if args.render_only:
+            write_results(out_dir)
+        if args.charts_only and not write_charts(out_dir):
+            return 1
         return 0
 
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with SIGINT ignored
@@ -182,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
             if not run_scenario(bench, name, args.quick, command, out_dir):
                 failed.append(name)
         write_results(out_dir)
+        if not args.no_charts:
+            write_charts(out_dir)
     except (KeyboardInterrupt, Terminated) as e:
         log(f"interrupted ({e.__class__.__name__}): stopping everything")
         return 130

@@ -131,7 +131,7 @@ def render_low_load(res: dict, targets: list) -> list[str]:
         if direct and r and lat(r, "p50_ms") is not None and wait is not None:
             own = lat(r, "p50_ms") - lat(direct, "p50_ms") - wait
             targets.append((f"2. Low load, via {path}: the pipeline's own latency (added p50 "
-                            f"less the mean queue wait) ≤ {bound} ms (issue 11)",
+                            f"less the mean queue wait) ≤ {bound} ms",
                             f"{own:+.2f} ms", own <= bound))
     return out
 
@@ -185,7 +185,7 @@ def render_pipeline(res: dict, targets: list) -> list[str]:
             if r is not None:
                 share = throughput(r) / throughput(direct)
                 targets.append((f"4. Instant upstream, via {path}: ≥ {floor:.0%} of the direct "
-                                "upstream's req/s (issue 11)",
+                                "upstream's req/s",
                                 f"{share:.0%} ({fmt_rate(throughput(r))} of "
                                 f"{fmt_rate(throughput(direct))} req/s)", share >= floor))
     r = find(runs, path="gateway")
@@ -193,7 +193,7 @@ def render_pipeline(res: dict, targets: list) -> list[str]:
         n = max(1, r["requests"]["sent"])
         for proc in ("gateway", "worker"):
             us = r["cpu_s"].get(proc, 0) * 1e6 / n
-            targets.append((f"4. CPU per request at the ceiling, {proc}: ≤ 12 µs (issue 11)",
+            targets.append((f"4. CPU per request at the ceiling, {proc}: ≤ 12 µs",
                             f"{us:.0f} µs", us <= 12))
     return out
 
@@ -208,7 +208,8 @@ def render_closed_gpu(res: dict, targets: list) -> list[str]:
            "MAX_BATCH_SIZE in flight the worker can carry two full cohorts or three smaller "
            "ones (slower, shorter batches). When any due batch could take any free call slot, "
            "a split stayed split and runs landed in one mode or the other; a batch that is not "
-           "full now waits for the running call (PARTIAL_BATCH_SLOTS, \"How batching works\", "
+           "full now waits for the running call (PARTIAL_BATCH_SLOTS, the batching rules of "
+           "docs/architecture.md, "
            "point 3), so split cohorts merge back into full batches. Mean batch = inputs per "
            "upstream call over the measured window.", "",
            "| path | req/s | % of nats | mean batch | p50 ms | p99 ms | errors |",
@@ -225,12 +226,12 @@ def render_closed_gpu(res: dict, targets: list) -> list[str]:
     gw = find(runs, path="gateway")
     if gw and nats and throughput(nats):
         share = throughput(gw) / throughput(nats)
-        targets.append(("13. GPU-like, closed loop c=64, via gateway: ≥ 98% of NATS direct "
-                        "(issue 11)", f"{share:.1%}", share >= 0.98))
+        targets.append(("13. GPU-like, closed loop c=64, via gateway: ≥ 98% of NATS direct",
+                        f"{share:.1%}", share >= 0.98))
         mb = (gw.get("batches") or {}).get("mean_batch_inputs")
         if mb is not None:
-            targets.append(("13. GPU-like, closed loop c=64, via gateway: mean batch ≥ 31.5 "
-                            "(issue 11)", f"{mb:.1f}", mb >= 31.5))
+            targets.append(("13. GPU-like, closed loop c=64, via gateway: mean batch ≥ 31.5",
+                            f"{mb:.1f}", mb >= 31.5))
     return out
 
 
@@ -552,7 +553,43 @@ RENDERERS = {
 }
 
 
-def render(out_dir: Path) -> str:
+# What each scenario shows, in one sentence, and the charts drawn from it (charts.py).
+SHOWS = {
+    "gpu_rates": "How far one worker carries a GPU-like upstream as the offered load rises, "
+                 "against the upstream called without batching.",
+    "low_load": "What the pipeline adds to a lone request when there is nothing to batch.",
+    "cpu_model": "The built-in CPU model end to end: a stack that needs no GPU and no TEI.",
+    "pipeline": "The pipeline's own ceiling and the CPU each process spends per request, with an "
+                "upstream that costs nothing.",
+    "scaling": "That throughput grows with the number of workers, each with its own upstream.",
+    "tuning": "What MAX_WAIT_TIME and MAX_BATCH_SIZE change at a fixed load below saturation.",
+    "overload": "Goodput at twice the capacity: load shedding keeps the upstream on requests "
+                "that can still succeed, where the upstream alone answers nothing in time.",
+    "tei_client_defaults": "The same overload with every setting at its default and a client "
+                           "that sends no deadline.",
+    "slow_then_fast": "How fast goodput comes back after the upstream has been slow.",
+    "uneven_workers": "Whether adaptive membership sends the load to the worker that has room.",
+    "sick_upstream": "What a dead upstream behind one of two workers costs, static against "
+                     "adaptive membership.",
+    "worker_kill": "What a worker killed with SIGKILL costs: the requests it held.",
+    "closed_gpu": "That the HTTP and NATS paths fill batches alike under a closed loop.",
+}
+CHARTS = {
+    "gpu_rates": [("goodput_vs_offered.svg", "Goodput against offered load"),
+                  ("latency_vs_offered.svg", "p50 and p99 against offered load")],
+    "pipeline": [("pipeline_cpu.svg", "CPU per request by process")],
+    "tuning": [("batch_size.svg", "Mean inputs per upstream call")],
+    "overload": [("overload_over_time.svg", "Overload at 2x capacity, per second")],
+    "slow_then_fast": [("recovery.svg", "Goodput per second around the switch")],
+    "worker_kill": [("failover.svg", "Goodput per second, static against adaptive membership")],
+}
+
+
+def render(out_dir: Path, provenance: bool = True, charts: str = "charts") -> str:
+    """The Markdown of every scenario present in out_dir. `provenance`: each run's date and
+    commit (RESULTS.md, next to the JSON), or not (docs/benchmarks.md, which names the command
+    and the machine only). `charts`: the charts' directory relative to the written file; a chart
+    is linked only if charts.py has drawn it."""
     results = {}
     for name in SCENARIO_NAMES:
         path = out_dir / f"{name}.json"
@@ -563,23 +600,31 @@ def render(out_dir: Path) -> str:
     targets: list = []
     sections: list[str] = []
     for name, title in SCENARIOS:
-        sections += ["", f"### {title}", ""]
+        sections += ["", f"### {title}", "", f"**Shows:** {SHOWS[name]}", "",
+                     f"**Reproduce:** `python3 loadtest/bench.py --only {name}`", ""]
         res = results.get(name)
         if res is None:
             sections.append("_Not run._")
             continue
         sections += RENDERERS[name](res, targets)
-        sections += ["", f"_Measured {res['started']}, load average {res['loadavg_before']:.2f} "
-                         f"before the scenario, {res['wall_s']:.0f} s._"]
-    lines = ["## Benchmarks", "",
-             f"Machine: {meta.get('cores', '?')} cores ({meta.get('cpu', '?')}), "
-             f"{meta.get('kernel', '?')}; "
-             f"{meta.get('date', '?')}; 1-minute load average {meta.get('loadavg_start', 0):.2f} "
-             f"at the start; commit {meta.get('commit', '?')}.", "",
+        for file, alt in CHARTS.get(name, []):
+            if (out_dir / "charts" / file).is_file():
+                sections += ["", f"![{alt}]({charts}/{file})"]
+        when = f"Measured {res['started']}, load" if provenance else "Load"
+        sections += ["", f"_{when} average {res['loadavg_before']:.2f} before the scenario, "
+                         f"{res['wall_s']:.0f} s; command `{res.get('command', '?')}`._"]
+    machine = (f"Machine: {meta.get('cores', '?')} cores ({meta.get('cpu', '?')}), "
+               f"{meta.get('kernel', '?')}")
+    if provenance:
+        machine += (f"; {meta.get('date', '?')}; 1-minute load average "
+                    f"{meta.get('loadavg_start', 0):.2f} at the start; commit "
+                    f"{meta.get('commit', '?')}")
+    previous = meta.get("previous")
+    lines = ["## Benchmarks", "", machine + ".", "",
              f"Command: `{meta.get('command', 'python3 loadtest/bench.py')}` "
              "(raw JSON: `loadtest/results/<scenario>.json`)"
-             + (f"; sections not rerun come from `{meta['previous'].get('command')}` "
-                f"({meta['previous'].get('date')})" if meta.get("previous") else "")
+             + (f"; sections not rerun come from `{previous.get('command')}`"
+                + (f" ({previous.get('date')})" if provenance else "") if previous else "")
              + ".", "",
              "Everything runs on one machine: the load generator, nats-server, the gateway, "
              "the worker(s) and the upstream share its cores, so CPU-bound numbers are lower "

@@ -38,14 +38,13 @@ SCENARIOS = [
     ("tuning", "6. MAX_WAIT_TIME x MAX_BATCH_SIZE at a fixed load"),
     ("overload", "7. Overload at 2x capacity: the throughput paradox"),
     ("tei_client_defaults", "8. Default settings, 2x overload, a TEI client with its own 2 s "
-                            "timeout and no deadline (issue 8)"),
-    ("slow_then_fast", "9. Upstream slow (4 s per call) for 10 s, then fast: recovery (issue 8)"),
-    ("uneven_workers", "10. Two workers, one 5x slower: does the load follow capacity? "
-                       "(issue 9)"),
-    ("sick_upstream", "11. One of two workers' upstream dies during the load (issue 9)"),
-    ("worker_kill", "12. One of two workers is killed (SIGKILL) during the load (issue 9)"),
+                            "timeout and no deadline"),
+    ("slow_then_fast", "9. Upstream slow (4 s per call) for 10 s, then fast: recovery"),
+    ("uneven_workers", "10. Two workers, one 5x slower: does the load follow capacity?"),
+    ("sick_upstream", "11. One of two workers' upstream dies during the load"),
+    ("worker_kill", "12. One of two workers is killed (SIGKILL) during the load"),
     ("closed_gpu", "13. GPU-like upstream, closed loop with 64 in flight: do the paths fill "
-                   "batches alike? (issue 11)"),
+                   "batches alike?"),
 ]
 SCENARIO_NAMES = [name for name, _ in SCENARIOS]
 
