@@ -4,7 +4,7 @@ Usage: python3 examples/direct_nats.py [NATS_URL] [text ...]
 Environment: EMBATCH_SUBJECT (default `embed`). Exit status: 0 embedded, 1 error reply or
 timeout, 3 no worker listening (no responders).
 
-The contract (README, "NATS contract"): request-reply on subject `embed`; the payload is TEI's
+The contract (docs/nats-contract.md): request-reply on subject `embed`; the payload is TEI's
 POST /embed JSON body; the header `Embatch-Deadline-Ms` carries the time budget in ms. A success
 reply is a JSON array of float arrays; an error reply carries `Nats-Service-Error-Code` (HTTP-style
 status) and `Nats-Service-Error` headers with TEI's error JSON body.

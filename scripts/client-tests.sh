@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Real clients against a real stack: starts nats-server, one worker on the built-in model and the
 # gateway (debug builds, free loopback ports), then calls them through unmodified, pinned client
-# libraries and the README's examples:
+# libraries and the examples of docs/nats-contract.md:
 #   - Python (tests/clients/test_clients.py, pins in tests/clients/requirements.txt, venv in
 #     ${XDG_CACHE_HOME:-~/.cache}/embatch/client-venv): huggingface_hub, openai (base64 and float),
 #     llama-index's TEI embeddings, nats-py; every vector is compared with testdata's TEI reference;
@@ -119,7 +119,7 @@ expect_no_responders() {
   fi
 }
 
-step "the README's examples on the NATS subject"
+step "the examples of docs/nats-contract.md on the NATS subject"
 nats_py=$("$venv/bin/pip" show nats-py | sed -n 's/^Version: //p')
 nats_go=$(sed -n 's|^require github.com/nats-io/nats.go ||p' examples/go/go.mod)
 nats_js=$(node -p 'require("./examples/node/node_modules/nats/package.json").version')

@@ -445,7 +445,8 @@ fn interpolation_parser() {
 }
 
 /// The README's "Configuration" section: every flag of both binaries has a table row naming its
-/// environment variable and flag, with the binary's default in that row when it has one.
+/// environment variable and flag, with the binary's default in that row when it has one; and
+/// every flag a row names (`` `--name` `` in its flag column) is a flag of one of the binaries.
 #[test]
 fn readme_configuration_tables_list_every_flag_with_its_default() {
     let readme = repo_file("README.md");
@@ -455,12 +456,31 @@ fn readme_configuration_tables_list_every_flag_with_its_default() {
     let section = &readme[start + 1..];
     let section = &section[..section.find("\n## ").unwrap_or(section.len())];
     let rows: Vec<&str> = section.lines().filter(|l| l.starts_with('|')).collect();
-    let mut missing = Vec::new();
-    for command in [
+    let commands = [
         embatch_gateway::Config::command(),
         embatch_worker::Config::command(),
-    ] {
-        for (env, (long, default)) in flags(&command) {
+    ];
+    let mut missing = Vec::new();
+    let known: Vec<String> = commands
+        .iter()
+        .flat_map(|command| flags(command).into_values().map(|(long, _)| long))
+        .collect();
+    for row in &rows {
+        // The second column: `--flag`, or `--a` / `--b` for a pair.
+        let Some(column) = row.split('|').nth(2) else {
+            continue;
+        };
+        for long in column
+            .split('`')
+            .filter_map(|part| part.strip_prefix("--"))
+        {
+            if !known.iter().any(|k| k == long) {
+                missing.push(format!("--{long}: a row for a flag neither binary has"));
+            }
+        }
+    }
+    for command in &commands {
+        for (env, (long, default)) in flags(command) {
             let row = rows.iter().find(|row| {
                 row.contains(&format!("`{env}`")) && row.contains(&format!("`--{long}`"))
             });

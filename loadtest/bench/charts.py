@@ -204,7 +204,7 @@ def chart_recovery(slow: dict, meta: dict, out: Path) -> None:
     ax.set_ylabel("req/s")
     ax.set_ylim(bottom=0)
     ax.set_title("9. Upstream slow (4 s per call), then fast: recovery", fontsize=10)
-    ax.legend(fontsize=8, loc="center left")
+    ax.legend(fontsize=8, loc="lower right")
     save(fig, slow, meta, out / "recovery.svg")
 
 

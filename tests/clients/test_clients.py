@@ -102,7 +102,7 @@ def check_nats_py(gateway: str, nats_url: str) -> str:
     async def run():
         nc = await nats.connect(nats_url)
         try:
-            # The README's snippet ("NATS contract"), as written there.
+            # The snippet of README.md and docs/nats-contract.md, as written there.
             reply = await nc.request("embed", json.dumps({"inputs": TEXTS}).encode(), timeout=10,
                                      headers={"Embatch-Deadline-Ms": "10000"})
             if (reply.headers or {}).get("Nats-Service-Error-Code"):
