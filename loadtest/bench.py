@@ -3,7 +3,8 @@
 
 The code is the package loadtest/bench/ (stack, defaults, scenarios, render, results, cli);
 this file only runs its main, so `python3 -m loadtest.bench` from the repository root is the
-same. Python 3 standard library only, Linux only.
+same. Python 3 standard library only (the charts run matplotlib in .bin/bench-venv, which the
+bench sets up from loadtest/requirements.txt), Linux only.
 """
 
 import sys
