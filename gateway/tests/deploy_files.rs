@@ -470,10 +470,7 @@ fn readme_configuration_tables_list_every_flag_with_its_default() {
         let Some(column) = row.split('|').nth(2) else {
             continue;
         };
-        for long in column
-            .split('`')
-            .filter_map(|part| part.strip_prefix("--"))
-        {
+        for long in column.split('`').filter_map(|part| part.strip_prefix("--")) {
             if !known.iter().any(|k| k == long) {
                 missing.push(format!("--{long}: a row for a flag neither binary has"));
             }
