@@ -154,10 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = args.out or (RESULTS_DIR / "quick" if args.quick else RESULTS_DIR)
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.render_only or args.charts_only:
-        if args.render_only:
-            write_results(out_dir)
         if args.charts_only and not write_charts(out_dir):
             return 1
+        if args.render_only:
+            write_results(out_dir)
         return 0
 
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with SIGINT ignored
@@ -195,9 +195,10 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             if not run_scenario(bench, name, args.quick, command, out_dir):
                 failed.append(name)
-        write_results(out_dir)
+        # Charts first: the tables link only the charts that exist.
         if not args.no_charts:
             write_charts(out_dir)
+        write_results(out_dir)
     except (KeyboardInterrupt, Terminated) as e:
         log(f"interrupted ({e.__class__.__name__}): stopping everything")
         return 130
