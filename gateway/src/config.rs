@@ -43,8 +43,11 @@ pub struct Config {
     #[arg(long, env = "HEALTH_TIMEOUT", default_value = "1s", value_parser = humantime::parse_duration)]
     pub health_timeout: Duration,
 
-    /// Most open HTTP connections; a new connection beyond it is closed at once. Keep it below
-    /// the process's file-descriptor limit (`ulimit -n`).
+    /// Most open HTTP connections; a new connection beyond it is closed at once. At start the
+    /// gateway raises its soft open-file limit (`ulimit -Sn`) to the hard one (`ulimit -Hn`);
+    /// when this setting is above that limit less 64 descriptors of headroom (NATS, the
+    /// listener, files), the limit's cap is in effect instead. The log line `connection cap`
+    /// says which.
     #[arg(long, env = "MAX_CONNECTIONS", default_value_t = 4096)]
     pub max_connections: usize,
 
@@ -61,6 +64,13 @@ pub struct Config {
     /// Longest time to receive a request's headers (e.g. 10s); slower clients are disconnected.
     #[arg(long, env = "HEADER_READ_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub header_read_timeout: Duration,
+
+    /// Longest time to receive a whole request body once its headers are in (e.g. 30s),
+    /// counted for the whole body, not per read: a client that stalls or trickles is answered
+    /// 408 Request Timeout and disconnected. The default lets a body of the default
+    /// `MAX_BODY_BYTES` (2 MiB) arrive at 70 kB/s. TEI 1.9.3 has no such timeout.
+    #[arg(long, env = "BODY_READ_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub body_read_timeout: Duration,
 
     /// On SIGTERM/SIGINT: how long to let in-flight requests finish before exiting (e.g. 30s).
     #[arg(long, env = "SHUTDOWN_GRACE", default_value = "30s", value_parser = humantime::parse_duration)]

@@ -3,6 +3,7 @@
 //!
 //! # Layout
 //! - [`config`]: every setting, as a CLI flag and an environment variable.
+//! - [`body`]: the embedding routes' request body, read within `BODY_READ_TIMEOUT` (408).
 //! - [`routes`]: `POST /embed` (and `POST /`), `POST /v1/embeddings` (and `POST /embeddings`),
 //!   `GET /info`, `GET /health`, `GET /metrics`, `GET /openapi.json` and the error → HTTP mapping.
 //! - [`openai`]: OpenAI's embeddings shapes and their translation to and from TEI's.
@@ -10,9 +11,12 @@
 //! - [`openapi`]: the OpenAPI 3.1 document of these routes, served at `GET /openapi.json` and
 //!   `GET /api-doc/openapi.json`.
 //! - [`serve`]: the HTTP server loop: listen backlog, connection limit, header-read timeout.
+//! - [`fd_limit`]: the open-file limit, raised at start, and the connection cap it allows.
 //! - [`telemetry`]: logging, the Prometheus recorder and metric names.
 
+pub mod body;
 pub mod config;
+pub mod fd_limit;
 pub mod info;
 pub mod openai;
 pub mod openapi;

@@ -15,8 +15,9 @@ async fn main() -> std::process::ExitCode {
     embatch_runtime::exit_code(run(config).await)
 }
 
-async fn run(config: Config) -> Result<(), GatewayError> {
+async fn run(mut config: Config) -> Result<(), GatewayError> {
     tracing::info!(config = ?config, "starting embatch-gateway");
+    config.max_connections = embatch_gateway::fd_limit::raise_and_cap(config.max_connections);
     let metrics = telemetry::init_metrics()?;
     let client = embatch_gateway::connect(&config).await?;
     let listener =

@@ -184,6 +184,10 @@ pub enum TeiErrors {
     /// token ids.
     #[response(status = 400)]
     Empty(ErrorResponse),
+    /// `Timeout`: the request body did not arrive within `BODY_READ_TIMEOUT` (the connection
+    /// is closed).
+    #[response(status = 408)]
+    BodyTimeout(ErrorResponse),
     /// `Validation`: the body is over `MAX_BODY_BYTES`, an input is over the model's token limit
     /// without `truncate`, or the reply could not fit the NATS server's `max_payload`.
     #[response(status = 413)]
@@ -228,6 +232,10 @@ pub enum OpenAiErrors {
     /// empty array of token ids.
     #[response(status = 400)]
     Empty(OpenAiErrorResponse),
+    /// `invalid_request_error`: the request body did not arrive within `BODY_READ_TIMEOUT`
+    /// (the connection is closed).
+    #[response(status = 408)]
+    BodyTimeout(OpenAiErrorResponse),
     /// `invalid_request_error`: the body is over `MAX_BODY_BYTES`, an input is over the model's
     /// token limit, or the reply could not fit the NATS server's `max_payload`.
     #[response(status = 413)]

@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -23,6 +22,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
+use crate::body::{BodyError, TimedBody};
 use crate::openai::{EmbeddingsRequest, OpenAiError};
 use crate::serve::ServeLimits;
 use crate::telemetry::RequestMetrics;
@@ -42,6 +42,9 @@ pub struct AppState {
     pub max_client_batch_size: usize,
     /// Largest body in bytes (413 beyond).
     pub max_body_bytes: usize,
+    /// Longest time to receive a whole request body once its headers are in (408 beyond; see
+    /// [`crate::body`]).
+    pub body_read_timeout: Duration,
     /// How long `/health` waits for a worker's ping reply, and `/info` for a worker's info.
     pub health_timeout: Duration,
     /// Renders `/metrics`; `None` when no recorder is installed (tests).
@@ -71,6 +74,7 @@ impl AppState {
             request_timeout: config.request_timeout,
             max_client_batch_size: config.max_client_batch_size,
             max_body_bytes: config.max_body_bytes,
+            body_read_timeout: config.body_read_timeout,
             health_timeout: config.health_timeout,
             metrics,
             limits: ServeLimits {
@@ -139,7 +143,9 @@ impl IntoResponse for ApiError {
 
 /// An error response of `status` with the JSON `body` (TEI's or OpenAI's error shape). A 429
 /// carries `Retry-After: 1`: load shedding answers at once, and a client that retries should
-/// wait a moment, not hammer (RFC 9110 Retry-After, whole seconds).
+/// wait a moment, not hammer (RFC 9110 Retry-After, whole seconds). A 408 (the body did not
+/// arrive in time) carries `Connection: close`, as RFC 9110 §15.5.9 asks: the rest of the body
+/// is never read, so the connection cannot serve another request.
 fn error_response(status: u16, body: Bytes) -> Response {
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut response = json_response(status, body);
@@ -147,6 +153,10 @@ fn error_response(status: u16, body: Bytes) -> Response {
         response
             .headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    } else if status == StatusCode::REQUEST_TIMEOUT {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
     response
 }
@@ -208,7 +218,7 @@ impl Drop for InFlight<'_> {
 pub(crate) async fn embed(
     State(state): State<Arc<AppState>>,
     request_headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    TimedBody(body): TimedBody,
 ) -> Response {
     let shared = Arc::clone(&state);
     counted(&shared.request_metrics, |started| async move {
@@ -257,7 +267,7 @@ where
 pub(crate) async fn openai_embeddings(
     State(state): State<Arc<AppState>>,
     request_headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    TimedBody(body): TimedBody,
 ) -> Response {
     let shared = Arc::clone(&state);
     counted(&shared.request_metrics, |started| async move {
@@ -307,11 +317,12 @@ fn reply_response(body: Bytes, timings: &Timings, started: Instant) -> Response 
 
 /// The request body, or the 415 for a body not declared as JSON (`Content-Type:
 /// application/json`, parameters allowed; mirrors TEI 1.9.3), the 413 for a body over
-/// `MAX_BODY_BYTES`, the 422 for an unreadable one.
+/// `MAX_BODY_BYTES`, the 408 for one that did not arrive within `BODY_READ_TIMEOUT`, the 422
+/// for an unreadable one.
 fn read_body(
     state: &AppState,
     request_headers: &HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Result<Bytes, BodyError>,
 ) -> Result<Bytes, EmbedError> {
     let content_type = request_headers
         .get(axum::http::header::CONTENT_TYPE)
@@ -324,16 +335,7 @@ fn read_body(
             content_type
         )));
     }
-    body.map_err(|rejection| {
-        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            EmbedError::TooLarge(format!(
-                "the request body must be at most {} bytes (MAX_BODY_BYTES)",
-                state.max_body_bytes
-            ))
-        } else {
-            EmbedError::Validation(format!("cannot read the request body: {rejection}"))
-        }
-    })
+    body.map_err(|err| err.into_embed_error(state))
 }
 
 /// `POST /embed`'s path: validates `body` (TEI's `/embed` JSON), then [`send`]s it as it is.

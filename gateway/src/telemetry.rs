@@ -22,7 +22,9 @@ pub use embatch_runtime::{LogFormat, init_logging};
 /// every status the embedding routes answer themselves (`499`: the client hung up first, as
 /// nginx logs it). A worker's error status outside this list is counted all the same, through
 /// the registry.
-const COUNTED_STATUSES: [u16; 12] = [200, 400, 413, 415, 422, 424, 429, 499, 500, 502, 503, 504];
+const COUNTED_STATUSES: [u16; 13] = [
+    200, 400, 408, 413, 415, 422, 424, 429, 499, 500, 502, 503, 504,
+];
 
 /// The handles of the per-request metrics ([`names::IN_FLIGHT`], [`names::REQUEST_TIME`],
 /// [`names::REQUESTS`] by status), registered once with the process's recorder: looking a

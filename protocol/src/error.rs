@@ -88,6 +88,10 @@ pub enum EmbedError {
     /// The request's deadline passed before it was answered (504, `Timeout`).
     #[error("Deadline exceeded: {0}")]
     DeadlineExceeded(String),
+    /// The request body did not arrive within the gateway's `BODY_READ_TIMEOUT` (408 Request
+    /// Timeout, RFC 9110; `Timeout`). TEI 1.9.3 has no body timeout to mirror.
+    #[error("Request timeout: {0}")]
+    BodyTimeout(String),
     /// An error another party answered (a worker's error reply, or a TEI upstream's error
     /// response), carried verbatim: its status and TEI's error body, message and `error_type`
     /// unchanged (so TEI's `Tokenizer` stays `Tokenizer` and no prefix is added twice).
@@ -113,6 +117,7 @@ impl EmbedError {
             EmbedError::Overloaded(_) => 429,
             EmbedError::Unavailable(_) => 503,
             EmbedError::DeadlineExceeded(_) => 504,
+            EmbedError::BodyTimeout(_) => 408,
             EmbedError::Remote { status, .. } => *status,
         }
     }
@@ -128,7 +133,7 @@ impl EmbedError {
             EmbedError::Backend(_) => ErrorType::Backend,
             EmbedError::Overloaded(_) => ErrorType::Overloaded,
             EmbedError::Unavailable(_) => ErrorType::Unhealthy,
-            EmbedError::DeadlineExceeded(_) => ErrorType::Timeout,
+            EmbedError::DeadlineExceeded(_) | EmbedError::BodyTimeout(_) => ErrorType::Timeout,
             EmbedError::Remote { response, .. } => response.error_type,
         }
     }
@@ -145,6 +150,7 @@ impl EmbedError {
             EmbedError::Overloaded(_) => "overloaded",
             EmbedError::Unavailable(_) => "unavailable",
             EmbedError::DeadlineExceeded(_) => "deadline_exceeded",
+            EmbedError::BodyTimeout(_) => "body_timeout",
             EmbedError::Remote { status, response } => match (status, response.error_type) {
                 (413, _) => "too_large",
                 (_, ErrorType::Validation) => "validation",
@@ -213,6 +219,7 @@ mod tests {
                 504,
                 ErrorType::Timeout,
             ),
+            (EmbedError::BodyTimeout("x".into()), 408, ErrorType::Timeout),
         ];
         for (err, status, ty) in cases {
             assert_eq!(err.status(), status, "{err:?}");

@@ -14,7 +14,9 @@
 //! different vectors) and order. Errors have TEI's shape (`{"error": "...", "error_type": "..."}`)
 //! and codes:
 //! - more inputs than `max_client_batch_size` → 422 `Validation` (as TEI 1.9.3);
-//! - an input containing [`POISON`] → 422 `Validation` (for tests of poison isolation);
+//! - an input containing [`POISON`] → 422 `Validation` (for tests of poison isolation), or
+//!   [`Faults::poison_status`] after the call's compute time (a model that fails on one input,
+//!   as TEI's 424 `Backend`);
 //! - an empty `inputs` array → 400 `Empty`; a malformed body → 422 `Validation`;
 //! - `dimensions` of 0 or above the dimension → 422 `Validation`;
 //! - [`Faults::fail_with`] set → every call gets that status (after [`Faults::delay`]).
@@ -132,6 +134,11 @@ pub struct Faults {
     /// (`error_type` as TEI gives for that status), after [`Faults::delay`]. A 5xx also makes
     /// `GET /health` answer 503.
     pub fail_with: Option<u16>,
+    /// `Some(status)`: a call with a [`POISON`] input is answered this status and a TEI error
+    /// body (`error_type` as TEI gives for it) after its compute time, as TEI answers 424
+    /// `Backend` when the model fails on an input of the batch it ran. `None`: such a call is
+    /// rejected 422 `Validation` at once, as TEI's validation does.
+    pub poison_status: Option<u16>,
 }
 
 /// The shared log of calls, in arrival order. Cloning shares the log.
@@ -333,21 +340,30 @@ fn error_response(err: &EmbedError) -> Response {
 
 /// What a TEI would answer with `status`: TEI's error body, `error_type` as TEI gives for it.
 fn injected_failure(status: u16) -> Response {
+    failure(status, format!("injected failure ({status})"))
+}
+
+/// `status` with TEI's error body of `error`, `error_type` as TEI gives for the status.
+fn failure(status: u16, error: String) -> Response {
     let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let body = ErrorResponse {
-        error: format!("injected failure ({status})"),
+        error,
         error_type: ErrorType::for_status(status),
     };
     (code, Json(body)).into_response()
 }
 
-fn check(request: &EmbedRequest, config: &Config) -> Result<(), EmbedError> {
-    request.validate(config.max_client_batch_size)?;
-    let inputs = request.inputs.as_slice();
-    if let Some(i) = inputs
+/// The index of the first input containing [`POISON`].
+fn poisoned(inputs: &[Input]) -> Option<usize> {
+    inputs
         .iter()
         .position(|input| input.as_text().is_some_and(|t| t.contains(POISON)))
-    {
+}
+
+/// TEI's validation of `request`; a [`POISON`] input fails it only when `poison_rejected`.
+fn check(request: &EmbedRequest, config: &Config, poison_rejected: bool) -> Result<(), EmbedError> {
+    request.validate(config.max_client_batch_size)?;
+    if let Some(i) = poisoned(request.inputs.as_slice()).filter(|_| poison_rejected) {
         return Err(EmbedError::Validation(format!(
             "input {i} contains the poison marker `{POISON}`"
         )));
@@ -372,20 +388,29 @@ async fn embed(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Byt
     let request_options = request.options();
     let normalize = request.normalize;
     let dimensions = request.dimensions;
-    let checked = check(&request, &state.config);
-    let inputs = request.inputs.into_vec();
     let faults = state
         .faults
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .clone();
+    let checked = check(&request, &state.config, faults.poison_status.is_none());
+    let inputs = request.inputs.into_vec();
+    // A model failure on a poisoned input: answered after the call's compute time.
+    let model_failure = faults
+        .poison_status
+        .filter(|_| checked.is_ok())
+        .and_then(|status| poisoned(&inputs).map(|i| (status, i)));
     if let Some(calls) = &state.calls {
         calls.push(RecordedCall {
             inputs: inputs.clone(),
             options: serde_json::to_value(request_options).unwrap_or(serde_json::Value::Null),
             status: faults
                 .fail_with
-                .unwrap_or_else(|| checked.as_ref().map_or_else(EmbedError::status, |()| 200)),
+                .unwrap_or_else(|| match (&checked, model_failure) {
+                    (Err(err), _) => err.status(),
+                    (Ok(()), Some((status, _))) => status,
+                    (Ok(()), None) => 200,
+                }),
             authorization: headers
                 .get(header::AUTHORIZATION)
                 .and_then(|v| v.to_str().ok())
@@ -412,6 +437,12 @@ async fn embed(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Byt
     precise_sleep(cost).await;
     // The simulated GPU is free again: building and serializing the reply is not part of the cost.
     drop(gpu);
+    if let Some((status, i)) = model_failure {
+        return failure(
+            status,
+            format!("the model failed on input {i} (`{POISON}`)"),
+        );
+    }
     // That CPU work (about 1 ms for 32 vectors of 384 floats) runs on the blocking pool: done
     // here, it would delay the next call, which the semaphore just woke into this runtime
     // thread's LIFO slot, so the simulated GPU would idle while this reply is serialized.

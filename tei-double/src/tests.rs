@@ -161,6 +161,47 @@ async fn injected_faults_apply_to_later_calls_and_are_recorded() {
 }
 
 #[tokio::test]
+async fn a_poisoned_input_fails_with_the_injected_status_after_its_compute_time() {
+    let tei = TeiDouble::spawn(Config {
+        base: Duration::from_millis(50),
+        ..config()
+    })
+    .await
+    .expect("spawn");
+    let client = reqwest::Client::new();
+    let poisoned = serde_json::json!({"inputs": ["a", format!("b {POISON}")]});
+    let started = Instant::now();
+    let (status, body) = post(&client, &tei, poisoned.clone()).await;
+    assert_eq!(status, 422, "TEI's validation by default: {body}");
+    assert!(
+        started.elapsed() < Duration::from_millis(50),
+        "rejected at once"
+    );
+    tei.set_faults(Faults {
+        poison_status: Some(424),
+        ..Faults::default()
+    });
+    let started = Instant::now();
+    let (status, body) = post(&client, &tei, poisoned).await;
+    assert_eq!(status, 424, "{body}");
+    assert_eq!(body["error_type"], "Backend");
+    assert!(
+        body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("input 1")),
+        "{body}"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(50),
+        "after the compute time"
+    );
+    let (status, _) = post(&client, &tei, serde_json::json!({"inputs": ["a"]})).await;
+    assert_eq!(status, 200, "other calls are served");
+    let statuses: Vec<u16> = tei.calls().iter().map(|c| c.status).collect();
+    assert_eq!(statuses, [422, 424, 200]);
+}
+
+#[tokio::test]
 async fn served_with_shared_faults_that_the_caller_changes() {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let url = format!("http://{}/embed", listener.local_addr().expect("addr"));

@@ -1,5 +1,19 @@
-//! One batch's upstream work: the call, and the bisection of a batch the upstream rejected
-//! because of an input ([`UpstreamError::blames_input`]).
+//! One batch's upstream work: the call, and the bisection of a batch that failed because of an
+//! input, so that its batch-mates still get their embeddings.
+//!
+//! Two kinds of failure are bisected by request:
+//! - a rejection that blames an input ([`UpstreamError::blames_input`]: TEI's 400/413/422,
+//!   answered by its validation before any inference): always, until the offending requests are
+//!   isolated (each costs at most about 2 × log2(requests) calls, and rejections cost TEI
+//!   nothing);
+//! - a failure that may be an input's ([`suspects_input`]: TEI's 424 `Backend`, the model failed
+//!   on the batch it ran), which may as well be the upstream failing for every input. The whole
+//!   batch's failure is split once; a half that fails again is split further only once another
+//!   call of the batch has succeeded (the upstream serves other inputs, so the failure is an
+//!   input's), and at most [`suspect_splits`] times per batch (enough to isolate two failing
+//!   requests). An upstream failing for everyone thus gets at most 3 calls per batch (the batch
+//!   and its two halves), never a bisection of every request; two failing requests that land in
+//!   different halves of the first split fail the batch, as before.
 //!
 //! No metrics here: every call is reported in [`Done::calls`] and the actor records them.
 
@@ -64,9 +78,37 @@ impl Done {
     }
 }
 
-/// Sends `inputs` upstream once; when the upstream blames an input of a batch of several
+/// Whether `err` may be caused by one input of the call although it does not say so: TEI's 424
+/// `Backend` (its model failed on the batch it ran), or the built-in model's equivalent. Such a
+/// failure is bisected within bounds (see the module docs); a timeout, a 5xx or an unreachable
+/// upstream is not.
+pub(super) fn suspects_input(err: &UpstreamError) -> bool {
+    match err {
+        UpstreamError::Status { status, .. } | UpstreamError::Http { status, .. } => *status == 424,
+        UpstreamError::Model(err) => err.status() == 424,
+        _ => false,
+    }
+}
+
+/// The most splits of suspect failures ([`suspects_input`]) in one batch of `requests`
+/// requests: 2 × ⌈log2(requests)⌉, enough to isolate two failing requests (each split costs two
+/// calls).
+pub(super) fn suspect_splits(requests: usize) -> usize {
+    2 * requests.next_power_of_two().trailing_zeros() as usize
+}
+
+/// Pushes the two halves of `range` on the `work` stack, the first half on top.
+fn split(work: &mut Vec<Range<usize>>, range: Range<usize>) {
+    let mid = range.start + range.len() / 2;
+    work.push(mid..range.end);
+    work.push(range.start..mid);
+}
+
+/// Sends `inputs` upstream once; when the call fails because of an input of a batch of several
 /// requests, bisects by request and retries each half until the offending requests are
-/// isolated (at most about 2 × log2(requests) extra calls per offending request).
+/// isolated: without bound for a rejection that blames an input (at most about
+/// 2 × log2(requests) extra calls per offending request), within bounds for a suspect failure
+/// (see the module docs).
 pub(super) async fn run_batch<U: Upstream>(
     upstream: &U,
     inputs: &[Input],
@@ -79,60 +121,58 @@ pub(super) async fn run_batch<U: Upstream>(
     // Segment ranges still to send, as a stack: the whole batch first, then halves.
     let mut work: Vec<Range<usize>> = Vec::with_capacity(8);
     work.push(0..segments.len());
-    while let Some(range) = work.pop() {
-        let (Some(head), Some(tail)) = (
-            segments.get(range.start),
-            segments.get(range.end.saturating_sub(1)),
-        ) else {
-            continue;
-        };
-        let span = head.at..tail.at + tail.len;
-        let Some(batch) = inputs.get(span.clone()) else {
-            continue;
-        };
-        let started = Instant::now();
-        let outcome = upstream.embed(batch, options).await;
-        let mut call = Call {
-            elapsed: started.elapsed(),
-            outcome: CallOutcome::Ok,
-            unhealthy: false,
-        };
-        match outcome {
-            Ok(mut vectors) if vectors.len() == batch.len() => {
-                // Split from the back so each segment takes its own tail of the reply.
-                for index in range.rev() {
-                    let own = vectors.split_off(segments[index].at - span.start);
-                    results[index] = Some(Ok(own));
+    // Ranges of several requests that failed with a suspect error, waiting for a call of this
+    // batch to succeed (then they are split) or for the work to end (then they fail).
+    let mut suspects: Vec<Suspect> = Vec::new();
+    let mut splits_left = suspect_splits(segments.len());
+    let mut served = false;
+    loop {
+        while let Some(range) = work.pop() {
+            let Some((call, suspect)) = call_range(
+                upstream,
+                inputs,
+                options,
+                &segments,
+                range,
+                &mut results,
+                &mut work,
+            )
+            .await
+            else {
+                continue;
+            };
+            served |= call.outcome == CallOutcome::Ok;
+            if let Some((range, err)) = suspect {
+                if calls.is_empty() && splits_left > 0 {
+                    // The whole batch failed: split once to learn whether an input is at fault.
+                    splits_left -= 1;
+                    split(&mut work, range);
+                } else {
+                    suspects.push((range, err));
                 }
             }
-            Ok(vectors) => {
-                call.outcome = CallOutcome::Failed;
-                call.unhealthy = true;
-                let err = EmbedError::from(UpstreamError::CountMismatch {
-                    sent: batch.len(),
-                    got: vectors.len(),
-                });
-                fill(&mut results[range], &err);
-            }
-            Err(err) if err.blames_input() && range.len() > 1 => {
-                call.outcome = CallOutcome::Rejected;
-                tracing::debug!(%err, requests = range.len(), "upstream rejected a mixed batch; isolating");
-                let mid = range.start + range.len() / 2;
-                work.push(mid..range.end);
-                work.push(range.start..mid);
-            }
-            Err(err) => {
-                call.outcome = if err.blames_input() {
-                    CallOutcome::Rejected
-                } else {
-                    CallOutcome::Failed
-                };
-                call.unhealthy = err.is_unhealthy();
-                tracing::debug!(%err, requests = range.len(), "upstream call failed");
-                fill(&mut results[range], &EmbedError::from(err));
+            calls.push(call);
+        }
+        if !served {
+            break;
+        }
+        // Another call of this batch succeeded: the upstream serves other inputs, so a suspect
+        // failure is an input's. Split the suspects, within the budget.
+        for (range, err) in std::mem::take(&mut suspects) {
+            if splits_left > 0 {
+                splits_left -= 1;
+                split(&mut work, range);
+            } else {
+                suspects.push((range, err));
             }
         }
-        calls.push(call);
+        if work.is_empty() {
+            break;
+        }
+    }
+    for (range, err) in suspects {
+        tracing::debug!(%err, requests = range.len(), "upstream failed a part of a batch; not isolating further");
+        fill(&mut results[range], &err);
     }
     let results = segments
         .into_iter()
@@ -149,8 +189,258 @@ pub(super) async fn run_batch<U: Upstream>(
     Done { results, calls }
 }
 
+/// A suspect failure ([`suspects_input`]) of a call of several requests: their range and the
+/// error, not yet answered.
+type Suspect = (Range<usize>, EmbedError);
+
+/// One upstream call of the requests `range` of `segments`: stores their embeddings or error in
+/// `results`, pushes the halves of a rejection that blames an input of several requests on
+/// `work`, and hands back a suspect failure of several requests (unanswered). `None` when the
+/// range holds no inputs (no call made).
+async fn call_range<U: Upstream>(
+    upstream: &U,
+    inputs: &[Input],
+    options: &EmbedOptions,
+    segments: &[Segment],
+    range: Range<usize>,
+    results: &mut [Option<Result<Vec<Embedding>, EmbedError>>],
+    work: &mut Vec<Range<usize>>,
+) -> Option<(Call, Option<Suspect>)> {
+    let (head, tail) = (
+        segments.get(range.start)?,
+        segments.get(range.end.checked_sub(1)?)?,
+    );
+    let span = head.at..tail.at + tail.len;
+    let batch = inputs.get(span.clone())?;
+    let started = Instant::now();
+    let outcome = upstream.embed(batch, options).await;
+    let mut call = Call {
+        elapsed: started.elapsed(),
+        outcome: CallOutcome::Ok,
+        unhealthy: false,
+    };
+    let mut suspect = None;
+    match outcome {
+        Ok(mut vectors) if vectors.len() == batch.len() => {
+            // Split from the back so each segment takes its own tail of the reply.
+            for index in range.rev() {
+                let own = vectors.split_off(segments[index].at - span.start);
+                results[index] = Some(Ok(own));
+            }
+        }
+        Ok(vectors) => {
+            call.outcome = CallOutcome::Failed;
+            call.unhealthy = true;
+            let err = EmbedError::from(UpstreamError::CountMismatch {
+                sent: batch.len(),
+                got: vectors.len(),
+            });
+            fill(&mut results[range], &err);
+        }
+        Err(err) if err.blames_input() && range.len() > 1 => {
+            call.outcome = CallOutcome::Rejected;
+            tracing::debug!(%err, requests = range.len(), "upstream rejected a mixed batch; isolating");
+            split(work, range);
+        }
+        Err(err) if suspects_input(&err) && range.len() > 1 => {
+            call.outcome = CallOutcome::Failed;
+            call.unhealthy = err.is_unhealthy();
+            tracing::debug!(%err, requests = range.len(), "upstream failed a mixed batch; an input may be at fault");
+            suspect = Some((range, EmbedError::from(err)));
+        }
+        Err(err) => {
+            call.outcome = if err.blames_input() {
+                CallOutcome::Rejected
+            } else {
+                CallOutcome::Failed
+            };
+            call.unhealthy = err.is_unhealthy();
+            tracing::debug!(%err, requests = range.len(), "upstream call failed");
+            fill(&mut results[range], &EmbedError::from(err));
+        }
+    }
+    Some((call, suspect))
+}
+
 fn fill(slots: &mut [Option<Result<Vec<Embedding>, EmbedError>>], err: &EmbedError) {
     for slot in slots {
         *slot = Some(Err(err.clone()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use embatch_testkit::{Faults, POISON, TeiConfig, TeiDouble, start_tei};
+
+    use super::*;
+    use crate::upstream::tei::{TeiConfig as Tei, TeiUpstream};
+
+    /// The TEI double and the worker's TEI client on it.
+    async fn tei() -> (TeiDouble, TeiUpstream) {
+        let tei = start_tei(TeiConfig::instant()).await;
+        let upstream = TeiUpstream::connect(&Tei {
+            base_url: tei.url.clone(),
+            tls_ca: None,
+            api_key: None,
+            timeout: Duration::from_secs(10),
+            fallback_max_batch_size: 512,
+        })
+        .await
+        .expect("the double answers");
+        (tei, upstream)
+    }
+
+    /// One single-input request per text, as the queue forms them.
+    fn batch(texts: &[String]) -> (Vec<Input>, Vec<Segment>) {
+        let inputs = texts.iter().map(|t| Input::from(t.as_str())).collect();
+        let segments = (0..texts.len())
+            .map(|i| Segment {
+                request: i as u64,
+                offset: 0,
+                at: i,
+                len: 1,
+            })
+            .collect();
+        (inputs, segments)
+    }
+
+    /// 21 texts, the one at `poisoned` carrying the poison marker.
+    fn texts(poisoned: Option<usize>) -> Vec<String> {
+        (0..21)
+            .map(|i| match poisoned {
+                Some(p) if p == i => format!("bad {POISON}"),
+                _ => format!("good {i}"),
+            })
+            .collect()
+    }
+
+    /// How many calls carried each input.
+    fn sends(tei: &TeiDouble) -> HashMap<String, usize> {
+        let mut sends = HashMap::new();
+        for call in tei.calls() {
+            for input in call.inputs {
+                let text = input.as_text().unwrap_or_default().to_owned();
+                *sends.entry(text).or_default() += 1;
+            }
+        }
+        sends
+    }
+
+    #[test]
+    fn the_split_budget_isolates_two_requests() {
+        assert_eq!(suspect_splits(1), 0);
+        assert_eq!(suspect_splits(2), 2);
+        assert_eq!(suspect_splits(20), 10);
+        assert_eq!(suspect_splits(32), 10);
+        assert_eq!(suspect_splits(33), 12);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_input_the_model_fails_on_is_isolated_and_its_batch_mates_are_served() {
+        let (tei, upstream) = tei().await;
+        tei.set_faults(Faults {
+            poison_status: Some(424),
+            ..Faults::default()
+        });
+        for poisoned in [0, 7, 20] {
+            tei.calls.clear();
+            let texts = texts(Some(poisoned));
+            let (inputs, segments) = batch(&texts);
+            let done = run_batch(&upstream, &inputs, &EmbedOptions::default(), segments).await;
+            for (segment, result) in &done.results {
+                let i = segment.request as usize;
+                match result {
+                    Ok(vectors) => {
+                        assert_ne!(i, poisoned, "the poisoned request succeeded");
+                        assert_eq!(vectors.len(), 1);
+                    }
+                    Err(err) => {
+                        assert_eq!(i, poisoned, "a good request failed: {err}");
+                        assert_eq!(err.status(), 424, "{err}");
+                        assert_eq!(
+                            err.error_type(),
+                            embatch_protocol::ErrorType::Backend,
+                            "TEI's error passed through"
+                        );
+                    }
+                }
+            }
+            let calls = tei.calls();
+            // 1 + 2 per level: ⌈log2 21⌉ = 5 levels at most.
+            assert!(
+                calls.len() <= 1 + 2 * 5,
+                "poison at {poisoned}: {} calls",
+                calls.len()
+            );
+            assert_eq!(calls.len(), done.calls.len(), "every call reported");
+            assert!(
+                calls.iter().all(|c| (c.status == 424)
+                    == c.inputs
+                        .iter()
+                        .any(|i| i.as_text().is_some_and(|t| t.contains(POISON)))),
+                "exactly the calls with the poisoned input failed"
+            );
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_upstream_failing_for_everyone_gets_the_batch_and_its_two_halves_only() {
+        let (tei, upstream) = tei().await;
+        tei.set_faults(Faults {
+            fail_with: Some(424),
+            ..Faults::default()
+        });
+        let texts = texts(None);
+        let (inputs, segments) = batch(&texts);
+        let done = run_batch(&upstream, &inputs, &EmbedOptions::default(), segments).await;
+        assert!(
+            done.results
+                .iter()
+                .all(|(_, r)| r.as_ref().is_err_and(|e| e.status() == 424)),
+            "every request gets the upstream's 424"
+        );
+        assert_eq!(tei.calls.batch_sizes(), [21, 10, 11], "one split, no more");
+        assert!(
+            sends(&tei).values().all(|&n| n == 2),
+            "each input sent twice"
+        );
+
+        // A 5xx says nothing about an input: no split at all.
+        tei.calls.clear();
+        tei.set_faults(Faults {
+            fail_with: Some(500),
+            ..Faults::default()
+        });
+        let (inputs, segments) = batch(&texts);
+        let done = run_batch(&upstream, &inputs, &EmbedOptions::default(), segments).await;
+        assert!(done.results.iter().all(|(_, r)| r.is_err()));
+        assert_eq!(tei.calls.batch_sizes(), [21]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_failing_requests_in_one_half_are_both_isolated_within_the_budget() {
+        let (tei, upstream) = tei().await;
+        tei.set_faults(Faults {
+            poison_status: Some(424),
+            ..Faults::default()
+        });
+        let mut texts = texts(Some(2));
+        texts[8] = format!("also bad {POISON}");
+        let (inputs, segments) = batch(&texts);
+        let done = run_batch(&upstream, &inputs, &EmbedOptions::default(), segments).await;
+        let failed: Vec<u64> = done
+            .results
+            .iter()
+            .filter(|(_, r)| r.is_err())
+            .map(|(s, _)| s.request)
+            .collect();
+        assert_eq!(failed, [2, 8], "only the two failing requests fail");
+        assert!(
+            tei.calls().len() <= 1 + 2 * suspect_splits(21),
+            "{} calls",
+            tei.calls().len()
+        );
     }
 }

@@ -6,7 +6,8 @@
 //! - `admission`: the queue bounds, the call-time estimate and the admit decision;
 //! - `queue`: groups by options, due times, batch formation;
 //! - `actor`: the select loop, the supervised batch tasks, and every metric;
-//! - `isolate`: one batch's upstream calls, and the bisection of a rejected batch.
+//! - `isolate`: one batch's upstream calls, and the bisection of a batch that failed because of an
+//!   input.
 //!
 //! # How a batch forms
 //! Requests are grouped by their [`EmbedOptions`] (requests whose options differ never share an
@@ -51,7 +52,9 @@
 //! ([`EmbedError::Backend`], "upstream call crashed") and frees its upstream slot. When the
 //! upstream blames an input of a batch of several requests, the batch is bisected by request and
 //! retried until the offending request(s) are isolated; the others still get their embeddings.
-//! Upstream failures (refused, 5xx, timeout) fail only the requests of that call.
+//! A 424 (the model failed on the batch) is bisected too, within bounds that spare an upstream
+//! failing for everyone (see `isolate`). Upstream failures (refused, 5xx, timeout) fail only the
+//! requests of that call.
 //!
 //! # Tracing
 //! Each accepted request has a span (`embed_request`: inputs, bytes, then outcome) from submit to

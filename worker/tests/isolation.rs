@@ -1,0 +1,128 @@
+//! An input the upstream's model fails on (TEI's 424 `Backend`), over a real nats-server and the
+//! TEI double: its batch-mates are served and only its request fails; an upstream answering 424
+//! to everything gets no bisection storm.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use embatch_client::{EmbedClient, RequestError};
+use embatch_testkit::{Faults, POISON, Stack, TeiConfig, double_vector};
+
+/// Batches form only when full or after 250 ms: requests sent together share one batch.
+const WORKER: &[&str] = &[
+    "--max-batch-size",
+    "64",
+    "--max-wait-time",
+    "250ms",
+    "--dispatch-when-idle",
+    "false",
+];
+
+/// Sends one single-input request per text at once; each reply's status and body.
+async fn send_all(stack: &Stack, texts: &[String]) -> Vec<(u16, serde_json::Value)> {
+    let raw = async_nats::connect(stack.nats.url())
+        .await
+        .expect("client connects");
+    let client = EmbedClient::new(raw, "embed");
+    let tasks: Vec<_> = texts
+        .iter()
+        .map(|text| {
+            let client = client.clone();
+            let body = Bytes::from(serde_json::json!({ "inputs": text }).to_string());
+            tokio::spawn(async move {
+                match client.embed(body, Duration::from_secs(10)).await {
+                    Ok(reply) => (
+                        200,
+                        serde_json::from_slice(&reply.payload).expect("JSON payload"),
+                    ),
+                    Err(RequestError::Reply(err)) => (
+                        err.status(),
+                        serde_json::to_value(err.to_response()).expect("serializes"),
+                    ),
+                    Err(err) => panic!("no reply: {err}"),
+                }
+            })
+        })
+        .collect();
+    let mut replies = Vec::new();
+    for task in tasks {
+        replies.push(task.await.expect("client task"));
+    }
+    replies
+}
+
+/// How many upstream calls carried each input.
+fn sends(stack: &Stack) -> HashMap<String, usize> {
+    let mut sends = HashMap::new();
+    for call in stack.tei.calls() {
+        for input in call.inputs {
+            let text = input.as_text().unwrap_or_default().to_owned();
+            *sends.entry(text).or_default() += 1;
+        }
+    }
+    sends
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_input_the_model_fails_on_fails_alone_and_its_20_batch_mates_are_served() {
+    let stack = Stack::start(TeiConfig::instant(), WORKER).await;
+    stack.tei.set_faults(Faults {
+        poison_status: Some(424),
+        ..Faults::default()
+    });
+    let mut texts: Vec<String> = (0..20).map(|i| format!("good {i}")).collect();
+    texts.insert(9, format!("bad {POISON}"));
+    let replies = send_all(&stack, &texts).await;
+    for (text, (status, body)) in texts.iter().zip(&replies) {
+        if text.contains(POISON) {
+            assert_eq!(*status, 424, "{body}");
+            assert_eq!(body["error_type"], "Backend", "TEI's error, passed through");
+        } else {
+            assert_eq!(*status, 200, "{text}: {body}");
+            let vectors: Vec<Vec<f32>> = serde_json::from_value(body.clone()).expect("vectors");
+            assert_eq!(vectors, vec![double_vector(text)], "{text}");
+        }
+    }
+    let calls = stack.tei.calls();
+    println!(
+        "upstream calls (inputs each): {:?}",
+        stack.tei.calls.batch_sizes()
+    );
+    assert_eq!(
+        calls[0].inputs.len(),
+        21,
+        "one batch of all 21 requests first"
+    );
+    // Bisection: 1 + 2 calls per level, ⌈log2 21⌉ = 5 levels at most.
+    assert!(calls.len() <= 11, "{} calls", calls.len());
+    stack.worker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_failing_every_call_with_424_gets_no_bisection_storm() {
+    let stack = Stack::start(TeiConfig::instant(), WORKER).await;
+    stack.tei.set_faults(Faults {
+        fail_with: Some(424),
+        ..Faults::default()
+    });
+    let texts: Vec<String> = (0..20).map(|i| format!("doomed {i}")).collect();
+    let replies = send_all(&stack, &texts).await;
+    assert!(
+        replies.iter().all(|(status, _)| *status == 424),
+        "{replies:?}"
+    );
+    let sends = sends(&stack);
+    println!(
+        "upstream calls (inputs each): {:?}",
+        stack.tei.calls.batch_sizes()
+    );
+    assert_eq!(sends.len(), 20, "every input was tried");
+    // Each input goes upstream in its batch and once more in one half of it, never deeper
+    // (unbounded bisection would send each about 1 + log2(20) ≈ 5 times).
+    assert!(
+        sends.values().all(|&n| n <= 2),
+        "sends per input: {sends:?}"
+    );
+    stack.worker.stop().await;
+}
