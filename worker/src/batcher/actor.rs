@@ -119,6 +119,7 @@ impl<U: Upstream> Actor<U> {
             } else {
                 None // only a completion or a filling group can make progress
             };
+            let expire_at = self.queue.next_deadline();
             tokio::select! {
                 biased;
                 Some(joined) = self.batches.join_next_with_id() => match joined {
@@ -134,6 +135,7 @@ impl<U: Upstream> Actor<U> {
                     Some(job) => self.enqueue(job),
                     None => self.closed = true,
                 },
+                () = sleep_until_opt(expire_at) => self.expire(),
                 () = sleep_until_opt(flush_at) => {}
             }
         }
@@ -174,6 +176,22 @@ impl<U: Upstream> Actor<U> {
         }
     }
 
+    /// Answers 504 to every request whose deadline passed while inputs of it still waited,
+    /// and frees its share of the bounds: at its deadline, not when a call slot frees.
+    fn expire(&mut self) {
+        for (id, removed) in self.queue.expire(Instant::now()) {
+            self.unqueue(removed);
+            if let Some(request) = self.requests.remove(&id) {
+                answer(
+                    request,
+                    Err(EmbedError::DeadlineExceeded(
+                        "the request's deadline passed while it waited in the queue".into(),
+                    )),
+                );
+            }
+        }
+    }
+
     fn unqueue(&self, inputs: usize) {
         if inputs > 0 {
             let mut ledger = self.shared.ledger();
@@ -206,7 +224,8 @@ impl<U: Upstream> Actor<U> {
                 let ledger = self.shared.ledger();
                 let fresh = ledger.estimate.is_fresh(now);
                 let call = ledger.estimate.call_at(now).filter(|_| fresh);
-                (call.unwrap_or_default(), ledger.probe_allowed(now))
+                let lone = self.queue.inputs() <= batch_limit;
+                (call.unwrap_or_default(), ledger.probe_allowed(now, lone))
             };
             let take = Take {
                 now,

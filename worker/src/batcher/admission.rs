@@ -337,6 +337,9 @@ impl Ledger {
         };
         let start = self.start_wait(limits, call);
         let own_batches = ask.inputs.div_ceil(limits.batch_limit);
+        // A request that needs several upstream calls waits longer than the bound for its own
+        // work alone: its deadline, QUEUE_CAP and MAX_QUEUE_BYTES bound it, not MAX_QUEUE_DELAY.
+        let bulk = own_batches > 1;
         let own_rounds = u32::try_from(own_batches.div_ceil(limits.slots)).unwrap_or(u32::MAX);
         let finish = start.saturating_add(call.saturating_mul(own_rounds));
         let budget = ask.deadline.saturating_duration_since(now);
@@ -354,7 +357,7 @@ impl Ledger {
                     budget.as_millis()
                 ),
             ))
-        } else if start > bound {
+        } else if start > bound && !bulk {
             Some((
                 ShedReason::QueueDelay,
                 start - bound,
@@ -438,13 +441,14 @@ impl Ledger {
     }
 
     /// Whether a call may be sent now despite the estimate, to re-measure it: none such is in
-    /// flight and the upstream has neither started nor finished a call for one (discounted)
-    /// call time.
-    pub fn probe_allowed(&self, now: Instant) -> bool {
+    /// flight, and either everything queued fits this one call (`lone`: sending it delays no
+    /// one, so a stale estimate costs a probe, not a 504) or the upstream has neither started
+    /// nor finished a call for one (discounted) call time.
+    pub fn probe_allowed(&self, now: Instant, lone: bool) -> bool {
         let Some(call) = self.estimate.call_at(now) else {
             return false; // nothing to re-measure
         };
-        !self.probe_in_flight && self.quiet_for(now, call)
+        !self.probe_in_flight && (lone || self.quiet_for(now, call))
     }
 
     fn probe_due(&self, now: Instant, call: Duration) -> bool {

@@ -25,9 +25,12 @@
 //!   below cannot lock it out.
 //! - Otherwise the upstream call time, measured from completed calls, says when the request
 //!   would start (the batches queued ahead, assumed full, pass `max_concurrent_batches` at a
-//!   time) and finish. It is admitted only if it would start within `max_queue_delay` and finish
-//!   within 75 % of its deadline budget; else 429, with a retry-after estimate
-//!   ([`BatcherHandle::try_submit`], [`BatcherHandle::retry_after_hint`]).
+//!   time) and finish. It is admitted only if it would finish within 75 % of its deadline
+//!   budget and, when it fits one upstream call, start within `max_queue_delay`; else 429, with
+//!   a retry-after estimate ([`BatcherHandle::try_submit`], [`BatcherHandle::retry_after_hint`]).
+//!   A request of several calls waits longer than the bound for its own work alone: its
+//!   deadline, `queue_cap` and `max_queue_bytes` bound it (a closed-loop indexing client with
+//!   8 requests of 512 inputs in flight is served, not shed).
 //! - `max_queue_delay` defaults to `auto`: 2 × the measured call time + `max_wait`. A queue
 //!   longer than what keeps the upstream busy adds latency, never throughput: with every slot
 //!   busy, the next batch of each slot must be ready when it frees, which is one call time of
@@ -40,9 +43,12 @@
 //!   itself), and an estimate older than two call times shrinks with its age. When no call has
 //!   started or ended for a call time, one request the estimate would refuse is let through as a
 //!   probe, at admission and at dispatch (at most one probe call in flight).
-//! - A request whose deadline passes, or comes before a call started now could finish (by a
-//!   fresh estimate), before its first input left the queue gets 504
-//!   ([`EmbedError::DeadlineExceeded`]) and causes no upstream work.
+//! - A request whose deadline passes while inputs of it wait in the queue gets 504
+//!   ([`EmbedError::DeadlineExceeded`]) at its deadline, and its share of the bounds is free at
+//!   once (a timer on the earliest deadline, no scan). One whose deadline comes before a call
+//!   started now could finish (by a fresh estimate) gets 504 when its batch forms, and causes no
+//!   upstream work, unless everything queued fits that one call: then it goes as a probe (a
+//!   stale estimate costs a probe, not a failure).
 //! - A request whose receiver is dropped (the caller went away) is removed from the queue at
 //!   once, freeing its share of the bounds; its queued inputs cause no upstream work.
 //!
