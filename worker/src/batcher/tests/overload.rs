@@ -7,10 +7,11 @@ use super::*;
 /// answered.
 async fn behind_a_100_ms_call(text: &str, deadline_ms: u64) -> (Arc<Recording>, Outcome) {
     let (upstream, batcher, _task) = start(Duration::from_millis(100), config(1, 0, 1));
-    let first = submit(&batcher, &["first"], far()).expect("accepted");
+    let first = submit(&batcher, &["first"], far()).await.expect("accepted");
     tokio::time::sleep(Duration::from_millis(1)).await;
-    let second =
-        submit(&batcher, &[text], in_ms(deadline_ms)).expect("accepted: nothing measured yet");
+    let second = submit(&batcher, &[text], in_ms(deadline_ms))
+        .await
+        .expect("accepted: nothing measured yet");
     outcome(first).await.expect("ok");
     (upstream, outcome(second).await)
 }
@@ -30,10 +31,14 @@ async fn a_request_whose_deadline_comes_before_a_call_could_finish_is_not_sent()
     // 100 ms call would end at 200 ms; `patient` waits behind it, so sending `doomed` anyway
     // would cost the upstream a call that `patient` needs (alone it would go as a probe).
     let (upstream, batcher, _task) = start(Duration::from_millis(100), config(1, 0, 1));
-    let first = submit(&batcher, &["first"], far()).expect("accepted");
+    let first = submit(&batcher, &["first"], far()).await.expect("accepted");
     tokio::time::sleep(Duration::from_millis(1)).await;
-    let doomed = submit(&batcher, &["doomed"], in_ms(150)).expect("accepted: nothing measured");
-    let patient = submit(&batcher, &["patient"], far()).expect("accepted");
+    let doomed = submit(&batcher, &["doomed"], in_ms(150))
+        .await
+        .expect("accepted: nothing measured");
+    let patient = submit(&batcher, &["patient"], far())
+        .await
+        .expect("accepted");
     outcome(first).await.expect("ok");
     let err = outcome(doomed).await.expect_err("cannot finish in time");
     assert_eq!(err.status(), 504);
@@ -49,7 +54,9 @@ async fn a_request_whose_deadline_comes_before_a_call_could_finish_is_not_sent()
 #[tokio::test(start_paused = true)]
 async fn an_already_expired_request_is_refused_at_once() {
     let (upstream, batcher, _task) = start(Duration::ZERO, config(4, 5, 1));
-    let err = submit(&batcher, &["x"], Instant::now()).expect_err("expired");
+    let err = submit(&batcher, &["x"], Instant::now())
+        .await
+        .expect_err("expired");
     assert_eq!(err.status(), 504);
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert!(upstream.calls().is_empty());
@@ -59,45 +66,56 @@ async fn an_already_expired_request_is_refused_at_once() {
 async fn a_full_queue_sheds_with_429() {
     let cfg = config(2, 5, 1).with_queue_cap(4);
     let (_upstream, batcher, _task) = start(Duration::from_secs(1), cfg);
-    let accepted = submit(&batcher, &["a", "b", "c"], far());
+    let accepted = submit(&batcher, &["a", "b", "c"], far()).await;
     assert!(accepted.is_ok());
-    let one_more = submit(&batcher, &["d"], far());
+    let one_more = submit(&batcher, &["d"], far()).await;
     assert!(one_more.is_ok(), "exactly QUEUE_CAP inputs fit");
-    let err = submit(&batcher, &["e"], far()).expect_err("full");
+    let err = submit(&batcher, &["e"], far()).await.expect_err("full");
     assert_eq!(err.status(), 429);
     assert!(err.to_string().contains("QUEUE_CAP = 4"), "{err}");
     // Answering frees the room again.
     outcome(accepted.expect("accepted")).await.expect("ok");
-    assert!(submit(&batcher, &["f"], far()).is_ok());
+    assert!(submit(&batcher, &["f"], far()).await.is_ok());
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_request_that_cannot_finish_before_its_deadline_is_shed_at_admission() {
     // 4 inputs per 100 ms call, one call at a time: 40 inputs/s.
     let (_upstream, batcher, _task) = start(Duration::from_millis(100), config(4, 0, 1));
-    let warm = submit(&batcher, &numbered(4), far()).expect("accepted");
+    let warm = submit(&batcher, &numbered(4), far())
+        .await
+        .expect("accepted");
     outcome(warm).await.expect("ok");
     // 40 inputs queued ahead need ~1 s; a 200 ms deadline cannot be met.
-    let _queued = submit(&batcher, &numbered(40), far()).expect("accepted");
-    let err = submit(&batcher, &["hurry"], in_ms(200)).expect_err("cannot finish in time");
+    let _queued = submit(&batcher, &numbered(40), far())
+        .await
+        .expect("accepted");
+    let err = submit(&batcher, &["hurry"], in_ms(200))
+        .await
+        .expect_err("cannot finish in time");
     assert_eq!(err.status(), 429);
     assert!(err.to_string().contains("deadline"), "{err}");
     // A patient request is still accepted.
-    assert!(submit(&batcher, &["patient"], in_ms(5_000)).is_ok());
+    assert!(submit(&batcher, &["patient"], in_ms(5_000)).await.is_ok());
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_cancelled_request_leaves_the_queue_at_once_and_costs_no_upstream_call() {
     let cfg = config(8, 1_000, 1).with_queue_cap(2);
     let (upstream, batcher, _task) = start(Duration::from_millis(1), cfg);
-    let gone = submit(&batcher, &["gone 1", "gone 2"], far()).expect("accepted");
-    let err = submit(&batcher, &["wait"], far()).expect_err("queue full");
+    let gone = submit(&batcher, &["gone 1", "gone 2"], far())
+        .await
+        .expect("accepted");
+    let err = submit(&batcher, &["wait"], far())
+        .await
+        .expect_err("queue full");
     assert_eq!(err.status(), 429);
     drop(gone); // the caller went away
     tokio::time::sleep(Duration::from_millis(1)).await;
     // Long before its group was due (MAX_WAIT_TIME = 1 s), its share of QUEUE_CAP is free again.
-    let kept =
-        submit(&batcher, &["kept 1", "kept 2"], far()).expect("room freed by the cancellation");
+    let kept = submit(&batcher, &["kept 1", "kept 2"], far())
+        .await
+        .expect("room freed by the cancellation");
     let reply = outcome(kept).await.expect("ok");
     assert_eq!(texts(&reply), ["kept 1", "kept 2"]);
     let calls = upstream.calls();
@@ -114,12 +132,15 @@ async fn without_client_deadlines_the_queue_is_bounded_by_max_queue_delay() {
     // One input per 100 ms call, one call at a time; auto bound = 2 × 100 ms + 0.
     let cfg = config(1, 0, 1).with_max_queue_delay(QueueDelay::Auto);
     let (_upstream, batcher, _task) = start(Duration::from_millis(100), cfg);
-    outcome(submit(&batcher, &["warm"], far()).expect("accepted"))
+    outcome(submit(&batcher, &["warm"], far()).await.expect("accepted"))
         .await
         .expect("ok");
     let mut accepted = Vec::new();
     let refused = loop {
-        match batcher.try_submit(vec!["x".into()], EmbedOptions::default(), far()) {
+        match batcher
+            .try_submit(vec!["x".into()], EmbedOptions::default(), far())
+            .await
+        {
             Ok(rx) => accepted.push(rx),
             Err(refused) => break refused,
         }
@@ -149,16 +170,22 @@ async fn without_client_deadlines_the_queue_is_bounded_by_max_queue_delay() {
 async fn the_byte_bound_sheds_429_and_a_request_larger_than_it_gets_413() {
     let cfg = config(8, 5, 1).with_max_queue_bytes(10);
     let (_upstream, batcher, _task) = start(Duration::from_millis(10), cfg);
-    let err = submit(&batcher, &["eleven char"], far()).expect_err("alone larger than the bound");
+    let err = submit(&batcher, &["eleven char"], far())
+        .await
+        .expect_err("alone larger than the bound");
     assert_eq!(err.status(), 413);
     assert!(err.to_string().contains("MAX_QUEUE_BYTES"), "{err}");
-    let first = submit(&batcher, &["six 01"], far()).expect("6 bytes fit");
-    let err = submit(&batcher, &["six 02"], far()).expect_err("12 > 10 bytes");
+    let first = submit(&batcher, &["six 01"], far())
+        .await
+        .expect("6 bytes fit");
+    let err = submit(&batcher, &["six 02"], far())
+        .await
+        .expect_err("12 > 10 bytes");
     assert_eq!(err.status(), 429);
     assert!(err.to_string().contains("MAX_QUEUE_BYTES = 10"), "{err}");
     outcome(first).await.expect("ok");
     assert!(
-        submit(&batcher, &["six 03"], far()).is_ok(),
+        submit(&batcher, &["six 03"], far()).await.is_ok(),
         "answering frees the bytes"
     );
 }
@@ -166,7 +193,7 @@ async fn the_byte_bound_sheds_429_and_a_request_larger_than_it_gets_413() {
 #[tokio::test(start_paused = true)]
 async fn one_slow_call_does_not_lock_out_short_deadlines() {
     let (upstream, batcher, _task) = start(Duration::from_millis(4_500), config(4, 5, 1));
-    outcome(submit(&batcher, &["slow"], far()).expect("accepted"))
+    outcome(submit(&batcher, &["slow"], far()).await.expect("accepted"))
         .await
         .expect("ok");
     upstream.set_delay(Duration::from_millis(10));
@@ -200,10 +227,14 @@ async fn a_request_held_behind_a_running_call_expires_at_its_deadline_and_frees_
     let cfg = config(32, 5, 1).with_queue_cap(2);
     let (upstream, batcher, _task) = start(Duration::from_secs(1), cfg);
     let start = Instant::now();
-    let first = submit(&batcher, &["first"], far()).expect("accepted");
+    let first = submit(&batcher, &["first"], far()).await.expect("accepted");
     tokio::time::sleep(Duration::from_millis(10)).await;
-    let held = submit(&batcher, &["held"], in_ms(100)).expect("accepted: nothing measured");
-    let err = submit(&batcher, &["third"], far()).expect_err("QUEUE_CAP reached");
+    let held = submit(&batcher, &["held"], in_ms(100))
+        .await
+        .expect("accepted: nothing measured");
+    let err = submit(&batcher, &["third"], far())
+        .await
+        .expect_err("QUEUE_CAP reached");
     assert_eq!(err.status(), 429);
     let err = outcome(held).await.expect_err("expired");
     assert_eq!(err.status(), 504, "{err}");
@@ -213,7 +244,9 @@ async fn a_request_held_behind_a_running_call_expires_at_its_deadline_and_frees_
         "answered at its deadline, not when the running call ends"
     );
     // Its share of QUEUE_CAP is free at once.
-    let next = submit(&batcher, &["next"], far()).expect("room freed by the expiry");
+    let next = submit(&batcher, &["next"], far())
+        .await
+        .expect("room freed by the expiry");
     outcome(first).await.expect("ok");
     outcome(next).await.expect("ok");
     let sent: Vec<Vec<String>> = upstream.calls().into_iter().map(|(i, _)| i).collect();
@@ -236,6 +269,7 @@ async fn eight_concurrent_512_input_requests_with_30_s_deadlines_are_all_served(
                     let sent = Instant::now();
                     let deadline = sent + Duration::from_secs(30);
                     let rx = submit(&batcher, &sent_texts, deadline)
+                        .await
                         .unwrap_or_else(|err| panic!("client {client} round {round}: {err}"));
                     let reply = outcome(rx).await.expect("served");
                     assert_eq!(texts(&reply), sent_texts);
@@ -269,7 +303,7 @@ async fn offer(
         for n in 0..per_tick {
             let sent: Vec<String> = (0..inputs).map(|i| format!("{tick}-{n}-{i}")).collect();
             let due = Instant::now() + deadline;
-            match submit(&batcher, &sent, due) {
+            match submit(&batcher, &sent, due).await {
                 Ok(rx) => admitted.push(tokio::spawn(async move {
                     let result = outcome(rx).await;
                     (result, Instant::now(), due)
@@ -312,4 +346,24 @@ async fn a_sustained_2x_overload_of_big_requests_is_shed_and_the_admitted_meet_d
         served >= 15_000,
         "goodput near 19,200 inputs in 3 s, not {served}"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn submit_without_waiting_gets_a_refusal_as_its_outcome_at_once() {
+    let cfg = config(2, 5, 1).with_queue_cap(1);
+    let (upstream, batcher, _task) = start(Duration::from_secs(1), cfg);
+    let send = |text: &str| {
+        batcher
+            .submit(vec![Input::from(text)], EmbedOptions::default(), far())
+            .expect("validated and sent to the actor")
+    };
+    let first = send("first");
+    let second = send("second");
+    let start = Instant::now();
+    let err = outcome(second).await.expect_err("QUEUE_CAP = 1");
+    assert_eq!(err.status(), 429);
+    assert!(err.to_string().contains("QUEUE_CAP = 1"), "{err}");
+    assert_eq!(start.elapsed(), Duration::ZERO, "answered at once");
+    assert_eq!(texts(&outcome(first).await.expect("ok")), ["first"]);
+    assert_eq!(upstream.calls().len(), 1);
 }
