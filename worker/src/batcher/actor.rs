@@ -126,7 +126,12 @@ impl<U: Upstream> Actor<U> {
             } else {
                 None // only a completion or a filling group can make progress
             };
-            let expire_at = self.queue.next_deadline();
+            // One timer for both: the next group due by MAX_WAIT_TIME and the earliest deadline
+            // of a waiting request (expiring is a no-op when only a group is due).
+            let wake_at = match (flush_at, self.queue.next_deadline()) {
+                (Some(flush), Some(expire)) => Some(flush.min(expire)),
+                (flush, expire) => flush.or(expire),
+            };
             tokio::select! {
                 biased;
                 Some(joined) = self.batches.join_next_with_id() => match joined {
@@ -142,8 +147,7 @@ impl<U: Upstream> Actor<U> {
                     Some(job) => self.enqueue(job),
                     None => self.closed = true,
                 },
-                () = sleep_until_opt(expire_at) => self.expire(),
-                () = sleep_until_opt(flush_at) => {}
+                () = sleep_until_opt(wake_at) => self.expire(),
             }
         }
         tracing::debug!("batcher stopped");
