@@ -40,8 +40,8 @@
 //!   longer than what keeps the upstream busy adds latency, never throughput: with every slot
 //!   busy, the next batch of each slot must be ready when it frees, which is one call time of
 //!   queued work; `auto` allows as much again as slack for bursts and for the estimate's error
-//!   (it assumes full batches), plus the `max_wait` a forming batch may spend. A client's
-//!   deadline can only tighten the bound.
+//!   (it assumes full batches), plus the `max_wait` a forming batch may spend. For a request
+//!   that fits one call, a client's deadline can only tighten the bound.
 //! - The call-time estimate is a moving average that leans to fresh news: a sample's weight
 //!   grows with the time since the previous one, a faster sample weighs at least 1/2 (a slower
 //!   one 1/4: an estimate too high sheds the calls that would correct it, one too low corrects
