@@ -89,10 +89,13 @@ pub struct Config {
     #[arg(long, env = "MAX_QUEUE_BYTES", default_value_t = 64 << 20)]
     pub max_queue_bytes: usize,
 
-    /// Longest expected queue wait (acceptance to first upstream call) a request is admitted
-    /// with, whatever its deadline; beyond it 429 at once. `auto`: 2 x the measured upstream
-    /// call time + MAX_WAIT_TIME (the queue that keeps the upstream busy, plus as much slack);
-    /// or a duration (e.g. 500ms).
+    /// Longest expected queue wait (acceptance to first upstream call) a request that fits one
+    /// upstream call is admitted with, whatever its deadline; beyond it 429 at once. It keeps
+    /// the queue short for callers whose own timeout the worker cannot see. A request that
+    /// needs several calls (more inputs than MAX_BATCH_SIZE) is bounded by its deadline,
+    /// QUEUE_CAP and MAX_QUEUE_BYTES instead. `auto`: 2 x the measured upstream call time +
+    /// MAX_WAIT_TIME (the queue that keeps the upstream busy, plus as much slack); or a
+    /// duration (e.g. 500ms).
     #[arg(long, env = "MAX_QUEUE_DELAY", default_value = "auto")]
     pub max_queue_delay: QueueDelay,
 

@@ -14,14 +14,14 @@ use tokio::task::{JoinError, JoinSet};
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::admission::ShedReason;
+use super::admission::{Ask, Ledger, ShedReason};
 use super::isolate::{self, CallOutcome, Done};
 use super::queue::{Formed, Queue, Take};
-use super::{Job, Outcome, Reply, Reservation, Shared};
+use super::{Job, Outcome, Refused, Reply, Shared};
 use crate::telemetry::names;
 use crate::upstream::{Embedding, Upstream, UpstreamError};
 
-/// Counts a request refused at admission (called by the handle).
+/// Counts a request refused at admission (by the actor, or by the handle's stateless checks).
 pub(super) fn count_shed(reason: ShedReason) {
     if let Some(label) = reason.label() {
         metrics::counter!(names::SHED, "reason" => label).increment(1);
@@ -37,8 +37,8 @@ struct Pending {
     /// To the request's relay (see [`relay`]).
     reply: oneshot::Sender<Outcome>,
     span: tracing::Span,
-    /// Holds the request's share of the queue bounds until it is dropped.
-    _reservation: Reservation,
+    /// Bytes of input text: with `results.len()` inputs, its share of the bounds.
+    bytes: usize,
 }
 
 /// A batch task in flight.
@@ -51,6 +51,8 @@ pub(super) struct Actor<U> {
     upstream: Arc<U>,
     shared: Arc<Shared>,
     rx: mpsc::UnboundedReceiver<Job>,
+    /// Admission state: what is held, queued and in flight, and the call-time estimate.
+    ledger: Ledger,
     queue: Queue,
     requests: HashMap<u64, Pending>,
     batches: JoinSet<Done>,
@@ -59,6 +61,8 @@ pub(super) struct Actor<U> {
     relays: FuturesUnordered<BoxFuture<'static, Option<u64>>>,
     next_id: u64,
     closed: bool,
+    /// Inputs received from the handles since the last [`Actor::publish`].
+    received: usize,
 }
 
 /// Forwards the actor's answer to the caller's receiver; resolves to `Some(id)` when the caller
@@ -92,6 +96,7 @@ impl<U: Upstream> Actor<U> {
             upstream,
             shared,
             rx,
+            ledger: Ledger::default(),
             queue: Queue::default(),
             requests: HashMap::new(),
             batches: JoinSet::new(),
@@ -99,12 +104,14 @@ impl<U: Upstream> Actor<U> {
             relays: FuturesUnordered::new(),
             next_id: 0,
             closed: false,
+            received: 0,
         }
     }
 
     pub(super) async fn run(mut self) {
         loop {
             self.dispatch_ready();
+            self.publish();
             metrics::gauge!(names::QUEUE_DEPTH).set(self.queue.inputs() as f64);
             metrics::gauge!(names::BATCHES_IN_FLIGHT).set(self.batches.len() as f64);
             if self.closed
@@ -118,6 +125,12 @@ impl<U: Upstream> Actor<U> {
                 self.queue.next_due(self.shared.limits.max_wait)
             } else {
                 None // only a completion or a filling group can make progress
+            };
+            // One timer for both: the next group due by MAX_WAIT_TIME and the earliest deadline
+            // of a waiting request (expiring is a no-op when only a group is due).
+            let wake_at = match (flush_at, self.queue.next_deadline()) {
+                (Some(flush), Some(expire)) => Some(flush.min(expire)),
+                (flush, expire) => flush.or(expire),
             };
             tokio::select! {
                 biased;
@@ -134,30 +147,88 @@ impl<U: Upstream> Actor<U> {
                     Some(job) => self.enqueue(job),
                     None => self.closed = true,
                 },
-                () = sleep_until_opt(flush_at) => {}
+                () = sleep_until_opt(wake_at) => self.expire(),
             }
         }
         tracing::debug!("batcher stopped");
     }
 
+    /// Publishes the ledger for the handle's views, then stops counting the requests it now
+    /// holds (or refused) as in transit.
+    fn publish(&mut self) {
+        self.shared.ledger.send_replace(self.ledger.clone());
+        let received = std::mem::take(&mut self.received);
+        if received > 0 {
+            self.shared
+                .in_transit
+                .fetch_sub(received, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Admits `job` (answering the refusal, and counting it, when not) and queues it.
     fn enqueue(&mut self, job: Job) {
+        let Job {
+            inputs,
+            bytes,
+            options,
+            deadline,
+            accepted,
+            reply,
+            admission,
+            span,
+        } = job;
+        let ask = Ask {
+            inputs: inputs.len(),
+            bytes,
+            deadline,
+        };
+        self.received += ask.inputs;
+        let admitted = self
+            .ledger
+            .admit(&self.shared.limits, ask, Instant::now())
+            .map_err(|shed| {
+                count_shed(shed.reason);
+                Refused {
+                    error: shed.error,
+                    retry_after: shed.retry_after,
+                }
+            });
+        match (admission, admitted) {
+            (Some(admission), admitted) => {
+                let ok = admitted.is_ok();
+                if admission.send(admitted).is_err() && ok {
+                    // The submitter went away before the answer: nothing to serve.
+                    self.ledger.release(ask.inputs, ask.bytes);
+                    self.unqueue(ask.inputs);
+                    return;
+                }
+                if !ok {
+                    return;
+                }
+            }
+            (None, Err(refused)) => {
+                metrics::counter!(names::REQUESTS, "outcome" => refused.error.kind()).increment(1);
+                let _ = reply.send(Err(refused.error));
+                return;
+            }
+            (None, Ok(())) => {}
+        }
         let id = self.next_id;
         self.next_id += 1;
-        let n = job.inputs.len();
-        self.queue
-            .push(id, job.inputs, job.options, job.accepted, job.deadline);
+        let n = inputs.len();
+        self.queue.push(id, inputs, options, accepted, deadline);
         let (tx, rx) = oneshot::channel();
-        self.relays.push(relay(id, rx, job.reply));
+        self.relays.push(relay(id, rx, reply));
         self.requests.insert(
             id,
             Pending {
                 results: (0..n).map(|_| None).collect(),
                 received: 0,
-                accepted: job.accepted,
+                accepted,
                 first_call: None,
                 reply: tx,
-                span: job.span,
-                _reservation: job.reservation,
+                span,
+                bytes,
             },
         );
     }
@@ -167,18 +238,38 @@ impl<U: Upstream> Actor<U> {
     fn cancel(&mut self, id: u64) {
         let removed = self.queue.remove(id);
         self.unqueue(removed);
-        if let Some(request) = self.requests.remove(&id) {
+        if let Some(request) = self.take(id) {
             request.span.record("outcome", "cancelled");
             metrics::counter!(names::REQUESTS, "outcome" => "cancelled").increment(1);
             tracing::debug!(parent: &request.span, removed, "request cancelled by its caller");
         }
     }
 
-    fn unqueue(&self, inputs: usize) {
-        if inputs > 0 {
-            let mut ledger = self.shared.ledger();
-            ledger.queued_inputs = ledger.queued_inputs.saturating_sub(inputs);
+    /// Answers 504 to every request whose deadline passed while inputs of it still waited,
+    /// and frees its share of the bounds: at its deadline, not when a call slot frees.
+    fn expire(&mut self) {
+        for (id, removed) in self.queue.expire(Instant::now()) {
+            self.unqueue(removed);
+            if let Some(request) = self.take(id) {
+                answer(
+                    request,
+                    Err(EmbedError::DeadlineExceeded(
+                        "the request's deadline passed while it waited in the queue".into(),
+                    )),
+                );
+            }
         }
+    }
+
+    fn unqueue(&mut self, inputs: usize) {
+        self.ledger.queued_inputs = self.ledger.queued_inputs.saturating_sub(inputs);
+    }
+
+    /// Forgets a request about to be answered (or cancelled) and frees its share of the bounds.
+    fn take(&mut self, id: u64) -> Option<Pending> {
+        let request = self.requests.remove(&id)?;
+        self.ledger.release(request.results.len(), request.bytes);
+        Some(request)
     }
 
     /// A batch that is not full may take a slot now: fewer than `partial_slots` calls are in
@@ -202,12 +293,10 @@ impl<U: Upstream> Actor<U> {
         };
         while self.batches.len() < slots {
             let now = Instant::now();
-            let (call, probe_allowed) = {
-                let ledger = self.shared.ledger();
-                let fresh = ledger.estimate.is_fresh(now);
-                let call = ledger.estimate.call_at(now).filter(|_| fresh);
-                (call.unwrap_or_default(), ledger.probe_allowed(now))
-            };
+            let fresh = self.ledger.estimate.is_fresh(now);
+            let call = self.ledger.estimate.call_at(now).filter(|_| fresh);
+            let lone = self.queue.inputs() <= batch_limit;
+            let probe_allowed = self.ledger.probe_allowed(now, lone);
             let take = Take {
                 now,
                 batch_limit,
@@ -215,7 +304,7 @@ impl<U: Upstream> Actor<U> {
                 // Closing flushes everything; an idle upstream takes any waiting group at once.
                 flush_all: self.closed || (when_idle && self.batches.is_empty()),
                 partial: self.partial_allowed(),
-                cutoff: now + call,
+                cutoff: now + call.unwrap_or_default(),
                 probe_allowed,
             };
             let Some(formed) = self.queue.take(take) else {
@@ -224,7 +313,7 @@ impl<U: Upstream> Actor<U> {
             let expired: usize = formed.expired.iter().map(|(_, n)| n).sum();
             self.unqueue(expired + formed.inputs.len());
             for &(id, _) in &formed.expired {
-                if let Some(request) = self.requests.remove(&id) {
+                if let Some(request) = self.take(id) {
                     answer(
                         request,
                         Err(EmbedError::DeadlineExceeded(
@@ -272,19 +361,17 @@ impl<U: Upstream> Actor<U> {
         let handle = self.batches.spawn(task.instrument(span));
         self.running
             .insert(handle.id(), Running { requests, probe });
-        let mut ledger = self.shared.ledger();
-        ledger.in_flight = self.batches.len();
-        ledger.last_launch = Some(now);
-        ledger.probe_in_flight |= probe;
+        self.ledger.in_flight = self.batches.len();
+        self.ledger.last_launch = Some(now);
+        self.ledger.probe_in_flight |= probe;
     }
 
     /// Frees the batch's slot (and its probe mark); returns what it carried.
     fn finish(&mut self, id: tokio::task::Id) -> Option<Running> {
         let running = self.running.remove(&id);
-        let mut ledger = self.shared.ledger();
-        ledger.in_flight = self.batches.len();
+        self.ledger.in_flight = self.batches.len();
         if running.as_ref().is_some_and(|r| r.probe) {
-            ledger.probe_in_flight = false;
+            self.ledger.probe_in_flight = false;
         }
         running
     }
@@ -307,7 +394,7 @@ impl<U: Upstream> Actor<U> {
         }
         let now = Instant::now();
         if let Some(elapsed) = done.clean_call() {
-            self.shared.ledger().estimate.record(elapsed, now, probe);
+            self.ledger.estimate.record(elapsed, now, probe);
         }
         for (segment, result) in done.results {
             let Some(request) = self.requests.get_mut(&segment.request) else {
@@ -321,7 +408,7 @@ impl<U: Upstream> Actor<U> {
                     }
                     request.received += segment.len;
                     if request.received == request.results.len()
-                        && let Some(request) = self.requests.remove(&segment.request)
+                        && let Some(request) = self.take(segment.request)
                     {
                         let reply = assemble(&request, now);
                         answer(request, reply);
@@ -360,7 +447,7 @@ impl<U: Upstream> Actor<U> {
 
     /// Answers `err` to request `id` and drops what is left of it in the queue.
     fn fail(&mut self, id: u64, err: EmbedError) {
-        if let Some(request) = self.requests.remove(&id) {
+        if let Some(request) = self.take(id) {
             let removed = self.queue.remove(id);
             self.unqueue(removed);
             answer(request, Err(err));

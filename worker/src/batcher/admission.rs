@@ -1,8 +1,10 @@
 //! Admission: the queue bounds, the upstream call-time estimate and the admit decision.
 //!
-//! Plain data and functions (no channels, no clock reads: every function takes `now`), shared by
-//! the handle (which decides) and the actor (which reports what left the queue and how long
-//! calls took) under one mutex.
+//! Plain data and functions (no channels, no clock reads: every function takes `now`). The
+//! actor owns the [`Ledger`]: it decides each request's admission, reports what left the queue
+//! and how long calls took, and publishes a copy for the handle's read-only views (the load for
+//! the queue-group membership, the retry-after hint). The handle runs only [`validate`], which
+//! needs no state.
 
 use std::fmt;
 use std::str::FromStr;
@@ -215,7 +217,7 @@ pub(super) struct Ask {
     pub deadline: Instant,
 }
 
-/// What the worker holds and does, kept by the handle (admission) and the actor (progress).
+/// What the worker holds and does: owned by the actor, published to the handle as a copy.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Ledger {
     /// Inputs accepted and not yet answered.
@@ -236,80 +238,114 @@ pub(super) struct Ledger {
     last_admission_probe: Option<Instant>,
 }
 
+/// Answers the checks that need no state: no inputs (400), more than a whole bound in one
+/// request (413), a deadline already passed (504). The handle runs them before the request
+/// reaches the actor.
+pub(super) fn validate(limits: &Limits, ask: Ask, now: Instant) -> Result<(), Shed> {
+    if ask.inputs == 0 {
+        return Err(Shed::new(
+            ShedReason::Empty,
+            EmbedError::Empty("`inputs` cannot be empty".into()),
+        ));
+    }
+    if ask.inputs > limits.queue_cap {
+        return Err(Shed::new(
+            ShedReason::TooLarge,
+            EmbedError::TooLarge(format!(
+                "`inputs` must have at most {} elements (the worker's QUEUE_CAP). Given: {}",
+                limits.queue_cap, ask.inputs
+            )),
+        ));
+    }
+    if ask.bytes > limits.max_queue_bytes {
+        return Err(Shed::new(
+            ShedReason::TooLarge,
+            EmbedError::TooLarge(format!(
+                "`inputs` must hold at most {} bytes of text (the worker's MAX_QUEUE_BYTES). \
+                 Given: {}",
+                limits.max_queue_bytes, ask.bytes
+            )),
+        ));
+    }
+    if now >= ask.deadline {
+        return Err(Shed::new(
+            ShedReason::Expired,
+            EmbedError::DeadlineExceeded(
+                "the request's deadline passed before it reached a worker".into(),
+            ),
+        ));
+    }
+    Ok(())
+}
+
+impl Shed {
+    fn new(reason: ShedReason, error: EmbedError) -> Shed {
+        Shed {
+            reason,
+            error,
+            retry_after: None,
+        }
+    }
+
+    /// A 429 for `reason`, whose message ends with the retry estimate.
+    fn overloaded(reason: ShedReason, message: &str, retry: Duration) -> Shed {
+        Shed {
+            reason,
+            error: EmbedError::Overloaded(format!("{message}; retry in ~{} ms", retry.as_millis())),
+            retry_after: Some(retry),
+        }
+    }
+}
+
+/// When a request would start and finish, by the estimate, against what it may take.
+struct Plan {
+    /// Expected wait before its first upstream call.
+    start: Duration,
+    /// Expected time until its last call ends.
+    finish: Duration,
+    /// Its remaining budget.
+    budget: Duration,
+    /// [`ADMISSION_HEADROOM`] of `budget`.
+    allowed: Duration,
+    /// `MAX_QUEUE_DELAY` in effect.
+    bound: Duration,
+    /// It needs more than one upstream call: `MAX_QUEUE_DELAY` does not apply to it.
+    bulk: bool,
+}
+
 impl Ledger {
-    /// Admits `ask` (and reserves its share of the bounds) or says why not.
-    ///
-    /// Hard bounds first (413, 504, `QUEUE_CAP`, `MAX_QUEUE_BYTES`); then a worker with nothing
-    /// queued and a free upstream slot admits whatever the estimate says; otherwise the request
-    /// must be expected to start within `MAX_QUEUE_DELAY` and to finish within
-    /// [`ADMISSION_HEADROOM`] of its budget. When no call has completed for a whole call time, one
-    /// request that the estimate would shed is admitted as a probe.
+    /// Admits `ask` (and reserves its share of the bounds) or says why not, in order:
+    /// [`validate`] (400, 413, 504); the bounds `QUEUE_CAP` and `MAX_QUEUE_BYTES`; then, unless
+    /// the worker is idle (nothing queued, a free upstream slot) or has measured nothing, the
+    /// timing: the request must be expected to finish within [`ADMISSION_HEADROOM`] of its
+    /// budget and, when it fits one upstream call, to start within `MAX_QUEUE_DELAY`. When no
+    /// call has started or ended for a whole call time, one request the timing would shed is
+    /// admitted as a probe.
     pub fn admit(&mut self, limits: &Limits, ask: Ask, now: Instant) -> Result<(), Shed> {
-        self.check(limits, ask, now)?;
+        validate(limits, ask, now)?;
+        let call = self.estimate.call_at(now);
+        self.within_bounds(limits, ask, call)?;
+        if let Some(call) = call
+            && !self.idle(limits)
+        {
+            self.on_time(limits, ask, now, call)?;
+        }
         self.held_inputs += ask.inputs;
         self.held_bytes += ask.bytes;
         self.queued_inputs += ask.inputs;
         Ok(())
     }
 
-    fn check(&mut self, limits: &Limits, ask: Ask, now: Instant) -> Result<(), Shed> {
-        let shed = |reason, error, retry_after| {
-            Err(Shed {
-                reason,
-                error,
-                retry_after,
-            })
-        };
-        if ask.inputs == 0 {
-            return shed(
-                ShedReason::Empty,
-                EmbedError::Empty("`inputs` cannot be empty".into()),
-                None,
-            );
-        }
-        if ask.inputs > limits.queue_cap {
-            return shed(
-                ShedReason::TooLarge,
-                EmbedError::TooLarge(format!(
-                    "`inputs` must have at most {} elements (the worker's QUEUE_CAP). Given: {}",
-                    limits.queue_cap, ask.inputs
-                )),
-                None,
-            );
-        }
-        if ask.bytes > limits.max_queue_bytes {
-            return shed(
-                ShedReason::TooLarge,
-                EmbedError::TooLarge(format!(
-                    "`inputs` must hold at most {} bytes of text (the worker's MAX_QUEUE_BYTES). \
-                     Given: {}",
-                    limits.max_queue_bytes, ask.bytes
-                )),
-                None,
-            );
-        }
-        if now >= ask.deadline {
-            return shed(
-                ShedReason::Expired,
-                EmbedError::DeadlineExceeded(
-                    "the request's deadline passed before it reached a worker".into(),
-                ),
-                None,
-            );
-        }
-        let call = self.estimate.call_at(now);
+    /// `QUEUE_CAP` and `MAX_QUEUE_BYTES` hold with `ask` added.
+    fn within_bounds(&self, limits: &Limits, ask: Ask, call: Option<Duration>) -> Result<(), Shed> {
         if self.held_inputs + ask.inputs > limits.queue_cap {
             let excess = self.held_inputs + ask.inputs - limits.queue_cap;
             let retry = self.drain_time(limits, excess, call);
-            return shed(
-                ShedReason::QueueFull,
-                EmbedError::Overloaded(format!(
-                    "the worker's queue is full (QUEUE_CAP = {} inputs); retry in ~{} ms",
-                    limits.queue_cap,
-                    retry.as_millis()
-                )),
-                Some(retry),
+            let message = format!(
+                "the worker's queue is full (QUEUE_CAP = {} inputs)",
+                limits.queue_cap
             );
+            return Err(Shed::overloaded(ShedReason::QueueFull, &message, retry));
         }
         if self.held_bytes + ask.bytes > limits.max_queue_bytes {
             // Bytes drain in proportion to inputs; plan with the held inputs' share.
@@ -317,76 +353,81 @@ impl Ledger {
                 / self.held_bytes.max(1) as f64;
             let excess = (share * self.held_inputs as f64).ceil() as usize;
             let retry = self.drain_time(limits, excess.max(1), call);
-            return shed(
-                ShedReason::QueueBytes,
-                EmbedError::Overloaded(format!(
-                    "the worker's queue is full (MAX_QUEUE_BYTES = {} bytes of input text); \
-                     retry in ~{} ms",
-                    limits.max_queue_bytes,
-                    retry.as_millis()
-                )),
-                Some(retry),
+            let message = format!(
+                "the worker's queue is full (MAX_QUEUE_BYTES = {} bytes of input text)",
+                limits.max_queue_bytes
             );
+            return Err(Shed::overloaded(ShedReason::QueueBytes, &message, retry));
         }
-        let free = limits.slots.saturating_sub(self.in_flight);
-        if self.queued_inputs == 0 && free > 0 {
-            return Ok(());
-        }
-        let Some(call) = call else {
-            return Ok(()); // nothing measured yet: no basis to shed on
-        };
-        let start = self.start_wait(limits, call);
-        let own_batches = ask.inputs.div_ceil(limits.batch_limit);
-        let own_rounds = u32::try_from(own_batches.div_ceil(limits.slots)).unwrap_or(u32::MAX);
-        let finish = start.saturating_add(call.saturating_mul(own_rounds));
-        let budget = ask.deadline.saturating_duration_since(now);
-        let allowed = budget.mul_f64(ADMISSION_HEADROOM);
-        let bound = Ledger::delay_bound(limits, call);
-        let refusal = if finish > allowed {
-            Some((
-                ShedReason::Deadline,
-                finish - allowed,
-                format!(
-                    "cannot finish before the deadline: {} inputs queued ahead need ~{} ms, the \
-                     deadline is in {} ms",
-                    self.queued_inputs,
-                    finish.as_millis(),
-                    budget.as_millis()
-                ),
-            ))
-        } else if start > bound {
-            Some((
-                ShedReason::QueueDelay,
-                start - bound,
-                format!(
-                    "the queue ahead needs ~{} ms, more than MAX_QUEUE_DELAY = {} ms ({})",
-                    start.as_millis(),
-                    bound.as_millis(),
-                    match limits.max_queue_delay {
-                        QueueDelay::Auto => format!(
-                            "auto: {AUTO_CALLS} x the {} ms upstream call + MAX_WAIT_TIME",
-                            call.as_millis()
-                        ),
-                        QueueDelay::Fixed(_) => "fixed".into(),
-                    }
-                ),
-            ))
+        Ok(())
+    }
+
+    /// Nothing queued and a free upstream slot: the request starts at once, whatever the
+    /// estimate says (it is its own probe).
+    fn idle(&self, limits: &Limits) -> bool {
+        self.queued_inputs == 0 && self.in_flight < limits.slots
+    }
+
+    /// The request is expected to finish in time and, unless bulk, to start within
+    /// `MAX_QUEUE_DELAY`; or it may go as a probe.
+    fn on_time(
+        &mut self,
+        limits: &Limits,
+        ask: Ask,
+        now: Instant,
+        call: Duration,
+    ) -> Result<(), Shed> {
+        let plan = self.plan(limits, ask, now, call);
+        let refusal = if plan.finish > plan.allowed {
+            let message = format!(
+                "cannot finish before the deadline: {} inputs queued ahead need ~{} ms, the \
+                 deadline is in {} ms",
+                self.queued_inputs,
+                plan.finish.as_millis(),
+                plan.budget.as_millis()
+            );
+            (ShedReason::Deadline, plan.finish - plan.allowed, message)
+        } else if plan.start > plan.bound && !plan.bulk {
+            let message = format!(
+                "the queue ahead needs ~{} ms, more than MAX_QUEUE_DELAY = {} ms ({})",
+                plan.start.as_millis(),
+                plan.bound.as_millis(),
+                match limits.max_queue_delay {
+                    QueueDelay::Auto => format!(
+                        "auto: {AUTO_CALLS} x the {} ms upstream call + MAX_WAIT_TIME",
+                        call.as_millis()
+                    ),
+                    QueueDelay::Fixed(_) => "fixed".into(),
+                }
+            );
+            (ShedReason::QueueDelay, plan.start - plan.bound, message)
         } else {
-            None
-        };
-        let Some((reason, over, message)) = refusal else {
             return Ok(());
         };
         if self.probe_due(now, call) {
             self.last_admission_probe = Some(now);
             return Ok(());
         }
-        let retry = over.max(call);
-        shed(
-            reason,
-            EmbedError::Overloaded(format!("{message}; retry in ~{} ms", retry.as_millis())),
-            Some(retry),
-        )
+        let (reason, over, message) = refusal;
+        Err(Shed::overloaded(reason, &message, over.max(call)))
+    }
+
+    /// When `ask` would start and finish with the work queued now.
+    fn plan(&self, limits: &Limits, ask: Ask, now: Instant, call: Duration) -> Plan {
+        let start = self.start_wait(limits, call);
+        let own_batches = ask.inputs.div_ceil(limits.batch_limit);
+        let own_rounds = u32::try_from(own_batches.div_ceil(limits.slots)).unwrap_or(u32::MAX);
+        let budget = ask.deadline.saturating_duration_since(now);
+        Plan {
+            start,
+            finish: start.saturating_add(call.saturating_mul(own_rounds)),
+            budget,
+            allowed: budget.mul_f64(ADMISSION_HEADROOM),
+            bound: Ledger::delay_bound(limits, call),
+            // A request that needs several upstream calls waits longer than the bound for its
+            // own work alone: its deadline, QUEUE_CAP and MAX_QUEUE_BYTES bound it instead.
+            bulk: own_batches > 1,
+        }
     }
 
     /// Expected time until a request queued now gets its first upstream call: the batches queued
@@ -438,13 +479,14 @@ impl Ledger {
     }
 
     /// Whether a call may be sent now despite the estimate, to re-measure it: none such is in
-    /// flight and the upstream has neither started nor finished a call for one (discounted)
-    /// call time.
-    pub fn probe_allowed(&self, now: Instant) -> bool {
+    /// flight, and either everything queued fits this one call (`lone`: sending it delays no
+    /// one, so a stale estimate costs a probe, not a 504) or the upstream has neither started
+    /// nor finished a call for one (discounted) call time.
+    pub fn probe_allowed(&self, now: Instant, lone: bool) -> bool {
         let Some(call) = self.estimate.call_at(now) else {
             return false; // nothing to re-measure
         };
-        !self.probe_in_flight && self.quiet_for(now, call)
+        !self.probe_in_flight && (lone || self.quiet_for(now, call))
     }
 
     fn probe_due(&self, now: Instant, call: Duration) -> bool {

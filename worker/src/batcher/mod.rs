@@ -1,7 +1,10 @@
 //! The batcher: an actor that turns many small requests into few full upstream calls.
 //!
-//! [`spawn`] starts one task that owns all queue state; callers talk to it through a cloneable
-//! [`BatcherHandle`] and get their answer on a `oneshot` channel.
+//! [`spawn`] starts one task, the actor, that owns all queue and admission state; callers send
+//! it their request through a cloneable [`BatcherHandle`] and get the admit/refuse answer and
+//! then the outcome on `oneshot` channels. The handle shares no lock with the actor: it runs
+//! only the checks that need no state (400, 413, 504) and reads a copy of the admission ledger
+//! the actor publishes after each step (for the queue-group membership's load).
 //!
 //! - `admission`: the queue bounds, the call-time estimate and the admit decision;
 //! - `queue`: groups by options, due times, batch formation;
@@ -18,7 +21,9 @@
 //! upstream's own limit) is split over several calls and reassembled in order.
 //!
 //! # Overload
-//! Admission answers at once, never queueing a request it expects to fail:
+//! The actor decides admission when the request reaches it, before queueing it, and never
+//! queues a request it expects to fail ([`BatcherHandle::submit`] delivers a refusal as the
+//! outcome; [`BatcherHandle::try_submit`] waits for the answer):
 //! - Bounds: at most `queue_cap` inputs and `max_queue_bytes` bytes of input text are accepted
 //!   and not yet answered; beyond them a request gets 429 ([`EmbedError::Overloaded`]), and a
 //!   request larger than a whole bound gets 413.
@@ -26,24 +31,30 @@
 //!   below cannot lock it out.
 //! - Otherwise the upstream call time, measured from completed calls, says when the request
 //!   would start (the batches queued ahead, assumed full, pass `max_concurrent_batches` at a
-//!   time) and finish. It is admitted only if it would start within `max_queue_delay` and finish
-//!   within 75 % of its deadline budget; else 429, with a retry-after estimate
-//!   ([`BatcherHandle::try_submit`], [`BatcherHandle::retry_after_hint`]).
+//!   time) and finish. It is admitted only if it would finish within 75 % of its deadline
+//!   budget and, when it fits one upstream call, start within `max_queue_delay`; else 429, with
+//!   a retry-after estimate ([`BatcherHandle::try_submit`], [`BatcherHandle::retry_after_hint`]).
+//!   A request of several calls waits longer than the bound for its own work alone: its
+//!   deadline, `queue_cap` and `max_queue_bytes` bound it (a closed-loop indexing client with
+//!   8 requests of 512 inputs in flight is served, not shed).
 //! - `max_queue_delay` defaults to `auto`: 2 × the measured call time + `max_wait`. A queue
 //!   longer than what keeps the upstream busy adds latency, never throughput: with every slot
 //!   busy, the next batch of each slot must be ready when it frees, which is one call time of
 //!   queued work; `auto` allows as much again as slack for bursts and for the estimate's error
-//!   (it assumes full batches), plus the `max_wait` a forming batch may spend. A client's
-//!   deadline can only tighten the bound.
+//!   (it assumes full batches), plus the `max_wait` a forming batch may spend. For a request
+//!   that fits one call, a client's deadline can only tighten the bound.
 //! - The call-time estimate is a moving average that leans to fresh news: a sample's weight
 //!   grows with the time since the previous one, a faster sample weighs at least 1/2 (a slower
 //!   one 1/4: an estimate too high sheds the calls that would correct it, one too low corrects
 //!   itself), and an estimate older than two call times shrinks with its age. When no call has
 //!   started or ended for a call time, one request the estimate would refuse is let through as a
 //!   probe, at admission and at dispatch (at most one probe call in flight).
-//! - A request whose deadline passes, or comes before a call started now could finish (by a
-//!   fresh estimate), before its first input left the queue gets 504
-//!   ([`EmbedError::DeadlineExceeded`]) and causes no upstream work.
+//! - A request whose deadline passes while inputs of it wait in the queue gets 504
+//!   ([`EmbedError::DeadlineExceeded`]) at its deadline, and its share of the bounds is free at
+//!   once (a timer on the earliest deadline, no scan). One whose deadline comes before a call
+//!   started now could finish (by a fresh estimate) gets 504 when its batch forms, and causes no
+//!   upstream work, unless everything queued fits that one call: then it goes as a probe (a
+//!   stale estimate costs a probe, not a failure).
 //! - A request whose receiver is dropped (the caller went away) is removed from the queue at
 //!   once, freeing its share of the bounds; its queued inputs cause no upstream work.
 //!
@@ -75,7 +86,8 @@ mod queue;
 #[cfg(test)]
 mod tests;
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -177,136 +189,146 @@ pub struct BatcherHandle {
     shared: Arc<Shared>,
 }
 
-/// State the handle (admission) and the actor (progress, measurement) share.
+/// What the handle and the actor share: the limits (fixed), the failed-call count and the
+/// published copy of the actor's [`Ledger`] (both written by the actor only).
 struct Shared {
     limits: Limits,
-    ledger: Mutex<Ledger>,
+    /// The actor's ledger as of its last step, for [`BatcherHandle::load`] and
+    /// [`BatcherHandle::retry_after_hint`]; admission itself reads the actor's own.
+    ledger: watch::Sender<Ledger>,
+    /// Inputs the handles sent that the actor has not yet published as admitted or refused:
+    /// counted into the load as queued, so the membership sees a request at once.
+    in_transit: AtomicUsize,
     /// Upstream calls that failed as an unhealthy upstream fails, in a row (reset by a success
     /// or by [`BatcherHandle::reset_failures`]); watched by the queue-group membership.
     failed_calls: watch::Sender<u32>,
 }
 
-impl Shared {
-    fn ledger(&self) -> MutexGuard<'_, Ledger> {
-        self.ledger.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-/// A request's share of `queue_cap` and `max_queue_bytes`, released when dropped (answered,
-/// cancelled, or never delivered).
-struct Reservation {
-    shared: Arc<Shared>,
-    inputs: usize,
-    bytes: usize,
-}
-
-impl Drop for Reservation {
-    fn drop(&mut self) {
-        self.shared.ledger().release(self.inputs, self.bytes);
-    }
-}
-
-/// An admitted request on its way to the actor.
+/// A request on its way to the actor, which admits or refuses it.
 struct Job {
     inputs: Vec<Input>,
+    /// Bytes of input text.
+    bytes: usize,
     options: EmbedOptions,
     deadline: Instant,
     accepted: Instant,
     reply: oneshot::Sender<Outcome>,
-    reservation: Reservation,
+    /// Where the admission answer goes ([`BatcherHandle::try_submit`]); `None`: a refusal is
+    /// the request's outcome, on `reply` ([`BatcherHandle::submit`]).
+    admission: Option<oneshot::Sender<Result<(), Refused>>>,
     span: tracing::Span,
 }
 
 impl BatcherHandle {
-    /// Submits one request: its inputs, options and absolute deadline.
+    /// Submits one request: its inputs, options and absolute deadline, without waiting for the
+    /// actor. Returns the receiver of its [`Outcome`]; dropping it cancels the request.
     ///
-    /// Returns the receiver of its [`Outcome`] once accepted; dropping it cancels the request.
+    /// A refusal by the actor's admission (429, [`EmbedError::Overloaded`]) is the outcome,
+    /// sent at once, before any queueing.
     ///
     /// # Errors
-    /// As [`BatcherHandle::try_submit`], without the retry-after estimate.
+    /// Answered at once, before the actor:
+    /// - [`EmbedError::Empty`] (400) without inputs;
+    /// - [`EmbedError::TooLarge`] (413) when the request alone holds more than `queue_cap`
+    ///   inputs or `max_queue_bytes` bytes;
+    /// - [`EmbedError::DeadlineExceeded`] (504) when `deadline` has already passed;
+    /// - [`EmbedError::Unavailable`] (503) when the batcher has stopped.
     pub fn submit(
         &self,
         inputs: Vec<Input>,
         options: EmbedOptions,
         deadline: Instant,
     ) -> Result<oneshot::Receiver<Outcome>, EmbedError> {
-        self.try_submit(inputs, options, deadline)
-            .map_err(EmbedError::from)
+        let (job, rx) = self.job(inputs, options, deadline, None)?;
+        self.send(job)?;
+        Ok(rx)
     }
 
-    /// Submits one request, like [`BatcherHandle::submit`], and on refusal says when a retry
-    /// could be admitted.
+    /// Submits one request, like [`BatcherHandle::submit`], and waits for the actor's
+    /// admission answer; on refusal it says when a retry could be admitted.
     ///
     /// # Errors
-    /// Answered at once, without queueing:
-    /// - [`EmbedError::TooLarge`] (413) when the request alone holds more than `queue_cap`
-    ///   inputs or `max_queue_bytes` bytes;
-    /// - [`EmbedError::DeadlineExceeded`] (504) when `deadline` has already passed;
-    /// - [`EmbedError::Overloaded`] (429, with `retry_after`) when `queue_cap` or
-    ///   `max_queue_bytes` is reached, or when the work queued ahead is expected to delay the
-    ///   request beyond `max_queue_delay` or past its deadline;
-    /// - [`EmbedError::Unavailable`] (503) when the batcher has stopped.
-    pub fn try_submit(
+    /// As [`BatcherHandle::submit`], and [`EmbedError::Overloaded`] (429, with `retry_after`)
+    /// when `queue_cap` or `max_queue_bytes` is reached, or when the work queued ahead is
+    /// expected to delay the request past its deadline or (for a request that fits one upstream
+    /// call) beyond `max_queue_delay`.
+    pub async fn try_submit(
         &self,
         inputs: Vec<Input>,
         options: EmbedOptions,
         deadline: Instant,
     ) -> Result<oneshot::Receiver<Outcome>, Refused> {
+        let refused = |error| Refused {
+            error,
+            retry_after: None,
+        };
+        let (answer, admission) = oneshot::channel();
+        let (job, rx) = self
+            .job(inputs, options, deadline, Some(answer))
+            .map_err(refused)?;
+        self.send(job).map_err(refused)?;
+        match admission.await {
+            Ok(Ok(())) => Ok(rx),
+            Ok(Err(refusal)) => Err(refusal),
+            Err(_) => Err(refused(stopped())),
+        }
+    }
+
+    /// The job for a request that passed [`admission::validate`], and its outcome's receiver.
+    fn job(
+        &self,
+        inputs: Vec<Input>,
+        options: EmbedOptions,
+        deadline: Instant,
+        admission: Option<oneshot::Sender<Result<(), Refused>>>,
+    ) -> Result<(Job, oneshot::Receiver<Outcome>), EmbedError> {
         let now = Instant::now();
         let ask = Ask {
             inputs: inputs.len(),
             bytes: inputs.iter().map(Input::size_bytes).sum(),
             deadline,
         };
-        let admitted = self.shared.ledger().admit(&self.shared.limits, ask, now);
-        if let Err(shed) = admitted {
+        if let Err(shed) = admission::validate(&self.shared.limits, ask, now) {
             actor::count_shed(shed.reason);
-            return Err(Refused {
-                error: shed.error,
-                retry_after: shed.retry_after,
-            });
+            return Err(shed.error);
         }
-        let reservation = Reservation {
-            shared: Arc::clone(&self.shared),
-            inputs: ask.inputs,
-            bytes: ask.bytes,
-        };
         let span = tracing::debug_span!(
             "embed_request",
             inputs = ask.inputs,
             bytes = ask.bytes,
             outcome = tracing::field::Empty
         );
-        let (tx, rx) = oneshot::channel();
+        let (reply, rx) = oneshot::channel();
         let job = Job {
             inputs,
+            bytes: ask.bytes,
             options,
             deadline,
             accepted: now,
-            reply: tx,
-            reservation,
+            reply,
+            admission,
             span,
         };
-        if let Err(mpsc::error::SendError(job)) = self.tx.send(job) {
-            let mut ledger = self.shared.ledger();
-            ledger.queued_inputs = ledger.queued_inputs.saturating_sub(ask.inputs);
-            drop(ledger);
-            drop(job); // releases the reservation
-            return Err(Refused {
-                error: EmbedError::Unavailable("the worker is shutting down".into()),
-                retry_after: None,
-            });
-        }
-        Ok(rx)
+        Ok((job, rx))
     }
 
-    /// The worker's load and its upstream's recent failures now, for queue-group membership
-    /// (see `crate::membership`): the expected wait of a request queued now before its first
-    /// upstream call, the estimated call time, the queue-delay bound admission enforces with it,
-    /// and the failed calls in a row.
+    fn send(&self, job: Job) -> Result<(), EmbedError> {
+        let inputs = job.inputs.len();
+        self.shared.in_transit.fetch_add(inputs, Ordering::Relaxed);
+        self.tx.send(job).map_err(|_| {
+            self.shared.in_transit.fetch_sub(inputs, Ordering::Relaxed);
+            stopped()
+        })
+    }
+
+    /// The worker's load as of the actor's last step, for queue-group membership (see
+    /// `crate::membership`): the expected wait of a request queued now before its first
+    /// upstream call (requests on their way to the actor count as queued), the estimated call
+    /// time, the queue-delay bound admission enforces with it, and the failed calls in a row.
     pub fn load(&self) -> crate::membership::Load {
         let now = Instant::now();
-        let ledger = self.shared.ledger();
+        let mut ledger = self.shared.ledger.borrow().clone();
+        ledger.queued_inputs += self.shared.in_transit.load(Ordering::Relaxed);
         let call = ledger.estimate.call_at(now);
         crate::membership::Load {
             start_wait: call.map(|call| ledger.start_wait(&self.shared.limits, call)),
@@ -334,9 +356,14 @@ impl BatcherHandle {
     /// For a `Retry-After` header on 429s.
     pub fn retry_after_hint(&self) -> Duration {
         self.shared
-            .ledger()
+            .ledger
+            .borrow()
             .retry_after(&self.shared.limits, Instant::now())
     }
+}
+
+fn stopped() -> EmbedError {
+    EmbedError::Unavailable("the worker is shutting down".into())
 }
 
 /// Starts the batcher task for `upstream`.
@@ -363,7 +390,8 @@ pub fn spawn<U: Upstream>(
     };
     let shared = Arc::new(Shared {
         limits,
-        ledger: Mutex::new(Ledger::default()),
+        ledger: watch::Sender::new(Ledger::default()),
+        in_transit: AtomicUsize::new(0),
         failed_calls: watch::Sender::new(0),
     });
     let (tx, rx) = mpsc::unbounded_channel();

@@ -2,7 +2,8 @@
 //!
 //! Plain data: no channels, no metrics, no clock reads (every function takes `now`).
 
-use std::collections::{HashMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::time::Duration;
 
 use embatch_protocol::{EmbedOptions, Input};
@@ -30,6 +31,20 @@ struct Group {
     queue: VecDeque<u64>,
     /// Inputs of this group not yet sent upstream.
     inputs: usize,
+}
+
+impl Group {
+    /// Drops the ids of requests that left the queue from the front, so the front is always a
+    /// waiting request (its age makes the group due) or the group is empty.
+    fn settle(&mut self, entries: &HashMap<u64, Entry>) {
+        while self
+            .queue
+            .front()
+            .is_some_and(|id| !entries.contains_key(id))
+        {
+            self.queue.pop_front();
+        }
+    }
 }
 
 /// A contiguous run of one request's inputs inside a batch.
@@ -88,7 +103,15 @@ pub(super) struct Queue {
     entries: HashMap<u64, Entry>,
     groups: HashMap<EmbedOptions, Group>,
     inputs: usize,
+    /// Every waiting request's deadline, earliest on top. Entries of requests that left the
+    /// queue otherwise (sent, cancelled, failed) are dropped when they reach the top, or all at
+    /// once when they outnumber the waiting requests (see [`Queue::push`]).
+    deadlines: BinaryHeap<Reverse<(Instant, u64)>>,
 }
+
+/// The deadline index is rebuilt when it holds more than this many entries beyond twice the
+/// waiting requests (amortised O(1) per request).
+const DEADLINES_SLACK: usize = 1024;
 
 impl Queue {
     /// Inputs not yet sent upstream.
@@ -106,6 +129,12 @@ impl Queue {
         deadline: Instant,
     ) {
         let n = inputs.len();
+        if self.deadlines.len() >= 2 * self.entries.len() + DEADLINES_SLACK {
+            let entries = &self.entries;
+            self.deadlines
+                .retain(|Reverse((_, id))| entries.contains_key(id));
+        }
+        self.deadlines.push(Reverse((deadline, id)));
         let group = self.groups.entry(options.clone()).or_default();
         group.queue.push_back(id);
         group.inputs += n;
@@ -132,12 +161,41 @@ impl Queue {
         self.inputs -= left;
         if let Some(group) = self.groups.get_mut(&entry.options) {
             group.inputs -= left;
-            group.queue.retain(|&queued| queued != id);
+            // Its id stays in the group's order until it reaches the front: no scan.
+            group.settle(&self.entries);
             if group.queue.is_empty() {
                 self.groups.remove(&entry.options);
             }
         }
         left
+    }
+
+    /// The earliest deadline of a request with inputs still waiting (`None`: nothing waits).
+    /// Drops the index entries of requests that left the queue on the way.
+    pub fn next_deadline(&mut self) -> Option<Instant> {
+        while let Some(&Reverse((deadline, id))) = self.deadlines.peek() {
+            if self.entries.contains_key(&id) {
+                return Some(deadline);
+            }
+            self.deadlines.pop();
+        }
+        None
+    }
+
+    /// Removes every waiting request whose deadline is at or before `now`, earliest first (also
+    /// one whose earlier inputs were already sent). Returns their ids with the inputs removed.
+    pub fn expire(&mut self, now: Instant) -> Vec<(u64, usize)> {
+        let mut expired = Vec::new();
+        while let Some(&Reverse((deadline, id))) = self.deadlines.peek() {
+            if deadline > now {
+                break;
+            }
+            self.deadlines.pop();
+            if self.entries.contains_key(&id) {
+                expired.push((id, self.remove(id)));
+            }
+        }
+        expired
     }
 
     /// When the oldest group becomes due by `max_wait` (`None`: nothing waits).
@@ -219,6 +277,7 @@ impl Queue {
                 formed.inputs.extend(entry.inputs.drain(..len));
             }
         }
+        group.settle(&self.entries);
         if group.queue.is_empty() {
             self.groups.remove(&key);
         }
@@ -366,6 +425,55 @@ mod tests {
         );
         assert_eq!(formed.expired, [(1, 1), (2, 1)]);
         assert_eq!(queue.inputs(), 0);
+    }
+
+    #[test]
+    fn expiry_follows_the_earliest_deadline_and_skips_requests_that_left() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let mut queue = Queue::default();
+        queue.push(1, texts("a", 1), EmbedOptions::default(), t0, at(300));
+        queue.push(2, texts("b", 2), EmbedOptions::default(), t0, at(100));
+        queue.push(3, texts("c", 1), EmbedOptions::default(), t0, at(200));
+        assert_eq!(queue.next_deadline(), Some(at(100)));
+        assert_eq!(queue.remove(2), 2);
+        assert_eq!(
+            queue.next_deadline(),
+            Some(at(200)),
+            "a removed request is skipped"
+        );
+        assert!(queue.expire(at(199)).is_empty());
+        assert_eq!(queue.expire(at(300)), [(3, 1), (1, 1)]);
+        assert_eq!(queue.inputs(), 0);
+        assert_eq!(queue.next_deadline(), None);
+        assert!(
+            queue
+                .take(Take {
+                    flush_all: true,
+                    ..take(t0, 8)
+                })
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn a_group_whose_head_left_is_due_by_its_next_request() {
+        let t0 = Instant::now();
+        let far = t0 + Duration::from_secs(9);
+        let mut queue = Queue::default();
+        queue.push(1, texts("a", 1), EmbedOptions::default(), t0, far);
+        let later = t0 + Duration::from_millis(3);
+        queue.push(2, texts("b", 1), EmbedOptions::default(), later, far);
+        queue.remove(1);
+        assert_eq!(
+            queue.next_due(Duration::from_millis(5)),
+            Some(later + Duration::from_millis(5) - TIMER_SLACK)
+        );
+        assert!(queue.take(take(t0 + Duration::from_millis(5), 8)).is_none());
+        let formed = queue
+            .take(take(later + Duration::from_millis(5), 8))
+            .expect("due by its own age");
+        assert_eq!(formed.inputs, ["b0"]);
     }
 
     #[test]

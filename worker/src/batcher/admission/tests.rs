@@ -191,6 +191,31 @@ fn the_queue_delay_bound_sheds_without_a_client_deadline() {
 }
 
 #[test]
+fn a_request_of_several_calls_is_bounded_by_its_deadline_not_by_the_queue_delay() {
+    let limits = limits();
+    let mut ledger = Ledger::default();
+    let now = after_calls(&mut ledger, Instant::now(), 3, ms(100));
+    // 28 inputs ahead (7 batches) + the running call: 800 ms, 4x the auto bound (205 ms).
+    ledger.in_flight = 1;
+    ledger.queued_inputs = 28;
+    let err = ledger
+        .clone()
+        .admit(&limits, ask(4, now + Duration::from_secs(30)), now)
+        .expect_err("one call's worth: the bound applies");
+    assert_eq!(err.reason, ShedReason::QueueDelay);
+    // 5 inputs need two calls: admitted by the 30 s deadline (800 + 200 ms of work).
+    ledger
+        .clone()
+        .admit(&limits, ask(5, now + Duration::from_secs(30)), now)
+        .expect("bulk: the deadline decides");
+    // The deadline still applies: 1 s of work does not fit 75 % of 1.2 s.
+    let err = ledger
+        .admit(&limits, ask(5, now + ms(1_200)), now)
+        .expect_err("cannot finish in time");
+    assert_eq!(err.reason, ShedReason::Deadline);
+}
+
+#[test]
 fn the_byte_bound_sheds_429_and_a_request_larger_than_it_is_413() {
     let limits = Limits {
         max_queue_bytes: 100,

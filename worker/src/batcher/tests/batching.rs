@@ -19,7 +19,7 @@ async fn concurrent_single_requests_fill_batches_and_each_gets_its_own_vector() 
 async fn a_lone_request_leaves_after_max_wait_time() {
     let (upstream, batcher, _task) = start(Duration::ZERO, config(32, 5, 2));
     let start = Instant::now();
-    let rx = submit(&batcher, &["alone"], far()).expect("accepted");
+    let rx = submit(&batcher, &["alone"], far()).await.expect("accepted");
     tokio::time::sleep(Duration::from_millis(4)).await;
     assert!(upstream.calls().is_empty(), "sent before MAX_WAIT_TIME");
     let reply = outcome(rx).await.expect("ok");
@@ -36,7 +36,7 @@ async fn with_dispatch_when_idle_a_lone_request_leaves_at_once_and_later_ones_ba
     };
     let (upstream, batcher, _task) = start(Duration::from_millis(10), config);
     let start = Instant::now();
-    let first = submit(&batcher, &["alone"], far()).expect("accepted");
+    let first = submit(&batcher, &["alone"], far()).await.expect("accepted");
     tokio::time::sleep(Duration::from_millis(1)).await;
     assert_eq!(
         upstream.calls().len(),
@@ -63,7 +63,7 @@ async fn while_a_call_runs_a_due_partial_batch_keeps_filling_and_a_full_one_take
     let (upstream, batcher, _task) = start(Duration::from_millis(10), config(4, 5, 2));
     let start = Instant::now();
     let first = submit_each(&batcher, numbered(4));
-    let x = submit(&batcher, &["x"], far()).expect("accepted");
+    let x = submit(&batcher, &["x"], far()).await.expect("accepted");
     tokio::time::sleep(Duration::from_millis(6)).await;
     assert_eq!(
         upstream.calls().len(),
@@ -77,7 +77,7 @@ async fn while_a_call_runs_a_due_partial_batch_keeps_filling_and_a_full_one_take
         2,
         "once full it takes the second slot at once"
     );
-    let y = submit(&batcher, &["y"], far()).expect("accepted");
+    let y = submit(&batcher, &["y"], far()).await.expect("accepted");
     for rx in first.into_iter().chain(filler) {
         outcome(rx).await.expect("ok");
     }
@@ -101,7 +101,7 @@ async fn with_partial_batch_slots_equal_to_the_slots_a_due_batch_takes_any_free_
     };
     let (upstream, batcher, _task) = start(Duration::from_millis(10), config);
     let first = submit_each(&batcher, numbered(4));
-    let x = submit(&batcher, &["x"], far()).expect("accepted");
+    let x = submit(&batcher, &["x"], far()).await.expect("accepted");
     tokio::time::sleep(Duration::from_millis(6)).await;
     assert_eq!(upstream.calls().len(), 2, "x left at MAX_WAIT_TIME");
     for rx in first {

@@ -43,12 +43,12 @@ async fn a_poisoned_request_is_isolated_and_its_batch_mates_still_succeed() {
 async fn an_upstream_failure_fails_only_its_batch_and_the_worker_keeps_serving() {
     let (upstream, batcher, _task) = start(Duration::ZERO, config(4, 5, 1));
     *upstream.fail.lock().expect("lock") = Some(UpstreamError::Unreachable("down".into()));
-    let rx = submit(&batcher, &["a"], far()).expect("accepted");
+    let rx = submit(&batcher, &["a"], far()).await.expect("accepted");
     let err = outcome(rx).await.expect_err("upstream is down");
     assert_eq!(err.status(), 503);
     assert_eq!(upstream.calls().len(), 1, "no retry storm");
     *upstream.fail.lock().expect("lock") = None;
-    let rx = submit(&batcher, &["b"], far()).expect("accepted");
+    let rx = submit(&batcher, &["b"], far()).await.expect("accepted");
     assert_eq!(
         texts(&outcome(rx).await.expect("recovered")),
         vec!["b".to_string()]

@@ -133,14 +133,18 @@ fn start(
     (upstream, batcher, task)
 }
 
-/// Submits `texts` as one request with default options and `deadline`.
-fn submit<S: AsRef<str>>(
+/// Submits `texts` as one request with default options and `deadline`, and waits for the
+/// admission answer.
+async fn submit<S: AsRef<str>>(
     batcher: &BatcherHandle,
     texts: &[S],
     deadline: Instant,
 ) -> Result<oneshot::Receiver<Outcome>, EmbedError> {
     let inputs = texts.iter().map(|t| Input::from(t.as_ref())).collect();
-    batcher.submit(inputs, EmbedOptions::default(), deadline)
+    batcher
+        .try_submit(inputs, EmbedOptions::default(), deadline)
+        .await
+        .map_err(EmbedError::from)
 }
 
 /// Submits each of `texts` as a request of its own, with default options and a far deadline.
