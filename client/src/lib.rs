@@ -4,7 +4,9 @@
 //!
 //! The gateway, the load generator and the tests all send requests through [`EmbedClient`], so
 //! the request headers, the reply decoding and the mapping of NATS request failures to
-//! [`EmbedError`]s are written once.
+//! [`EmbedError`]s are written once. Likewise [`ServerList`] is the one parser of NATS server
+//! lists and URL credentials: [`connect`] uses it, and so does every embatch binary's
+//! `--nats-url`.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {

@@ -143,13 +143,11 @@ impl NatsAuth {
     ) -> Result<async_nats::Client, NatsError> {
         install_crypto_provider();
         let options = self.apply(options.name(name), servers).await?;
-        servers
-            .connect(options)
-            .await
-            .map_err(|source| NatsError::Connect {
-                servers: servers.to_string(),
-                source,
-            })
+        let connected = servers.connect(options).await;
+        connected.map_err(|source| NatsError::Connect {
+            servers: servers.to_string(),
+            source,
+        })
     }
 
     async fn apply(
