@@ -3,53 +3,27 @@
 //! One test in this binary: it installs the process's metrics recorder.
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
-use clap::Parser;
-use embatch_testkit::{NatsServer, TeiConfig, free_port, start_tei};
+use embatch_testkit::{NatsServer, RunningWorker, TeiConfig, free_port, start_tei};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_server_serves_while_the_worker_runs_and_stops_with_it() {
     let nats = NatsServer::start();
     let tei = start_tei(TeiConfig::instant()).await;
     let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let config = embatch_worker::Config::parse_from([
-        "embatch-worker",
-        "--nats-url",
-        &nats.url(),
-        "--tei-url",
-        &tei.url,
-        "--metrics-addr",
-        &addr.to_string(),
-    ]);
-    let client = embatch_worker::connect(&config)
-        .await
-        .expect("worker connects");
-    let upstream = embatch_worker::build_upstream(&config)
-        .await
-        .expect("upstream ready");
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let worker = tokio::spawn(async move {
-        embatch_worker::run(client, upstream, &config, async {
-            let _ = stopped.await;
-        })
-        .await
-    });
+    let admin = addr.to_string();
+    let worker =
+        RunningWorker::start(&nats, &["--tei-url", &tei.url, "--metrics-addr", &admin]).await;
 
     let http = reqwest::Client::new();
-    let health = format!("http://{addr}/health");
-    let mut status = None;
-    for _ in 0..100 {
-        if let Ok(response) = http.get(&health).send().await {
-            status = Some(response.status().as_u16());
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(status, Some(200), "/health while the worker runs");
-    let metrics = http
-        .get(format!("http://{addr}/metrics"))
-        .send()
+    let get = |path: &str| http.get(format!("http://{addr}{path}")).send();
+    let health = get("/health").await.expect("/health answers");
+    assert_eq!(
+        health.status().as_u16(),
+        200,
+        "/health while the worker runs"
+    );
+    let metrics = get("/metrics")
         .await
         .expect("/metrics answers")
         .text()
@@ -60,12 +34,8 @@ async fn the_admin_server_serves_while_the_worker_runs_and_stops_with_it() {
         "{metrics}"
     );
 
-    stop.send(()).expect("the worker is running");
-    tokio::time::timeout(Duration::from_secs(10), worker)
-        .await
-        .expect("the worker stops in time")
-        .expect("worker task")
-        .expect("the worker ran");
+    // Waits for the worker's `run` to return (at most 10 s; the admin server may take 5).
+    worker.stop().await;
     assert!(
         tokio::net::TcpStream::connect(addr).await.is_err(),
         "the admin server's listener is closed once the worker returned"
