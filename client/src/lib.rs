@@ -4,7 +4,9 @@
 //!
 //! The gateway, the load generator and the tests all send requests through [`EmbedClient`], so
 //! the request headers, the reply decoding and the mapping of NATS request failures to
-//! [`EmbedError`]s are written once.
+//! [`EmbedError`]s are written once. Likewise [`ServerList`] is the one parser of NATS server
+//! lists and URL credentials: [`connect`] uses it, and so does every embatch binary's
+//! `--nats-url`.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -19,6 +21,7 @@
 //! ```
 
 pub mod fleet;
+mod servers;
 
 use std::time::Duration;
 
@@ -27,15 +30,17 @@ use bytes::Bytes;
 use embatch_protocol::reply::{self, Timings};
 use embatch_protocol::{EmbedError, PROTOCOL_VERSION, headers};
 
+pub use servers::{ServerList, with_url_credentials};
+
 /// Connects to NATS as `name` (shown by `nats server report connections` and in the monitoring
 /// endpoints).
 ///
-/// `urls` may list several servers, comma-separated (async-nats takes a string as one URL, so
-/// the list is split here). They are tried in the order given, first to connect and again on
-/// every reconnect: list the nearest node first.
+/// `urls` may list several servers, comma-separated (see [`ServerList`]). They are tried in the
+/// order given, first to connect and again on every reconnect: list the nearest node first.
+/// Credentials in a URL are sent ([`with_url_credentials`]).
 ///
 /// # Errors
-/// When no server in `urls` answers.
+/// When no server in `urls` answers, or one is not a NATS URL.
 pub async fn connect(
     urls: &str,
     name: &str,
@@ -46,42 +51,18 @@ pub async fn connect(
 /// [`connect`] with the caller's own options (e.g. a subscription capacity).
 ///
 /// # Errors
-/// When no server in `urls` answers, or one is not a NATS URL.
+/// When no server in `urls` answers, or one is not a NATS URL
+/// (`ConnectErrorKind::ServerParse`, the URL shown redacted).
 pub async fn connect_with(
     urls: &str,
     options: async_nats::ConnectOptions,
 ) -> Result<async_nats::Client, async_nats::ConnectError> {
-    let servers = urls
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::parse::<async_nats::ServerAddr>)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| {
-            async_nats::ConnectError::with_source(async_nats::ConnectErrorKind::ServerParse, e)
-        })?;
-    with_url_credentials(options, &servers)
-        .retain_servers_order()
-        .connect(servers)
+    let servers = urls.parse::<ServerList>().map_err(|e| {
+        async_nats::ConnectError::with_source(async_nats::ConnectErrorKind::ServerParse, e)
+    })?;
+    servers
+        .connect(with_url_credentials(options, servers.addrs()))
         .await
-}
-
-/// Applies credentials carried in a server URL, as other NATS clients do: async-nats (0.51)
-/// parses them but does not send them. `nats://user:password@host` → user and password;
-/// `nats://token@host` → token. The first server with credentials wins; call this only when
-/// no other authentication is configured.
-pub fn with_url_credentials(
-    options: async_nats::ConnectOptions,
-    servers: &[async_nats::ServerAddr],
-) -> async_nats::ConnectOptions {
-    let Some(server) = servers.iter().find(|s| s.has_user_pass()) else {
-        return options;
-    };
-    match (server.username(), server.password()) {
-        (Some(user), Some(password)) => options.user_and_password(user.into(), password.into()),
-        (Some(token), None) => options.token(token.into()),
-        _ => options,
-    }
 }
 
 /// A successful reply: TEI's response body and the worker's timings.

@@ -1,82 +1,17 @@
 //! [`NatsArgs`]: how every binary connects to NATS — the server list and the credentials of a
 //! secured deployment (user/password, token, nkey, credentials file, TLS with a private CA,
 //! mutual TLS) — parsed by clap and never logged in the clear.
+//!
+//! The server list is [`ServerList`], re-exported from `embatch-client`: one parser of server
+//! lists and of the credentials a URL carries, for the binaries and for services that use the
+//! client alone. This module adds the flags and applies them on top.
 
-use std::fmt;
 use std::path::PathBuf;
-use std::str::FromStr;
 
-use async_nats::{ConnectOptions, ServerAddr};
+use async_nats::ConnectOptions;
+pub use embatch_client::ServerList;
 
 use crate::Secret;
-
-/// The NATS servers of `--nats-url`: one URL or several, comma-separated (a cluster), tried in
-/// the order given, first to connect and again on every reconnect (list the nearest node
-/// first). A URL may carry credentials (`nats://user:password@host:4222`, `nats://token@host`);
-/// `Display` and `Debug` print them as `***`.
-#[derive(Clone, PartialEq, Eq)]
-pub struct ServerList(Vec<ServerAddr>);
-
-impl ServerList {
-    /// The servers, in order.
-    pub fn addrs(&self) -> &[ServerAddr] {
-        &self.0
-    }
-}
-
-impl FromStr for ServerList {
-    type Err = String;
-
-    /// Splits on commas and parses each URL (scheme `nats`, `tls`, `ws` or `wss`; `host:port`
-    /// alone means `nats://`).
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let servers = s
-            .split(',')
-            .map(str::trim)
-            .filter(|url| !url.is_empty())
-            .map(|url| {
-                url.parse::<ServerAddr>()
-                    .map_err(|e| format!("`{}` is not a NATS URL: {e}", redact_url(url)))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        if servers.is_empty() {
-            return Err("no NATS server given".into());
-        }
-        Ok(ServerList(servers))
-    }
-}
-
-impl fmt::Display for ServerList {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, server) in self.0.iter().enumerate() {
-            if i > 0 {
-                f.write_str(",")?;
-            }
-            f.write_str(&redact_url(server.clone().into_inner().as_str()))?;
-        }
-        Ok(())
-    }
-}
-
-impl fmt::Debug for ServerList {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "\"{self}\"")
-    }
-}
-
-/// `url` with its userinfo (user, password or token) replaced by `***`.
-fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return match url.rsplit_once('@') {
-            Some((_, host)) => format!("***@{host}"),
-            None => url.to_owned(),
-        };
-    };
-    match rest.rsplit_once('@') {
-        Some((_, host)) => format!("{scheme}://***@{host}"),
-        None => url.to_owned(),
-    }
-}
 
 /// Installs aws-lc-rs, the workspace's one rustls crypto provider, as the process default (a
 /// second call, or one after another provider was installed, changes nothing). Needed because
@@ -208,14 +143,11 @@ impl NatsAuth {
     ) -> Result<async_nats::Client, NatsError> {
         install_crypto_provider();
         let options = self.apply(options.name(name), servers).await?;
-        options
-            .retain_servers_order()
-            .connect(servers.addrs().to_vec())
-            .await
-            .map_err(|source| NatsError::Connect {
-                servers: servers.to_string(),
-                source,
-            })
+        let connected = servers.connect(options).await;
+        connected.map_err(|source| NatsError::Connect {
+            servers: servers.to_string(),
+            source,
+        })
     }
 
     async fn apply(
@@ -275,26 +207,6 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<NatsArgs, clap::Error> {
         Cli::try_parse_from(std::iter::once("test").chain(args.iter().copied())).map(|c| c.nats)
-    }
-
-    #[test]
-    fn server_lists_keep_order_and_redact_credentials() {
-        let list: ServerList = "nats://alice:s3cret@a:4222, tls://tok3n@b:4443,c:4222"
-            .parse()
-            .expect("valid");
-        assert_eq!(list.addrs().len(), 3);
-        assert_eq!(list.addrs()[0].password(), Some("s3cret"));
-        let shown = format!("{list} {list:?}");
-        assert!(
-            !shown.contains("s3cret") && !shown.contains("tok3n"),
-            "{shown}"
-        );
-        assert!(shown.contains("nats://***@a:4222"), "{shown}");
-        assert!("".parse::<ServerList>().is_err());
-        let err = "http://bob:pw@x:1"
-            .parse::<ServerList>()
-            .expect_err("bad scheme");
-        assert!(!err.contains("pw"), "{err}");
     }
 
     #[test]

@@ -249,7 +249,8 @@ pub struct RunningWorker {
 
 impl RunningWorker {
     /// Starts a worker on `nats` with the command-line `args` (as `embatch-worker` takes them;
-    /// `--nats-url` and `--metrics-addr ""` are added), and waits until it answers NATS micro
+    /// `--nats-url` is added, and `--metrics-addr ""` unless `args` set it: the metrics recorder
+    /// is one per process), and waits until it answers NATS micro
     /// pings, so requests cannot race its subscription. The upstream is TEI when `--tei-url` is
     /// among `args`, else the built-in model from `--model-dir`.
     pub async fn start(nats: &NatsServer, args: &[&str]) -> RunningWorker {
@@ -262,7 +263,10 @@ impl RunningWorker {
     /// interest to reach the publisher's node too ([`NatsCluster::remote_interest`]).
     pub async fn start_at(url: &str, args: &[&str]) -> RunningWorker {
         use clap::Parser;
-        let mut argv = vec!["embatch-worker", "--nats-url", url, "--metrics-addr", ""];
+        let mut argv = vec!["embatch-worker", "--nats-url", url];
+        if !args.contains(&"--metrics-addr") {
+            argv.extend(["--metrics-addr", ""]);
+        }
         argv.extend(args);
         let config = embatch_worker::Config::parse_from(argv);
         let probe_nats = config.nats.clone();

@@ -22,8 +22,8 @@ use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::SelectAll;
 use tokio::sync::{mpsc, watch};
-use tokio::task::JoinHandle;
 use tokio::time::{Instant, Interval, MissedTickBehavior};
+use tokio_util::sync::CancellationToken;
 
 use crate::batcher::BatcherHandle;
 use crate::membership::{
@@ -99,7 +99,7 @@ const ROOM_SMOOTHING: f64 = 0.1;
 
 impl Group {
     /// Subscribes to `address` as a member; `probes` carries the upstream's `/health` results
-    /// (see [`spawn_probes`]; `None` for `MEMBERSHIP=static`).
+    /// (see [`Probes`]; `None` for `MEMBERSHIP=static`).
     ///
     /// # Errors
     /// When the subscription cannot be made.
@@ -340,17 +340,35 @@ async fn recv_of(probes: &mut Option<mpsc::Receiver<bool>>) -> Option<bool> {
     }
 }
 
-/// Probes `upstream`'s health every [`PROBE_INTERVAL`] ([`PROBE_INTERVAL_UNHEALTHY`] while
-/// `state` says the upstream is unhealthy), each bounded by [`PROBE_TIMEOUT`], and sends each
-/// result; the task ends when the receiver is dropped.
-pub(crate) fn spawn_probes<U: Upstream>(
+/// The upstream `/health` probes: every [`PROBE_INTERVAL`] ([`PROBE_INTERVAL_UNHEALTHY`] while
+/// the worker is out because its upstream is unhealthy), each bounded by [`PROBE_TIMEOUT`]; each
+/// result goes to [`Group`] (the receiver [`Probes::new`] returns).
+pub(crate) struct Probes<U> {
     upstream: Arc<U>,
-    mut state: watch::Receiver<MemberState>,
-) -> (mpsc::Receiver<bool>, JoinHandle<()>) {
-    let (tx, rx) = mpsc::channel(1);
-    let task = tokio::spawn(async move {
+    state: watch::Receiver<MemberState>,
+    results: mpsc::Sender<bool>,
+}
+
+impl<U: Upstream> Probes<U> {
+    /// Probes of `upstream` paced by the worker's membership `state`, and the receiver of their
+    /// results (for [`Group::join`]).
+    pub(crate) fn new(
+        upstream: Arc<U>,
+        state: watch::Receiver<MemberState>,
+    ) -> (Probes<U>, mpsc::Receiver<bool>) {
+        let (results, rx) = mpsc::channel(1);
+        let probes = Probes {
+            upstream,
+            state,
+            results,
+        };
+        (probes, rx)
+    }
+
+    /// Probes until `stop` is cancelled or the receiver is dropped.
+    pub(crate) async fn run(mut self, stop: CancellationToken) {
         loop {
-            let interval = if *state.borrow() == MemberState::UpstreamUnhealthy {
+            let interval = if *self.state.borrow() == MemberState::UpstreamUnhealthy {
                 PROBE_INTERVAL_UNHEALTHY
             } else {
                 PROBE_INTERVAL
@@ -358,26 +376,30 @@ pub(crate) fn spawn_probes<U: Upstream>(
             // A change of state (e.g. to unhealthy) restarts the wait at the new interval.
             tokio::select! {
                 () = tokio::time::sleep(interval) => {}
-                changed = state.changed() => match changed {
+                changed = self.state.changed() => match changed {
                     Ok(()) => continue,
                     Err(_) => return, // the worker is gone
                 },
+                () = stop.cancelled() => return,
             }
-            let ok = match tokio::time::timeout(PROBE_TIMEOUT, upstream.health()).await {
-                Ok(Ok(())) => true,
-                Ok(Err(err)) => {
-                    tracing::debug!(%err, "upstream health probe failed");
-                    false
-                }
-                Err(_) => {
-                    tracing::debug!("upstream health probe timed out");
-                    false
-                }
+            let probe = tokio::time::timeout(PROBE_TIMEOUT, self.upstream.health());
+            let ok = tokio::select! {
+                result = probe => match result {
+                    Ok(Ok(())) => true,
+                    Ok(Err(err)) => {
+                        tracing::debug!(%err, "upstream health probe failed");
+                        false
+                    }
+                    Err(_) => {
+                        tracing::debug!("upstream health probe timed out");
+                        false
+                    }
+                },
+                () = stop.cancelled() => return,
             };
-            if tx.send(ok).await.is_err() {
+            if self.results.send(ok).await.is_err() {
                 return;
             }
         }
-    });
-    (rx, task)
+    }
 }

@@ -1,4 +1,5 @@
-//! The worker's small HTTP server: `GET /metrics` (Prometheus text) and `GET /health`.
+//! The worker's small admin HTTP server: `GET /metrics` (Prometheus text) and `GET /health`,
+//! bound at start-up ([`AdminServer::bind`]) and stopped with the worker's other tasks.
 
 use std::net::SocketAddr;
 
@@ -7,6 +8,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use metrics_exporter_prometheus::PrometheusHandle;
+use tokio_util::sync::CancellationToken;
 
 /// Shared state of the routes.
 #[derive(Clone)]
@@ -17,24 +19,43 @@ pub struct HttpState {
     pub client: async_nats::Client,
 }
 
-/// Installs the metrics recorder, binds `addr` and serves [`app`] in a background task for the
-/// life of the process.
-///
-/// # Errors
-/// [`crate::WorkerError::Metrics`] when a recorder is already installed,
-/// [`crate::WorkerError::Http`] when `addr` cannot be bound.
-pub async fn spawn(addr: SocketAddr, client: async_nats::Client) -> Result<(), crate::WorkerError> {
-    let metrics = crate::telemetry::init_metrics()?;
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|source| crate::WorkerError::Http { addr, source })?;
-    tokio::spawn(async move {
-        if let Err(err) = axum::serve(listener, app(HttpState { metrics, client })).await {
+/// The admin server, bound and not yet serving.
+pub struct AdminServer {
+    listener: tokio::net::TcpListener,
+    state: HttpState,
+}
+
+impl AdminServer {
+    /// Installs the metrics recorder and binds `addr`.
+    ///
+    /// # Errors
+    /// [`crate::WorkerError::Metrics`] when a recorder is already installed,
+    /// [`crate::WorkerError::Http`] when `addr` cannot be bound.
+    pub async fn bind(
+        addr: SocketAddr,
+        client: async_nats::Client,
+    ) -> Result<AdminServer, crate::WorkerError> {
+        let metrics = crate::telemetry::init_metrics()?;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| crate::WorkerError::Http { addr, source })?;
+        tracing::info!(%addr, "serving /metrics and /health");
+        Ok(AdminServer {
+            listener,
+            state: HttpState { metrics, client },
+        })
+    }
+
+    /// Serves [`app`] until `stop` is cancelled, then stops accepting and lets open requests
+    /// finish (axum's graceful shutdown; the worker bounds the wait).
+    pub async fn run(self, stop: CancellationToken) {
+        let served = axum::serve(self.listener, app(self.state))
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await;
+        if let Err(err) = served {
             tracing::error!(%err, "metrics server stopped");
         }
-    });
-    tracing::info!(%addr, "serving /metrics and /health");
-    Ok(())
+    }
 }
 
 /// The routes, apart from serving, so tests can call them without a socket.

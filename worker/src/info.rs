@@ -20,6 +20,8 @@ use async_nats::HeaderMap;
 use embatch_protocol::EmbedError;
 use futures::StreamExt;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::micro::EndpointStats;
 use crate::respond::Answer;
@@ -33,40 +35,76 @@ pub(crate) const ENDPOINT: &str = "info";
 /// not make a present worker look absent: past this, the answer is a 503 error reply.
 const UPSTREAM_INFO_WAIT: Duration = Duration::from_millis(500);
 
-/// Answers every request on `requests` with [`document`] of `upstream`'s info, counted in
-/// `stats`, until the subscription ends (the caller aborts this task when the worker stops).
-/// Each request is answered in its own task, so one that waits for the upstream holds up no
-/// other.
-pub(crate) async fn serve<U: Upstream + 'static>(
-    mut requests: async_nats::Subscriber,
+/// The `info` endpoint: its queue subscription and what it answers from.
+pub(crate) struct Endpoint<U> {
+    requests: async_nats::Subscriber,
     client: async_nats::Client,
     upstream: Arc<U>,
     max_client_batch_size: usize,
     stats: EndpointStats,
-) {
-    while let Some(request) = requests.next().await {
-        let received = Instant::now();
-        let upstream = Arc::clone(&upstream);
-        let client = client.clone();
-        let stats = stats.clone();
-        tokio::spawn(async move {
-            let info = tokio::time::timeout(UPSTREAM_INFO_WAIT, upstream.info())
-                .await
-                .unwrap_or_else(|_| {
-                    Err(UpstreamError::Unreachable(format!(
-                        "the upstream's /info did not answer within {} ms",
-                        UPSTREAM_INFO_WAIT.as_millis()
-                    )))
-                });
-            let answer = info
-                .map_err(EmbedError::from)
-                .and_then(|info| document(info, max_client_batch_size));
-            let answer = match answer {
-                Ok(payload) => Answer::ok(HeaderMap::new(), payload.into()),
-                Err(err) => Answer::error(&err),
+}
+
+impl<U: Upstream + 'static> Endpoint<U> {
+    /// Subscribes to `subject` (`<subject>.info`) in `queue_group`; answers will describe
+    /// `upstream` with the worker's `max_client_batch_size` and be counted in `stats`.
+    ///
+    /// # Errors
+    /// When the subscription cannot be made (the connection is closed).
+    pub(crate) async fn subscribe(
+        client: async_nats::Client,
+        subject: String,
+        queue_group: String,
+        upstream: Arc<U>,
+        max_client_batch_size: usize,
+        stats: EndpointStats,
+    ) -> Result<Endpoint<U>, async_nats::SubscribeError> {
+        let requests = client.queue_subscribe(subject, queue_group).await?;
+        Ok(Endpoint {
+            requests,
+            client,
+            upstream,
+            max_client_batch_size,
+            stats,
+        })
+    }
+
+    /// Answers every request with [`document`] of the upstream's info, each in its own task on
+    /// `tasks` (one that waits for the upstream holds up no other), until `stop` is cancelled
+    /// (the subscription is dropped: the worker leaves this endpoint's queue group) or the
+    /// connection closes.
+    pub(crate) async fn run(mut self, stop: CancellationToken, tasks: TaskTracker) {
+        loop {
+            let request = tokio::select! {
+                request = self.requests.next() => match request {
+                    Some(request) => request,
+                    None => return,
+                },
+                () = stop.cancelled() => return,
             };
-            answer.send(&client, &request, &stats, received).await;
-        });
+            let received = Instant::now();
+            let upstream = Arc::clone(&self.upstream);
+            let client = self.client.clone();
+            let stats = self.stats.clone();
+            let max_client_batch_size = self.max_client_batch_size;
+            tasks.spawn(async move {
+                let info = tokio::time::timeout(UPSTREAM_INFO_WAIT, upstream.info())
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(UpstreamError::Unreachable(format!(
+                            "the upstream's /info did not answer within {} ms",
+                            UPSTREAM_INFO_WAIT.as_millis()
+                        )))
+                    });
+                let answer = info
+                    .map_err(EmbedError::from)
+                    .and_then(|info| document(info, max_client_batch_size));
+                let answer = match answer {
+                    Ok(payload) => Answer::ok(HeaderMap::new(), payload.into()),
+                    Err(err) => Answer::error(&err),
+                };
+                answer.send(&client, &request, &stats, received).await;
+            });
+        }
     }
 }
 

@@ -17,7 +17,6 @@
 //!   limit; a reply that still turns out too large is replaced by that 413.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -101,7 +100,7 @@ impl ReplyLimit {
 /// task waiting for its outcome without a reply, which drops its receiver, and the batcher then
 /// drops the request before it costs upstream work (see `batcher`).
 #[derive(Default)]
-struct Withdrawable {
+pub(crate) struct Withdrawable {
     by_id: Mutex<HashMap<String, CancellationToken>>,
 }
 
@@ -133,92 +132,87 @@ impl Withdrawable {
     }
 }
 
-/// What every admitted request shares.
-struct Intake {
-    batcher: BatcherHandle,
-    config: IntakeConfig,
-    replies: TaskTracker,
-    withdrawable: Arc<Withdrawable>,
-    reply_limit: Arc<ReplyLimit>,
-    client: async_nats::Client,
-    stats: EndpointStats,
+/// What the intake runs on ([`run`]): where requests come from, where they go and where their
+/// answers are sent.
+pub(crate) struct Intake {
+    /// The request subject's queue subscription and the membership deciding it.
+    pub group: Group,
+    /// Where accepted requests are submitted; the intake holds the last handle, so the batcher
+    /// ends after the intake does.
+    pub batcher: BatcherHandle,
+    /// Limits and defaults.
+    pub config: IntakeConfig,
+    /// The reply tasks, one per accepted request: close and wait on it (after the batcher ends)
+    /// to know every accepted request was answered.
+    pub replies: TaskTracker,
+    /// The requests that may be withdrawn, shared with [`withdraw`].
+    pub withdrawable: Arc<Withdrawable>,
+    /// The connection replies are sent on.
+    pub client: async_nats::Client,
+    /// The `embed` endpoint's `$SRV.STATS` counters.
+    pub stats: EndpointStats,
 }
 
 /// How long shutdown waits for the server to confirm the drain (its PONG) while still admitting
 /// the requests it delivered before the unsubscribe.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Reads requests from `group` until `shutdown` resolves, then leaves the queue group for good:
-/// the subscription drains (NATS drain: UNSUB, then PING; the server routes nothing here after
-/// its PONG), and every request delivered until then is admitted. Requests and membership
+/// Reads requests from `intake.group` until `stop` is cancelled, then leaves the queue group for
+/// good: the subscription drains (NATS drain: UNSUB, then PING; the server routes nothing here
+/// after its PONG), and every request delivered until then is admitted. Requests and membership
 /// events alternate in one loop, so admitting a request and re-deciding membership never race.
-///
-/// Replies are sent on `client` by tasks on `replies` and counted in `stats`; wait on `replies`
-/// (after dropping the batcher) to know every accepted request was answered. Messages on
-/// `cancels` (the [`headers::cancel_subject`]) withdraw requests by id, in a task of their own.
-#[allow(clippy::too_many_arguments)] // one call site; each argument is a distinct part
-pub(crate) async fn run(
-    mut group: Group,
-    cancels: async_nats::Subscriber,
-    batcher: BatcherHandle,
-    config: IntakeConfig,
-    replies: TaskTracker,
-    shutdown: impl Future<Output = ()>,
-    client: async_nats::Client,
-    stats: EndpointStats,
-) {
-    let intake = Intake {
-        batcher,
-        reply_limit: Arc::new(ReplyLimit::new(config.max_payload)),
-        config,
-        replies,
-        withdrawable: Arc::new(Withdrawable::default()),
-        client,
-        stats,
-    };
-    let withdrawals = tokio::spawn(withdraw(cancels, Arc::clone(&intake.withdrawable)));
-    tokio::pin!(shutdown);
+/// Also ends, at once, when the connection closes.
+pub(crate) async fn run(mut intake: Intake, stop: CancellationToken) {
+    let reply_limit = Arc::new(ReplyLimit::new(intake.config.max_payload));
     loop {
         let event = tokio::select! {
-            event = group.next() => event,
-            () = &mut shutdown => break,
+            event = intake.group.next() => event,
+            () = stop.cancelled() => break,
         };
         match event {
             Event::Request(request) => {
-                intake.admit(request).await;
-                group.admitted().await;
+                intake.admit(request, &reply_limit).await;
+                intake.group.admitted().await;
             }
-            Event::Control(control) => group.control(control).await,
-            Event::Ended => {
-                withdrawals.abort();
-                return;
-            }
+            Event::Control(control) => intake.group.control(control).await,
+            Event::Ended => return,
         }
     }
     tracing::info!("shutdown: draining the request subscription");
-    group.stop().await;
+    intake.group.stop().await;
     // Ends when the drained subscription ends, at the server's PONG: nothing is routed here after
     // that (with the patched async-nats; see `crate::group`).
-    while let Ok(event) = tokio::time::timeout(DRAIN_TIMEOUT, group.next()).await {
+    while let Ok(event) = tokio::time::timeout(DRAIN_TIMEOUT, intake.group.next()).await {
         match event {
-            Event::Request(request) => intake.admit(request).await,
+            Event::Request(request) => intake.admit(request, &reply_limit).await,
             Event::Ended => break,
             Event::Control(_) => {}
         }
     }
-    withdrawals.abort();
 }
 
-/// Withdraws the requests named on `cancels` until the subscription ends.
-async fn withdraw(mut cancels: async_nats::Subscriber, withdrawable: Arc<Withdrawable>) {
-    while let Some(cancel) = cancels.next().await {
-        withdrawable.cancel(&cancel.payload);
+/// Withdraws the requests named on `cancels` (the [`headers::cancel_subject`]) until `stop` is
+/// cancelled or the subscription ends.
+pub(crate) async fn withdraw(
+    mut cancels: async_nats::Subscriber,
+    withdrawable: Arc<Withdrawable>,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            cancel = cancels.next() => match cancel {
+                Some(cancel) => withdrawable.cancel(&cancel.payload),
+                None => return,
+            },
+            () = stop.cancelled() => return,
+        }
     }
 }
 
 impl Intake {
-    /// Admits one request into the batcher, or answers its error at once.
-    async fn admit(&self, request: Message) {
+    /// Admits one request into the batcher, or answers its error at once; its reply will be
+    /// checked against (and teach) `reply_limit`.
+    async fn admit(&self, request: Message, reply_limit: &Arc<ReplyLimit>) {
         let received = Instant::now();
         if request.reply.is_none() {
             metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => "no_reply_subject")
@@ -228,7 +222,7 @@ impl Intake {
             );
             return;
         }
-        let (receiver, inputs) = match self.submit(&request, received) {
+        let (receiver, inputs) = match self.submit(&request, received, reply_limit) {
             Ok(accepted) => accepted,
             Err(err) => {
                 metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => err.kind())
@@ -247,7 +241,7 @@ impl Intake {
             self.withdrawable.insert(id.clone(), cancelled.clone());
             (Arc::clone(&self.withdrawable), id)
         });
-        let reply_limit = Arc::clone(&self.reply_limit);
+        let reply_limit = Arc::clone(reply_limit);
         let client = self.client.clone();
         let stats = self.stats.clone();
         self.replies.spawn(async move {
@@ -280,12 +274,13 @@ impl Intake {
             .await;
     }
 
-    /// Parses, validates and submits a request received at `received`; its receiver and input
-    /// count.
+    /// Parses, validates and submits a request received at `received` whose reply must fit
+    /// `reply_limit`; its receiver and input count.
     fn submit(
         &self,
         request: &Message,
         received: Instant,
+        reply_limit: &ReplyLimit,
     ) -> Result<(tokio::sync::oneshot::Receiver<Outcome>, usize), EmbedError> {
         let message_headers = request.headers.as_ref();
         if let Some(version) = message_headers.and_then(|h| h.get(headers::VERSION)) {
@@ -312,7 +307,7 @@ impl Intake {
         body.validate(self.config.max_client_batch_size)?;
         let (inputs, options) = body.into_parts();
         let n = inputs.len();
-        self.reply_limit.check(n)?;
+        reply_limit.check(n)?;
         let receiver = self.batcher.submit(inputs, options, received + budget)?;
         Ok((receiver, n))
     }

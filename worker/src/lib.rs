@@ -3,13 +3,19 @@
 //!
 //! # Layout
 //! - [`config`]: every setting, as a CLI flag and an environment variable.
-//! - `intake`: the `embed` endpoint: parse, validate, admit, reply.
-//! - [`membership`]: when the worker is a member of the queue group (full, upstream unhealthy);
-//!   `group` holds or drains the subscription accordingly.
-//! - `micro`: NATS micro service discovery (`$SRV.PING`, `$SRV.INFO`, `$SRV.STATS`).
+//! - `serve`: the task tree: starts every long-lived task under one cancellation token and one
+//!   task tracker, and stops them in one ordered sequence (stop taking messages, answer what was
+//!   accepted within `--shutdown-grace`, stop the rest, flush).
+//! - `intake`: the `embed` endpoint: parse, validate, admit, reply; withdrawals by request id.
+//! - [`membership`]: when the worker is a member of the queue group (full, upstream unhealthy),
+//!   as plain decisions; `group` holds or drains the subscription accordingly and runs the
+//!   upstream `/health` probes; `peers` is what the worker knows of the others' room.
+//! - `micro`: NATS micro service discovery (`$SRV.PING`, `$SRV.INFO`, `$SRV.STATS`) and the
+//!   per-endpoint counters; `info`: the `info` endpoint (the upstream's `/info`); `respond`:
+//!   the replies of both endpoints.
 //! - [`batcher`]: the batching actor: batch formation, overload control, fault isolation.
 //! - [`upstream`]: TEI over HTTP, or the built-in CPU model.
-//! - [`http`]: the worker's small HTTP server for `/metrics` and `/health`.
+//! - [`http`]: the admin HTTP server, `/metrics` and `/health`.
 //! - [`telemetry`]: logging, the Prometheus recorder and metric names.
 
 pub mod batcher;
@@ -22,15 +28,11 @@ pub mod membership;
 mod micro;
 mod peers;
 mod respond;
+mod serve;
 pub mod telemetry;
 pub mod upstream;
 
 use std::future::Future;
-use std::sync::Arc;
-use std::time::Duration;
-
-use embatch_protocol::{PROTOCOL_VERSION, SERVICE_NAME};
-use tokio_util::task::TaskTracker;
 
 pub use config::Config;
 pub use embatch_runtime::shutdown_signal;
@@ -146,134 +148,22 @@ fn load_from_hub(_model_id: &str) -> Result<embatch_local_model::LocalModel, Mod
 
 /// Runs a worker on `client` with `upstream` until `shutdown` resolves, then drains gracefully:
 /// stops taking messages, answers every accepted request (for at most `--shutdown-grace`),
-/// flushes the connection and returns.
+/// stops its other tasks, flushes the connection and returns. Serves `/metrics` and `/health`
+/// on `--metrics-addr` meanwhile, when set. The tasks and the order they stop in: `serve`.
 ///
 /// # Errors
-/// [`WorkerError::Service`] when the NATS service cannot be registered.
+/// [`WorkerError::Service`] when the NATS service cannot be registered;
+/// [`WorkerError::Metrics`] or [`WorkerError::Http`] when the admin server cannot start.
 pub async fn run<U: Upstream>(
     client: async_nats::Client,
     upstream: U,
     config: &Config,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), WorkerError> {
-    let upstream = Arc::new(upstream);
-    let (batcher, batcher_task) = batcher::spawn(Arc::clone(&upstream), config.batcher());
-    let service_error = |what: &'static str| {
-        move |source: async_nats::SubscribeError| WorkerError::Service {
-            what,
-            source: source.into(),
-        }
-    };
-    let info_subject = embatch_protocol::headers::info_subject(&config.subject);
-    let embed_stats = micro::EndpointStats::new("embed", &config.subject, &config.queue_group);
-    let info_stats = micro::EndpointStats::new(info::ENDPOINT, &info_subject, &config.queue_group);
-    let membership = membership::Membership::new(config.membership);
-    let (state, state_rx) = tokio::sync::watch::channel(membership.state());
-    // The service id (a NUID, as async-nats's own services use): discovery reports it, and
-    // membership announcements carry it.
-    let id = nuid::next().to_string();
-    let discovery = micro::serve(
-        client.clone(),
-        id.clone(),
-        micro::Identity {
-            name: SERVICE_NAME.to_owned(),
-            version: env!("CARGO_PKG_VERSION").to_owned(),
-            description: "embatch: batches embedding requests for an upstream model".to_owned(),
-            metadata: [("protocol_version".to_owned(), PROTOCOL_VERSION.to_owned())]
-                .into_iter()
-                .collect(),
-        },
-        vec![embed_stats.clone(), info_stats.clone()],
-        state_rx.clone(),
-    )
-    .await
-    .map_err(service_error("service discovery"))?;
-    let info_requests = client
-        .queue_subscribe(info_subject, config.queue_group.clone())
-        .await
-        .map_err(service_error("endpoint info"))?;
-    let probes = match config.membership {
-        membership::Mode::Adaptive => Some(group::spawn_probes(Arc::clone(&upstream), state_rx)),
-        membership::Mode::Static => None,
-    };
-    let (probes, probe_task) = probes.unzip();
-    let group = group::Group::join(
-        client.clone(),
-        group::Address {
-            subject: config.subject.clone(),
-            queue_group: config.queue_group.clone(),
-            id,
-        },
-        membership,
-        state,
-        batcher.clone(),
-        probes,
-    )
-    .await
-    .map_err(service_error("endpoint embed"))?;
-    let cancels = client
-        .subscribe(embatch_protocol::headers::cancel_subject(&config.subject))
-        .await
-        .map_err(service_error("cancel subscription"))?;
-    tracing::info!(
-        subject = %config.subject,
-        queue_group = %config.queue_group,
-        membership = %config.membership,
-        upstream_max_batch = upstream.max_batch_size(),
-        "worker ready"
-    );
-
-    let replies = TaskTracker::new();
-    let intake_config = intake::IntakeConfig {
-        default_deadline: config.default_deadline,
-        max_client_batch_size: config.max_client_batch_size,
-        max_payload: client.server_info().max_payload,
-    };
-    let info_task = tokio::spawn(info::serve(
-        info_requests,
-        client.clone(),
-        Arc::clone(&upstream),
-        config.max_client_batch_size,
-        info_stats,
-    ));
-    intake::run(
-        group,
-        cancels,
-        batcher,
-        intake_config,
-        replies.clone(),
-        shutdown,
-        client.clone(),
-        embed_stats,
-    )
-    .await;
-    info_task.abort();
-    if let Some(task) = probe_task {
-        task.abort();
-    }
-
-    // The intake dropped the last batcher handle: the batcher flushes and answers what it holds.
-    replies.close();
-    let drained = async {
-        if let Err(err) = batcher_task.await {
-            tracing::error!(%err, "batcher task failed");
-        }
-        replies.wait().await;
-    };
-    if tokio::time::timeout(config.shutdown_grace, drained)
-        .await
-        .is_err()
-    {
-        tracing::warn!(grace = ?config.shutdown_grace, "shutdown grace period over; exiting with requests unanswered");
-    }
-    // Bounded: flushing waits for the server's PONG, which never comes while disconnected.
-    match tokio::time::timeout(Duration::from_secs(5), client.flush()).await {
-        Ok(Ok(())) => {}
-        Ok(Err(err)) => tracing::warn!(%err, "cannot flush replies"),
-        Err(_) => tracing::warn!("cannot flush replies: NATS did not answer within 5 s"),
-    }
-    discovery.abort();
-    tracing::info!("worker stopped");
+    serve::start(client, upstream, config)
+        .await?
+        .serve_until(shutdown)
+        .await;
     Ok(())
 }
 

@@ -20,7 +20,8 @@
 //! worker then gets an equal share and sheds what it cannot serve with 429).
 //!
 //! This module is the decision only: plain data and functions, no clock reads, no channels.
-//! The intake (`crate::intake`) feeds it and subscribes or drains accordingly.
+//! `crate::group` feeds it (from the intake's loop and the upstream probes) and subscribes or
+//! drains accordingly.
 
 use std::fmt;
 use std::str::FromStr;

@@ -20,8 +20,9 @@ use std::time::Duration;
 
 use async_nats::service::{Info, PingResponse, Stats, endpoint, error::Error as ServiceError};
 use futures::StreamExt;
-use futures::stream::SelectAll;
+use futures::stream::BoxStream;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use crate::membership::MemberState;
 
@@ -113,74 +114,124 @@ pub(crate) struct Identity {
     pub metadata: HashMap<String, String>,
 }
 
-/// Subscribes, as service instance `id`, to the discovery subjects (`$SRV.<VERB>`, `$SRV.<VERB>.<name>`,
-/// `$SRV.<VERB>.<name>.<id>` for PING, INFO and STATS) and returns the task answering them until
-/// it is aborted or the connection closes. `state` is read on every answer.
-///
-/// # Errors
-/// When a subscription cannot be made (the connection is closed).
-pub(crate) async fn serve(
+/// The discovery responder: its subscriptions to the `$SRV` subjects and what it answers with.
+pub(crate) struct Discovery {
+    /// The requests on every `$SRV` subject, each with its verb.
+    verbs: BoxStream<'static, (&'static str, async_nats::Message)>,
+    answers: Answers,
+}
+
+/// What discovery answers with.
+struct Answers {
     client: async_nats::Client,
     id: String,
     identity: Identity,
     endpoints: Vec<EndpointStats>,
     state: watch::Receiver<MemberState>,
-) -> Result<tokio::task::JoinHandle<()>, async_nats::SubscribeError> {
-    let started = async_nats::datetime::now();
-    let mut verbs = SelectAll::new();
-    for verb in ["PING", "INFO", "STATS"] {
-        for subject in [
-            format!("$SRV.{verb}"),
-            format!("$SRV.{verb}.{}", identity.name),
-            format!("$SRV.{verb}.{}.{id}", identity.name),
-        ] {
-            let subscriber = client.subscribe(subject).await?;
-            verbs.push(subscriber.map(move |message| (verb, message)));
-        }
-    }
-    Ok(tokio::spawn(async move {
-        while let Some((verb, message)) = verbs.next().await {
-            let Some(reply) = message.reply else {
-                continue;
-            };
-            let mut metadata = identity.metadata.clone();
-            metadata.insert(MEMBERSHIP_KEY.to_owned(), state.borrow().label().to_owned());
-            let body = match verb {
-                "PING" => serde_json::to_vec(&PingResponse {
-                    kind: "io.nats.micro.v1.ping_response".into(),
-                    name: identity.name.clone(),
-                    id: id.clone(),
-                    version: identity.version.clone(),
-                    metadata,
-                }),
-                "INFO" => serde_json::to_vec(&Info {
-                    kind: "io.nats.micro.v1.info_response".into(),
-                    name: identity.name.clone(),
-                    id: id.clone(),
-                    description: identity.description.clone(),
-                    version: identity.version.clone(),
-                    metadata,
-                    endpoints: endpoints.iter().map(|e| e.0.info.clone()).collect(),
-                }),
-                _ => serde_json::to_vec(&Stats {
-                    kind: "io.nats.micro.v1.stats_response".into(),
-                    name: identity.name.clone(),
-                    id: id.clone(),
-                    version: identity.version.clone(),
-                    started,
-                    endpoints: endpoints.iter().map(EndpointStats::stats).collect(),
-                }),
-            };
-            match body {
-                Ok(body) => {
-                    if let Err(err) = client.publish(reply, body.into()).await {
-                        tracing::debug!(%err, verb, "cannot answer a discovery request");
-                    }
-                }
-                Err(err) => tracing::warn!(%err, verb, "cannot encode a discovery answer"),
+    started: async_nats::datetime::DateTime,
+}
+
+impl Discovery {
+    /// Subscribes, as service instance `id`, to the discovery subjects (`$SRV.<VERB>`,
+    /// `$SRV.<VERB>.<name>`, `$SRV.<VERB>.<name>.<id>` for PING, INFO and STATS). `state` is
+    /// read on every answer; `endpoints` are the endpoints `$SRV.INFO` and `$SRV.STATS` list.
+    ///
+    /// # Errors
+    /// When a subscription cannot be made (the connection is closed).
+    pub(crate) async fn subscribe(
+        client: async_nats::Client,
+        id: String,
+        identity: Identity,
+        endpoints: Vec<EndpointStats>,
+        state: watch::Receiver<MemberState>,
+    ) -> Result<Discovery, async_nats::SubscribeError> {
+        let started = async_nats::datetime::now();
+        let mut verbs = Vec::new();
+        for verb in ["PING", "INFO", "STATS"] {
+            for subject in [
+                format!("$SRV.{verb}"),
+                format!("$SRV.{verb}.{}", identity.name),
+                format!("$SRV.{verb}.{}.{id}", identity.name),
+            ] {
+                let subscriber = client.subscribe(subject).await?;
+                verbs.push(subscriber.map(move |message| (verb, message)));
             }
         }
-    }))
+        Ok(Discovery {
+            verbs: futures::stream::select_all(verbs).boxed(),
+            answers: Answers {
+                client,
+                id,
+                identity,
+                endpoints,
+                state,
+                started,
+            },
+        })
+    }
+
+    /// Answers discovery requests until `stop` is cancelled (the subscriptions are then
+    /// dropped: unsubscribed) or the connection closes.
+    pub(crate) async fn run(mut self, stop: CancellationToken) {
+        loop {
+            let (verb, message) = tokio::select! {
+                next = self.verbs.next() => match next {
+                    Some(next) => next,
+                    None => return,
+                },
+                () = stop.cancelled() => return,
+            };
+            if let Some(reply) = message.reply {
+                self.answers.send(verb, reply).await;
+            }
+        }
+    }
+}
+
+impl Answers {
+    /// Publishes the answer to `verb` on `reply`.
+    async fn send(&self, verb: &str, reply: async_nats::Subject) {
+        let identity = &self.identity;
+        let mut metadata = identity.metadata.clone();
+        metadata.insert(
+            MEMBERSHIP_KEY.to_owned(),
+            self.state.borrow().label().to_owned(),
+        );
+        let body = match verb {
+            "PING" => serde_json::to_vec(&PingResponse {
+                kind: "io.nats.micro.v1.ping_response".into(),
+                name: identity.name.clone(),
+                id: self.id.clone(),
+                version: identity.version.clone(),
+                metadata,
+            }),
+            "INFO" => serde_json::to_vec(&Info {
+                kind: "io.nats.micro.v1.info_response".into(),
+                name: identity.name.clone(),
+                id: self.id.clone(),
+                description: identity.description.clone(),
+                version: identity.version.clone(),
+                metadata,
+                endpoints: self.endpoints.iter().map(|e| e.0.info.clone()).collect(),
+            }),
+            _ => serde_json::to_vec(&Stats {
+                kind: "io.nats.micro.v1.stats_response".into(),
+                name: identity.name.clone(),
+                id: self.id.clone(),
+                version: identity.version.clone(),
+                started: self.started,
+                endpoints: self.endpoints.iter().map(EndpointStats::stats).collect(),
+            }),
+        };
+        match body {
+            Ok(body) => {
+                if let Err(err) = self.client.publish(reply, body.into()).await {
+                    tracing::debug!(%err, verb, "cannot answer a discovery request");
+                }
+            }
+            Err(err) => tracing::warn!(%err, verb, "cannot encode a discovery answer"),
+        }
+    }
 }
 
 #[cfg(test)]

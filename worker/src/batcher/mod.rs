@@ -14,11 +14,23 @@
 //!
 //! # How a batch forms
 //! Requests are grouped by their [`EmbedOptions`] (requests whose options differ never share an
-//! upstream call). A group is sent upstream when it holds `max_batch_size` inputs, or when its
-//! oldest request has waited `max_wait`, whichever comes first. At most `max_concurrent_batches`
-//! calls are in flight; while all are busy, groups keep filling, so the next batch leaves full.
-//! A request with more inputs than one call may carry (the smaller of `max_batch_size` and the
-//! upstream's own limit) is split over several calls and reassembled in order.
+//! upstream call). At most `max_concurrent_batches` calls are in flight. Whenever a call slot is
+//! free, the oldest group that is due leaves as one call of up to the batch limit (the smaller of
+//! `max_batch_size` and the upstream's own limit). A group is due when:
+//! - it holds a full batch: any free slot takes it;
+//! - no call is in flight and `dispatch_when_idle` is on (the default): an idle upstream takes
+//!   any waiting group at once, full or not;
+//! - its oldest request has waited `max_wait` and fewer than `partial_batch_slots` calls are in
+//!   flight (by default `max_concurrent_batches - 1`, at least 1): the slots beyond those take
+//!   full batches only, so while the upstream is busy a batch that is not full keeps filling
+//!   here rather than queueing inside the upstream;
+//! - the batcher is shutting down: everything leaves.
+//!
+//! With the defaults (2 slots, 1 for partial batches, dispatch when idle) a batch that is not
+//! full therefore leaves only when the upstream is idle, and `max_wait` never sends one (it still
+//! enters the `auto` queue-delay bound below); it bounds the wait of a partial batch when
+//! `dispatch_when_idle` is off or `partial_batch_slots` is above 1. A request with more inputs than the batch limit is split over several calls and
+//! reassembled in order.
 //!
 //! # Overload
 //! The actor decides admission when the request reaches it, before queueing it, and never

@@ -1,0 +1,271 @@
+//! The worker as a task tree: [`start`] spawns every long-lived task onto one [`TaskTracker`]
+//! under one [`CancellationToken`], and [`Running::serve_until`] stops them in one ordered sequence.
+//!
+//! The tree:
+//! - `stop` (the root token) ends the discovery responder (`$SRV.PING`/`INFO`/`STATS`,
+//!   [`crate::micro`]), the withdrawal of cancelled requests (`<subject>.cancel`) and the admin
+//!   HTTP server (`/metrics`, `/health`, [`crate::http`]);
+//! - `intake` (a child of `stop`: cancelling the root cancels it too) ends what takes messages:
+//!   the intake, which holds the queue-group membership ([`crate::group`]) and drains its
+//!   subscription, the `info` endpoint ([`crate::info`]) and the upstream `/health` probes.
+//!
+//! Two kinds of task are not long-lived and are waited on by the sequence instead: the
+//! batcher's actor, which ends when the intake drops the last [`crate::batcher::BatcherHandle`]
+//! and it has answered what it holds, and the reply tasks, one per accepted request, on their
+//! own tracker.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use embatch_protocol::{PROTOCOL_VERSION, SERVICE_NAME, headers};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::upstream::Upstream;
+use crate::{Config, WorkerError, batcher, group, http, info, intake, membership, micro};
+
+/// Longest the tasks of the tree may take to stop once cancelled (the admin server's open
+/// requests), and longest the last flush of the connection may take, each.
+const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A started worker: the tree's tokens and tasks, and what its shutdown waits on.
+pub(crate) struct Running {
+    /// The root: cancelling it stops every task of the tree.
+    stop: CancellationToken,
+    /// A child of `stop`: cancelling it stops taking messages.
+    intake_stop: CancellationToken,
+    /// Every long-lived task.
+    tasks: TaskTracker,
+    /// The intake's task, also on `tasks`: it ends when it has drained the request subscription,
+    /// or at once when the connection closes.
+    intake: JoinHandle<()>,
+    /// The batcher's actor: it ends after the intake, once it has answered what it holds.
+    batcher: JoinHandle<()>,
+    /// The reply tasks of accepted requests.
+    replies: TaskTracker,
+    client: async_nats::Client,
+    shutdown_grace: Duration,
+}
+
+/// Joins the queue group on `client` with `upstream` under `config` and spawns the worker's
+/// tasks; it serves until [`Running::serve_until`].
+///
+/// # Errors
+/// [`WorkerError::Service`] when a subscription cannot be made, [`WorkerError::Metrics`] or
+/// [`WorkerError::Http`] when the admin server (`--metrics-addr`) cannot start.
+pub(crate) async fn start<U: Upstream>(
+    client: async_nats::Client,
+    upstream: U,
+    config: &Config,
+) -> Result<Running, WorkerError> {
+    let stop = CancellationToken::new();
+    let intake_stop = stop.child_token();
+    let tasks = TaskTracker::new();
+    let upstream = Arc::new(upstream);
+    let service_error = |what: &'static str| {
+        move |source: async_nats::SubscribeError| WorkerError::Service {
+            what,
+            source: source.into(),
+        }
+    };
+    let admin = match config.metrics_addr.0 {
+        Some(addr) => Some(http::AdminServer::bind(addr, client.clone()).await?),
+        None => None,
+    };
+
+    let info_subject = headers::info_subject(&config.subject);
+    let embed_stats = micro::EndpointStats::new("embed", &config.subject, &config.queue_group);
+    let info_stats = micro::EndpointStats::new(info::ENDPOINT, &info_subject, &config.queue_group);
+    let membership = membership::Membership::new(config.membership);
+    let (state, state_rx) = tokio::sync::watch::channel(membership.state());
+    let id = service_id(&client);
+    let discovery = micro::Discovery::subscribe(
+        client.clone(),
+        id.clone(),
+        identity(),
+        vec![embed_stats.clone(), info_stats.clone()],
+        state_rx.clone(),
+    )
+    .await
+    .map_err(service_error("service discovery"))?;
+    let info = info::Endpoint::subscribe(
+        client.clone(),
+        info_subject,
+        config.queue_group.clone(),
+        Arc::clone(&upstream),
+        config.max_client_batch_size,
+        info_stats,
+    )
+    .await
+    .map_err(service_error("endpoint info"))?;
+    let (probes, probe_results) = match config.membership {
+        membership::Mode::Adaptive => {
+            let (probes, results) = group::Probes::new(Arc::clone(&upstream), state_rx);
+            (Some(probes), Some(results))
+        }
+        membership::Mode::Static => (None, None),
+    };
+    let (batcher, batcher_task) = batcher::spawn(Arc::clone(&upstream), config.batcher());
+    let group = group::Group::join(
+        client.clone(),
+        group::Address {
+            subject: config.subject.clone(),
+            queue_group: config.queue_group.clone(),
+            id,
+        },
+        membership,
+        state,
+        batcher.clone(),
+        probe_results,
+    )
+    .await
+    .map_err(service_error("endpoint embed"))?;
+    let cancels = client
+        .subscribe(headers::cancel_subject(&config.subject))
+        .await
+        .map_err(service_error("cancel subscription"))?;
+
+    let replies = TaskTracker::new();
+    let withdrawable = Arc::new(intake::Withdrawable::default());
+    tasks.spawn(discovery.run(stop.clone()));
+    tasks.spawn(intake::withdraw(
+        cancels,
+        Arc::clone(&withdrawable),
+        stop.clone(),
+    ));
+    if let Some(admin) = admin {
+        tasks.spawn(admin.run(stop.clone()));
+    }
+    tasks.spawn(info.run(intake_stop.clone(), tasks.clone()));
+    if let Some(probes) = probes {
+        tasks.spawn(probes.run(intake_stop.clone()));
+    }
+    let intake = tasks.spawn(intake::run(
+        intake::Intake {
+            group,
+            batcher,
+            config: intake::IntakeConfig {
+                default_deadline: config.default_deadline,
+                max_client_batch_size: config.max_client_batch_size,
+                max_payload: client.server_info().max_payload,
+            },
+            replies: replies.clone(),
+            withdrawable,
+            client: client.clone(),
+            stats: embed_stats,
+        },
+        intake_stop.clone(),
+    ));
+    tracing::info!(
+        subject = %config.subject,
+        queue_group = %config.queue_group,
+        membership = %config.membership,
+        upstream_max_batch = upstream.max_batch_size(),
+        "worker ready"
+    );
+    Ok(Running {
+        stop,
+        intake_stop,
+        tasks,
+        intake,
+        batcher: batcher_task,
+        replies,
+        client,
+        shutdown_grace: config.shutdown_grace,
+    })
+}
+
+impl Running {
+    /// Serves until `signal` resolves (or the intake ends by itself: the connection closed),
+    /// then shuts down in order:
+    /// 1. stop taking messages: the intake drains its queue-group subscription and admits what
+    ///    the server routed before the UNSUB; the `info` endpoint and the probes stop;
+    /// 2. answer every accepted request, for at most `--shutdown-grace`: the intake dropped the
+    ///    last batcher handle, so the batcher sends all it holds upstream and ends;
+    /// 3. stop discovery, withdrawals and the admin server, and wait for every task of the tree;
+    /// 4. flush the connection, so the last replies leave.
+    pub(crate) async fn serve_until(self, signal: impl Future<Output = ()>) {
+        let Running {
+            stop,
+            intake_stop,
+            tasks,
+            mut intake,
+            batcher,
+            replies,
+            client,
+            shutdown_grace,
+        } = self;
+        let ended = tokio::select! {
+            () = signal => None,
+            ended = &mut intake => {
+                tracing::warn!("the intake ended: the NATS connection closed");
+                Some(ended)
+            }
+        };
+
+        // 1. Stop taking messages.
+        intake_stop.cancel();
+        let ended = match ended {
+            Some(ended) => ended,
+            None => intake.await,
+        };
+        if let Err(err) = ended {
+            tracing::error!(%err, "intake task failed");
+        }
+
+        // 2. Answer every accepted request, within the grace period.
+        replies.close();
+        let answered = async {
+            if let Err(err) = batcher.await {
+                tracing::error!(%err, "batcher task failed");
+            }
+            replies.wait().await;
+        };
+        if tokio::time::timeout(shutdown_grace, answered)
+            .await
+            .is_err()
+        {
+            tracing::warn!(grace = ?shutdown_grace, "shutdown grace period over; exiting with requests unanswered");
+        }
+
+        // 3. Stop discovery, withdrawals and the admin server.
+        stop.cancel();
+        tasks.close();
+        if tokio::time::timeout(STOP_TIMEOUT, tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("worker tasks still running after 5 s; exiting without them");
+        }
+
+        // 4. Flush the connection. Bounded: flushing waits for the server's PONG, which never
+        // comes while disconnected.
+        match tokio::time::timeout(STOP_TIMEOUT, client.flush()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => tracing::warn!(%err, "cannot flush replies"),
+            Err(_) => tracing::warn!("cannot flush replies: NATS did not answer within 5 s"),
+        }
+        tracing::info!("worker stopped");
+    }
+}
+
+/// The worker's service id: a NUID, as async-nats's own services make it (the last token of a
+/// fresh inbox subject is one). Discovery reports it and membership announcements carry it.
+fn service_id(client: &async_nats::Client) -> String {
+    let inbox = client.new_inbox();
+    inbox.rsplit('.').next().unwrap_or(&inbox).to_owned()
+}
+
+/// The service's identity as discovery reports it.
+fn identity() -> micro::Identity {
+    micro::Identity {
+        name: SERVICE_NAME.to_owned(),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        description: "embatch: batches embedding requests for an upstream model".to_owned(),
+        metadata: [("protocol_version".to_owned(), PROTOCOL_VERSION.to_owned())]
+            .into_iter()
+            .collect(),
+    }
+}
