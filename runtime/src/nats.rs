@@ -210,6 +210,7 @@ impl NatsAuth {
         let options = self.apply(options.name(name), servers).await?;
         options
             .retain_servers_order()
+            .reconnect_delay_callback(embatch_client::reconnect_delay)
             .connect(servers.addrs().to_vec())
             .await
             .map_err(|source| NatsError::Connect {

@@ -6,6 +6,7 @@
 //! - `intake`: the `embed` endpoint: parse, validate, admit, reply.
 //! - [`membership`]: when the worker is a member of the queue group (full, upstream unhealthy);
 //!   `group` holds or drains the subscription accordingly.
+//! - `heartbeat`: the liveness signal clients watch to resend what a lost worker held.
 //! - `micro`: NATS micro service discovery (`$SRV.PING`, `$SRV.INFO`, `$SRV.STATS`).
 //! - [`batcher`]: the batching actor: batch formation, overload control, fault isolation.
 //! - [`upstream`]: TEI over HTTP, or the built-in CPU model.
@@ -15,6 +16,7 @@
 pub mod batcher;
 pub mod config;
 mod group;
+mod heartbeat;
 pub mod http;
 mod info;
 mod intake;
@@ -197,12 +199,13 @@ pub async fn run<U: Upstream>(
         membership::Mode::Static => None,
     };
     let (probes, probe_task) = probes.unzip();
+    let heartbeat = heartbeat::spawn(client.clone(), &config.subject, &id);
     let group = group::Group::join(
         client.clone(),
         group::Address {
             subject: config.subject.clone(),
             queue_group: config.queue_group.clone(),
-            id,
+            id: id.clone(),
         },
         membership,
         state,
@@ -228,6 +231,7 @@ pub async fn run<U: Upstream>(
         default_deadline: config.default_deadline,
         max_client_batch_size: config.max_client_batch_size,
         max_payload: client.server_info().max_payload,
+        worker_id: id,
     };
     let info_task = tokio::spawn(info::serve(
         info_requests,
@@ -273,6 +277,7 @@ pub async fn run<U: Upstream>(
         Err(_) => tracing::warn!("cannot flush replies: NATS did not answer within 5 s"),
     }
     discovery.abort();
+    heartbeat.abort();
     tracing::info!("worker stopped");
     Ok(())
 }
