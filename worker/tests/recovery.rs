@@ -203,20 +203,17 @@ async fn a_worker_killed_with_sigkill_loses_none_of_what_it_held() {
 /// it, and all are answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nats_server_restart_mid_load_loses_none() {
-    let nats = Arc::new(std::sync::Mutex::new(NatsServer::start()));
+    let server = NatsServer::start();
     let tei = start_tei(TeiConfig {
         base: Duration::from_millis(20),
         ..TeiConfig::instant()
     })
     .await;
-    let (nats_client, _a, _b) = {
-        let server = nats.lock().expect("server");
-        let nats_client = connect(&server).await;
-        let settings = [("MAX_WAIT_TIME", "2ms")];
-        let a = spawn_worker(&server, &tei, &settings, &nats_client, 1).await;
-        let b = spawn_worker(&server, &tei, &settings, &nats_client, 2).await;
-        (nats_client, a, b)
-    };
+    let nats_client = connect(&server).await;
+    let settings = [("MAX_WAIT_TIME", "2ms")];
+    let _a = spawn_worker(&server, &tei, &settings, &nats_client, 1).await;
+    let _b = spawn_worker(&server, &tei, &settings, &nats_client, 2).await;
+    let nats = Arc::new(std::sync::Mutex::new(server));
     let client = EmbedClient::new(nats_client, "embed");
     embed_checked(&client, "warm-up", Duration::from_secs(5)).await;
 
