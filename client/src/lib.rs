@@ -21,14 +21,19 @@
 //! ```
 
 pub mod fleet;
+mod inbox;
 mod servers;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::client::RequestErrorKind;
 use bytes::Bytes;
 use embatch_protocol::reply::{self, Timings};
 use embatch_protocol::{EmbedError, PROTOCOL_VERSION, headers};
+use tokio::time::Instant;
+
+pub use inbox::{ACK_TIMEOUT_MAX, ACK_TIMEOUT_MIN};
 
 pub use servers::{ServerList, with_url_credentials};
 
@@ -64,6 +69,24 @@ pub async fn connect_with(
         .connect(with_url_credentials(options, servers.addrs()))
         .await
 }
+
+/// The pause before reconnect attempt `attempts` (1-based): none for the first, then 10, 20,
+/// 40, 80 ms, then 100 ms for every later one. async-nats's default doubles up to 4 s, so a
+/// client could come back seconds after a restarted server did, while requests wait for it
+/// within their deadline; an attempt on a local network costs a TCP connect, so ten per second
+/// per client is cheap. [`connect`] and the gateway and worker (`embatch-runtime`) use it.
+pub fn reconnect_delay(attempts: usize) -> Duration {
+    match attempts {
+        0 | 1 => Duration::ZERO,
+        n => {
+            let exp = u32::try_from(n - 2).unwrap_or(u32::MAX).min(4);
+            Duration::from_millis(10u64 << exp).min(RECONNECT_DELAY_MAX)
+        }
+    }
+}
+
+/// The longest pause between reconnect attempts ([`reconnect_delay`]): 100 ms.
+pub const RECONNECT_DELAY_MAX: Duration = Duration::from_millis(100);
 
 /// A successful reply: TEI's response body and the worker's timings.
 #[derive(Debug, Clone)]
@@ -117,9 +140,9 @@ pub enum RequestError {
     /// The connection failed or the subject is invalid (503).
     #[error("NATS request failed: {0}")]
     Transport(String),
-    /// Not connected to NATS when the request was to be sent (503, at once): a request would
-    /// wait in the client's buffer and reach a worker with a stale deadline after its caller
-    /// gave up.
+    /// Not connected to NATS (503): for [`EmbedClient::embed`], not before the deadline (a
+    /// request waits for the reconnect rather than wait in the client's buffer and reach a
+    /// worker with a stale deadline); for [`EmbedClient::info`], at the call.
     #[error("not connected to NATS")]
     Disconnected,
     /// The worker answered with an error.
@@ -142,12 +165,14 @@ impl From<RequestError> for EmbedError {
     }
 }
 
-/// Sends embed requests on one subject over a shared NATS connection (cheap to clone).
+/// Sends embed requests on one subject over a shared NATS connection (cheap to clone; clones
+/// share one reply inbox).
 #[derive(Debug, Clone)]
 pub struct EmbedClient {
     nats: async_nats::Client,
     subject: String,
     discovery: fleet::Discovery,
+    inbox: Arc<tokio::sync::OnceCell<inbox::Inbox>>,
 }
 
 impl EmbedClient {
@@ -158,6 +183,7 @@ impl EmbedClient {
             nats,
             subject: subject.into(),
             discovery: fleet::Discovery::default(),
+            inbox: Arc::new(tokio::sync::OnceCell::new()),
         }
     }
 
@@ -179,118 +205,253 @@ impl EmbedClient {
         }
     }
 
-    /// Sends `body` (TEI's `POST /embed` JSON, passed through unparsed) with `budget` as its
-    /// deadline ([`headers::DEADLINE_MS`], whole ms) and waits at most `budget` for the reply.
+    /// Waits until the connection is up, polling every [`RECONNECT_POLL`]: a request is never
+    /// handed to async-nats while it is disconnected (it would be buffered and reach a worker
+    /// with a stale deadline). Whether it had to wait; [`RequestError::Disconnected`] when
+    /// `deadline` comes first.
+    async fn wait_connected(&self, deadline: Instant) -> Result<bool, RequestError> {
+        let mut waited = false;
+        while self.connected().is_err() {
+            if Instant::now() + RECONNECT_POLL >= deadline {
+                return Err(RequestError::Disconnected);
+            }
+            if !waited {
+                waited = true;
+                metrics::counter!(RETRIES, "reason" => "disconnected").increment(1);
+            }
+            tokio::time::sleep(RECONNECT_POLL).await;
+        }
+        Ok(waited)
+    }
+
+    /// The shared reply inbox, started by the first request.
+    async fn inbox(&self) -> Result<&inbox::Inbox, RequestError> {
+        self.inbox
+            .get_or_try_init(|| inbox::Inbox::start(&self.nats, &self.subject))
+            .await
+            .map_err(|err| {
+                RequestError::Transport(format!("cannot subscribe the reply inbox: {err}"))
+            })
+    }
+
+    /// Sends `body` (TEI's `POST /embed` JSON, passed through unparsed) with what is left of
+    /// `budget` as its deadline ([`headers::DEADLINE_MS`], whole ms), and waits at most `budget`
+    /// for the reply. Whatever happens to NATS or to a worker, the request is resent (with the
+    /// same [`headers::REQUEST_ID`] and the deadline left) as long as the budget allows:
     ///
-    /// Every request carries a fresh [`headers::REQUEST_ID`]; when this future is dropped before
-    /// the reply came (the caller went away, e.g. an HTTP client disconnected), the id is
-    /// published on [`headers::cancel_subject`] so the worker drops the request before it costs
-    /// upstream work.
+    /// - every request asks for an acknowledgement ([`headers::ACK`]); with none within the
+    ///   acknowledgement wait (10 × the smoothed acknowledgement round trip, 100 ms to 1 s,
+    ///   doubled at each resend) it is resent: nats-server delivers at most once, and drops
+    ///   messages around a queue member's unsubscribe, a worker killed before reading it, or a
+    ///   server restart;
+    /// - when every worker that acknowledged it stops its heartbeat
+    ///   ([`headers::HEARTBEAT_EXPIRY`]), it is resent: the worker was killed or cut off;
+    /// - after a reconnect of this client, every request in flight is resent: replies
+    ///   published while it was away were dropped;
+    /// - while disconnected, nothing is sent: a request waits for the reconnect (polling every
+    ///   [`RECONNECT_POLL`]) until its deadline, then fails with [`RequestError::Disconnected`];
+    /// - a worker's "unavailable" answer (503: its upstream failed, or it is stopping) is
+    ///   resent at most [`UNAVAILABLE_RETRIES`] times after a short jittered pause (10, 20, 40,
+    ///   80, 160, 200 ms), as the queue group likely routes it to another worker.
+    ///
+    /// The first final reply wins; when more than one copy was sent, the id is then published
+    /// on [`headers::cancel_subject`] so a worker still holding a copy drops it before upstream
+    /// work. The same happens when this future is dropped before the reply (the caller went
+    /// away, e.g. an HTTP client disconnected) or the budget runs out.
     ///
     /// "No responders" (no worker is a member of the queue group) is retried for up to
-    /// [`NO_RESPONDERS_RETRY`] within the budget (10, 20, 40, 80 ms): workers re-subscribe a few
-    /// ms after a NATS reconnect or a rolling restart, and a full worker rejoins as soon as it
+    /// [`NO_RESPONDERS_RETRY`] within the budget (10, 20, 40, 80 ms; [`RECONNECT_GRACE`] after
+    /// a reconnect, with pauses of at most 100 ms): workers re-subscribe a few ms after a NATS
+    /// reconnect or a rolling restart, and a full worker rejoins as soon as it
     /// sees no other member with room. Then service discovery ([`fleet`]) says why: workers
     /// that are full make it [`RequestError::Saturated`] (429), workers whose upstream fails
-    /// [`RequestError::Unhealthy`] (503), none [`RequestError::NoResponders`] (503).
-    ///
-    /// A worker's "unavailable" answer (503: its upstream is unreachable or it is stopping) is
-    /// retried at most [`UNAVAILABLE_RETRIES`] times, after 10–20 ms and 20–30 ms (jittered), while
-    /// the budget allows: an embedding request is idempotent, and the queue group is likely to
-    /// route the retry to another worker. Nothing else is retried (never a 4xx, a 429 or a
-    /// timeout).
+    /// [`RequestError::Unhealthy`] (503), none [`RequestError::NoResponders`] (503). Nothing
+    /// else is retried (never a 4xx, a 429 or a 504).
     ///
     /// # Errors
     /// See [`RequestError`].
     pub async fn embed(&self, body: Bytes, budget: Duration) -> Result<Reply, RequestError> {
-        let started = tokio::time::Instant::now();
-        let mut retries = 0;
-        loop {
-            let remaining = budget.saturating_sub(started.elapsed());
-            match self.embed_once(body.clone(), remaining).await {
-                Err(RequestError::Reply(err))
-                    if err.status() == 503
-                        && retries < UNAVAILABLE_RETRIES
-                        && remaining > Duration::from_millis(100) =>
-                {
-                    retries += 1;
-                    metrics::counter!(RETRIES, "reason" => "unavailable").increment(1);
-                    tracing::debug!(%err, retries, "a worker answered 503; retrying");
-                    tokio::time::sleep(retry_pause(retries)).await;
-                }
-                other => return other,
-            }
-        }
-    }
-
-    /// One attempt of [`EmbedClient::embed`] (with its no-responders retries).
-    async fn embed_once(&self, body: Bytes, budget: Duration) -> Result<Reply, RequestError> {
-        self.connected()?;
-        let started = tokio::time::Instant::now();
-        let id = self.nats.new_inbox();
+        let started = Instant::now();
+        let deadline = started + budget;
+        let inbox = self.inbox().await?;
+        let (slot, mut replies) = inbox.register();
         let mut cancel = CancelOnDrop {
             nats: Some(self.nats.clone()),
             subject: &self.subject,
-            id: &id,
+            id: &slot.subject,
         };
+        let timed_out = RequestError::TimedOut {
+            budget_ms: budget.as_millis(),
+        };
+        let mut events = inbox.events();
+        let mut ack_wait = inbox.ack_timeout();
         let mut backoff = Duration::from_millis(10);
-        let message = loop {
-            let remaining = budget.saturating_sub(started.elapsed());
-            let mut request_headers = async_nats::HeaderMap::new();
-            request_headers.insert(
-                headers::DEADLINE_MS,
-                headers::encode_deadline(remaining).as_str(),
-            );
-            request_headers.insert(headers::VERSION, PROTOCOL_VERSION);
-            request_headers.insert(headers::REQUEST_ID, id.as_str());
-            let request = async_nats::Request::new()
-                .payload(body.clone())
-                .headers(request_headers)
-                .timeout(Some(remaining));
-            match self.nats.send_request(self.subject.clone(), request).await {
-                Ok(message) => break message,
-                Err(err) if err.kind() == RequestErrorKind::NoResponders => {
-                    let waited = started.elapsed();
-                    if waited + backoff < NO_RESPONDERS_RETRY.min(budget) {
-                        metrics::counter!(RETRIES, "reason" => "no_responders").increment(1);
-                        tokio::time::sleep(backoff).await;
-                        backoff *= 2;
-                        continue;
-                    }
-                    cancel.disarm();
-                    // Still no member: discovery says whether the workers are full, sick or
-                    // absent.
-                    let subject = self.subject.clone();
-                    return Err(
-                        match self
-                            .discovery
-                            .ask(&self.nats, embatch_protocol::SERVICE_NAME, &self.subject)
-                            .await
-                        {
-                            fleet::Fleet::Saturated => RequestError::Saturated { subject },
-                            fleet::Fleet::Unhealthy => RequestError::Unhealthy { subject },
-                            fleet::Fleet::Absent => RequestError::NoResponders { subject },
-                        },
-                    );
-                }
-                Err(err) => {
-                    if err.kind() != RequestErrorKind::TimedOut {
+        // Since when "no responders" has been the answer, and until when it is expected (workers
+        // re-subscribe after a reconnect, which this request waited through).
+        let mut no_responders_since: Option<Instant> = None;
+        let mut reconnect_grace_until = started;
+        let mut sends = 0u32;
+        let mut unavailable = 0u32;
+        // The workers that acknowledged a copy, and the reason of the next resend.
+        let mut holders: Vec<String> = Vec::new();
+        'send: loop {
+            if self.wait_connected(deadline).await? {
+                reconnect_grace_until = Instant::now() + RECONNECT_GRACE;
+            }
+            let mut seen = *events.borrow_and_update();
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            self.publish(&slot.subject, &body, remaining)
+                .await
+                .inspect_err(|_| {
+                    if sends == 0 {
                         cancel.disarm();
                     }
-                    return Err(match err.kind() {
-                        RequestErrorKind::TimedOut => RequestError::TimedOut {
-                            budget_ms: budget.as_millis(),
-                        },
-                        RequestErrorKind::MaxPayloadExceeded => {
-                            RequestError::MaxPayload(err.to_string())
+                })?;
+            sends += 1;
+            let sent = Instant::now();
+            let mut ack_by = ack_wait.map(|wait| sent + wait);
+            let reason = loop {
+                tokio::select! {
+                    message = replies.recv() => {
+                        let Some(message) = message else {
+                            return Err(RequestError::Transport("the reply inbox closed".into()));
+                        };
+                        if message.status == Some(async_nats::StatusCode::NO_RESPONDERS) {
+                            // A copy resent while another worker holds one: that one answers.
+                            if !holders.is_empty() {
+                                continue;
+                            }
+                            let now = Instant::now();
+                            let since = *no_responders_since.get_or_insert(now);
+                            let give_up = (since + NO_RESPONDERS_RETRY)
+                                .max(reconnect_grace_until)
+                                .min(deadline);
+                            if now + backoff < give_up {
+                                metrics::counter!(RETRIES, "reason" => "no_responders")
+                                    .increment(1);
+                                tokio::time::sleep(backoff).await;
+                                backoff = (backoff * 2).min(NO_RESPONDERS_BACKOFF_MAX);
+                                continue 'send;
+                            }
+                            cancel.disarm();
+                            return Err(self.why_no_responders().await);
                         }
-                        _ => RequestError::Transport(err.to_string()),
-                    });
+                        no_responders_since = None;
+                        backoff = Duration::from_millis(10);
+                        if let Some(worker) = header(&message, headers::ACCEPTED_BY) {
+                            inbox.acknowledged(worker, sent.elapsed());
+                            if !holders.iter().any(|h| h == worker) {
+                                holders.push(worker.to_owned());
+                            }
+                            ack_by = None;
+                            continue;
+                        }
+                        let outcome = decode(message);
+                        if let Err(RequestError::Reply(err)) = &outcome
+                            && err.status() == 503
+                            && unavailable < UNAVAILABLE_RETRIES
+                        {
+                            let pause = retry_pause(unavailable + 1);
+                            if Instant::now() + pause + MIN_RESEND_BUDGET < deadline {
+                                unavailable += 1;
+                                tracing::debug!(%err, unavailable, "a worker answered 503; resending");
+                                holders.clear();
+                                tokio::time::sleep(pause).await;
+                                break "unavailable";
+                            }
+                        }
+                        if outcome.is_ok() && holders.is_empty() {
+                            inbox.unacknowledged_success();
+                        }
+                        cancel.disarm();
+                        if sends > 1 {
+                            self.withdraw(&slot.subject);
+                        }
+                        return outcome;
+                    }
+                    () = sleep_until(ack_by) => {
+                        ack_by = None;
+                        if resend_in_time(deadline) {
+                            ack_wait = ack_wait.map(|wait| (wait * 2).min(budget));
+                            break "no_ack";
+                        }
+                    }
+                    changed = events.changed() => {
+                        if changed.is_err() {
+                            return Err(RequestError::Transport("the reply inbox closed".into()));
+                        }
+                        let now = *events.borrow_and_update();
+                        let reconnected = now.reconnects != seen.reconnects;
+                        let lost = now.lost != seen.lost
+                            && !holders.is_empty()
+                            && holders.iter().all(|h| inbox.is_lost(h));
+                        seen = now;
+                        if reconnected {
+                            reconnect_grace_until = Instant::now() + RECONNECT_GRACE;
+                        }
+                        if lost {
+                            holders.clear();
+                        }
+                        if (reconnected || lost) && resend_in_time(deadline) {
+                            break if reconnected { "reconnect" } else { "worker_lost" };
+                        }
+                    }
+                    () = tokio::time::sleep_until(deadline) => return Err(timed_out),
                 }
-            }
-        };
-        cancel.disarm();
-        decode(message)
+            };
+            metrics::counter!(RETRIES, "reason" => reason).increment(1);
+            tracing::debug!(reason, sends, "resending a request");
+        }
+    }
+
+    /// Publishes one copy of a request: `body` with its headers, replies to `reply`.
+    async fn publish(
+        &self,
+        reply: &str,
+        body: &Bytes,
+        remaining: Duration,
+    ) -> Result<(), RequestError> {
+        let mut request_headers = async_nats::HeaderMap::new();
+        request_headers.insert(
+            headers::DEADLINE_MS,
+            headers::encode_deadline(remaining).as_str(),
+        );
+        request_headers.insert(headers::VERSION, PROTOCOL_VERSION);
+        request_headers.insert(headers::REQUEST_ID, reply);
+        request_headers.insert(headers::ACK, "1");
+        self.nats
+            .publish_with_reply_and_headers(
+                self.subject.clone(),
+                reply.to_owned(),
+                request_headers,
+                body.clone(),
+            )
+            .await
+            .map_err(|err| match err.kind() {
+                async_nats::client::PublishErrorKind::MaxPayloadExceeded => {
+                    RequestError::MaxPayload(err.to_string())
+                }
+                _ => RequestError::Transport(err.to_string()),
+            })
+    }
+
+    /// Withdraws the copies of request `id` that workers may still hold.
+    fn withdraw(&self, id: &str) {
+        publish_cancel(self.nats.clone(), &self.subject, id);
+    }
+
+    /// Why no worker is a member of the queue group, as discovery tells.
+    async fn why_no_responders(&self) -> RequestError {
+        let subject = self.subject.clone();
+        match self
+            .discovery
+            .ask(&self.nats, embatch_protocol::SERVICE_NAME, &self.subject)
+            .await
+        {
+            fleet::Fleet::Saturated => RequestError::Saturated { subject },
+            fleet::Fleet::Unhealthy => RequestError::Unhealthy { subject },
+            fleet::Fleet::Absent => RequestError::NoResponders { subject },
+        }
     }
 
     /// Asks one worker for the upstream's `/info` document (TEI's shape) on
@@ -321,6 +482,29 @@ impl EmbedClient {
     }
 }
 
+/// Whether a copy sent now would still have [`MIN_RESEND_BUDGET`] before `deadline`; when not,
+/// the request waits for the copies already out.
+fn resend_in_time(deadline: Instant) -> bool {
+    Instant::now() + MIN_RESEND_BUDGET < deadline
+}
+
+/// The value of header `name` of `message`, if any.
+fn header<'a>(message: &'a async_nats::Message, name: &str) -> Option<&'a str> {
+    message
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(name))
+        .map(|v| v.as_str())
+}
+
+/// Sleeps until `at`, or forever when `None`.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// A reply message as the contract defines it: the payload, or the error its headers carry.
 fn decode(message: async_nats::Message) -> Result<Reply, RequestError> {
     let header = |name: &str| {
@@ -343,28 +527,49 @@ fn decode(message: async_nats::Message) -> Result<Reply, RequestError> {
     })
 }
 
-/// How many times [`EmbedClient::embed`] retries a worker's 503 answer: 2.
-pub const UNAVAILABLE_RETRIES: u32 = 2;
+/// How many times [`EmbedClient::embed`] resends after a worker's 503 answer: 6.
+pub const UNAVAILABLE_RETRIES: u32 = 6;
 
-/// Counter of the retries [`EmbedClient::embed`] made, by `reason`: `no_responders` (no worker
-/// subscribed yet) and `unavailable` (a worker answered 503). Recorded through the `metrics`
+/// How often a request waiting for the NATS connection checks it: 5 ms.
+pub const RECONNECT_POLL: Duration = Duration::from_millis(5);
+
+/// A copy is resent only while at least this much of the budget is left: 5 ms.
+const MIN_RESEND_BUDGET: Duration = Duration::from_millis(5);
+
+/// Counter of the resends [`EmbedClient::embed`] made, by `reason`: `no_responders` (no worker
+/// subscribed yet), `unavailable` (a worker answered 503), `no_ack` (no worker acknowledged the
+/// copy in time), `worker_lost` (the worker holding it stopped its heartbeat), `reconnect` (the
+/// connection came back while it was in flight), and `disconnected` (a request that waited for
+/// the connection before its first send). Recorded through the `metrics`
 /// facade, so it appears in the `/metrics` of the process that installs a recorder (the
 /// gateway's).
 pub const RETRIES: &str = "embatch_client_retries_total";
 
-/// The pause before retry `n` (1-based): `10·n` ms plus 0–9 ms of jitter from the clock, so
-/// callers that failed together do not retry together.
+/// The pause before resend `n` (1-based) after a 503: `10·2^(n-1)` ms, at most 200 ms, plus
+/// 0–9 ms of jitter from the clock, so callers that failed together do not retry together.
 fn retry_pause(n: u32) -> Duration {
     let jitter = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| u64::from(d.subsec_nanos() % 10))
         .unwrap_or(0);
-    Duration::from_millis(10 * u64::from(n) + jitter)
+    let base = 10u64
+        .saturating_mul(1 << n.saturating_sub(1).min(5))
+        .min(200);
+    Duration::from_millis(base + jitter)
 }
 
 /// How long [`EmbedClient::embed`] keeps retrying a "no responders" answer (within the
 /// request's budget) before it reports [`RequestError::NoResponders`]: 150 ms.
 pub const NO_RESPONDERS_RETRY: Duration = Duration::from_millis(150);
+
+/// After a reconnect that a request waited through, "no responders" is retried for this long
+/// instead of [`NO_RESPONDERS_RETRY`] (within the budget): workers re-subscribe when they have
+/// reconnected too, up to a reconnect pause ([`RECONNECT_DELAY_MAX`]) after the server is
+/// back: 1 s.
+pub const RECONNECT_GRACE: Duration = Duration::from_secs(1);
+
+/// The longest pause between two "no responders" retries: 100 ms.
+const NO_RESPONDERS_BACKOFF_MAX: Duration = Duration::from_millis(100);
 
 /// Publishes a request's id on the cancel subject when dropped while armed (the caller stopped
 /// waiting, or the request timed out): the worker that holds it drops it.
@@ -382,20 +587,54 @@ impl CancelOnDrop<'_> {
 
 impl Drop for CancelOnDrop<'_> {
     fn drop(&mut self) {
-        let Some(nats) = self.nats.take() else {
-            return;
-        };
-        let subject = headers::cancel_subject(self.subject);
-        let id = Bytes::copy_from_slice(self.id.as_bytes());
-        // Drop cannot wait: publishing only queues the message on the connection, so a task
-        // of its own finishes it. Without a runtime (the caller's runtime is shutting down)
-        // nothing can be sent, and the worker's deadline check drops the request instead.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                if let Err(err) = nats.publish(subject, id).await {
-                    tracing::debug!(%err, "cannot publish a cancel");
-                }
-            });
+        if let Some(nats) = self.nats.take() {
+            publish_cancel(nats, self.subject, self.id);
+        }
+    }
+}
+
+/// Publishes `id` on the cancel subject of `subject` from a task of its own (a `Drop` cannot
+/// wait; publishing only queues the message on the connection). Without a runtime (the caller's
+/// runtime is shutting down) nothing can be sent, and the worker's deadline check drops the
+/// request instead.
+fn publish_cancel(nats: async_nats::Client, subject: &str, id: &str) {
+    let subject = headers::cancel_subject(subject);
+    let id = Bytes::copy_from_slice(id.as_bytes());
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(async move {
+            if let Err(err) = nats.publish(subject, id).await {
+                tracing::debug!(%err, "cannot publish a cancel");
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reconnects_come_fast_and_then_every_100_ms() {
+        let delays: Vec<u64> = (1..=8)
+            .map(|n| u64::try_from(reconnect_delay(n).as_millis()).unwrap_or(u64::MAX))
+            .collect();
+        assert_eq!(delays, [0, 10, 20, 40, 80, 100, 100, 100]);
+        assert_eq!(reconnect_delay(usize::MAX), RECONNECT_DELAY_MAX);
+    }
+
+    #[test]
+    fn resend_pauses_grow_to_200_ms_with_under_10_ms_of_jitter() {
+        for (n, base) in [
+            (1, 10),
+            (2, 20),
+            (3, 40),
+            (4, 80),
+            (5, 160),
+            (6, 200),
+            (9, 200),
+        ] {
+            let pause = retry_pause(n).as_millis();
+            assert!((base..base + 10).contains(&pause), "resend {n}: {pause} ms");
         }
     }
 }

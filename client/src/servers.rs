@@ -31,7 +31,11 @@ impl ServerList {
         &self,
         options: ConnectOptions,
     ) -> Result<async_nats::Client, async_nats::ConnectError> {
-        options.retain_servers_order().connect(self.0.clone()).await
+        options
+            .retain_servers_order()
+            .reconnect_delay_callback(crate::reconnect_delay)
+            .connect(self.0.clone())
+            .await
     }
 }
 

@@ -1,6 +1,6 @@
-//! A worker whose upstream is unreachable answers 503; `EmbedClient::embed` retries such answers
-//! (at most twice), so with a healthy worker beside it nearly every request succeeds, while a
-//! 4xx is never retried.
+//! A worker whose upstream is unreachable answers 503; `EmbedClient::embed` resends such answers
+//! (at most six times), so with a healthy worker beside it every request succeeds, while a 4xx
+//! is never retried.
 
 use std::time::Duration;
 
@@ -31,16 +31,23 @@ async fn a_sick_workers_503_is_retried_on_another_worker() {
             failed.push(err.to_string());
         }
     }
-    // A request fails only if all three attempts land on the sick worker: 1 in 8 with two
-    // members picked at random, ~7.5 of 60 (without retries ~30 of 60). 18 is 4 standard
-    // deviations above the first and 3 below the second.
+    // A request fails only if all seven attempts land on the sick worker: 1 in 128 with two
+    // members picked at random (fewer still once the sick worker leaves the group after two
+    // failed calls), ~0.5 of 60; without resends ~30 of 60. More than 4 is under 1 in 10,000.
     assert!(
-        failed.len() <= 18,
+        failed.len() <= 4,
         "{} of 60 failed: {failed:?}",
         failed.len()
     );
-    let served: usize = tei.calls().iter().map(|c| c.inputs.len()).sum();
-    assert_eq!(served, 60 - failed.len());
+    // Each success was computed by the healthy upstream (a copy resent for want of an
+    // acknowledgement on a stalled machine may be computed twice: counted once).
+    let served: std::collections::HashSet<String> = tei
+        .calls()
+        .into_iter()
+        .flat_map(|c| c.inputs)
+        .map(|i| format!("{i:?}"))
+        .collect();
+    assert_eq!(served.len(), 60 - failed.len());
 
     // A 4xx is answered as is, not retried.
     let calls = tei.calls().len();

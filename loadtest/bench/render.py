@@ -633,3 +633,32 @@ def render(out_dir: Path, provenance: bool = True, charts: str = "charts") -> st
     for label, value, ok in targets:
         lines.append(f"| {label} | {value} | {verdict(ok)} |")
     return "\n".join(lines + sections) + "\n"
+
+
+def render_recovery(res: dict, targets: list) -> list[str]:
+    """A recovery scenario: per run, failures (client timeouts included) and latencies; the
+    target is 0 failures in every run."""
+    s = res["settings"]
+    out = [f"Two workers, each on its own GPU-like fake upstream ({GPU_BASE_MS} ms + "
+           f"{GPU_PER_INPUT_US} µs/input, one call at a time), every setting at its default "
+           f"(the gateway's REQUEST_TIMEOUT too); open loop at {s['rate']:,} req/s through the "
+           f"gateway, client timeout {s['timeout_s']} s.", "",
+           "| run | requests | failed | failures | success p50 ms | p99 ms | max ms | events |",
+           "|---|---:|---:|---|---:|---:|---:|---|"]
+    for run in res["runs"]:
+        r = run["report"]
+        req = r["requests"]
+        events = "; ".join(f"{e['name']} at +{e['offset_s']:.2f} s"
+                           for e in run.get("events") or [] if e.get("offset_s") is not None)
+        if len(run.get("events") or []) > 4:
+            events = f"{len(run['events'])} events"
+        out.append(f"| {run['case']} | {req['succeeded'] + req['failed']:,} | {req['failed']:,} "
+                   f"| {failures(r)} | {fmt_ms(lat(r, 'p50_ms'))} | {fmt_ms(lat(r, 'p99_ms'))} "
+                   f"| {fmt_ms(lat(r, 'max_ms'))} | {events} |")
+        targets.append((f"recovery, {run['case']}: 0 failures", f"{req['failed']:,}",
+                        req["failed"] == 0))
+    return out
+
+
+RENDERERS.update({name: render_recovery for name in (
+    "recovery_worker_kill", "recovery_churn", "recovery_nats_restart", "recovery_upstream_stop")})

@@ -599,3 +599,125 @@ SCENARIO_FUNCS = {
     "worker_kill": scenario_worker_kill,
     "closed_gpu": scenario_closed_gpu,
 }
+
+
+# Recovery within the deadline: two workers, each on its own GPU-like upstream, the gateway with
+# its default REQUEST_TIMEOUT, open loop; every failure counts (client timeouts included). The
+# loadtest's own timeout sits above the gateway's default (30 s) so the gateway decides.
+RECOVERY_TIMEOUT_S = 35
+RECOVERY_RATE = 1000  # req/s: what the 1 s restart of the issue was measured at
+SCENARIOS += [
+    ("recovery_worker_kill", "14. Recovery: one of two workers kill -9ed, default timeout"),
+    ("recovery_churn", "15. Recovery: membership churn (one upstream stopped and continued "
+                       "every 3 s for 60 s)"),
+    ("recovery_nats_restart", "16. Recovery: nats-server restarted (1 s and 5 s down)"),
+    ("recovery_upstream_stop", "17. Recovery: one of two workers' upstream stopped "
+                               "(SIGTERM and SIGKILL)"),
+]
+SCENARIO_NAMES += [name for name, _ in SCENARIOS[len(SCENARIO_NAMES):]]
+
+
+def restart_nats(b: Stack, nats, down_s: float) -> None:
+    """Kills nats-server (SIGKILL), waits `down_s`, and starts it again on the same ports."""
+    from .procs import port_open, wait_until
+    b.sup.kill(nats.child)
+    time.sleep(down_s)
+    nats.child = b.sup.spawn(
+        "nats-server",
+        [b.nats_bin, "-a", "127.0.0.1", "-p", str(nats.port), "-m", str(nats.monitor_port)],
+        b.env())
+    wait_until("nats-server to come back", lambda: port_open(nats.port), 15, [nats.child])
+
+
+def recovery_runs(b: Stack, cases: list[tuple[str, float, float, object]]) -> dict:
+    """For each `(label, warmup_s, duration_s, events_of)`: a stack of its own (nats-server, two
+    GPU-like upstreams, workers A and B with the defaults, the gateway with its defaults), open
+    loop at RECOVERY_RATE; `events_of(nats, upstreams, workers)` gives the load's events."""
+    runs, worker_settings = [], {}
+    for label, warmup, duration, events_of in cases:
+        mark = b.sup.mark()
+        try:
+            nats = b.nats()
+            upstreams, workers = [], []
+            for name in ("A", "B"):
+                up_child, up = b.fake_upstream(GPU_BASE_MS, GPU_PER_INPUT_US, 1,
+                                               name=f"fake-upstream-{name}")
+                upstreams.append(up_child)
+                workers.append(b.worker(nats, tei_url=up, name=f"worker-{name}"))
+            b.wait_workers(nats, workers)
+            _, gw = b.gateway(nats, None)
+            events = events_of(nats, upstreams, workers)
+            r = b.load(f"{label} @ {RECOVERY_RATE} req/s", gw, rate=RECOVERY_RATE,
+                       warmup=warmup, duration=duration, timeout=RECOVERY_TIMEOUT_S,
+                       workers=workers, events=events)
+            fired = event_offsets(r)
+            if any(e["error"] for e in fired):
+                raise BenchError(f"{label}: an event failed: {fired}")
+            worker_settings.update(workers[0].settings)
+            runs.append(run_entry("gateway", {"path": "gateway", "case": label,
+                                              "rate": RECOVERY_RATE, "events": fired}, r))
+        finally:
+            b.sup.stop_since(mark)
+    return {"settings": {"upstream": f"one {GPU_UPSTREAM} per worker",
+                         "worker": worker_settings, "gateway": "defaults",
+                         "timeout_s": RECOVERY_TIMEOUT_S, "rate": RECOVERY_RATE},
+            "runs": runs}
+
+
+def scenario_recovery_worker_kill(b: Stack) -> dict:
+    """Worker B is killed with SIGKILL 4 s into the load: what it held is resent when its
+    heartbeat stops."""
+    at = b.d(4, 3)
+    return recovery_runs(b, [("worker B kill -9", 1, b.d(12, 8), lambda nats, ups, ws: [
+        (at, "SIGKILL worker-B", lambda: b.sup.kill(ws[1].child))])])
+
+
+def scenario_recovery_churn(b: Stack) -> dict:
+    """Worker B's upstream is stopped (SIGSTOP) for 1.5 s and continued (SIGCONT) every 3 s:
+    B fills, leaves the queue group, drains and rejoins, again and again."""
+    import signal
+    duration = b.d(60, 15)
+
+    def events(nats, ups, ws):
+        out, t = [], 2.0
+        while t + 1.5 < duration - 1:
+            out.append((t, f"SIGSTOP upstream-B +{t:g}s",
+                        lambda: ups[1].popen.send_signal(signal.SIGSTOP)))
+            out.append((t + 1.5, f"SIGCONT upstream-B +{t + 1.5:g}s",
+                        lambda: ups[1].popen.send_signal(signal.SIGCONT)))
+            t += 3
+        return out
+
+    return recovery_runs(b, [("churn", 1, duration, events)])
+
+
+def scenario_recovery_nats_restart(b: Stack) -> dict:
+    """nats-server killed 4 s into the load and started again on the same port after 1 s, and
+    in a second run after 5 s."""
+    at = b.d(4, 3)
+    return recovery_runs(b, [
+        (f"nats-server down {down:g} s", 1, b.d(14, 12),
+         lambda nats, ups, ws, down=down: [
+             (at, f"restart nats-server ({down:g} s down)",
+              lambda: restart_nats(b, nats, down))])
+        for down in (1.0, 5.0)])
+
+
+def scenario_recovery_upstream_stop(b: Stack) -> dict:
+    """Worker B's upstream stopped 4 s into the load, with SIGTERM, and in a second run with
+    SIGKILL; left down."""
+    import signal
+    at = b.d(4, 3)
+    return recovery_runs(b, [
+        (f"upstream B {name}", 1, b.d(12, 8),
+         lambda nats, ups, ws, sig=sig, name=name: [
+             (at, f"{name} upstream-B", lambda: b.sup.kill(ups[1], sig))])
+        for name, sig in (("SIGTERM", signal.SIGTERM), ("SIGKILL", signal.SIGKILL))])
+
+
+SCENARIO_FUNCS.update({
+    "recovery_worker_kill": scenario_recovery_worker_kill,
+    "recovery_churn": scenario_recovery_churn,
+    "recovery_nats_restart": scenario_recovery_nats_restart,
+    "recovery_upstream_stop": scenario_recovery_upstream_stop,
+})

@@ -39,6 +39,35 @@ pub fn members_subject(subject: &str) -> String {
     format!("{subject}.members")
 }
 
+/// Request header (optional): `1` asks the worker that receives the request to acknowledge it at
+/// once, before any batching: a message on the request's reply subject with
+/// [`ACCEPTED_BY`] set to the worker's service id and an empty body, then the final reply as
+/// usual (two messages in all). A client that sends it can tell a request that reached a worker
+/// from one lost on the way (nats-server delivers at most once), and resend the request when the
+/// worker holding it stops publishing on [`heartbeat_subject`]. Without this header the worker
+/// sends exactly one reply, so a plain `request` of any NATS client works unchanged.
+pub const ACK: &str = "Embatch-Ack";
+
+/// Reply header of the acknowledgement a request carrying [`ACK`] gets: the service id (a NUID,
+/// as `$SRV.INFO` reports it) of the worker that holds the request. The message has an empty
+/// body and is not the reply; the final reply follows on the same subject.
+pub const ACCEPTED_BY: &str = "Embatch-Accepted-By";
+
+/// `<subject>.alive`: where every worker publishes its service id (the body, UTF-8) every
+/// [`HEARTBEAT_INTERVAL`] while it runs, so a client knows that the worker holding its request
+/// (named by [`ACCEPTED_BY`]) is alive. A worker not heard for [`HEARTBEAT_EXPIRY`] is gone
+/// (killed, partitioned): a client resends what it held.
+pub fn heartbeat_subject(subject: &str) -> String {
+    format!("{subject}.alive")
+}
+
+/// How often a worker publishes on [`heartbeat_subject`]: 100 ms.
+pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(100);
+
+/// How long after its last heartbeat a worker counts as gone: 500 ms (five intervals, so a
+/// process stalled for a few hundred ms on a loaded host is not taken for dead).
+pub const HEARTBEAT_EXPIRY: Duration = Duration::from_millis(500);
+
 /// Request header (optional): the contract version the client speaks, e.g. `1`.
 pub const VERSION: &str = "Embatch-Version";
 

@@ -107,6 +107,8 @@ pub struct NatsServer {
     child: Child,
     /// Client port on 127.0.0.1.
     pub port: u16,
+    /// The extra command-line arguments it was started with (kept for [`NatsServer::restart`]).
+    args: Vec<String>,
 }
 
 impl NatsServer {
@@ -121,24 +123,38 @@ impl NatsServer {
         // the port then answers, but not this server, which has exited. Try another port.
         for _ in 0..5 {
             let port = free_port();
-            let mut child = Command::new(nats_server_bin())
-                .args(["-a", "127.0.0.1", "-p", &port.to_string()])
-                .args(args)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("nats-server starts");
-            wait_for_port(
-                SocketAddr::from(([127, 0, 0, 1], port)),
-                Duration::from_secs(10),
-            );
-            std::thread::sleep(Duration::from_millis(50));
+            let mut child = spawn_server(port, args);
             match child.try_wait() {
-                Ok(None) => return NatsServer { child, port },
+                Ok(None) => {
+                    return NatsServer {
+                        child,
+                        port,
+                        args: args.iter().map(|a| (*a).to_owned()).collect(),
+                    };
+                }
                 _ => continue, // it exited: the port was someone else's
             }
         }
         panic!("nats-server did not stay up on any of 5 free ports");
+    }
+
+    /// Kills the server (as a crash would), waits `down`, and starts it again on the same port
+    /// with the same arguments (a fresh process: no subscriptions, no messages in flight).
+    /// Blocking: call it from `spawn_blocking` while clients run.
+    ///
+    /// # Panics
+    /// When the new process does not stay up (the port was taken meanwhile).
+    pub fn restart(&mut self, down: Duration) {
+        self.kill();
+        std::thread::sleep(down);
+        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        let mut child = spawn_server(self.port, &args);
+        assert!(
+            matches!(child.try_wait(), Ok(None)),
+            "nats-server did not come back on port {}",
+            self.port
+        );
+        self.child = child;
     }
 
     /// `nats://127.0.0.1:<port>`.
@@ -151,6 +167,24 @@ impl NatsServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Starts `nats-server` on 127.0.0.1:`port` with `args` and waits until the port answers (and
+/// 50 ms more, so a process that lost the port to another has exited).
+fn spawn_server(port: u16, args: &[&str]) -> Child {
+    let child = Command::new(nats_server_bin())
+        .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("nats-server starts");
+    wait_for_port(
+        SocketAddr::from(([127, 0, 0, 1], port)),
+        Duration::from_secs(10),
+    );
+    std::thread::sleep(Duration::from_millis(50));
+    child
 }
 
 impl Drop for NatsServer {

@@ -5,14 +5,14 @@
 //! draining; between requests it takes probe results and, while the worker is full, re-checks
 //! its load every [`FULL_RECHECK`]. Leaving drains (`Subscriber::drain()`: UNSUB then PING; what
 //! was delivered to the connection is still read and answered); rejoining subscribes anew.
-//! The drain ends at the server's PONG, so what the server routed before it read the UNSUB is
-//! meant to be delivered too; as published, async-nats 0.51.0 ended it one poll after writing
-//! the UNSUB and dropped those requests (the workspace uses a patched copy:
-//! vendor/async-nats/EMBATCH-PATCH.md). nats-server itself delivers at most once and may drop a
-//! message it routed to this member around the UNSUB (`worker/tests/membership.rs` prints what
-//! it dropped; rare, but seen): such a request ends at its caller's deadline. Every change is
-//! logged, counted in `embatch_worker_membership_changes_total` and published to discovery
-//! ([`crate::micro`]).
+//! A leave can lose requests on the way: async-nats 0.51.0 ends a drain one poll after writing
+//! the UNSUB, not at the server's PONG, and drops what the server routed here before it read the
+//! UNSUB; and nats-server, which delivers at most once, may drop a message routed to a member
+//! around its UNSUB. Neither is recovered here: such a request was never acknowledged
+//! ([`embatch_protocol::headers::ACK`]), so a client that asked for acknowledgements (the
+//! gateway, `embatch-client`) resends it to the group; a plain `request` ends at its timeout.
+//! Every change is logged, counted in `embatch_worker_membership_changes_total` and published to
+//! discovery ([`crate::micro`]).
 
 use std::sync::Arc;
 use std::time::Duration;

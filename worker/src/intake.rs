@@ -42,6 +42,8 @@ pub struct IntakeConfig {
     pub max_client_batch_size: usize,
     /// The NATS server's `max_payload` in bytes (from its INFO): the largest reply it relays.
     pub max_payload: usize,
+    /// This worker's service id: the [`headers::ACCEPTED_BY`] of its acknowledgements.
+    pub worker_id: String,
 }
 
 /// Bytes a reply may need per input, learnt from the replies sent (the largest seen), so a
@@ -112,6 +114,14 @@ impl Withdrawable {
             .insert(id, handle);
     }
 
+    /// Whether the request with this id is held here.
+    fn holds(&self, id: &str) -> bool {
+        self.by_id
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(id)
+    }
+
     fn remove(&self, id: &str) -> Option<CancellationToken> {
         self.by_id
             .lock()
@@ -180,8 +190,8 @@ pub(crate) async fn run(mut intake: Intake, stop: CancellationToken) {
     }
     tracing::info!("shutdown: draining the request subscription");
     intake.group.stop().await;
-    // Ends when the drained subscription ends, at the server's PONG: nothing is routed here after
-    // that (with the patched async-nats; see `crate::group`).
+    // Ends when the drained subscription ends; what is lost around the UNSUB was never
+    // acknowledged, and acknowledging clients resend it (see `crate::group`).
     while let Ok(event) = tokio::time::timeout(DRAIN_TIMEOUT, intake.group.next()).await {
         match event {
             Event::Request(request) => intake.admit(request, &reply_limit).await,
@@ -222,6 +232,19 @@ impl Intake {
             );
             return;
         }
+        self.acknowledge(&request).await;
+        let id = request
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(headers::REQUEST_ID))
+            .map(|v| v.as_str().to_owned());
+        if id.as_deref().is_some_and(|id| self.withdrawable.holds(id)) {
+            // A copy its client resent (see `embatch_client::EmbedClient::embed`) of a request
+            // this worker already holds: that one answers on the same reply subject.
+            metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => "duplicate")
+                .increment(1);
+            return;
+        }
         let (receiver, inputs) = match self.submit(&request, received, reply_limit) {
             Ok(accepted) => accepted,
             Err(err) => {
@@ -231,11 +254,6 @@ impl Intake {
                 return;
             }
         };
-        let id = request
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(headers::REQUEST_ID))
-            .map(|v| v.as_str().to_owned());
         let cancelled = CancellationToken::new();
         let registered = id.map(|id| {
             self.withdrawable.insert(id.clone(), cancelled.clone());
@@ -265,6 +283,30 @@ impl Intake {
                 .send(&client, &request, &stats, received)
                 .await;
         });
+    }
+
+    /// Tells a client that asked ([`headers::ACK`]) that this worker holds its request: an empty
+    /// message with [`headers::ACCEPTED_BY`] on the reply subject, before any other reply, so a
+    /// client can resend what it never saw acknowledged, or what a worker that went silent
+    /// held. Requests without the header get nothing extra.
+    async fn acknowledge(&self, request: &Message) {
+        let wants_ack = request
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(headers::ACK))
+            .is_some_and(|v| v.as_str() == "1");
+        let Some(inbox) = request.reply.clone().filter(|_| wants_ack) else {
+            return;
+        };
+        let mut ack = HeaderMap::new();
+        ack.insert(headers::ACCEPTED_BY, self.config.worker_id.as_str());
+        if let Err(err) = self
+            .client
+            .publish_with_headers(inbox, ack, bytes::Bytes::new())
+            .await
+        {
+            tracing::debug!(%err, "cannot acknowledge a request");
+        }
     }
 
     /// Answers `request` at once (an error found before the batcher).

@@ -13,6 +13,7 @@
 //! - `micro`: NATS micro service discovery (`$SRV.PING`, `$SRV.INFO`, `$SRV.STATS`) and the
 //!   per-endpoint counters; `info`: the `info` endpoint (the upstream's `/info`); `respond`:
 //!   the replies of both endpoints.
+//! - `heartbeat`: the liveness signal clients watch to resend what a lost worker held.
 //! - [`batcher`]: the batching actor: batch formation, overload control, fault isolation.
 //! - [`upstream`]: TEI over HTTP, or the built-in CPU model.
 //! - [`http`]: the admin HTTP server, `/metrics` and `/health`.
@@ -21,6 +22,7 @@
 pub mod batcher;
 pub mod config;
 mod group;
+mod heartbeat;
 pub mod http;
 mod info;
 mod intake;

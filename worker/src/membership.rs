@@ -13,9 +13,10 @@
 //!   Probes run every [`PROBE_INTERVAL_UNHEALTHY`] while the worker is out for this reason, every
 //!   [`PROBE_INTERVAL`] otherwise, each bounded by [`PROBE_TIMEOUT`].
 //!
-//! Leaving is `Subscriber::drain()`: every request the server routed before it processed the
-//! unsubscribe is still read and answered (by admission: admitted or shed with 429; this needs
-//! the patched async-nats, see `crate::group`). The discovery service stays registered and reports the state (see
+//! Leaving is `Subscriber::drain()`: the requests read before the subscription ends are
+//! answered (by admission: admitted or shed with 429); what the client library or the server
+//! drops around the unsubscribe was never acknowledged, and clients that asked for an
+//! acknowledgement resend it (see `crate::group`). The discovery service stays registered and reports the state (see
 //! [`crate::micro`]). `MEMBERSHIP=static` keeps the worker a member whatever happens (each
 //! worker then gets an equal share and sheds what it cannot serve with 429).
 //!

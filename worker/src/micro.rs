@@ -7,8 +7,9 @@
 //! must report the live membership; and a service endpoint can only leave its queue group with
 //! `Endpoint::stop()`, which unsubscribes at once and drops requests delivered to the connection
 //! but not yet read. The worker's endpoints are therefore plain queue subscriptions, which leave
-//! with `Subscriber::drain()` (what the server routed before it read the UNSUB is still read;
-//! with the patched async-nats described in `crate::group`). This module answers the
+//! with `Subscriber::drain()` (what was delivered to the connection before the drain ended is
+//! still read; what is lost around it is resent by acknowledging clients, see `crate::group`).
+//! This module answers the
 //! discovery verbs for them, the same JSON async-nats would send, with one addition: the
 //! `membership` metadata key carries the worker's live state ([`MemberState`]), so a client that
 //! gets "no responders" can tell *every worker is full* (429) from *every worker's upstream is

@@ -3,7 +3,8 @@
 //!
 //! The tree:
 //! - `stop` (the root token) ends the discovery responder (`$SRV.PING`/`INFO`/`STATS`,
-//!   [`crate::micro`]), the withdrawal of cancelled requests (`<subject>.cancel`) and the admin
+//!   [`crate::micro`]), the heartbeat ([`crate::heartbeat`]; it beats until every accepted
+//!   request is answered, so a graceful stop never looks like a death), the withdrawal of cancelled requests (`<subject>.cancel`) and the admin
 //!   HTTP server (`/metrics`, `/health`, [`crate::http`]);
 //! - `intake` (a child of `stop`: cancelling the root cancels it too) ends what takes messages:
 //!   the intake, which holds the queue-group membership ([`crate::group`]) and drains its
@@ -24,7 +25,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::upstream::Upstream;
-use crate::{Config, WorkerError, batcher, group, http, info, intake, membership, micro};
+use crate::{
+    Config, WorkerError, batcher, group, heartbeat, http, info, intake, membership, micro,
+};
 
 /// Longest the tasks of the tree may take to stop once cancelled (the admin server's open
 /// requests), and longest the last flush of the connection may take, each.
@@ -113,7 +116,7 @@ pub(crate) async fn start<U: Upstream>(
         group::Address {
             subject: config.subject.clone(),
             queue_group: config.queue_group.clone(),
-            id,
+            id: id.clone(),
         },
         membership,
         state,
@@ -130,6 +133,12 @@ pub(crate) async fn start<U: Upstream>(
     let replies = TaskTracker::new();
     let withdrawable = Arc::new(intake::Withdrawable::default());
     tasks.spawn(discovery.run(stop.clone()));
+    tasks.spawn(heartbeat::run(
+        client.clone(),
+        config.subject.clone(),
+        id.clone(),
+        stop.clone(),
+    ));
     tasks.spawn(intake::withdraw(
         cancels,
         Arc::clone(&withdrawable),
@@ -150,6 +159,7 @@ pub(crate) async fn start<U: Upstream>(
                 default_deadline: config.default_deadline,
                 max_client_batch_size: config.max_client_batch_size,
                 max_payload: client.server_info().max_payload,
+                worker_id: id,
             },
             replies: replies.clone(),
             withdrawable,
@@ -184,7 +194,7 @@ impl Running {
     ///    the server routed before the UNSUB; the `info` endpoint and the probes stop;
     /// 2. answer every accepted request, for at most `--shutdown-grace`: the intake dropped the
     ///    last batcher handle, so the batcher sends all it holds upstream and ends;
-    /// 3. stop discovery, withdrawals and the admin server, and wait for every task of the tree;
+    /// 3. stop discovery, the heartbeat, withdrawals and the admin server, and wait for every task of the tree;
     /// 4. flush the connection, so the last replies leave.
     pub(crate) async fn serve_until(self, signal: impl Future<Output = ()>) {
         let Running {
@@ -230,7 +240,7 @@ impl Running {
             tracing::warn!(grace = ?shutdown_grace, "shutdown grace period over; exiting with requests unanswered");
         }
 
-        // 3. Stop discovery, withdrawals and the admin server.
+        // 3. Stop discovery, the heartbeat, withdrawals and the admin server.
         stop.cancel();
         tasks.close();
         if tokio::time::timeout(STOP_TIMEOUT, tasks.wait())

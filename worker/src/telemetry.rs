@@ -4,8 +4,9 @@ use metrics_exporter_prometheus::PrometheusHandle;
 
 /// Metric names (prefix `embatch_worker_`, Prometheus unit suffixes).
 pub mod names {
-    /// Counter, label `outcome` (`ok`, an error kind such as `overloaded`, or `cancelled` when
-    /// the caller went away first): requests answered.
+    /// Counter, label `outcome` (`ok`, an error kind such as `overloaded`, `cancelled` when
+    /// the caller went away first, or `duplicate` for a resent copy of a request this worker
+    /// already held): requests answered.
     pub const REQUESTS: &str = "embatch_worker_requests_total";
     /// Counter, label `reason`: requests shed at admission. `queue_full` (`QUEUE_CAP`),
     /// `queue_bytes` (`MAX_QUEUE_BYTES`), `queue_delay` (`MAX_QUEUE_DELAY`), `deadline` (cannot

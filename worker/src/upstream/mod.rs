@@ -20,7 +20,8 @@ pub use embedding::Embedding;
 /// one mapping to what the requests of the call are answered.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum UpstreamError {
-    /// The upstream cannot be reached (connection refused, DNS): 503 `Unhealthy`.
+    /// The upstream cannot be reached (connection refused, DNS), or the connection broke during
+    /// the call: 503 `Unhealthy`.
     #[error("upstream unreachable: {0}")]
     Unreachable(String),
     /// TLS to the upstream failed (an untrusted or expired certificate, a name mismatch): 503

@@ -241,16 +241,16 @@ impl Upstream for TeiUpstream {
     }
 }
 
-/// Connection refused / DNS → unreachable (503); timeouts → 424; a broken body → malformed (424).
+/// Connection refused / DNS, or a connection that broke during the call (the upstream died
+/// mid-call) → unreachable (503: not the inputs' fault, so a client resends to another worker);
+/// timeouts → 424.
 fn transport_error(err: reqwest::Error, timeout: Duration) -> UpstreamError {
     if let Some(reason) = tls_failure(&err) {
         UpstreamError::Tls(reason)
-    } else if err.is_connect() {
-        UpstreamError::Unreachable(err.to_string())
     } else if err.is_timeout() {
         UpstreamError::Timeout(timeout)
     } else {
-        UpstreamError::Malformed(format!("upstream call failed: {err}"))
+        UpstreamError::Unreachable(format!("upstream call failed: {err}"))
     }
 }
 

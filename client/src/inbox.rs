@@ -1,0 +1,351 @@
+//! One reply inbox per client, shared by all its requests, and what the client knows of the
+//! workers' liveness.
+//!
+//! A request that asks for an acknowledgement ([`headers::ACK`]) gets two messages on its reply
+//! subject, which async-nats's `request` (one message per request) cannot take. So the client
+//! subscribes once to `<inbox>.*` and routes each message by its last token to the request
+//! waiting for it ([`Inbox::register`]): one subscription, one hash-map insert and removal per
+//! request.
+//!
+//! The same task listens on [`headers::heartbeat_subject`]: a worker not heard for
+//! [`HEARTBEAT_EXPIRY`] is lost, and the requests it had acknowledged are resent
+//! ([`Inbox::is_lost`]). It also watches the connection: after a reconnect every request in
+//! flight is resent, since a reply the worker published while this client was away was dropped
+//! by the server. Both are announced through [`Inbox::events`].
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_nats::Message;
+use embatch_protocol::headers::{self, HEARTBEAT_EXPIRY};
+use futures::StreamExt;
+use tokio::sync::{mpsc, watch};
+use tokio::time::{Instant, MissedTickBehavior};
+
+/// How often the liveness of workers and the connection are checked: 50 ms.
+const CHECK_EVERY: Duration = Duration::from_millis(50);
+
+/// A lost worker is forgotten this long after its last heartbeat: 60 s.
+const FORGET_AFTER: Duration = Duration::from_secs(60);
+
+/// Shortest wait for an acknowledgement before a request is resent: 100 ms (a loaded host
+/// stalls processes for tens of ms; each spurious resend is upstream work twice).
+pub const ACK_TIMEOUT_MIN: Duration = Duration::from_millis(100);
+
+/// Longest wait for an acknowledgement before a request is resent (the first time; each further
+/// resend of the same request doubles it): 1 s.
+pub const ACK_TIMEOUT_MAX: Duration = Duration::from_secs(1);
+
+/// The acknowledgement wait is this many times the smoothed acknowledgement round trip.
+const ACK_TIMEOUT_FACTOR: u32 = 10;
+
+/// What changed since a request last looked: counters, so a request compares its own copy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Generation {
+    /// Workers found lost so far.
+    pub lost: u64,
+    /// Reconnects of the NATS connection so far.
+    pub reconnects: u64,
+}
+
+/// What the client heard of one worker.
+#[derive(Debug)]
+struct Heard {
+    last: Instant,
+    lost: bool,
+}
+
+/// State shared by the routing task and the requests.
+#[derive(Debug)]
+struct Shared {
+    prefix: String,
+    next: AtomicU64,
+    routes: Mutex<HashMap<u64, mpsc::UnboundedSender<Message>>>,
+    workers: Mutex<HashMap<String, Heard>>,
+    events: watch::Sender<Generation>,
+    /// Smoothed acknowledgement round trip, µs (0: none measured yet).
+    ack_rtt_us: AtomicU64,
+    /// `false` after a success came without an acknowledgement (a worker that predates them):
+    /// requests are then not resent for want of one. `true` again at the next acknowledgement.
+    acking: AtomicBool,
+}
+
+/// The client's shared inbox; the routing task ends when the last clone is dropped.
+#[derive(Debug)]
+pub(crate) struct Inbox {
+    shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Inbox {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// One request's route: its reply subject; the route is removed when dropped.
+#[derive(Debug)]
+pub(crate) struct Slot {
+    shared: Arc<Shared>,
+    token: u64,
+    /// The reply subject, `<inbox>.<token>`; also the request's [`headers::REQUEST_ID`].
+    pub subject: String,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        lock(&self.shared.routes).remove(&self.token);
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Inbox {
+    /// Subscribes to a fresh `<inbox>.*` and to the heartbeats of the workers on `subject`,
+    /// and starts the routing task.
+    ///
+    /// # Errors
+    /// When a subscription cannot be made (the connection is closed).
+    pub(crate) async fn start(
+        nats: &async_nats::Client,
+        subject: &str,
+    ) -> Result<Inbox, async_nats::SubscribeError> {
+        let prefix = nats.new_inbox();
+        let mut replies = nats.subscribe(format!("{prefix}.*")).await?;
+        let mut beats = nats.subscribe(headers::heartbeat_subject(subject)).await?;
+        let (events, _) = watch::channel(Generation::default());
+        let shared = Arc::new(Shared {
+            prefix,
+            next: AtomicU64::new(0),
+            routes: Mutex::new(HashMap::new()),
+            workers: Mutex::new(HashMap::new()),
+            events,
+            ack_rtt_us: AtomicU64::new(0),
+            acking: AtomicBool::new(true),
+        });
+        let statistics = nats.statistics();
+        let task = tokio::spawn({
+            let shared = Arc::clone(&shared);
+            async move {
+                let mut connects = statistics.connects.load(Ordering::Relaxed);
+                let mut tick = tokio::time::interval(CHECK_EVERY);
+                tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+                loop {
+                    tokio::select! {
+                        Some(message) = replies.next() => shared.route(message),
+                        Some(beat) = beats.next() => shared.heard(&beat.payload),
+                        _ = tick.tick() => {
+                            let now = statistics.connects.load(Ordering::Relaxed);
+                            let reconnected = now != connects;
+                            connects = now;
+                            shared.check(Instant::now(), reconnected);
+                        }
+                        else => return,
+                    }
+                }
+            }
+        });
+        Ok(Inbox { shared, task })
+    }
+
+    /// A route for one request: its reply subject and the receiver of what arrives on it.
+    pub(crate) fn register(&self) -> (Slot, mpsc::UnboundedReceiver<Message>) {
+        let token = self.shared.next.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::unbounded_channel();
+        lock(&self.shared.routes).insert(token, tx);
+        let slot = Slot {
+            shared: Arc::clone(&self.shared),
+            token,
+            subject: format!("{}.{token}", self.shared.prefix),
+        };
+        (slot, rx)
+    }
+
+    /// Notified when a worker is found lost or the connection came back.
+    pub(crate) fn events(&self) -> watch::Receiver<Generation> {
+        self.shared.events.subscribe()
+    }
+
+    /// Whether worker `id` stopped sending heartbeats ([`HEARTBEAT_EXPIRY`]).
+    pub(crate) fn is_lost(&self, id: &str) -> bool {
+        lock(&self.shared.workers).get(id).is_some_and(|w| w.lost)
+    }
+
+    /// Takes an acknowledgement from worker `id`, `rtt` after the request was sent: the worker
+    /// is watched from now on (if no heartbeat came yet), and the round trip smooths the
+    /// acknowledgement wait.
+    pub(crate) fn acknowledged(&self, id: &str, rtt: Duration) {
+        self.shared.acking.store(true, Ordering::Relaxed);
+        {
+            let mut workers = lock(&self.shared.workers);
+            if !workers.contains_key(id) {
+                workers.insert(
+                    id.to_owned(),
+                    Heard {
+                        last: Instant::now(),
+                        lost: false,
+                    },
+                );
+            }
+        }
+        let sample = u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX);
+        let old = self.shared.ack_rtt_us.load(Ordering::Relaxed);
+        // EWMA with weight 1/8; races between requests lose a sample, which is harmless.
+        let new = if old == 0 {
+            sample
+        } else {
+            old - old / 8 + sample / 8
+        };
+        self.shared.ack_rtt_us.store(new.max(1), Ordering::Relaxed);
+    }
+
+    /// A success came without an acknowledgement: a worker that does not send them serves this
+    /// subject, so waiting for one says nothing.
+    pub(crate) fn unacknowledged_success(&self) {
+        self.shared.acking.store(false, Ordering::Relaxed);
+    }
+
+    /// How long to wait for an acknowledgement before resending: `ACK_TIMEOUT_FACTOR` × the
+    /// smoothed round trip, within [`ACK_TIMEOUT_MIN`]..=[`ACK_TIMEOUT_MAX`]; `None` while the
+    /// workers do not acknowledge.
+    pub(crate) fn ack_timeout(&self) -> Option<Duration> {
+        if !self.shared.acking.load(Ordering::Relaxed) {
+            return None;
+        }
+        let rtt = Duration::from_micros(self.shared.ack_rtt_us.load(Ordering::Relaxed));
+        Some((rtt * ACK_TIMEOUT_FACTOR).clamp(ACK_TIMEOUT_MIN, ACK_TIMEOUT_MAX))
+    }
+}
+
+impl Shared {
+    /// Hands `message` to the request whose token ends its subject (dropped if it is gone).
+    fn route(&self, message: Message) {
+        let token = message
+            .subject
+            .as_str()
+            .rsplit('.')
+            .next()
+            .and_then(|t| t.parse::<u64>().ok());
+        let Some(token) = token else {
+            return;
+        };
+        if let Some(route) = lock(&self.routes).get(&token) {
+            let _ = route.send(message);
+        }
+    }
+
+    /// Takes a heartbeat (the worker's id as the payload).
+    fn heard(&self, payload: &[u8]) {
+        let Ok(id) = std::str::from_utf8(payload) else {
+            return;
+        };
+        let now = Instant::now();
+        let mut workers = lock(&self.workers);
+        match workers.get_mut(id) {
+            Some(heard) => {
+                heard.last = now;
+                heard.lost = false;
+            }
+            None => {
+                workers.insert(
+                    id.to_owned(),
+                    Heard {
+                        last: now,
+                        lost: false,
+                    },
+                );
+            }
+        }
+    }
+
+    /// Marks the workers not heard for [`HEARTBEAT_EXPIRY`] as lost, forgets old ones, and
+    /// announces losses and a reconnect. After a reconnect every worker's clock restarts: the
+    /// heartbeats missed while this client was away say nothing about the workers.
+    fn check(&self, now: Instant, reconnected: bool) {
+        let mut lost = 0;
+        {
+            let mut workers = lock(&self.workers);
+            workers.retain(|_, heard| now.saturating_duration_since(heard.last) < FORGET_AFTER);
+            for heard in workers.values_mut() {
+                if reconnected {
+                    heard.last = now;
+                    heard.lost = false;
+                } else if !heard.lost
+                    && now.saturating_duration_since(heard.last) > HEARTBEAT_EXPIRY
+                {
+                    heard.lost = true;
+                    lost += 1;
+                }
+            }
+        }
+        if lost > 0 || reconnected {
+            if lost > 0 {
+                tracing::warn!(
+                    lost,
+                    "workers stopped sending heartbeats; resending what they held"
+                );
+            }
+            self.events.send_modify(|generation| {
+                generation.lost += lost;
+                generation.reconnects += u64::from(reconnected);
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shared() -> Shared {
+        Shared {
+            prefix: "_INBOX.x".into(),
+            next: AtomicU64::new(0),
+            routes: Mutex::new(HashMap::new()),
+            workers: Mutex::new(HashMap::new()),
+            events: watch::channel(Generation::default()).0,
+            ack_rtt_us: AtomicU64::new(0),
+            acking: AtomicBool::new(true),
+        }
+    }
+
+    #[test]
+    fn a_worker_silent_for_the_expiry_is_lost_until_heard_again() {
+        let shared = shared();
+        let mut events = shared.events.subscribe();
+        let start = Instant::now();
+        shared.heard(b"w1");
+        shared.check(start + HEARTBEAT_EXPIRY, false);
+        assert!(
+            !lock(&shared.workers)["w1"].lost,
+            "silent for exactly the expiry"
+        );
+        assert!(!events.has_changed().unwrap_or(true));
+        shared.check(start + HEARTBEAT_EXPIRY + CHECK_EVERY, false);
+        assert!(lock(&shared.workers)["w1"].lost);
+        assert_eq!(events.borrow_and_update().lost, 1);
+        shared.heard(b"w1");
+        assert!(!lock(&shared.workers)["w1"].lost, "heard again");
+    }
+
+    #[test]
+    fn a_reconnect_restarts_every_clock_and_is_announced() {
+        let shared = shared();
+        let mut events = shared.events.subscribe();
+        shared.heard(b"w1");
+        let later = Instant::now() + HEARTBEAT_EXPIRY * 4;
+        shared.check(later, true);
+        assert!(!lock(&shared.workers)["w1"].lost);
+        assert_eq!(
+            *events.borrow_and_update(),
+            Generation {
+                lost: 0,
+                reconnects: 1
+            }
+        );
+    }
+}

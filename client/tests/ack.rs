@@ -1,0 +1,192 @@
+//! The acknowledgement contract over a real nats-server and worker: a plain request gets
+//! exactly one reply, a request with `Embatch-Ack: 1` an acknowledgement naming the worker
+//! then the reply; `EmbedClient` resends a request that no worker acknowledged (here: a queue
+//! member that swallows every message, as nats-server drops one around an UNSUB), and does not
+//! keep resending to workers that never acknowledge.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use embatch_client::EmbedClient;
+use embatch_protocol::{DEFAULT_QUEUE_GROUP, headers};
+use embatch_testkit::{NatsServer, Stack, TeiConfig};
+use futures::StreamExt;
+
+/// Every message on `inbox` within `quiet` of the previous one.
+async fn messages(sub: &mut async_nats::Subscriber, quiet: Duration) -> Vec<async_nats::Message> {
+    let mut got = Vec::new();
+    while let Ok(Some(message)) = tokio::time::timeout(quiet, sub.next()).await {
+        got.push(message);
+    }
+    got
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_request_gets_one_reply_and_an_acked_one_an_acknowledgement_first() {
+    let stack = Stack::start(TeiConfig::instant(), &["--max-wait-time", "1ms"]).await;
+    let nats = async_nats::connect(stack.nats.url())
+        .await
+        .expect("connects");
+    let body = Bytes::from_static(br#"{"inputs":"hello"}"#);
+
+    let inbox = nats.new_inbox();
+    let mut sub = nats.subscribe(inbox.clone()).await.expect("subscribe");
+    nats.publish_with_reply("embed", inbox, body.clone())
+        .await
+        .expect("publish");
+    let plain = messages(&mut sub, Duration::from_millis(300)).await;
+    assert_eq!(plain.len(), 1, "a plain request gets exactly one reply");
+    assert!(
+        plain[0]
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(headers::ACCEPTED_BY))
+            .is_none()
+    );
+
+    let inbox = nats.new_inbox();
+    let mut sub = nats.subscribe(inbox.clone()).await.expect("subscribe");
+    let mut ack = async_nats::HeaderMap::new();
+    ack.insert(headers::ACK, "1");
+    nats.publish_with_reply_and_headers("embed", inbox, ack, body)
+        .await
+        .expect("publish");
+    let acked = messages(&mut sub, Duration::from_millis(300)).await;
+    assert_eq!(acked.len(), 2, "an acknowledgement, then the reply");
+    let worker = acked[0]
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(headers::ACCEPTED_BY))
+        .map(|v| v.as_str().to_owned())
+        .expect("the first message names the worker");
+    assert!(acked[0].payload.is_empty());
+    assert!(!worker.is_empty());
+    let vectors: Vec<Vec<f32>> = serde_json::from_slice(&acked[1].payload).expect("vectors");
+    assert_eq!(vectors, vec![embatch_testkit::double_vector("hello")]);
+
+    // The worker's heartbeat carries the same id.
+    let mut beats = nats
+        .subscribe(headers::heartbeat_subject("embed"))
+        .await
+        .expect("subscribe");
+    let beat = tokio::time::timeout(Duration::from_secs(2), beats.next())
+        .await
+        .expect("a heartbeat within 2 s")
+        .expect("subscription open");
+    assert_eq!(beat.payload, Bytes::from(worker));
+    stack.worker.stop().await;
+}
+
+/// A queue member that reads every request and never answers: half the requests are routed to
+/// it and lost there, as nats-server may lose a request around a member's UNSUB. Each is resent
+/// after the acknowledgement wait until the real worker gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_no_worker_acknowledged_is_resent_until_one_does() {
+    let stack = Stack::start(TeiConfig::instant(), &["--max-wait-time", "1ms"]).await;
+    let raw = async_nats::connect(stack.nats.url())
+        .await
+        .expect("connects");
+    let swallowed = Arc::new(AtomicUsize::new(0));
+    let mut hole = raw
+        .queue_subscribe("embed", DEFAULT_QUEUE_GROUP.to_owned())
+        .await
+        .expect("subscribe");
+    raw.flush().await.expect("flush");
+    let hole_task = tokio::spawn({
+        let swallowed = Arc::clone(&swallowed);
+        async move {
+            while hole.next().await.is_some() {
+                swallowed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    });
+    let client = EmbedClient::new(
+        async_nats::connect(stack.nats.url())
+            .await
+            .expect("connects"),
+        "embed",
+    );
+    let results = futures::future::join_all((0..40).map(|i| {
+        let client = client.clone();
+        async move {
+            let text = format!("text {i}");
+            let reply = client
+                .embed(
+                    Bytes::from(serde_json::json!({ "inputs": text }).to_string()),
+                    Duration::from_secs(10),
+                )
+                .await;
+            (text, reply)
+        }
+    }))
+    .await;
+    for (text, reply) in results {
+        let reply = reply.unwrap_or_else(|e| panic!("{text}: {e}"));
+        let vectors: Vec<Vec<f32>> = serde_json::from_slice(&reply.payload).expect("vectors");
+        assert_eq!(vectors, vec![embatch_testkit::double_vector(&text)]);
+    }
+    let lost = swallowed.load(Ordering::Relaxed);
+    eprintln!("40 answered; {lost} copies swallowed and resent");
+    assert!(
+        lost > 0,
+        "the queue group never routed to the swallowing member"
+    );
+    hole_task.abort();
+    stack.worker.stop().await;
+}
+
+/// A responder that answers at once and never acknowledges (a worker older than the
+/// acknowledgement): its successes come without one, and the client stops resending for want of
+/// one, so it gets each request once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_that_never_acknowledge_get_each_request_once() {
+    let nats = NatsServer::start();
+    let raw = async_nats::connect(nats.url()).await.expect("connects");
+    let received = Arc::new(AtomicUsize::new(0));
+    let mut requests = raw
+        .queue_subscribe("embed", DEFAULT_QUEUE_GROUP.to_owned())
+        .await
+        .expect("subscribe");
+    raw.flush().await.expect("flush");
+    let responder = tokio::spawn({
+        let received = Arc::clone(&received);
+        let raw = raw.clone();
+        async move {
+            while let Some(request) = requests.next().await {
+                received.fetch_add(1, Ordering::Relaxed);
+                if let Some(reply) = request.reply {
+                    // Answers after 300 ms: beyond the acknowledgement wait.
+                    let raw = raw.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        let _ = raw.publish(reply, Bytes::from_static(b"[[0.5]]")).await;
+                    });
+                }
+            }
+        }
+    });
+    let client = EmbedClient::new(
+        async_nats::connect(nats.url()).await.expect("connects"),
+        "embed",
+    );
+    for i in 0..5 {
+        let reply = client
+            .embed(
+                Bytes::from(format!(r#"{{"inputs":"text {i}"}}"#)),
+                Duration::from_secs(5),
+            )
+            .await
+            .expect("answered");
+        assert_eq!(reply.payload, Bytes::from_static(b"[[0.5]]"));
+    }
+    let copies = received.load(Ordering::Relaxed);
+    // The first request is resent while the client still expects acknowledgements (after 100
+    // and 300 ms of waiting: 2 copies before its answer); the other four are sent once.
+    assert!(
+        (5..=8).contains(&copies),
+        "{copies} copies of 5 requests reached the responder"
+    );
+    responder.abort();
+}

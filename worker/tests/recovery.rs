@@ -1,0 +1,367 @@
+//! Recovery within the deadline, with real processes: a worker killed with SIGKILL, a
+//! nats-server restarted, an upstream that fails on one of two workers, and workers that leave
+//! and rejoin the queue group while 20,000 requests flow. In every case each request sent
+//! through `EmbedClient` (which asks for acknowledgements and resends) is answered, with its own
+//! vectors, within its deadline.
+
+use std::collections::HashMap;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use embatch_client::EmbedClient;
+use embatch_protocol::request::Input;
+use embatch_testkit::{Faults, NatsServer, TeiConfig, TeiDouble, start_tei};
+use futures::StreamExt;
+use tokio::time::Instant;
+
+/// How many workers answer a NATS micro ping within 200 ms.
+async fn workers_answering(client: &async_nats::Client) -> usize {
+    let inbox = client.new_inbox();
+    let Ok(mut replies) = client.subscribe(inbox.clone()).await else {
+        return 0;
+    };
+    if client
+        .publish_with_reply("$SRV.PING.embatch", inbox, Bytes::new())
+        .await
+        .is_err()
+    {
+        return 0;
+    }
+    let mut count = 0;
+    while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(200), replies.next()).await {
+        count += 1;
+    }
+    count
+}
+
+/// A worker process, killed (SIGKILL) when dropped.
+struct Worker(Child);
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts the worker binary on `nats` and `tei` with `env` settings, and waits until
+/// `expected` workers (this one included) answer a NATS micro ping.
+async fn spawn_worker(
+    nats: &NatsServer,
+    tei: &TeiDouble,
+    env: &[(&str, &str)],
+    client: &async_nats::Client,
+    expected: usize,
+) -> Worker {
+    let worker = Worker(
+        Command::new(env!("CARGO_BIN_EXE_embatch-worker"))
+            .env("NATS_URL", nats.url())
+            .env("TEI_URL", &tei.url)
+            .env("METRICS_ADDR", "")
+            .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("worker binary starts"),
+    );
+    for _ in 0..50 {
+        if workers_answering(client).await >= expected {
+            return worker;
+        }
+    }
+    panic!("worker never became ready");
+}
+
+fn body(text: &str) -> Bytes {
+    Bytes::from(serde_json::json!({ "inputs": text }).to_string())
+}
+
+/// Sends `text` and checks the reply holds its own vector; the time it took.
+async fn embed_checked(client: &EmbedClient, text: &str, budget: Duration) -> Duration {
+    let started = Instant::now();
+    let reply = client
+        .embed(body(text), budget)
+        .await
+        .unwrap_or_else(|e| panic!("{text:?} failed after {:?}: {e}", started.elapsed()));
+    let vectors: Vec<Vec<f32>> = serde_json::from_slice(&reply.payload).expect("vectors");
+    assert_eq!(
+        vectors,
+        vec![embatch_testkit::double_vector(text)],
+        "{text}"
+    );
+    let took = started.elapsed();
+    assert!(
+        took <= budget,
+        "{text:?} answered after its deadline: {took:?}"
+    );
+    took
+}
+
+/// How many of the texts a double was called with it saw more than once.
+fn called_twice(doubles: &[&TeiDouble]) -> usize {
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for double in doubles {
+        for call in double.calls() {
+            for input in call.inputs {
+                if let Input::Text(text) = input {
+                    *seen.entry(text).or_default() += 1;
+                }
+            }
+        }
+    }
+    seen.values().filter(|&&n| n > 1).count()
+}
+
+async fn connect(nats: &NatsServer) -> async_nats::Client {
+    embatch_client::connect(&nats.url(), "recovery-test")
+        .await
+        .expect("client connects")
+}
+
+/// `n` requests at one per `every`, with `budget` each; `at_half` runs when half are sent.
+/// Every request must succeed with its own vector within its budget; the latencies.
+async fn load(
+    client: &EmbedClient,
+    n: usize,
+    every: Duration,
+    budget: Duration,
+    at_half: impl FnOnce(),
+) -> Vec<Duration> {
+    let mut at_half = Some(at_half);
+    let mut tasks = Vec::with_capacity(n);
+    let mut tick = tokio::time::interval(every);
+    for i in 0..n {
+        tick.tick().await;
+        if i == n / 2
+            && let Some(action) = at_half.take()
+        {
+            action();
+        }
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            embed_checked(&client, &format!("request {i}"), budget).await
+        }));
+    }
+    let mut took = Vec::with_capacity(n);
+    for task in tasks {
+        took.push(task.await.expect("request task"));
+    }
+    took
+}
+
+fn max(took: &[Duration]) -> Duration {
+    took.iter().copied().max().unwrap_or_default()
+}
+
+/// A worker killed with SIGKILL while it holds requests in its queue and in an upstream call:
+/// the client sees the worker's heartbeat stop and resends what it held; the other worker
+/// answers all of it within the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_with_sigkill_loses_none_of_what_it_held() {
+    let nats = NatsServer::start();
+    let tei = start_tei(TeiConfig {
+        base: Duration::from_millis(200),
+        ..TeiConfig::instant()
+    })
+    .await;
+    let nats_client = connect(&nats).await;
+    let settings = [("MAX_WAIT_TIME", "2ms")];
+    let mut killed = spawn_worker(&nats, &tei, &settings, &nats_client, 1).await;
+    let _staying = spawn_worker(&nats, &tei, &settings, &nats_client, 2).await;
+    let client = EmbedClient::new(nats_client, "embed");
+    // Warm up: the client has heard both workers' heartbeats.
+    embed_checked(&client, "warm-up", Duration::from_secs(5)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let took = load(
+        &client,
+        200,
+        Duration::from_millis(10),
+        Duration::from_secs(5),
+        || {
+            let _ = killed.0.kill();
+        },
+    )
+    .await;
+    let _ = killed.0.wait();
+    let resent = called_twice(&[&tei]);
+    eprintln!(
+        "200 answered; max latency {:?}; {resent} texts reached the upstream twice",
+        max(&took)
+    );
+    assert!(
+        resent > 0,
+        "the killed worker held no request in an upstream call: the kill tested nothing"
+    );
+}
+
+/// The nats-server is killed and restarted on the same port after 1 s while requests flow:
+/// requests in flight are resent after the reconnect, requests made while disconnected wait for
+/// it, and all are answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nats_server_restart_mid_load_loses_none() {
+    let server = NatsServer::start();
+    let tei = start_tei(TeiConfig {
+        base: Duration::from_millis(20),
+        ..TeiConfig::instant()
+    })
+    .await;
+    let nats_client = connect(&server).await;
+    let settings = [("MAX_WAIT_TIME", "2ms")];
+    let _a = spawn_worker(&server, &tei, &settings, &nats_client, 1).await;
+    let _b = spawn_worker(&server, &tei, &settings, &nats_client, 2).await;
+    let nats = Arc::new(std::sync::Mutex::new(server));
+    let client = EmbedClient::new(nats_client, "embed");
+    embed_checked(&client, "warm-up", Duration::from_secs(5)).await;
+
+    let restarted = Arc::clone(&nats);
+    let took = load(
+        &client,
+        400,
+        Duration::from_millis(10),
+        Duration::from_secs(15),
+        move || {
+            tokio::task::spawn_blocking(move || {
+                restarted
+                    .lock()
+                    .expect("server")
+                    .restart(Duration::from_secs(1));
+            });
+        },
+    )
+    .await;
+    eprintln!(
+        "400 answered through a 1 s restart; max latency {:?}",
+        max(&took)
+    );
+    assert!(
+        max(&took) >= Duration::from_secs(1),
+        "no request waited through the restart: it did not happen mid-load"
+    );
+}
+
+/// One of two workers' upstream fails (503) while it holds requests, for 300 ms of every
+/// second: that worker answers 503 for what it held (then leaves the queue group, and rejoins
+/// when its upstream's `/health` recovers), the client resends it to the group, and the healthy
+/// worker answers it. 3,000 requests at 500/s: each leave and rejoin loses nothing either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_upstream_fails_hands_what_it_holds_to_another() {
+    const TOTAL: usize = 3_000;
+    let nats = NatsServer::start();
+    let sick = Arc::new(start_tei(TeiConfig::instant()).await);
+    let healthy = start_tei(TeiConfig::instant()).await;
+    let nats_client = connect(&nats).await;
+    let settings = [("MAX_WAIT_TIME", "1ms")];
+    let _a = spawn_worker(&nats, &sick, &settings, &nats_client, 1).await;
+    let _b = spawn_worker(&nats, &healthy, &settings, &nats_client, 2).await;
+    let client = EmbedClient::new(nats_client, "embed");
+    embed_checked(&client, "warm-up", Duration::from_secs(5)).await;
+
+    let (done_tx, mut done) = tokio::sync::watch::channel(false);
+    let faults = {
+        let sick = Arc::clone(&sick);
+        tokio::spawn(async move {
+            let mut cycles = 0;
+            loop {
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(700)) => {}
+                    _ = done.changed() => return cycles,
+                }
+                sick.set_faults(Faults {
+                    fail_with: Some(503),
+                    ..Faults::default()
+                });
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                sick.set_faults(Faults::default());
+                cycles += 1;
+            }
+        })
+    };
+    let started = Instant::now();
+    let took = load(
+        &client,
+        TOTAL,
+        Duration::from_millis(2),
+        Duration::from_secs(10),
+        || {},
+    )
+    .await;
+    let _ = done_tx.send(true);
+    let cycles = faults.await.expect("fault task");
+    let failed_calls = sick.calls().iter().filter(|c| c.status == 503).count();
+    eprintln!(
+        "{} answered in {:?}; {cycles} upstream failure spells, {failed_calls} failed calls; \
+         max latency {:?}",
+        took.len(),
+        started.elapsed(),
+        max(&took)
+    );
+    assert_eq!(took.len(), TOTAL);
+    assert!(
+        cycles >= 2 && failed_calls > 0,
+        "the upstream failed too rarely to test anything: {cycles} spells, {failed_calls} calls"
+    );
+}
+
+/// 20,000 requests, 200 in flight, to two workers (whose `MAX_QUEUE_DELAY` lets them queue
+/// that many); one leaves the queue group (SIGTERM: it
+/// drains its subscription, answers what it read and exits) after 2,500 have been sent. Messages
+/// routed to it around its UNSUB that it never read (async-nats ends the drain before the
+/// server's PONG; nats-server may drop them) were never acknowledged, so the client resends them
+/// after the acknowledgement wait: none is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_group_leave_in_the_middle_of_20000_requests_loses_none() {
+    const TOTAL: usize = 20_000;
+    let nats = NatsServer::start();
+    let tei = start_tei(TeiConfig::instant()).await;
+    let nats_client = connect(&nats).await;
+    let settings = [("MAX_WAIT_TIME", "1ms"), ("MAX_QUEUE_DELAY", "10s")];
+    let leaving = spawn_worker(&nats, &tei, &settings, &nats_client, 1).await;
+    let _staying = spawn_worker(&nats, &tei, &settings, &nats_client, 2).await;
+    let client = EmbedClient::new(nats_client, "embed");
+    embed_checked(&client, "warm-up", Duration::from_secs(5)).await;
+
+    let pid = leaving.0.id().to_string();
+    let started = Instant::now();
+    let took: Vec<Duration> =
+        futures::stream::iter(0..TOTAL)
+            .map(|i| {
+                if i == TOTAL / 8 {
+                    let killed = Command::new("kill")
+                        .args(["-TERM", &pid])
+                        .status()
+                        .expect("kill runs");
+                    assert!(killed.success());
+                }
+                let client = client.clone();
+                async move {
+                    embed_checked(&client, &format!("request {i}"), Duration::from_secs(10)).await
+                }
+            })
+            .buffer_unordered(200)
+            .collect()
+            .await;
+    eprintln!(
+        "{} answered in {:?}; max latency {:?}",
+        took.len(),
+        started.elapsed(),
+        max(&took)
+    );
+    assert_eq!(took.len(), TOTAL);
+    let mut leaving = leaving;
+    let status = tokio::task::spawn_blocking(move || {
+        let status = leaving.0.wait();
+        (leaving, status)
+    })
+    .await
+    .expect("join")
+    .1
+    .expect("the worker exits");
+    assert!(
+        status.success(),
+        "the leaving worker's exit status: {status}"
+    );
+}
