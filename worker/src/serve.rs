@@ -4,7 +4,7 @@
 //! The tree:
 //! - `stop` (the root token) ends the discovery responder (`$SRV.PING`/`INFO`/`STATS`,
 //!   [`crate::micro`]), the withdrawal of cancelled requests (`<subject>.cancel`) and the admin
-//!   HTTP server (`/metrics`, `/health`, [`crate::http`]);
+//!   HTTP server (`/metrics`, `/health` and the metrics recorder's upkeep, [`crate::http`]);
 //! - `intake` (a child of `stop`: cancelling the root cancels it too) ends what takes messages:
 //!   the intake, which holds the queue-group membership ([`crate::group`]) and drains its
 //!   subscription, the `info` endpoint ([`crate::info`]) and the upstream `/health` probes.
