@@ -16,7 +16,7 @@
 //! Leaving is `Subscriber::drain()`: every request the server routed before it processed the
 //! unsubscribe is still read and answered (by admission: admitted or shed with 429; this needs
 //! the patched async-nats, see `crate::group`). The discovery service stays registered and reports the state (see
-//! [`crate::micro`]). `MEMBERSHIP=static` keeps the worker a member whatever happens (each
+//! `crate::micro`). `MEMBERSHIP=static` keeps the worker a member whatever happens (each
 //! worker then gets an equal share and sheds what it cannot serve with 429).
 //!
 //! This module is the decision only: plain data and functions, no clock reads, no channels.
