@@ -47,28 +47,45 @@ pub const SECONDS_BUCKETS: &[f64] = &[
 ];
 
 /// Installs the process's global Prometheus recorder with [`SECONDS_BUCKETS`] for every metric
-/// named `*_seconds` plus `buckets` for the named metrics, runs its upkeep (draining histogram
-/// buffers) every 5 s on the current tokio runtime, and returns the handle that renders
-/// `/metrics`.
+/// named `*_seconds` plus `buckets` for the named metrics, runs its upkeep ([`metrics_upkeep`])
+/// in a task of its own for the life of the process, and returns the handle that renders
+/// `/metrics`. A binary that owns its tasks calls [`install_metrics_recorder`] and runs the
+/// upkeep itself.
 ///
 /// # Errors
 /// When a recorder is already installed or a bucket list is empty.
 pub fn install_metrics(buckets: &[(&str, &[f64])]) -> Result<PrometheusHandle, BuildError> {
+    let handle = install_metrics_recorder(buckets)?;
+    tokio::spawn(metrics_upkeep(handle.clone()));
+    Ok(handle)
+}
+
+/// [`install_metrics`] without the upkeep task: the caller runs [`metrics_upkeep`].
+///
+/// # Errors
+/// When a recorder is already installed or a bucket list is empty.
+pub fn install_metrics_recorder(
+    buckets: &[(&str, &[f64])],
+) -> Result<PrometheusHandle, BuildError> {
     let mut builder = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)?;
     for (name, values) in buckets {
         builder = builder.set_buckets_for_metric(Matcher::Full((*name).to_string()), values)?;
     }
-    let handle = builder.install_recorder()?;
-    let upkeep = handle.clone();
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
-        loop {
-            tick.tick().await;
-            upkeep.run_upkeep();
-        }
-    });
-    Ok(handle)
+    builder.install_recorder()
+}
+
+/// How often [`metrics_upkeep`] drains the recorder's histogram buffers: 5 s.
+pub const METRICS_UPKEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Runs the recorder's upkeep (draining histogram buffers, which otherwise grow until the next
+/// scrape) every [`METRICS_UPKEEP_INTERVAL`]; never returns: drop it to stop.
+pub async fn metrics_upkeep(handle: PrometheusHandle) {
+    let mut tick = tokio::time::interval(METRICS_UPKEEP_INTERVAL);
+    loop {
+        tick.tick().await;
+        handle.run_upkeep();
+    }
 }
 
 /// The process exit code for the result of a binary's `run`: success, or the error logged and

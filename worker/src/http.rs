@@ -46,14 +46,20 @@ impl AdminServer {
         })
     }
 
-    /// Serves [`app`] until `stop` is cancelled, then stops accepting and lets open requests
-    /// finish (axum's graceful shutdown; the worker bounds the wait).
+    /// Serves [`app`] and runs the metrics recorder's upkeep until `stop` is cancelled, then
+    /// stops accepting and lets open requests finish (axum's graceful shutdown; the worker bounds
+    /// the wait).
     pub async fn run(self, stop: CancellationToken) {
+        let upkeep = embatch_runtime::metrics_upkeep(self.state.metrics.clone());
         let served = axum::serve(self.listener, app(self.state))
-            .with_graceful_shutdown(stop.cancelled_owned())
-            .await;
-        if let Err(err) = served {
-            tracing::error!(%err, "metrics server stopped");
+            .with_graceful_shutdown(stop.cancelled_owned());
+        tokio::select! {
+            served = served => {
+                if let Err(err) = served {
+                    tracing::error!(%err, "metrics server stopped");
+                }
+            }
+            () = upkeep => {}
         }
     }
 }

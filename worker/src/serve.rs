@@ -4,8 +4,9 @@
 //! The tree:
 //! - `stop` (the root token) ends the discovery responder (`$SRV.PING`/`INFO`/`STATS`,
 //!   [`crate::micro`]), the heartbeat ([`crate::heartbeat`]; it beats until every accepted
-//!   request is answered, so a graceful stop never looks like a death), the withdrawal of cancelled requests (`<subject>.cancel`) and the admin
-//!   HTTP server (`/metrics`, `/health`, [`crate::http`]);
+//!   request is answered, so a graceful stop never looks like a death), the withdrawal of
+//!   cancelled requests (`<subject>.cancel`) and the admin HTTP server (`/metrics`, `/health` and
+//!   the metrics recorder's upkeep, [`crate::http`]);
 //! - `intake` (a child of `stop`: cancelling the root cancels it too) ends what takes messages:
 //!   the intake, which holds the queue-group membership ([`crate::group`]) and drains its
 //!   subscription, the `info` endpoint ([`crate::info`]) and the upstream `/health` probes.

@@ -40,14 +40,15 @@ pub mod names {
 
 pub use embatch_runtime::{LogFormat, init_logging};
 
-/// Installs the process's Prometheus recorder (upkeep every 5 s; batch-size buckets in inputs
-/// and requests) and returns the handle that renders `/metrics`.
+/// Installs the process's Prometheus recorder (batch-size buckets in inputs and requests) and
+/// returns the handle that renders `/metrics`. Its upkeep runs in the admin server's task
+/// ([`crate::http::AdminServer::run`]).
 ///
 /// # Errors
 /// When a recorder is already installed.
 pub fn init_metrics() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildError> {
     const COUNTS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0];
-    let handle = embatch_runtime::install_metrics(&[
+    let handle = embatch_runtime::install_metrics_recorder(&[
         (names::BATCH_INPUTS, COUNTS),
         (names::BATCH_REQUESTS, COUNTS),
     ])?;
