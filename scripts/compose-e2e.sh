@@ -1,0 +1,291 @@
+#!/usr/bin/env bash
+# The compose stack for real: builds the images and runs `--profile local` with 3 workers and
+# JetStream on, on this machine's own Docker engine, then checks what docs/compose.md promises.
+# Every compose command of docs/compose.md runs here as written (the `docs:` lines).
+#
+#   1. engine    installs docker.io/iptables/nftables/debootstrap (apt) and Compose v2 (built from
+#                its Go module) when missing; starts dockerd only if none is running
+#                (scripts/container-engine.sh).
+#   2. bases     pulls the base images, or builds stand-ins under the same tags from Debian
+#                packages when no registry is reachable, and says so (scripts/base-images.sh).
+#   3. build     `--profile local build` (timed), then `--profile cpu build` and `--profile gpu
+#                build` (every image up to TEI's, which is pulled, not built).
+#   4. up        `up -d --wait --scale worker-local=3` while a poller POSTs /embed every 100 ms:
+#                the first request the gateway answers must be a 200 (time to it is reported).
+#   5. checks    /embed with curl; a direct NATS request (examples/direct_nats.py, nats-py);
+#                JetStream on with its store on the nats-data volume; the metrics example; 300
+#                requests spread over the 3 workers (each worker's own /metrics);
+#                scale 3 -> 1 -> 3 under a steady 20 req/s trickle with 0 errors.
+#   6. bulk      a bulk job surviving a killed worker container: skipped, the bulk lane does not
+#                exist yet (said in the output).
+#   7. down      `down -v` leaves no container, network or volume of the project.
+#   8. docs      every `docker compose` and `curl` command in the fenced blocks of docs/compose.md
+#                and in compose.yaml's comments is one this script ran as written (doc_files).
+# On exit (trap, also on failure or Ctrl-C): `down -v`, then the dockerd this script started is
+# stopped by its PID and the links, nft tables and ip_forward it changed are put back.
+#
+# Usage: scripts/compose-e2e.sh          (.ci/run runs it last; CI=true adds nothing special)
+# Env: GATEWAY_PORT, NATS_MONITOR_PORT (host ports; free ones are picked when 8080/8222 are busy),
+#      E2E_TRICKLE_RATE (req/s, 20). Prints a summary; exits non-zero when any check fails.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+root=$PWD
+# shellcheck source=scripts/container-engine.sh
+source scripts/container-engine.sh
+
+started=$SECONDS
+failures=0
+summary=()
+tmp=$(mktemp -d)
+step() { printf '\n==> %s (%ds)\n' "$*" "$((SECONDS - started))"; }
+ok() { echo "ok    $*"; }
+fail() { echo "FAIL  $*"; failures=$((failures + 1)); }
+note() { summary+=("$*"); echo "      $*"; }
+# docs: CMD... runs a command exactly as docs/compose.md shows it (echoed on stderr with that
+# prefix; its stdout stays its own).
+docs() {
+  local arg shown=
+  for arg in "$@"; do
+    if [[ $arg =~ ^[A-Za-z0-9_./:=@,+-]+$ ]]; then shown+=" $arg"; else shown+=" '${arg//\'/\'\\\'\'}'"; fi
+  done
+  echo "docs:$shown" >&2
+  # A file, not a variable: docs also runs inside $(...).
+  echo "${shown# }" >>"$tmp/ran"
+  "$@"
+}
+# The files whose compose commands must all be among those run here (scripts/checks/doc_commands.py).
+doc_files=(docs/compose.md compose.yaml)
+
+project_up=0
+cleanup() {
+  local status=$?
+  set +e
+  trap - EXIT INT TERM
+  if ((project_up)); then
+    if ((status != 0 || failures > 0)); then
+      echo "--- the stack's last log lines"
+      docker compose --profile local logs --no-color --tail 40 2>&1 | tail -n 120
+    fi
+    echo "cleanup: docker compose --profile local down -v"
+    docker compose --profile local down -v --remove-orphans >/dev/null 2>&1
+  fi
+  engine_stop
+  rm -rf "$tmp"
+  exit "$status"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+port_busy() { python3 -c "import socket,sys; s=socket.socket(); sys.exit(s.connect_ex(('127.0.0.1', $1)) != 0)"; }
+
+# ---------------------------------------------------------------------------------------------
+step "1. container engine"
+engine_install
+compose_install
+engine_start
+echo "docker $(docker version --format '{{.Server.Version}}'), $(docker compose version)"
+# A stack left over from an interrupted run would be reused by `up`.
+docker compose --profile local --profile cpu down -v --remove-orphans >/dev/null 2>&1 || true
+
+step "2. base images"
+scripts/base-images.sh 2>&1 | tee "$tmp/bases.log"
+if grep -q 'STAND-IN' "$tmp/bases.log"; then
+  note "base images: no registry reachable, so STAND-INS built from Debian packages (scripts/base-images.sh) were used"
+else
+  note "base images: the official ones"
+fi
+
+step "3. images"
+t=$SECONDS
+docs docker compose --profile local build
+note "build (--profile local): $((SECONDS - t)) s"
+t=$SECONDS
+docs docker compose --profile cpu build
+docs docker compose --profile gpu build
+note "build (--profile cpu, then gpu; up to the TEI image): $((SECONDS - t)) s"
+for image in gateway worker worker-local; do
+  size=$(docker image inspect -f '{{.Size}}' "embatch/$image:dev" | awk '{printf "%.0f", $1/1e6}')
+  note "image embatch/$image:dev: $size MB"
+done
+# The binaries as the images carry them: copied out of a created (never started) container.
+for bin in embatch-gateway embatch-worker; do
+  image=gateway
+  [[ $bin == embatch-worker ]] && image=worker
+  cid=$(docker create "embatch/$image:dev")
+  docker cp -q "$cid:/usr/local/bin/$bin" "$tmp/$bin" && docker rm -f "$cid" >/dev/null
+  mb=$(($(stat -c %s "$tmp/$bin") / 1000000))
+  extra=$(python3 scripts/checks/elf_sections.py "$tmp/$bin" | grep -E '^\.(debug_|symtab$)' | tr '\n' ' ' || true)
+  if [[ -z $extra ]]; then
+    ok "$bin in embatch/$image:dev: $mb MB, no .debug_* sections, no .symtab"
+  else
+    fail "$bin in embatch/$image:dev carries $extra"
+  fi
+  note "binary $bin: $mb MB"
+done
+
+step "4. up: --profile local, 3 workers, JetStream on"
+if port_busy "${GATEWAY_PORT:-8080}"; then
+  export GATEWAY_PORT=$(free_port)
+  echo "port 8080 is busy here: GATEWAY_PORT=$GATEWAY_PORT"
+fi
+if port_busy "${NATS_MONITOR_PORT:-8222}"; then
+  export NATS_MONITOR_PORT=$(free_port)
+  echo "port 8222 is busy here: NATS_MONITOR_PORT=$NATS_MONITOR_PORT"
+fi
+gw=localhost:${GATEWAY_PORT:-8080}
+monitor=127.0.0.1:${NATS_MONITOR_PORT:-8222}
+python3 scripts/checks/traffic.py first200 "http://$gw/embed" 300 >"$tmp/first200.json" &
+poller=$!
+project_up=1
+t=$SECONDS
+docs docker compose --profile local up -d --wait --scale worker-local=3
+note "up -d --wait with 3 workers: $((SECONDS - t)) s"
+wait "$poller" || true
+first=$(cat "$tmp/first200.json")
+echo "poller: $first"
+read -r first_s others < <(python3 -c '
+import json, sys
+r = json.loads(sys.argv[1])
+print(r["first_200_s"], sum(n for s, n in r["answered"].items() if s != "200"))' "$first")
+if [[ $first_s != None && $others == 0 ]]; then
+  ok "the first request the gateway answered got 200, ${first_s} s after up started"
+  note "up to the first 200: ${first_s} s (polling every 100 ms; no answer other than 200 before it)"
+else
+  fail "ready when it can serve: $first"
+fi
+docker compose --profile local ps --format '{{.Service}} {{.State}} {{.Health}}' | sort | uniq -c
+
+step "5. checks"
+embed=$(docs curl -s "$gw/embed" -H 'Content-Type: application/json' -d '{"inputs":"hello"}')
+dims=$(python3 -c 'import json,sys; v=json.loads(sys.argv[1]); print(len(v[0]) if isinstance(v, list) and len(v) == 1 else -1)' "$embed" 2>/dev/null || echo -1)
+if [[ $dims == 384 ]]; then ok "/embed over HTTP: one vector of 384 floats"; else fail "/embed over HTTP: ${embed:0:200}"; fi
+
+# Direct NATS: the client port is published on the compose network only, so the host reaches the
+# nats container's address on the project's own bridge network.
+nats_ip=$(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "$(docker compose --profile local ps -q nats)")
+venv=${XDG_CACHE_HOME:-$HOME/.cache}/embatch/client-venv
+if ! "$venv/bin/python" -c 'import nats' 2>/dev/null; then
+  venv=${XDG_CACHE_HOME:-$HOME/.cache}/embatch/nats-venv
+  if ! "$venv/bin/python" -c 'import nats' 2>/dev/null; then
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "$(grep '^nats-py==' tests/clients/requirements.txt)"
+  fi
+fi
+if out=$("$venv/bin/python" examples/direct_nats.py "nats://$nats_ip:4222" "hello over NATS" 2>&1) &&
+  grep -q '384 dims' <<<"$out"; then
+  ok "direct NATS request (examples/direct_nats.py to nats://$nats_ip:4222): $out"
+else
+  fail "direct NATS request: $out"
+fi
+
+jsz=$(curl -s "$monitor/jsz" || true)
+store=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["config"]["store_dir"])' "$jsz" 2>/dev/null || echo "(JetStream off)")
+mounted=$(docker inspect -f '{{range .Mounts}}{{if eq .Destination "/data"}}{{.Type}}:{{.Name}}{{end}}{{end}}' \
+  "$(docker compose --profile local ps -q nats)")
+if [[ $store == /data/* && $mounted == volume:embatch_nats-data ]]; then
+  ok "JetStream on (/jsz), store $store on the volume embatch_nats-data"
+else
+  fail "JetStream: store $store, /data is ${mounted:-not mounted}"
+fi
+
+metrics=$(docs docker compose exec gateway curl -s worker-local:9091/metrics)
+if grep -q '^embatch_worker_requests_total' <<<"$metrics"; then
+  ok "the metrics example answers with the worker's Prometheus metrics"
+else
+  fail "the metrics example: ${metrics:0:300}"
+fi
+
+# Load spread: every worker's own counter, read from its address on the compose network.
+worker_ok() {
+  local id ip
+  for id in $(docker compose --profile local ps -q worker-local); do
+    ip=$(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "$id")
+    curl -s "$ip:9091/metrics" | awk -v id="${id:0:12}" '
+      /^embatch_worker_requests_total\{.*outcome="ok"/ { n += $NF }
+      END { printf "%s %d\n", id, n }'
+  done | sort
+}
+worker_ok >"$tmp/before"
+burst=$(python3 scripts/checks/traffic.py burst "http://$gw/embed" 300 8)
+worker_ok >"$tmp/after"
+spread=$(join "$tmp/before" "$tmp/after" | awk '{print $3 - $2}' | tr '\n' ' ')
+echo "300 requests, 8 at a time: $burst; per worker: $spread"
+if python3 - "$burst" $spread <<'EOF'; then
+import json, sys
+burst = json.loads(sys.argv[1])
+per = [int(x) for x in sys.argv[2:]]
+# Each of the 3 workers took a fair part: at least a sixth of the requests (an even split is a third).
+sys.exit(not (burst["ok"] == 300 and len(per) == 3 and sum(per) == 300 and min(per) >= 50))
+EOF
+  ok "load spread over the 3 workers: $spread(of 300)"
+  note "load spread, 300 requests: $spread"
+else
+  fail "load spread: $spread; $burst"
+fi
+
+rate=${E2E_TRICKLE_RATE:-20}
+rm -f "$tmp/stop"
+python3 scripts/checks/traffic.py trickle "http://$gw/embed" "$rate" "$tmp/stop" >"$tmp/trickle.json" &
+trickler=$!
+sleep 3
+t=$SECONDS
+docs docker compose --profile local up -d --wait --scale worker-local=1
+down_s=$((SECONDS - t))
+sleep 3
+t=$SECONDS
+docs docker compose --profile local up -d --wait --scale worker-local=3
+up_s=$((SECONDS - t))
+sleep 3
+touch "$tmp/stop"
+wait "$trickler" || true
+trickle=$(cat "$tmp/trickle.json")
+errors=$(python3 -c 'import json,sys; r=json.loads(sys.argv[1]); print(sum(r["errors"].values()), r["sent"])' "$trickle")
+read -r nerr nsent <<<"$errors"
+if ((nerr == 0 && nsent > 0)) && [[ $(docker compose --profile local ps -q worker-local | wc -l) == 3 ]]; then
+  ok "scale 3 -> 1 ($down_s s) -> 3 ($up_s s) under $rate req/s: $nsent requests, 0 errors ($trickle)"
+else
+  fail "scale 3 -> 1 -> 3 under $rate req/s: $trickle"
+fi
+note "scale 3 -> 1 -> 3 under $rate req/s: $nerr errors of $nsent requests"
+
+step "6. bulk lane"
+echo "skip  a bulk job surviving a killed worker container: the bulk lane does not exist yet, so there is nothing to check"
+note "bulk job across a worker kill: not checked (no bulk lane yet)"
+
+step "7. down"
+docs docker compose --profile local down -v
+project_up=0
+left=$(
+  docker ps -aq --filter label=com.docker.compose.project=embatch
+  docker network ls -q --filter label=com.docker.compose.project=embatch
+  docker volume ls -q --filter label=com.docker.compose.project=embatch
+)
+if [[ -z $left ]]; then
+  ok "down -v left no container, network or volume of the project"
+else
+  fail "down -v left: $left"
+fi
+
+step "8. the docs' commands"
+missing=0
+while IFS=$'\t' read -r file command; do
+  found=0
+  grep -qxF -- "$command" "$tmp/ran" && found=1
+  # The gateway's host port differs only when 8080 was busy here.
+  [[ $found == 0 && -n ${GATEWAY_PORT:-} && $command == *localhost:8080* ]] && found=1
+  if ((found == 0)); then
+    fail "$file shows \`$command\`, which this test does not run as written"
+    missing=$((missing + 1))
+  fi
+done < <(python3 scripts/checks/doc_commands.py "${doc_files[@]}")
+((missing == 0)) && ok "every compose and curl command of ${doc_files[*]} ran here as written"
+
+echo
+echo "compose-e2e summary ($((SECONDS - started)) s in all):"
+printf '  %s\n' "${summary[@]}"
+if ((failures)); then
+  echo "compose-e2e: $failures check(s) failed"
+  exit 1
+fi
+echo "compose-e2e: all checks passed"
