@@ -42,10 +42,8 @@ ENV CARGO_PROFILE_RELEASE_DEBUG=false \
     CARGO_PROFILE_RELEASE_STRIP=symbols \
     CARGO_TARGET_DIR=/cache/target
 WORKDIR /src
-# The whole build context (.dockerignore keeps it to the workspace), vendor/ included: Cargo.toml's
-# [patch.crates-io] path crate (vendor/async-nats) must be in place before cargo reads the
-# workspace. No other line of this file names vendor/. A change outside the crates re-runs the
-# RUN below, which the cache mounts make a no-op cargo build of a few seconds.
+# The whole build context (.dockerignore keeps it to the workspace). A change outside the crates
+# re-runs the RUN below, which the cache mounts make a no-op cargo build of a few seconds.
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
