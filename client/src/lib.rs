@@ -1,5 +1,5 @@
-//! The Rust client of the embatch NATS contract (see `embatch-protocol` and the README's "NATS
-//! contract"): connect to NATS, send one embed request with its deadline, get back the embeddings
+//! The Rust client of the embatch NATS contract (see `embatch-protocol` and
+//! docs/nats-contract.md): connect to NATS, send one embed request with its deadline, get back the embeddings
 //! or a typed error.
 //!
 //! The gateway, the load generator and the tests all send requests through [`EmbedClient`], so

@@ -8,7 +8,7 @@ use std::time::Duration;
 /// moment the message is published (relative, so that clocks of different hosts need not agree).
 /// A worker answers 504 without any upstream work once this budget has passed, and answers 429 at
 /// once when its queue cannot finish the request within it. Absent: the worker's
-/// `--default-deadline-ms` applies.
+/// `--default-deadline` (`DEFAULT_DEADLINE`) applies.
 pub const DEADLINE_MS: &str = "Embatch-Deadline-Ms";
 
 /// Request header (optional): an id the caller picks for this request, unique among its requests
@@ -75,9 +75,10 @@ pub const VERSION: &str = "Embatch-Version";
 /// carries a worker's live queue-group membership: [`membership::JOINED`] (takes requests),
 /// [`membership::FULL`] (left the queue group while its backlog drains: saturated, not absent),
 /// [`membership::UPSTREAM_UNHEALTHY`] (left while its upstream fails) or
-/// [`membership::STOPPING`]. A client that gets "no responders" asks discovery: any `full` or
-/// `joined` worker means 429 (retry later), none but unhealthy or stopping ones, or none at all,
-/// means 503.
+/// [`membership::STOPPING`]. A client that gets "no responders" asks discovery: any `full` worker
+/// means 429 (retry later); otherwise an `upstream_unhealthy` one means 503 (unhealthy), and
+/// only `joined` (re-subscribing) or `stopping` ones, or none at all, mean 503 (no worker), as
+/// `embatch_client::fleet::verdict` decides.
 pub const MEMBERSHIP_METADATA: &str = "membership";
 
 /// The values of [`MEMBERSHIP_METADATA`].

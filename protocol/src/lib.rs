@@ -6,7 +6,8 @@
 //! Errors are NATS micro-style errors (the [`headers::SERVICE_ERROR_CODE`] and
 //! [`headers::SERVICE_ERROR`] headers) whose payload is TEI's error JSON body.
 //!
-//! The contract is versioned by [`PROTOCOL_VERSION`]; the README documents it for non-Rust clients.
+//! The contract is versioned by [`PROTOCOL_VERSION`]; docs/nats-contract.md documents it for
+//! non-Rust clients.
 //!
 //! # Layout
 //! - [`request`]: the request body ([`EmbedRequest`]) and the options that decide which requests

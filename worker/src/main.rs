@@ -4,7 +4,7 @@ use clap::Parser;
 use embatch_worker::{Config, WorkerError, telemetry};
 
 /// mimalloc instead of glibc's malloc: a request allocates and frees many small buffers across
-/// threads (README, benchmark 4: CPU per request).
+/// threads (docs/design/allocator.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

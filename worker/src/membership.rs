@@ -16,8 +16,8 @@
 //! Leaving is `Subscriber::drain()`: the requests read before the subscription ends are
 //! answered (by admission: admitted or shed with 429); what the client library or the server
 //! drops around the unsubscribe was never acknowledged, and clients that asked for an
-//! acknowledgement resend it (see `crate::group`). The discovery service stays registered and reports the state (see
-//! `crate::micro`). `MEMBERSHIP=static` keeps the worker a member whatever happens (each
+//! acknowledgement resend it (see `crate::group`). The discovery service stays registered and
+//! reports the state (see `crate::micro`). `MEMBERSHIP=static` keeps the worker a member whatever happens (each
 //! worker then gets an equal share and sheds what it cannot serve with 429).
 //!
 //! This module is the decision only: plain data and functions, no clock reads, no channels.
