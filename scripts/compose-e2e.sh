@@ -54,7 +54,7 @@ docs() {
   "$@"
 }
 # The files whose compose commands must all be among those run here (scripts/checks/doc_commands.py).
-doc_files=(docs/compose.md compose.yaml)
+doc_files=(README.md docs/compose.md compose.yaml)
 
 project_up=0
 cleanup() {
@@ -160,6 +160,10 @@ step "5. checks"
 embed=$(docs curl -s "$gw/embed" -H 'Content-Type: application/json' -d '{"inputs":"hello"}')
 dims=$(python3 -c 'import json,sys; v=json.loads(sys.argv[1]); print(len(v[0]) if isinstance(v, list) and len(v) == 1 else -1)' "$embed" 2>/dev/null || echo -1)
 if [[ $dims == 384 ]]; then ok "/embed over HTTP: one vector of 384 floats"; else fail "/embed over HTTP: ${embed:0:200}"; fi
+# The README's example, as written.
+embed=$(docs curl -s "$gw/embed" -H 'Content-Type: application/json' -d '{"inputs": ["What is vector search?", "Hello, world!"], "normalize": true}')
+dims=$(python3 -c 'import json,sys; v=json.loads(sys.argv[1]); print(",".join(str(len(x)) for x in v) if isinstance(v, list) else -1)' "$embed" 2>/dev/null || echo -1)
+if [[ $dims == 384,384 ]]; then ok "/embed over HTTP (the README's example): two vectors of 384 floats"; else fail "/embed over HTTP (the README's example): ${embed:0:200}"; fi
 
 # Direct NATS: the client port is published on the compose network only, so the host reaches the
 # nats container's address on the project's own bridge network.
