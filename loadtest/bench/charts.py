@@ -41,15 +41,17 @@ def load(out_dir: Path, name: str) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def machine_line(meta: dict) -> str:
-    return (f"{meta.get('cores', '?')} cores ({meta.get('cpu', '?')}), "
-            f"{meta.get('kernel', '?')}, everything on one machine")
+def machine_line(res: dict, meta: dict) -> str:
+    """The scenario's own machine when it names one, else `machine.json`'s."""
+    machine = res.get("machine") or (f"{meta.get('cores', '?')} cores ({meta.get('cpu', '?')}), "
+                                     f"{meta.get('kernel', '?')}")
+    return f"{machine}, everything on one machine"
 
 
 def footer(fig, res: dict, meta: dict) -> None:
     """Names the command and the machine under the chart."""
     fig.text(0.01, 0.01, f"$ {res.get('command', 'python3 loadtest/bench.py')}\n"
-                         f"{machine_line(meta)}", fontsize=7, color="#555555", va="bottom",
+                         f"{machine_line(res, meta)}", fontsize=7, color="#555555", va="bottom",
              family="monospace")
 
 

@@ -41,7 +41,8 @@ from pathlib import Path
 
 from .defaults import BinaryDefaults, DefaultsError
 from .procs import REPO, BenchError, Terminated, load_average, log
-from .results import RESULTS_DIR, machine_info, utc_now, write_charts, write_results
+from .results import (RESULTS_DIR, machine_info, machine_line, utc_now, write_charts,
+                      write_results)
 from .scenarios import SCENARIO_FUNCS, SCENARIO_NAMES, SCENARIOS, worker_base
 from .stack import Stack
 
@@ -131,7 +132,8 @@ def run_scenario(bench: Stack, name: str, quick: bool, command: str, out_dir: Pa
     log(f"== {title}")
     started = time.monotonic()
     info = {"scenario": name, "title": title, "quick": quick, "started": utc_now(),
-            "loadavg_before": load_average(), "command": command}
+            "loadavg_before": load_average(), "command": command,
+            "machine": machine_line(machine_info(command))}
     mark = bench.sup.mark()
     try:
         result = SCENARIO_FUNCS[name](bench)

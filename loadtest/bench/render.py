@@ -554,6 +554,12 @@ RENDERERS = {
 
 
 # What each scenario shows, in one sentence, and the charts drawn from it (charts.py).
+def machine_line(info: dict) -> str:
+    """`2 cores (CPU model), Linux x.y`: a machine as the docs name it, from `machine.json` or
+    a scenario's own record."""
+    return f"{info.get('cores', '?')} cores ({info.get('cpu', '?')}), {info.get('kernel', '?')}"
+
+
 SHOWS = {
     "gpu_rates": "How far one worker carries a GPU-like upstream as the offered load rises, "
                  "against the upstream called without batching.",
@@ -571,8 +577,17 @@ SHOWS = {
     "uneven_workers": "Whether adaptive membership sends the load to the worker that has room.",
     "sick_upstream": "What a dead upstream behind one of two workers costs, static against "
                      "adaptive membership.",
-    "worker_kill": "What a worker killed with SIGKILL costs: the requests it held.",
+    "worker_kill": "What a worker killed with SIGKILL costs (measured before the client "
+                   "resent what a killed worker held; see scenario 14).",
     "closed_gpu": "That the HTTP and NATS paths fill batches alike under a closed loop.",
+    "recovery_worker_kill": "That the requests a killed worker held are resent and answered, "
+                            "with every setting and the gateway's timeout at their defaults.",
+    "recovery_churn": "That a worker leaving and rejoining the queue group over and over loses "
+                      "no request.",
+    "recovery_nats_restart": "What a nats-server restart costs the requests in flight and those "
+                             "that arrive while it is down.",
+    "recovery_upstream_stop": "That the requests a worker held when its upstream died go to the "
+                              "other worker.",
 }
 CHARTS = {
     "gpu_rates": [("goodput_vs_offered.svg", "Goodput against offered load"),
@@ -611,6 +626,8 @@ def render(out_dir: Path, provenance: bool = True, charts: str = "charts") -> st
             if (out_dir / "charts" / file).is_file():
                 sections += ["", f"![{alt}]({charts}/{file})"]
         when = f"Measured {res['started']}, load" if provenance else "Load"
+        if res.get("machine") and meta and res["machine"] != machine_line(meta):
+            sections += ["", f"_Machine: {res['machine']}, not the one named above._"]
         sections += ["", f"_{when} average {res['loadavg_before']:.2f} before the scenario, "
                          f"{res['wall_s']:.0f} s; command `{res.get('command', '?')}`._"]
     machine = (f"Machine: {meta.get('cores', '?')} cores ({meta.get('cpu', '?')}), "
