@@ -2,11 +2,13 @@
 //! TEI double: its batch-mates are served and only its request fails; an upstream answering 424
 //! to everything gets no bisection storm.
 
+mod common;
+
 use std::collections::HashMap;
-use std::time::Duration;
 
 use bytes::Bytes;
-use embatch_client::{EmbedClient, RequestError};
+use common::embed_status;
+use embatch_client::EmbedClient;
 use embatch_testkit::{Faults, POISON, Stack, TeiConfig, double_vector};
 
 /// Batches form only when full or after 250 ms: requests sent together share one batch.
@@ -30,19 +32,7 @@ async fn send_all(stack: &Stack, texts: &[String]) -> Vec<(u16, serde_json::Valu
         .map(|text| {
             let client = client.clone();
             let body = Bytes::from(serde_json::json!({ "inputs": text }).to_string());
-            tokio::spawn(async move {
-                match client.embed(body, Duration::from_secs(10)).await {
-                    Ok(reply) => (
-                        200,
-                        serde_json::from_slice(&reply.payload).expect("JSON payload"),
-                    ),
-                    Err(RequestError::Reply(err)) => (
-                        err.status(),
-                        serde_json::to_value(err.to_response()).expect("serializes"),
-                    ),
-                    Err(err) => panic!("no reply: {err}"),
-                }
-            })
+            tokio::spawn(async move { embed_status(&client, body).await })
         })
         .collect();
     let mut replies = Vec::new();
