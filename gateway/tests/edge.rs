@@ -33,6 +33,18 @@ async fn post(
     .await
 }
 
+/// Posts `text` and asserts that it is shed: 429 with `Retry-After: 1` and TEI's `Overloaded`
+/// error body with `needle` in its message.
+async fn assert_shed(url: &str, text: &str, needle: &str) {
+    let shed = post(url, text, Duration::from_secs(10))
+        .await
+        .expect("HTTP response");
+    assert_eq!(shed.status().as_u16(), 429);
+    assert_eq!(shed.headers()["retry-after"], "1");
+    let body: serde_json::Value = shed.json().await.expect("TEI error body");
+    assert_tei_error(&body, "Overloaded", needle);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_disconnects_costs_no_upstream_call() {
     // One call at a time, one input per call, 600 ms each: a second request waits in the queue.
@@ -132,13 +144,7 @@ async fn beyond_max_in_flight_the_gateway_sheds_with_429_and_retry_after() {
         !tei.calls().is_empty()
     })
     .await;
-    let shed = post(&gateway.url, "second", Duration::from_secs(10))
-        .await
-        .expect("HTTP response");
-    assert_eq!(shed.status().as_u16(), 429);
-    assert_eq!(shed.headers()["retry-after"], "1");
-    let body: serde_json::Value = shed.json().await.expect("TEI error body");
-    assert_tei_error(&body, "Overloaded", "MAX_IN_FLIGHT");
+    assert_shed(&gateway.url, "second", "MAX_IN_FLIGHT").await;
     let first = first.await.expect("joins").expect("HTTP response");
     assert_eq!(first.status().as_u16(), 200);
     worker.stop().await;
@@ -192,13 +198,7 @@ async fn every_worker_full_is_429_with_retry_after_and_no_worker_is_503() {
         tei.calls().len() >= 2
     })
     .await;
-    let shed = post(&gateway.url, "one too many", Duration::from_secs(10))
-        .await
-        .expect("HTTP response");
-    assert_eq!(shed.status().as_u16(), 429);
-    assert_eq!(shed.headers()["retry-after"], "1");
-    let body: serde_json::Value = shed.json().await.expect("TEI error body");
-    assert_tei_error(&body, "Overloaded", "retry in");
+    assert_shed(&gateway.url, "one too many", "retry in").await;
     for task in queued {
         let status = task.await.expect("joins").expect("HTTP response").status();
         assert!(matches!(status.as_u16(), 200 | 429), "{status}");

@@ -21,6 +21,13 @@ const WORKER: &[&str] = &[
     "false",
 ];
 
+/// A [`Stack`] on an instant TEI double with `faults`, the worker started with [`WORKER`].
+async fn stack_with(faults: Faults) -> Stack {
+    let stack = Stack::start(TeiConfig::instant(), WORKER).await;
+    stack.tei.set_faults(faults);
+    stack
+}
+
 /// Sends one single-input request per text at once; each reply's status and body.
 async fn send_all(stack: &Stack, texts: &[String]) -> Vec<(u16, serde_json::Value)> {
     let raw = async_nats::connect(stack.nats.url())
@@ -56,11 +63,11 @@ fn sends(stack: &Stack) -> HashMap<String, usize> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_input_the_model_fails_on_fails_alone_and_its_20_batch_mates_are_served() {
-    let stack = Stack::start(TeiConfig::instant(), WORKER).await;
-    stack.tei.set_faults(Faults {
+    let stack = stack_with(Faults {
         poison_status: Some(424),
         ..Faults::default()
-    });
+    })
+    .await;
     let mut texts: Vec<String> = (0..20).map(|i| format!("good {i}")).collect();
     texts.insert(9, format!("bad {POISON}"));
     let replies = send_all(&stack, &texts).await;
@@ -91,11 +98,11 @@ async fn one_input_the_model_fails_on_fails_alone_and_its_20_batch_mates_are_ser
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_failing_every_call_with_424_gets_no_bisection_storm() {
-    let stack = Stack::start(TeiConfig::instant(), WORKER).await;
-    stack.tei.set_faults(Faults {
+    let stack = stack_with(Faults {
         fail_with: Some(424),
         ..Faults::default()
-    });
+    })
+    .await;
     let texts: Vec<String> = (0..20).map(|i| format!("doomed {i}")).collect();
     let replies = send_all(&stack, &texts).await;
     assert!(
