@@ -144,10 +144,7 @@ async fn errors_have_teis_shape() {
 #[tokio::test]
 async fn injected_faults_apply_to_later_calls_and_are_recorded() {
     let tei = TeiDouble::spawn(config()).await.expect("spawn");
-    tei.set_faults(Faults {
-        fail_with: Some(503),
-        ..Faults::default()
-    });
+    tei.set_faults(Faults::failing_with(503));
     let (status, body) = post(&tei, serde_json::json!({"inputs": "a"})).await;
     assert_eq!(status, 503);
     assert_eq!(body["error_type"], "Unhealthy");
@@ -169,10 +166,7 @@ async fn a_poisoned_input_fails_with_the_injected_status_after_its_compute_time(
         started.elapsed() < Duration::from_millis(50),
         "rejected at once"
     );
-    tei.set_faults(Faults {
-        poison_status: Some(424),
-        ..Faults::default()
-    });
+    tei.set_faults(Faults::poisoned_with(424));
     let started = Instant::now();
     let (status, body) = post(&tei, poisoned).await;
     assert_eq!(status, 424, "{body}");

@@ -63,11 +63,7 @@ fn sends(stack: &Stack) -> HashMap<String, usize> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_input_the_model_fails_on_fails_alone_and_its_20_batch_mates_are_served() {
-    let stack = stack_with(Faults {
-        poison_status: Some(424),
-        ..Faults::default()
-    })
-    .await;
+    let stack = stack_with(Faults::poisoned_with(424)).await;
     let mut texts: Vec<String> = (0..20).map(|i| format!("good {i}")).collect();
     texts.insert(9, format!("bad {POISON}"));
     let replies = send_all(&stack, &texts).await;
@@ -98,11 +94,7 @@ async fn one_input_the_model_fails_on_fails_alone_and_its_20_batch_mates_are_ser
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_failing_every_call_with_424_gets_no_bisection_storm() {
-    let stack = stack_with(Faults {
-        fail_with: Some(424),
-        ..Faults::default()
-    })
-    .await;
+    let stack = stack_with(Faults::failing_with(424)).await;
     let texts: Vec<String> = (0..20).map(|i| format!("doomed {i}")).collect();
     let replies = send_all(&stack, &texts).await;
     assert!(

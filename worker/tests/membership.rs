@@ -86,10 +86,7 @@ async fn a_worker_leaves_while_its_upstream_fails_and_rejoins_when_it_recovers()
     assert_eq!(state(&raw).await.as_deref(), Some(membership::JOINED));
     assert_eq!(embed(&client, "before").await, Ok(200));
 
-    tei.set_faults(Faults {
-        fail_with: Some(500),
-        ..Faults::default()
-    });
+    tei.set_faults(Faults::failing_with(500));
     for _ in 0..2 {
         assert_eq!(embed(&client, "while failing").await, Ok(424));
     }

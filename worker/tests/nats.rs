@@ -188,10 +188,7 @@ async fn upstream_down_answers_503_fast_and_upstream_5xx_answers_424() {
     worker.stop().await;
 
     let tei = start_tei(TeiConfig::instant()).await;
-    tei.set_faults(Faults {
-        fail_with: Some(500),
-        ..Faults::default()
-    });
+    tei.set_faults(Faults::failing_with(500));
     // Static membership: this is about the answers of a worker whose upstream fails (an
     // adaptive worker would leave the group; see tests/membership.rs).
     let worker = RunningWorker::start(
