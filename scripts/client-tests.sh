@@ -18,14 +18,11 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 started=$SECONDS
 
-step() { printf '\n==> %s\n' "$*" >&2; }
+# shellcheck source=scripts/processes.sh
+source scripts/processes.sh
 tmp=$(mktemp -d)
-pids=()
 cleanup() {
-  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
-    kill -TERM "${pids[i]}" 2>/dev/null || true
-    wait "${pids[i]}" 2>/dev/null || true
-  done
+  stop_started
   rm -rf "$tmp"
 }
 trap cleanup EXIT

@@ -18,7 +18,8 @@ metrics_port=${WORKER_METRICS_PORT:-9091}
 run_dir=.run
 mkdir -p "$run_dir"
 
-step() { printf '\n==> %s\n' "$*" >&2; }
+# shellcheck source=scripts/processes.sh
+source scripts/processes.sh
 
 step "installing what is missing"
 nats_server=$(scripts/install-nats-server.sh)
@@ -29,15 +30,8 @@ if [ ! -x .bin/venv/bin/python ]; then
 fi
 .bin/venv/bin/pip show nats-py >/dev/null 2>&1 || .bin/venv/bin/pip install --quiet --disable-pip-version-check 'nats-py==2.16.0'
 
-pids=()
-cleanup() {
-  # Gateway and worker first (they drain and flush through NATS), nats-server last.
-  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
-    kill -TERM "${pids[i]}" 2>/dev/null || true
-    wait "${pids[i]}" 2>/dev/null || true
-  done
-}
-trap cleanup EXIT
+# Gateway and worker first (they drain and flush through NATS), nats-server last.
+trap stop_started EXIT
 
 step "starting nats-server :$nats_port, a worker (built-in model) and the gateway :$gateway_port (logs in $run_dir/)"
 "$nats_server" -c nats/nats.conf -p "$nats_port" >"$run_dir/nats.log" 2>&1 &

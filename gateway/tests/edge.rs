@@ -6,10 +6,12 @@ mod common;
 
 use std::time::Duration;
 
-use common::{assert_tei_error, json_post, start_gateway_at, tei_taking, wait_until};
+use common::{
+    assert_tei_error, json_post, read_to_close, start_gateway_at, tei_taking, wait_until,
+};
 use embatch_protocol::Input;
-use embatch_testkit::{NatsServer, Stack, TeiConfig};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use embatch_testkit::{NatsServer, ONE_CALL_AT_A_TIME, Stack, TeiConfig};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 fn embed_body(text: &str) -> String {
@@ -31,35 +33,23 @@ async fn post(
     .await
 }
 
-/// Reads until the server closes the connection; the bytes read.
-/// What the server sent before it closed the connection, or `None` if it kept it open past
-/// `limit`. A reset counts as closed: a server that closes with our request unread makes the
-/// kernel answer with RST rather than FIN, depending on timing.
-async fn read_to_close(stream: &mut TcpStream, limit: Duration) -> Option<Vec<u8>> {
-    let mut out = Vec::new();
-    match tokio::time::timeout(limit, stream.read_to_end(&mut out)).await {
-        Ok(Ok(_)) => Some(out),
-        Ok(Err(err)) if err.kind() == std::io::ErrorKind::ConnectionReset => Some(out),
-        Ok(Err(err)) => panic!("reading the connection failed: {err}"),
-        Err(_) => None,
-    }
+/// Posts `text` and asserts that it is shed: 429 with `Retry-After: 1` and TEI's `Overloaded`
+/// error body with `needle` in its message.
+async fn assert_shed(url: &str, text: &str, needle: &str) {
+    let shed = post(url, text, Duration::from_secs(10))
+        .await
+        .expect("HTTP response");
+    assert_eq!(shed.status().as_u16(), 429);
+    assert_eq!(shed.headers()["retry-after"], "1");
+    let body: serde_json::Value = shed.json().await.expect("TEI error body");
+    assert_tei_error(&body, "Overloaded", needle);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_disconnects_costs_no_upstream_call() {
     // One call at a time, one input per call, 600 ms each: a second request waits in the queue.
-    let Stack { nats, tei, worker } = Stack::start(
-        tei_taking(Duration::from_millis(600)),
-        &[
-            "--max-batch-size",
-            "1",
-            "--max-concurrent-batches",
-            "1",
-            "--max-wait-time",
-            "1ms",
-        ],
-    )
-    .await;
+    let Stack { nats, tei, worker } =
+        Stack::start(tei_taking(Duration::from_millis(600)), &ONE_CALL_AT_A_TIME).await;
     let gateway = start_gateway_at(&nats.url(), &[], None).await;
 
     let url = gateway.url.clone();
@@ -154,13 +144,7 @@ async fn beyond_max_in_flight_the_gateway_sheds_with_429_and_retry_after() {
         !tei.calls().is_empty()
     })
     .await;
-    let shed = post(&gateway.url, "second", Duration::from_secs(10))
-        .await
-        .expect("HTTP response");
-    assert_eq!(shed.status().as_u16(), 429);
-    assert_eq!(shed.headers()["retry-after"], "1");
-    let body: serde_json::Value = shed.json().await.expect("TEI error body");
-    assert_tei_error(&body, "Overloaded", "MAX_IN_FLIGHT");
+    assert_shed(&gateway.url, "second", "MAX_IN_FLIGHT").await;
     let first = first.await.expect("joins").expect("HTTP response");
     assert_eq!(first.status().as_u16(), 200);
     worker.stop().await;
@@ -214,13 +198,7 @@ async fn every_worker_full_is_429_with_retry_after_and_no_worker_is_503() {
         tei.calls().len() >= 2
     })
     .await;
-    let shed = post(&gateway.url, "one too many", Duration::from_secs(10))
-        .await
-        .expect("HTTP response");
-    assert_eq!(shed.status().as_u16(), 429);
-    assert_eq!(shed.headers()["retry-after"], "1");
-    let body: serde_json::Value = shed.json().await.expect("TEI error body");
-    assert_tei_error(&body, "Overloaded", "retry in");
+    assert_shed(&gateway.url, "one too many", "retry in").await;
     for task in queued {
         let status = task.await.expect("joins").expect("HTTP response").status();
         assert!(matches!(status.as_u16(), 200 | 429), "{status}");

@@ -10,22 +10,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{json_post, start_gateway_at};
+use common::{json_post, read_to_close, start_gateway_at};
 use embatch_testkit::{NatsServer, Stack, TeiConfig, free_port, wait_for_port};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-/// What the server sent before it closed the connection, or `None` if it kept it open past
-/// `limit` (a reset counts as closed).
-async fn read_to_close(stream: &mut TcpStream, limit: Duration) -> Option<Vec<u8>> {
-    let mut out = Vec::new();
-    match tokio::time::timeout(limit, stream.read_to_end(&mut out)).await {
-        Ok(Ok(_)) => Some(out),
-        Ok(Err(err)) if err.kind() == std::io::ErrorKind::ConnectionReset => Some(out),
-        Ok(Err(err)) => panic!("reading the connection failed: {err}"),
-        Err(_) => None,
-    }
-}
 
 /// Connects to `addr` and sends `path`'s request headers with `Content-Length: 100`, then the
 /// first 14 bytes of a 100-byte JSON body.

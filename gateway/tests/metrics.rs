@@ -108,13 +108,13 @@ async fn gateway_and_worker_metrics_after_a_short_load() {
     )
     .await;
 
-    let gateway = start_gateway_at(
-        &nats.url(),
-        &["--max-client-batch-size", "16"],
-        Some(handle.clone()),
-    )
-    .await
-    .url;
+    // Every gateway of this test is on its server and records into the process's recorder.
+    let gateway_on = async |args: &[&str]| {
+        start_gateway_at(&nats.url(), args, Some(handle.clone()))
+            .await
+            .url
+    };
+    let gateway = gateway_on(&["--max-client-batch-size", "16"]).await;
     let worker_http = serve(worker_app(HttpState {
         metrics: handle.clone(),
         client: async_nats::connect(nats.url())
@@ -301,13 +301,7 @@ async fn gateway_and_worker_metrics_after_a_short_load() {
 
     // A gateway on a subject no worker serves: "no responders" is retried (~150 ms) before its
     // 503, and the retries are counted.
-    let lonely = start_gateway_at(
-        &nats.url(),
-        &["--subject", "unserved"],
-        Some(handle.clone()),
-    )
-    .await
-    .url;
+    let lonely = gateway_on(&["--subject", "unserved"]).await;
     let retried = |g: &BTreeMap<String, f64>| {
         let series = r#"embatch_client_retries_total{reason="no_responders"}"#;
         g.get(series).copied().unwrap_or(0.0)

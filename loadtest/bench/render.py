@@ -24,10 +24,19 @@ def find(runs: list[dict], **match) -> dict | None:
     return None
 
 
-def render_gpu_rates(res: dict, targets: list) -> list[str]:
-    runs = res["runs"]
+def runs_settings_batch(res: dict) -> tuple[list[dict], dict, int]:
+    """A scenario file's runs, its settings and the workers' MAX_BATCH_SIZE (inputs)."""
     s = res["settings"]
-    batch = int(s["worker"]["MAX_BATCH_SIZE"])
+    return res["runs"], s, int(s["worker"]["MAX_BATCH_SIZE"])
+
+
+def p50_p99(r: dict) -> str:
+    """The `p50 ms | p99 ms` cells of a report's latency (successful requests)."""
+    return f"{fmt_ms(lat(r, 'p50_ms'))} | {fmt_ms(lat(r, 'p99_ms'))}"
+
+
+def render_gpu_rates(res: dict, targets: list) -> list[str]:
+    runs, s, batch = runs_settings_batch(res)
     wait_ms = parse_duration_ms(s["worker"]["MAX_WAIT_TIME"])
     ceiling = s["ceiling"]
     one_ms = GPU_BASE_MS + GPU_PER_INPUT_US / 1e3
@@ -51,7 +60,7 @@ def render_gpu_rates(res: dict, targets: list) -> list[str]:
             if r is None:
                 continue
             out.append(f"| {rate:,} | {path} | {fmt_rate(throughput(r))} | {fmt_rate(goodput(r))}"
-                       f" | {fmt_ms(lat(r, 'p50_ms'))} | {fmt_ms(lat(r, 'p99_ms'))}"
+                       f" | {p50_p99(r)}"
                        f" | {failures(r)} |")
     out.append("")
     for path in ("gateway", "nats"):
@@ -177,7 +186,7 @@ def render_pipeline(res: dict, targets: list) -> list[str]:
         share = (f"{throughput(r) / throughput(direct):.0%}" if direct and throughput(direct)
                  else "-")
         out.append(f"| {run['path']} | {fmt_rate(throughput(r))} | {share} | "
-                   f"{fmt_ms(lat(r, 'p50_ms'))} | {fmt_ms(lat(r, 'p99_ms'))} | "
+                   f"{p50_p99(r)} | "
                    + " | ".join(cells) + f" | {busy} |")
     if direct and throughput(direct):
         for path, floor in (("gateway", 0.80), ("nats", 0.90)):
@@ -199,9 +208,7 @@ def render_pipeline(res: dict, targets: list) -> list[str]:
 
 
 def render_closed_gpu(res: dict, targets: list) -> list[str]:
-    runs = res["runs"]
-    s = res["settings"]
-    batch = int(s["worker"]["MAX_BATCH_SIZE"])
+    runs, s, batch = runs_settings_batch(res)
     out = [f"Fake upstream {GPU_BASE_MS} ms + {GPU_PER_INPUT_US} µs/input, one call at a time "
            f"(ceiling {s['ceiling']:,.0f} req/s with full batches of {batch}); closed loop with "
            f"{s['concurrency']} requests in flight, single-input requests. With 2 × "
@@ -221,8 +228,8 @@ def render_closed_gpu(res: dict, targets: list) -> list[str]:
         share = (f"{throughput(r) / throughput(nats):.1%}"
                  if nats and throughput(nats) and run["path"] != "direct" else "-")
         out.append(f"| {run['path']} | {fmt_rate(throughput(r))} | {share} | "
-                   f"{'-' if mb is None else f'{mb:.1f}'} | {fmt_ms(lat(r, 'p50_ms'))} | "
-                   f"{fmt_ms(lat(r, 'p99_ms'))} | {failures(r)} |")
+                   f"{'-' if mb is None else f'{mb:.1f}'} | {p50_p99(r)}"
+                   f" | {failures(r)} |")
     gw = find(runs, path="gateway")
     if gw and nats and throughput(nats):
         share = throughput(gw) / throughput(nats)
@@ -236,9 +243,7 @@ def render_closed_gpu(res: dict, targets: list) -> list[str]:
 
 
 def render_scaling(res: dict, targets: list) -> list[str]:
-    runs = res["runs"]
-    s = res["settings"]
-    batch = int(s["worker"]["MAX_BATCH_SIZE"])
+    runs, s, batch = runs_settings_batch(res)
     out = [f"Each worker has its own fake upstream ({SLOW_BASE_MS} ms + {SLOW_PER_INPUT_US} "
            f"µs/input, one call at a time: ≈ {s['per_worker_capacity']:.0f} req/s per worker at "
            f"batch {batch}); load through the gateway, closed loop with 160 requests in flight "
@@ -250,7 +255,7 @@ def render_scaling(res: dict, targets: list) -> list[str]:
         r = run["report"]
         x = f"{goodput(r) / goodput(one):.2f}×" if one and goodput(one) > 0 else "-"
         out.append(f"| {run['workers']} | {fmt_rate(goodput(r))} | {x} | "
-                   f"{fmt_ms(lat(r, 'p50_ms'))} | {fmt_ms(lat(r, 'p99_ms'))} | {failures(r)} |")
+                   f"{p50_p99(r)} | {failures(r)} |")
     four = find(runs, workers=4)
     if one and four and goodput(one) > 0:
         x = goodput(four) / goodput(one)
@@ -272,8 +277,8 @@ def render_tuning(res: dict, targets: list) -> list[str]:
         b = r.get("batches") or {}
         mb, calls = b.get("mean_batch_inputs"), b.get("upstream_calls_per_s")
         out.append(f"| {run['max_wait_ms']} ms | {run['max_batch_size']} | "
-                   f"{fmt_rate(goodput(r))} | {fmt_ms(lat(r, 'p50_ms'))} | "
-                   f"{fmt_ms(lat(r, 'p99_ms'))} | {'-' if mb is None else f'{mb:.1f}'} | "
+                   f"{fmt_rate(goodput(r))} | {p50_p99(r)}"
+                   f" | {'-' if mb is None else f'{mb:.1f}'} | "
                    f"{fmt_rate(calls)} | {fmt_ms(b.get('mean_queue_wait_ms'))} | {failures(r)} |")
     return out
 
@@ -451,9 +456,7 @@ def worker_cell(b: dict | None) -> str:
 
 
 def render_uneven_workers(res: dict, targets: list) -> list[str]:
-    runs = res["runs"]
-    s = res["settings"]
-    batch = int(s["worker"]["MAX_BATCH_SIZE"])
+    runs, s, batch = runs_settings_batch(res)
     cap = s["capacity"]
     rate = s["rate"]
     out = [f"Worker A on {s['upstreams']['A']} (≈ {cap['A']:,.0f} req/s at batch {batch}), "
@@ -470,8 +473,8 @@ def render_uneven_workers(res: dict, targets: list) -> list[str]:
         r = run["report"]
         by_worker = r.get("batches_by_worker") or [None, None]
         out.append(f"| {when_label(run)} | {fmt_rate(run['rate'])} | {fmt_rate(goodput(r))} | "
-                   f"{goodput(r) / run['rate']:.1%} | {fmt_ms(lat(r, 'p50_ms'))} | "
-                   f"{fmt_ms(lat(r, 'p99_ms'))} | {fmt_ms(failure_lat(r, 'max_ms'))} | "
+                   f"{goodput(r) / run['rate']:.1%} | {p50_p99(r)}"
+                   f" | {fmt_ms(failure_lat(r, 'max_ms'))} | "
                    f"{failures(r)} | {worker_cell(by_worker[0])} | {worker_cell(by_worker[1])} |")
     for t in (
         membership_target(runs, f"10. Uneven workers, adaptive: goodput ≥ 97% of the {rate:,} "
@@ -670,7 +673,7 @@ def render_recovery(res: dict, targets: list) -> list[str]:
         if len(run.get("events") or []) > 4:
             events = f"{len(run['events'])} events"
         out.append(f"| {run['case']} | {req['succeeded'] + req['failed']:,} | {req['failed']:,} "
-                   f"| {failures(r)} | {fmt_ms(lat(r, 'p50_ms'))} | {fmt_ms(lat(r, 'p99_ms'))} "
+                   f"| {failures(r)} | {p50_p99(r)} "
                    f"| {fmt_ms(lat(r, 'max_ms'))} | {events} |")
         targets.append((f"recovery, {run['case']}: 0 failures", f"{req['failed']:,}",
                         req["failed"] == 0))

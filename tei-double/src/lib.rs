@@ -141,6 +141,26 @@ pub struct Faults {
     pub poison_status: Option<u16>,
 }
 
+impl Faults {
+    /// Every call answered `status` with TEI's error body for it ([`Faults::fail_with`]); no
+    /// other fault.
+    pub fn failing_with(status: u16) -> Faults {
+        Faults {
+            fail_with: Some(status),
+            ..Faults::default()
+        }
+    }
+
+    /// A call with a [`POISON`] input answered `status` after its compute time
+    /// ([`Faults::poison_status`]); no other fault.
+    pub fn poisoned_with(status: u16) -> Faults {
+        Faults {
+            poison_status: Some(status),
+            ..Faults::default()
+        }
+    }
+}
+
 /// The shared log of calls, in arrival order. Cloning shares the log.
 #[derive(Debug, Clone, Default)]
 pub struct CallLog {

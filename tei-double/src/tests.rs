@@ -12,12 +12,16 @@ fn config() -> Config {
     }
 }
 
-async fn post(
-    client: &reqwest::Client,
-    tei: &TeiDouble,
-    body: serde_json::Value,
-) -> (u16, serde_json::Value) {
-    let resp = client
+/// The double with [`config`] but `base` of compute time per call, on a free port.
+async fn spawn_taking(base: Duration) -> TeiDouble {
+    TeiDouble::spawn(Config { base, ..config() })
+        .await
+        .expect("spawn")
+}
+
+/// `POST /embed` of `body` to `tei` (on a client of its own); the status and the JSON body.
+async fn post(tei: &TeiDouble, body: serde_json::Value) -> (u16, serde_json::Value) {
+    let resp = reqwest::Client::new()
         .post(tei.embed_url())
         .json(&body)
         .send()
@@ -69,10 +73,8 @@ fn cost_is_base_plus_per_input() {
 #[tokio::test]
 async fn embeds_in_order_and_records_calls() {
     let tei = TeiDouble::spawn(config()).await.expect("spawn");
-    let client = reqwest::Client::new();
 
     let (status, body) = post(
-        &client,
         &tei,
         serde_json::json!({"inputs": ["a", "b", "a"], "normalize": false}),
     )
@@ -84,7 +86,7 @@ async fn embeds_in_order_and_records_calls() {
     assert_eq!(vectors[1], embedding("b", 16, None, false));
     assert_eq!(vectors[0], vectors[2]);
 
-    let (status, body) = post(&client, &tei, serde_json::json!({"inputs": "a"})).await;
+    let (status, body) = post(&tei, serde_json::json!({"inputs": "a"})).await;
     assert_eq!(status, 200);
     let vectors: Vec<Vec<f32>> = serde_json::from_value(body).expect("vectors");
     assert_eq!(vectors, [embedding("a", 16, None, true)]);
@@ -101,10 +103,8 @@ async fn embeds_in_order_and_records_calls() {
 #[tokio::test]
 async fn errors_have_teis_shape() {
     let tei = TeiDouble::spawn(config()).await.expect("spawn");
-    let client = reqwest::Client::new();
 
     let (status, body) = post(
-        &client,
         &tei,
         serde_json::json!({"inputs": ["1", "2", "3", "4", "5"]}),
     )
@@ -119,7 +119,6 @@ async fn errors_have_teis_shape() {
     );
 
     let (status, body) = post(
-        &client,
         &tei,
         serde_json::json!({"inputs": ["ok", "x __poison__ y"]}),
     )
@@ -127,11 +126,11 @@ async fn errors_have_teis_shape() {
     assert_eq!(status, 422);
     assert_eq!(body["error_type"], "Validation");
 
-    let (status, body) = post(&client, &tei, serde_json::json!({"inputs": []})).await;
+    let (status, body) = post(&tei, serde_json::json!({"inputs": []})).await;
     assert_eq!(status, 400);
     assert_eq!(body["error_type"], "Empty");
 
-    let (status, _) = post(&client, &tei, serde_json::json!({"nope": 1})).await;
+    let (status, _) = post(&tei, serde_json::json!({"nope": 1})).await;
     assert_eq!(status, 422);
 
     let statuses: Vec<u16> = tei.calls().iter().map(|c| c.status).collect();
@@ -145,16 +144,12 @@ async fn errors_have_teis_shape() {
 #[tokio::test]
 async fn injected_faults_apply_to_later_calls_and_are_recorded() {
     let tei = TeiDouble::spawn(config()).await.expect("spawn");
-    let client = reqwest::Client::new();
-    tei.set_faults(Faults {
-        fail_with: Some(503),
-        ..Faults::default()
-    });
-    let (status, body) = post(&client, &tei, serde_json::json!({"inputs": "a"})).await;
+    tei.set_faults(Faults::failing_with(503));
+    let (status, body) = post(&tei, serde_json::json!({"inputs": "a"})).await;
     assert_eq!(status, 503);
     assert_eq!(body["error_type"], "Unhealthy");
     tei.set_faults(Faults::default());
-    let (status, _) = post(&client, &tei, serde_json::json!({"inputs": "a"})).await;
+    let (status, _) = post(&tei, serde_json::json!({"inputs": "a"})).await;
     assert_eq!(status, 200);
     let statuses: Vec<u16> = tei.calls().iter().map(|c| c.status).collect();
     assert_eq!(statuses, [503, 200]);
@@ -162,27 +157,18 @@ async fn injected_faults_apply_to_later_calls_and_are_recorded() {
 
 #[tokio::test]
 async fn a_poisoned_input_fails_with_the_injected_status_after_its_compute_time() {
-    let tei = TeiDouble::spawn(Config {
-        base: Duration::from_millis(50),
-        ..config()
-    })
-    .await
-    .expect("spawn");
-    let client = reqwest::Client::new();
+    let tei = spawn_taking(Duration::from_millis(50)).await;
     let poisoned = serde_json::json!({"inputs": ["a", format!("b {POISON}")]});
     let started = Instant::now();
-    let (status, body) = post(&client, &tei, poisoned.clone()).await;
+    let (status, body) = post(&tei, poisoned.clone()).await;
     assert_eq!(status, 422, "TEI's validation by default: {body}");
     assert!(
         started.elapsed() < Duration::from_millis(50),
         "rejected at once"
     );
-    tei.set_faults(Faults {
-        poison_status: Some(424),
-        ..Faults::default()
-    });
+    tei.set_faults(Faults::poisoned_with(424));
     let started = Instant::now();
-    let (status, body) = post(&client, &tei, poisoned).await;
+    let (status, body) = post(&tei, poisoned).await;
     assert_eq!(status, 424, "{body}");
     assert_eq!(body["error_type"], "Backend");
     assert!(
@@ -195,7 +181,7 @@ async fn a_poisoned_input_fails_with_the_injected_status_after_its_compute_time(
         started.elapsed() >= Duration::from_millis(50),
         "after the compute time"
     );
-    let (status, _) = post(&client, &tei, serde_json::json!({"inputs": ["a"]})).await;
+    let (status, _) = post(&tei, serde_json::json!({"inputs": ["a"]})).await;
     assert_eq!(status, 200, "other calls are served");
     let statuses: Vec<u16> = tei.calls().iter().map(|c| c.status).collect();
     assert_eq!(statuses, [422, 424, 200]);
@@ -252,12 +238,7 @@ async fn info_and_health() {
 
 #[tokio::test]
 async fn one_call_at_a_time() {
-    let tei = TeiDouble::spawn(Config {
-        base: Duration::from_millis(50),
-        ..config()
-    })
-    .await
-    .expect("spawn");
+    let tei = spawn_taking(Duration::from_millis(50)).await;
     let client = reqwest::Client::new();
     let start = Instant::now();
     let calls = (0..4).map(|i| {

@@ -205,6 +205,18 @@ pub async fn start_tei(config: TeiConfig) -> TeiDouble {
     TeiDouble::spawn(config).await.expect("bind the TEI double")
 }
 
+/// Worker arguments for one input per upstream call, one call at a time, sent at once
+/// (`--max-batch-size 1 --max-concurrent-batches 1 --max-wait-time 1ms`): with a slow TEI
+/// double, a second request waits in the worker's queue for the first call's whole duration.
+pub const ONE_CALL_AT_A_TIME: [&str; 6] = [
+    "--max-batch-size",
+    "1",
+    "--max-concurrent-batches",
+    "1",
+    "--max-wait-time",
+    "1ms",
+];
+
 /// Bad request bodies that every entry point (gateway HTTP, direct NATS) refuses before any
 /// upstream work, with a limit of 3 inputs per request: `(body, status, error_type, a part of
 /// the message)`. Statuses and bodies follow TEI 1.9.3.

@@ -2,11 +2,13 @@
 //! TEI double: its batch-mates are served and only its request fails; an upstream answering 424
 //! to everything gets no bisection storm.
 
+mod common;
+
 use std::collections::HashMap;
-use std::time::Duration;
 
 use bytes::Bytes;
-use embatch_client::{EmbedClient, RequestError};
+use common::embed_status;
+use embatch_client::EmbedClient;
 use embatch_testkit::{Faults, POISON, Stack, TeiConfig, double_vector};
 
 /// Batches form only when full or after 250 ms: requests sent together share one batch.
@@ -19,6 +21,13 @@ const WORKER: &[&str] = &[
     "false",
 ];
 
+/// A [`Stack`] on an instant TEI double with `faults`, the worker started with [`WORKER`].
+async fn stack_with(faults: Faults) -> Stack {
+    let stack = Stack::start(TeiConfig::instant(), WORKER).await;
+    stack.tei.set_faults(faults);
+    stack
+}
+
 /// Sends one single-input request per text at once; each reply's status and body.
 async fn send_all(stack: &Stack, texts: &[String]) -> Vec<(u16, serde_json::Value)> {
     let raw = async_nats::connect(stack.nats.url())
@@ -30,19 +39,7 @@ async fn send_all(stack: &Stack, texts: &[String]) -> Vec<(u16, serde_json::Valu
         .map(|text| {
             let client = client.clone();
             let body = Bytes::from(serde_json::json!({ "inputs": text }).to_string());
-            tokio::spawn(async move {
-                match client.embed(body, Duration::from_secs(10)).await {
-                    Ok(reply) => (
-                        200,
-                        serde_json::from_slice(&reply.payload).expect("JSON payload"),
-                    ),
-                    Err(RequestError::Reply(err)) => (
-                        err.status(),
-                        serde_json::to_value(err.to_response()).expect("serializes"),
-                    ),
-                    Err(err) => panic!("no reply: {err}"),
-                }
-            })
+            tokio::spawn(async move { embed_status(&client, body).await })
         })
         .collect();
     let mut replies = Vec::new();
@@ -66,11 +63,7 @@ fn sends(stack: &Stack) -> HashMap<String, usize> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_input_the_model_fails_on_fails_alone_and_its_20_batch_mates_are_served() {
-    let stack = Stack::start(TeiConfig::instant(), WORKER).await;
-    stack.tei.set_faults(Faults {
-        poison_status: Some(424),
-        ..Faults::default()
-    });
+    let stack = stack_with(Faults::poisoned_with(424)).await;
     let mut texts: Vec<String> = (0..20).map(|i| format!("good {i}")).collect();
     texts.insert(9, format!("bad {POISON}"));
     let replies = send_all(&stack, &texts).await;
@@ -101,11 +94,7 @@ async fn one_input_the_model_fails_on_fails_alone_and_its_20_batch_mates_are_ser
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_failing_every_call_with_424_gets_no_bisection_storm() {
-    let stack = Stack::start(TeiConfig::instant(), WORKER).await;
-    stack.tei.set_faults(Faults {
-        fail_with: Some(424),
-        ..Faults::default()
-    });
+    let stack = stack_with(Faults::failing_with(424)).await;
     let texts: Vec<String> = (0..20).map(|i| format!("doomed {i}")).collect();
     let replies = send_all(&stack, &texts).await;
     assert!(

@@ -7,7 +7,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use embatch_client::{EmbedClient, RequestError};
 use embatch_protocol::headers::membership;
-use embatch_testkit::{Faults, NatsServer, RunningWorker, TeiConfig, start_tei};
+use embatch_testkit::{
+    Faults, NatsServer, ONE_CALL_AT_A_TIME, RunningWorker, TeiConfig, start_tei,
+};
 use futures::StreamExt;
 
 async fn connect(nats: &NatsServer) -> async_nats::Client {
@@ -84,10 +86,7 @@ async fn a_worker_leaves_while_its_upstream_fails_and_rejoins_when_it_recovers()
     assert_eq!(state(&raw).await.as_deref(), Some(membership::JOINED));
     assert_eq!(embed(&client, "before").await, Ok(200));
 
-    tei.set_faults(Faults {
-        fail_with: Some(500),
-        ..Faults::default()
-    });
+    tei.set_faults(Faults::failing_with(500));
     for _ in 0..2 {
         assert_eq!(embed(&client, "while failing").await, Ok(424));
     }
@@ -210,22 +209,10 @@ async fn a_full_worker_leaves_only_while_another_has_room_and_no_worker_is_503()
         concurrency: 1,
         ..TeiConfig::instant()
     };
-    let args = |url: &str| {
-        [
-            "--tei-url",
-            url,
-            "--max-batch-size",
-            "1",
-            "--max-concurrent-batches",
-            "1",
-            "--max-wait-time",
-            "1ms",
-        ]
-        .map(str::to_owned)
-    };
     let tei = start_tei(slow()).await;
-    let lone_args = args(&tei.url);
-    let lone = RunningWorker::start(&nats, &lone_args.each_ref().map(String::as_str)).await;
+    let mut lone_args = vec!["--tei-url", tei.url.as_str()];
+    lone_args.extend(ONE_CALL_AT_A_TIME);
+    let lone = RunningWorker::start(&nats, &lone_args).await;
     let raw = connect(&nats).await;
     let client = EmbedClient::new(raw.clone(), "embed");
     assert_eq!(embed(&client, "measure").await, Ok(200));

@@ -1,10 +1,13 @@
 //! The worker over a real nats-server, against a TEI test double: the wire contract, batching
 //! across concurrent clients, fault isolation, overload and shutdown.
 
+mod common;
+
 use std::time::Duration;
 
 use bytes::Bytes;
-use embatch_client::{EmbedClient, RequestError};
+use common::embed_status;
+use embatch_client::EmbedClient;
 use embatch_protocol::{Input, headers};
 use embatch_testkit::{
     Faults, NatsServer, POISON, RunningWorker, TeiConfig, double_vector, embedding_of, start_tei,
@@ -39,28 +42,7 @@ async fn connect(nats: &NatsServer) -> async_nats::Client {
 /// (200 or the error code) and the payload (TEI's response or error body).
 async fn request(client: &async_nats::Client, body: &str) -> (u16, serde_json::Value) {
     let client = EmbedClient::new(client.clone(), "embed");
-    match client
-        .embed(Bytes::from(body.to_owned()), Duration::from_secs(10))
-        .await
-    {
-        Ok(reply) => (
-            200,
-            serde_json::from_slice(&reply.payload).expect("JSON payload"),
-        ),
-        Err(RequestError::Reply(err)) => (
-            err.status(),
-            serde_json::to_value(err.to_response()).expect("serializes"),
-        ),
-        // Discovery's verdict when no worker is a member of the queue group (429 or 503).
-        Err(err @ (RequestError::Saturated { .. } | RequestError::Unhealthy { .. })) => {
-            let err = embatch_protocol::EmbedError::from(err);
-            (
-                err.status(),
-                serde_json::to_value(err.to_response()).expect("serializes"),
-            )
-        }
-        Err(err) => panic!("no reply: {err}"),
-    }
+    embed_status(&client, Bytes::from(body.to_owned())).await
 }
 
 /// The reply's vectors as f32, as a client decodes them.
@@ -206,10 +188,7 @@ async fn upstream_down_answers_503_fast_and_upstream_5xx_answers_424() {
     worker.stop().await;
 
     let tei = start_tei(TeiConfig::instant()).await;
-    tei.set_faults(Faults {
-        fail_with: Some(500),
-        ..Faults::default()
-    });
+    tei.set_faults(Faults::failing_with(500));
     // Static membership: this is about the answers of a worker whose upstream fails (an
     // adaptive worker would leave the group; see tests/membership.rs).
     let worker = RunningWorker::start(

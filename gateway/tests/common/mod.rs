@@ -119,3 +119,21 @@ pub async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     }
     panic!("timed out waiting until {what}");
 }
+
+/// What the server sent before it closed the connection, or `None` if it kept it open past
+/// `limit`. A reset counts as closed: a server that closes with our request unread makes the
+/// kernel answer with RST rather than FIN, depending on timing.
+///
+/// # Panics
+/// On any other read error.
+#[allow(dead_code)] // not every test binary uses every helper
+pub async fn read_to_close(stream: &mut tokio::net::TcpStream, limit: Duration) -> Option<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let mut out = Vec::new();
+    match tokio::time::timeout(limit, stream.read_to_end(&mut out)).await {
+        Ok(Ok(_)) => Some(out),
+        Ok(Err(err)) if err.kind() == std::io::ErrorKind::ConnectionReset => Some(out),
+        Ok(Err(err)) => panic!("reading the connection failed: {err}"),
+        Err(_) => None,
+    }
+}

@@ -340,10 +340,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_input_the_model_fails_on_is_isolated_and_its_batch_mates_are_served() {
         let (tei, upstream) = tei().await;
-        tei.set_faults(Faults {
-            poison_status: Some(424),
-            ..Faults::default()
-        });
+        tei.set_faults(Faults::poisoned_with(424));
         for poisoned in [0, 7, 20] {
             tei.calls.clear();
             let texts = texts(Some(poisoned));
@@ -388,10 +385,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_upstream_failing_for_everyone_gets_the_batch_and_its_two_halves_only() {
         let (tei, upstream) = tei().await;
-        tei.set_faults(Faults {
-            fail_with: Some(424),
-            ..Faults::default()
-        });
+        tei.set_faults(Faults::failing_with(424));
         let texts = texts(None);
         let (inputs, segments) = batch(&texts);
         let done = run_batch(&upstream, &inputs, &EmbedOptions::default(), segments).await;
@@ -409,10 +403,7 @@ mod tests {
 
         // A 5xx says nothing about an input: no split at all.
         tei.calls.clear();
-        tei.set_faults(Faults {
-            fail_with: Some(500),
-            ..Faults::default()
-        });
+        tei.set_faults(Faults::failing_with(500));
         let (inputs, segments) = batch(&texts);
         let done = run_batch(&upstream, &inputs, &EmbedOptions::default(), segments).await;
         assert!(done.results.iter().all(|(_, r)| r.is_err()));
@@ -422,10 +413,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn two_failing_requests_in_one_half_are_both_isolated_within_the_budget() {
         let (tei, upstream) = tei().await;
-        tei.set_faults(Faults {
-            poison_status: Some(424),
-            ..Faults::default()
-        });
+        tei.set_faults(Faults::poisoned_with(424));
         let mut texts = texts(Some(2));
         texts[8] = format!("also bad {POISON}");
         let (inputs, segments) = batch(&texts);
