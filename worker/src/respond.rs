@@ -47,9 +47,10 @@ impl Answer {
         }
     }
 
-    /// Publishes the reply to `request`'s inbox on `client` and counts it in `stats`, with the
-    /// time since `received`. A request without a reply subject (published, not requested) is
-    /// only counted.
+    /// Counts the reply in `stats`, with the time since `received`, then publishes it to
+    /// `request`'s inbox on `client`: counted first, so a caller that asks `$SRV.STATS` right
+    /// after its reply sees it counted. A request without a reply subject (published, not
+    /// requested) is only counted.
     pub(crate) async fn send(
         self,
         client: &Client,
@@ -57,6 +58,7 @@ impl Answer {
         stats: &EndpointStats,
         received: Instant,
     ) {
+        stats.record(received.elapsed(), self.error);
         if let Some(inbox) = request.reply.clone()
             && let Err(err) = client
                 .publish_with_headers(inbox, self.headers, self.payload)
@@ -64,6 +66,5 @@ impl Answer {
         {
             tracing::warn!(%err, "cannot publish reply");
         }
-        stats.record(received.elapsed(), self.error);
     }
 }
