@@ -715,7 +715,40 @@ def scenario_recovery_upstream_stop(b: Stack) -> dict:
         for name, sig in (("SIGTERM", signal.SIGTERM), ("SIGKILL", signal.SIGKILL))])
 
 
+INDEXING_INPUTS = 512  # inputs per request: TEI's default max_client_batch_size
+INDEXING_IN_FLIGHT = 8
+SCENARIOS += [("indexing", "18. An indexing client: 8 in flight x 512-input requests, "
+                           "default settings")]
+SCENARIO_NAMES += ["indexing"]
+
+
+def scenario_indexing(b: Stack) -> dict:
+    """A client posting its chunks: closed loop, INDEXING_IN_FLIGHT requests of INDEXING_INPUTS
+    inputs each through the gateway, whose default REQUEST_TIMEOUT (30 s) is their deadline; one
+    worker with every setting at its default on the GPU-like upstream; nats-server with the
+    8 MB max_payload of nats/nats.conf (a 512-input reply of 384 floats is over the 1 MB default).
+    Goodput in inputs/s against the upstream's full-batch ceiling."""
+    mark = b.sup.mark()
+    try:
+        nats = b.nats(max_payload="8MB")
+        _, up = b.fake_upstream(GPU_BASE_MS, GPU_PER_INPUT_US, 1)
+        w = b.worker(nats, tei_url=up, defaults_only=True)
+        b.wait_workers(nats, [w])
+        _, gw = b.gateway(nats, None)
+        r = b.load(f"indexing c={INDEXING_IN_FLIGHT} k={INDEXING_INPUTS}", gw,
+                   concurrency=INDEXING_IN_FLIGHT, inputs_per_request=INDEXING_INPUTS,
+                   warmup=2, duration=b.d(60, 15), timeout=35, workers=[w])
+        settings = w.settings
+    finally:
+        b.sup.stop_since(mark)
+    return {"settings": {"upstream": GPU_UPSTREAM, "worker": settings, "gateway": "defaults",
+                         "in_flight": INDEXING_IN_FLIGHT, "inputs": INDEXING_INPUTS,
+                         "ceiling_inputs_per_s": ceiling(b.defaults.max_batch_size)},
+            "runs": [run_entry("gateway", {"path": "gateway"}, r)]}
+
+
 SCENARIO_FUNCS.update({
+    "indexing": scenario_indexing,
     "recovery_worker_kill": scenario_recovery_worker_kill,
     "recovery_churn": scenario_recovery_churn,
     "recovery_nats_restart": scenario_recovery_nats_restart,

@@ -146,13 +146,16 @@ class Stack:
             self._model_dir = out.stdout.strip().splitlines()[-1]
         return self._model_dir
 
-    def nats(self) -> Nats:
+    def nats(self, max_payload: str | None = None) -> Nats:
+        """Starts nats-server on free ports; `max_payload` (e.g. `8MB`, as nats/nats.conf sets
+        it) goes through a config file, since nats-server has no flag for it."""
         port, mon = free_port(self.ports), free_port(self.ports)
-        child = self.sup.spawn(
-            "nats-server",
-            [self.nats_bin, "-a", "127.0.0.1", "-p", str(port), "-m", str(mon)],
-            self.env(),
-        )
+        argv = [self.nats_bin, "-a", "127.0.0.1", "-p", str(port), "-m", str(mon)]
+        if max_payload is not None:
+            conf = self.log_dir / f"nats-{port}.conf"
+            conf.write_text(f"max_payload: {max_payload}\n")
+            argv += ["-c", str(conf)]
+        child = self.sup.spawn("nats-server", argv, self.env())
         nats = Nats(child, port, mon, self.subject)
         wait_until("nats-server", lambda: port_open(port) and nats.subscribers() >= 0, 15,
                    [child])
@@ -245,7 +248,8 @@ class Stack:
 
     def load(self, label: str, target: Target, *, rate: float | None = None,
              concurrency: int | None = None, duration: float, warmup: float,
-             timeout: float, corpus: str | None = None, workers: list[Worker] = (),
+             timeout: float, corpus: str | None = None, inputs_per_request: int = 1,
+             workers: list[Worker] = (),
              measure_cpu_of: dict[str, Child] | None = None,
              events: list[tuple[float, str, Callable[[], None]]] = ()) -> dict:
         """Runs `embatch-loadtest run` and returns its JSON report, plus `batches` (from the
@@ -270,6 +274,8 @@ class Stack:
                  "--timeout", f"{timeout:g}s", "--json", str(json_path), "--quiet"]
         if corpus:
             argv += ["--corpus", corpus]
+        if inputs_per_request != 1:
+            argv += ["--inputs-per-request", str(inputs_per_request)]
         cpu_before = {n: c.cpu() for n, c in (measure_cpu_of or {}).items()}
         children_before = children_cpu_seconds()
         started = time.monotonic()
