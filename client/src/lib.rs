@@ -294,6 +294,11 @@ impl EmbedClient {
         let mut unavailable = 0u32;
         // The workers that acknowledged a copy, and the reason of the next resend.
         let mut holders: Vec<String> = Vec::new();
+        // Whether any copy was ever acknowledged. `holders` is cleared when a holder's heartbeat
+        // stops (or on a 503), so it cannot tell a worker that predates acknowledgements from one
+        // whose heartbeat was merely late (a starved process): only a success with no
+        // acknowledgement at all turns acknowledgement waits off.
+        let mut acknowledged = false;
         'send: loop {
             if self.wait_connected(deadline).await? {
                 reconnect_grace_until = Instant::now() + RECONNECT_GRACE;
@@ -340,6 +345,7 @@ impl EmbedClient {
                         backoff = Duration::from_millis(10);
                         if let Some(worker) = header(&message, headers::ACCEPTED_BY) {
                             inbox.acknowledged(worker, sent.elapsed());
+                            acknowledged = true;
                             if !holders.iter().any(|h| h == worker) {
                                 holders.push(worker.to_owned());
                             }
@@ -360,7 +366,7 @@ impl EmbedClient {
                                 break "unavailable";
                             }
                         }
-                        if outcome.is_ok() && holders.is_empty() {
+                        if outcome.is_ok() && !acknowledged {
                             inbox.unacknowledged_success();
                         }
                         cancel.disarm();
