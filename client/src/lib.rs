@@ -378,7 +378,7 @@ impl EmbedClient {
                     () = sleep_until(ack_by) => {
                         ack_by = None;
                         if resend_in_time(deadline) {
-                            ack_wait = ack_wait.map(|wait| (wait * 2).min(budget));
+                            ack_wait = ack_wait.map(|wait| (wait * 2).min(ACK_TIMEOUT_MAX));
                             break "no_ack";
                         }
                     }

@@ -115,7 +115,10 @@ async fn a_request_no_worker_acknowledged_is_resent_until_one_does() {
             let reply = client
                 .embed(
                     Bytes::from(serde_json::json!({ "inputs": text }).to_string()),
-                    Duration::from_secs(10),
+                    // Each copy has an even chance of the swallowing member; with resends at
+                    // most ACK_TIMEOUT_MAX apart, 30 s allows ~30 of them, so all 40 requests
+                    // get through but with a chance of about 40 / 2^30.
+                    Duration::from_secs(30),
                 )
                 .await;
             (text, reply)
