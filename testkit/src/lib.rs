@@ -365,3 +365,35 @@ impl RunningWorker {
             .expect("worker task");
     }
 }
+
+/// How many workers answer a NATS micro ping (`$SRV.PING.embatch`) within 200 ms of each other.
+pub async fn workers_answering(client: &async_nats::Client) -> usize {
+    use futures::StreamExt;
+    let inbox = client.new_inbox();
+    let Ok(mut replies) = client.subscribe(inbox.clone()).await else {
+        return 0;
+    };
+    if client
+        .publish_with_reply("$SRV.PING.embatch", inbox, bytes::Bytes::new())
+        .await
+        .is_err()
+    {
+        return 0;
+    }
+    let mut count = 0;
+    while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(200), replies.next()).await {
+        count += 1;
+    }
+    count
+}
+
+/// Pings up to 50 times (at least 10 s) until `expected` workers or more answer
+/// ([`workers_answering`]); `false` when they never did.
+pub async fn wait_for_workers(client: &async_nats::Client, expected: usize) -> bool {
+    for _ in 0..50 {
+        if workers_answering(client).await >= expected {
+            return true;
+        }
+    }
+    false
+}

@@ -16,26 +16,6 @@ use embatch_testkit::{Faults, NatsServer, TeiConfig, TeiDouble, start_tei};
 use futures::StreamExt;
 use tokio::time::Instant;
 
-/// How many workers answer a NATS micro ping within 200 ms.
-async fn workers_answering(client: &async_nats::Client) -> usize {
-    let inbox = client.new_inbox();
-    let Ok(mut replies) = client.subscribe(inbox.clone()).await else {
-        return 0;
-    };
-    if client
-        .publish_with_reply("$SRV.PING.embatch", inbox, Bytes::new())
-        .await
-        .is_err()
-    {
-        return 0;
-    }
-    let mut count = 0;
-    while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(200), replies.next()).await {
-        count += 1;
-    }
-    count
-}
-
 /// A worker process, killed (SIGKILL) when dropped.
 struct Worker(Child);
 
@@ -67,12 +47,11 @@ async fn spawn_worker(
             .spawn()
             .expect("worker binary starts"),
     );
-    for _ in 0..50 {
-        if workers_answering(client).await >= expected {
-            return worker;
-        }
-    }
-    panic!("worker never became ready");
+    assert!(
+        embatch_testkit::wait_for_workers(client, expected).await,
+        "worker never became ready"
+    );
+    worker
 }
 
 fn body(text: &str) -> Bytes {

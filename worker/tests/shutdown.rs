@@ -10,27 +10,6 @@ use embatch_client::EmbedClient;
 use embatch_protocol::headers;
 use embatch_testkit::{NatsServer, TeiConfig, TeiDouble, start_tei};
 
-/// How many workers answer a NATS micro ping within 200 ms.
-async fn workers_answering(client: &async_nats::Client) -> usize {
-    use futures::StreamExt;
-    let inbox = client.new_inbox();
-    let Ok(mut replies) = client.subscribe(inbox.clone()).await else {
-        return 0;
-    };
-    if client
-        .publish_with_reply("$SRV.PING.embatch", inbox, Bytes::new())
-        .await
-        .is_err()
-    {
-        return 0;
-    }
-    let mut count = 0;
-    while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(200), replies.next()).await {
-        count += 1;
-    }
-    count
-}
-
 /// Starts the worker binary on `nats` and `tei` with `env` settings, and waits until
 /// `expected` workers (this one included) answer a NATS micro ping.
 async fn spawn_worker(
@@ -49,10 +28,8 @@ async fn spawn_worker(
         .stderr(Stdio::null())
         .spawn()
         .expect("worker binary starts");
-    for _ in 0..50 {
-        if workers_answering(client).await >= expected {
-            return worker;
-        }
+    if embatch_testkit::wait_for_workers(client, expected).await {
+        return worker;
     }
     let _ = worker.kill();
     let _ = worker.wait();
