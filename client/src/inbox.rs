@@ -34,8 +34,8 @@ const FORGET_AFTER: Duration = Duration::from_secs(60);
 /// stalls processes for tens of ms; each spurious resend is upstream work twice).
 pub const ACK_TIMEOUT_MIN: Duration = Duration::from_millis(100);
 
-/// Longest wait for an acknowledgement before a request is resent (the first time; each further
-/// resend of the same request doubles it): 1 s.
+/// Longest wait for an acknowledgement before a request is resent: 1 s. Each further resend of
+/// the same request doubles its wait, up to this.
 pub const ACK_TIMEOUT_MAX: Duration = Duration::from_secs(1);
 
 /// The acknowledgement wait is this many times the smoothed acknowledgement round trip.
