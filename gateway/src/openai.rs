@@ -7,7 +7,7 @@
 //! then re-shaped into OpenAI's response.
 
 use base64::Engine as _;
-use embatch_protocol::request::Inputs;
+use embatch_protocol::request::{Inputs, invalid_json};
 use embatch_protocol::{EmbedError, EmbedRequest};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -74,9 +74,10 @@ impl EmbeddingsRequest {
     /// Parses an OpenAI request body.
     ///
     /// # Errors
-    /// [`OpenAiError`] wrapping [`EmbedError::Validation`] (422), with `param` naming the
-    /// offending top-level field, for malformed JSON, a missing `input` or a field of the wrong
-    /// type (e.g. token ids as `input`, an unknown `encoding_format`).
+    /// [`OpenAiError`] wrapping [`EmbedError::InvalidJson`] (400) for a body that is not JSON,
+    /// as TEI 1.9.3's route answers it, or [`EmbedError::Validation`] (422), with `param` naming
+    /// the offending top-level field, for a missing `input` or a field of the wrong type (e.g.
+    /// an unknown `encoding_format`).
     pub fn from_slice(body: &[u8]) -> Result<EmbeddingsRequest, OpenAiError> {
         let mut de = serde_json::Deserializer::from_slice(body);
         let request: EmbeddingsRequest =
@@ -84,9 +85,7 @@ impl EmbeddingsRequest {
                 let path = err.path().to_string();
                 let inner = err.into_inner();
                 if inner.is_syntax() || inner.is_eof() {
-                    OpenAiError::new(EmbedError::Validation(format!(
-                        "the request body is not valid JSON: {inner}"
-                    )))
+                    OpenAiError::new(invalid_json(&inner))
                 } else if path == "." || path.is_empty() {
                     OpenAiError::new(EmbedError::Validation(format!(
                         "invalid request body: {inner}"
@@ -99,11 +98,8 @@ impl EmbeddingsRequest {
                     }
                 }
             })?;
-        de.end().map_err(|err| {
-            OpenAiError::new(EmbedError::Validation(format!(
-                "invalid request body: {err}"
-            )))
-        })?;
+        de.end()
+            .map_err(|err| OpenAiError::new(invalid_json(&err)))?;
         Ok(request)
     }
 
@@ -431,7 +427,7 @@ mod tests {
 
     #[test]
     fn bad_requests_name_the_param() {
-        let cases: [(&[u8], Option<&str>); 5] = [
+        let cases: [(&[u8], Option<&str>); 4] = [
             (br#"{"input":[1,"a"]}"#, Some("input")),
             (
                 br#"{"input":"a","encoding_format":"hex"}"#,
@@ -439,12 +435,17 @@ mod tests {
             ),
             (br#"{"input":"a","dimensions":"x"}"#, Some("dimensions")),
             (br#"{"model":"m"}"#, None),
-            (b"{nope", None),
         ];
         for (body, param) in cases {
             let err = EmbeddingsRequest::from_slice(body).expect_err("invalid");
             assert_eq!(err.status(), 422, "{err}");
             assert_eq!(err.param.as_deref(), param, "{err}");
+        }
+        // Not JSON at all: 400, as TEI 1.9.3's OpenAI route answers.
+        for body in [&b"{nope"[..], b"", br#"{"input":"a"} x"#] {
+            let err = EmbeddingsRequest::from_slice(body).expect_err("invalid");
+            assert_eq!(err.status(), 400, "{err}");
+            assert_eq!(err.param, None, "{err}");
         }
     }
 

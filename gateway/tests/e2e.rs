@@ -115,20 +115,37 @@ async fn the_real_model_through_gateway_and_direct_nats_matches_tei() {
         .collect();
     assert_matches(&hello, &got, "token ids on /v1/embeddings");
 
-    // The long input without `truncate` is over the model's 256 tokens: TEI's 413.
-    let long =
-        std::fs::read_to_string(testdata().join("reference-long-input.txt")).expect("long input");
+    // The long input is over the model's 256 tokens. Without `truncate`, TEI 1.9.3 truncates it
+    // (its `--auto-truncate` defaults to true) and answers TEI's truncated embedding; with
+    // `truncate: false` it answers 422.
+    let truncated = reference
+        .cases
+        .iter()
+        .find(|case| case.request["truncate"] == true)
+        .expect("the reference has the long input with `truncate: true`");
+    let long = truncated.request["inputs"].clone();
     let response = http
         .post(format!("{}/embed", gateway.url))
-        .json(&serde_json::json!({ "inputs": long.trim() }))
+        .json(&serde_json::json!({ "inputs": long }))
         .send()
         .await
         .expect("HTTP response");
-    assert_eq!(response.status().as_u16(), 413);
+    assert_eq!(response.status().as_u16(), 200);
+    let got: Vec<Vec<f32>> = response.json().await.expect("vectors");
+    assert_matches(truncated, &got, "a long input without `truncate`");
+    let response = http
+        .post(format!("{}/embed", gateway.url))
+        .json(&serde_json::json!({ "inputs": long, "truncate": false }))
+        .send()
+        .await
+        .expect("HTTP response");
+    assert_eq!(response.status().as_u16(), 422);
     let error: serde_json::Value = response.json().await.expect("error body");
     assert_eq!(error["error_type"], "Validation");
     assert!(
-        error["error"].as_str().expect("message").contains("256"),
+        error["error"].as_str().expect("message").starts_with(
+            "Input validation error: `inputs` must have less than 256 tokens. Given: "
+        ),
         "{error}"
     );
     worker.stop().await;

@@ -6,7 +6,7 @@ use std::time::Instant;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::bert::BertModel;
-use embatch_protocol::{EmbedError, EmbedOptions, Input};
+use embatch_protocol::{EmbedError, EmbedOptions, Input, TruncationDirection};
 
 use crate::LoadError;
 use crate::config::{self, ModelConfig, Pooling};
@@ -133,7 +133,7 @@ impl LocalModel {
 
     /// The longest input the model accepts, in tokens, special tokens included (256 for
     /// all-MiniLM-L6-v2: `max_seq_length` of `sentence_bert_config.json`, as in TEI). Longer
-    /// inputs fail with 413 unless the request asks to truncate.
+    /// inputs are truncated unless the request says `truncate: false` (then 422, as TEI 1.9.3).
     pub fn max_input_length(&self) -> usize {
         self.encoder.max_input_length()
     }
@@ -162,15 +162,15 @@ impl LocalModel {
     ///
     /// `options`, as in TEI's `POST /embed`:
     /// - `prompt_name`: the named prompt from `config_sentence_transformers.json` is prepended;
-    /// - `truncate`: `Some(true)` cuts inputs over [`LocalModel::max_input_length`] tokens to
-    ///   that length, at the end given by `truncation_direction` (default `Right`: keep the
-    ///   start); otherwise such inputs fail;
+    /// - `truncate`: `true` or absent (TEI 1.9.3's default, `--auto-truncate true`) cuts inputs
+    ///   over [`LocalModel::max_input_length`] tokens to that length, at the end given by
+    ///   `truncation_direction` (default `Right`: keep the start); `false` refuses them;
     /// - `dimensions`: keep only the first `dimensions` values (Matryoshka), before normalizing;
     /// - `normalize`: scale each vector to unit L2 norm.
     ///
     /// # Errors
-    /// - [`EmbedError::TooLarge`] (413) when an input is over the token limit and `truncate` is
-    ///   not `Some(true)`: "`inputs` must have less than 256 tokens. Given: 1042".
+    /// - [`EmbedError::Validation`] (422, as TEI 1.9.3) when an input is over the token limit
+    ///   and `truncate` is `false`: "`inputs` must have less than 256 tokens. Given: 1042".
     /// - [`EmbedError::Validation`] (422) for `dimensions` of 0 or over [`LocalModel::dim`], an
     ///   unknown `prompt_name`, or a token id outside the vocabulary (`inputs[i]`); the message
     ///   names the field and the limit or the choices.
@@ -190,8 +190,7 @@ impl LocalModel {
             .as_deref()
             .map(|name| self.encoder.prompt(name))
             .transpose()?;
-        let truncate = (options.truncate == Some(true))
-            .then(|| options.truncation_direction.unwrap_or_default());
+        let truncate = truncation(options);
 
         let tokens = inputs
             .iter()
@@ -293,6 +292,12 @@ impl LocalModel {
         };
         pooled.to_vec2::<f32>()
     }
+}
+
+/// The truncation `options` ask for: `Some(direction)` unless `truncate` is `false`. An absent
+/// `truncate` truncates, as TEI 1.9.3 does by default (its `--auto-truncate` defaults to `true`).
+pub fn truncation(options: &EmbedOptions) -> Option<TruncationDirection> {
+    (options.truncate != Some(false)).then(|| options.truncation_direction.unwrap_or_default())
 }
 
 /// The end (exclusive) of the forward pass that starts at `order[start]`: as many inputs as fit

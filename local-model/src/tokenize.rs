@@ -98,9 +98,9 @@ impl Encoder {
     /// keeping its start (`Right`) or its end (`Left`); `None` refuses it.
     ///
     /// # Errors
-    /// - [`EmbedError::TooLarge`] for an input over the limit when not truncating, with TEI's
-    ///   message: "`inputs` must have less than 256 tokens. Given: 1042" (or, for a huge input,
-    ///   the same about characters).
+    /// - [`EmbedError::Validation`] (422, as TEI 1.9.3) for an input over the limit when not
+    ///   truncating, with TEI's message: "`inputs` must have less than 256 tokens. Given: 1042"
+    ///   (or, for a huge input, the same about characters).
     /// - [`EmbedError::Tokenizer`] when the tokenizer fails.
     pub(crate) fn encode(
         &self,
@@ -126,7 +126,7 @@ impl Encoder {
     /// - [`EmbedError::Validation`] (422) naming `inputs[index]` for an id outside the model's
     ///   vocabulary (the decoder would drop it, and an input of nothing but such ids would give
     ///   the model nothing to embed), or ids that decode to no token at all.
-    /// - As [`Encoder::encode`]: [`EmbedError::TooLarge`] for more than `max_input_length` ids
+    /// - As [`Encoder::encode`]: [`EmbedError::Validation`] for more than `max_input_length` ids
     ///   when not truncating, [`EmbedError::Tokenizer`] when decoding fails.
     pub(crate) fn encode_ids(
         &self,
@@ -182,7 +182,7 @@ impl Encoder {
         let given = encoding.len() + added_tokens;
         if given > max {
             let Some(direction) = truncate else {
-                return Err(EmbedError::TooLarge(format!(
+                return Err(EmbedError::Validation(format!(
                     "`inputs` must have less than {max} tokens. Given: {given}"
                 )));
             };
@@ -221,7 +221,7 @@ impl Encoder {
             return Ok(input);
         }
         match truncate {
-            None => Err(EmbedError::TooLarge(format!(
+            None => Err(EmbedError::Validation(format!(
                 "`inputs` must have less than {limit} characters. Given: {given}"
             ))),
             Some(TruncationDirection::Right) => {
