@@ -222,22 +222,28 @@ fn error_types() -> Schema {
         .into()
 }
 
-/// OpenAI's `usage`. The worker's reply carries no token counts, so both are always `0` (not an
+/// OpenAI's `usage`: the request's tokens as the worker's tokenizer counts them (the model's own
+/// `tokenizer.json`; special tokens included, after truncation), from the reply's
+/// `Embatch-Tokens` header. `0` when the worker has no tokenizer for its model (never an
 /// estimate: a count that looks real but is not would mislead cost accounting).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, utoipa::ToSchema)]
 pub struct Usage {
-    /// Tokens in the inputs: always 0 (not counted).
+    /// Tokens in the inputs, summed over them (0 when not counted).
     pub prompt_tokens: u64,
     /// Same as `prompt_tokens`: embeddings produce no output tokens.
     pub total_tokens: u64,
 }
 
 /// Re-shapes a worker's reply `payload` (TEI's `[[f32, ...], ...]`) into OpenAI's response body,
-/// serialized.
+/// serialized, with `tokens` (the reply's token count, if any) as its `usage`.
 ///
 /// # Errors
 /// [`EmbedError::Backend`] (424) when the payload is not an array of float arrays.
-pub fn response_body(payload: &[u8], shape: ReplyShape) -> Result<Vec<u8>, EmbedError> {
+pub fn response_body(
+    payload: &[u8],
+    shape: ReplyShape,
+    tokens: Option<u64>,
+) -> Result<Vec<u8>, EmbedError> {
     let malformed =
         |e: serde_json::Error| EmbedError::Backend(format!("malformed reply from the worker: {e}"));
     let embeddings: Vec<&RawValue> = serde_json::from_slice(payload).map_err(malformed)?;
@@ -263,7 +269,10 @@ pub fn response_body(payload: &[u8], shape: ReplyShape) -> Result<Vec<u8>, Embed
         object: "list",
         data,
         model: shape.model,
-        usage: Usage::default(),
+        usage: Usage {
+            prompt_tokens: tokens.unwrap_or(0),
+            total_tokens: tokens.unwrap_or(0),
+        },
     };
     serde_json::to_vec(&response)
         .map_err(|e| EmbedError::Backend(format!("cannot encode the response: {e}")))
@@ -458,6 +467,7 @@ mod tests {
                 model: "m".into(),
                 encoding_format: EncodingFormat::Float,
             },
+            Some(7),
         )
         .expect("reshapes");
         let value: serde_json::Value = serde_json::from_slice(&float).expect("JSON");
@@ -470,7 +480,7 @@ mod tests {
                     {"object": "embedding", "index": 1, "embedding": [0.5, 0.25]},
                 ],
                 "model": "m",
-                "usage": {"prompt_tokens": 0, "total_tokens": 0},
+                "usage": {"prompt_tokens": 7, "total_tokens": 7},
             })
         );
         let b64 = response_body(
@@ -479,9 +489,11 @@ mod tests {
                 model: String::new(),
                 encoding_format: EncodingFormat::Base64,
             },
+            None,
         )
         .expect("reshapes");
         let value: serde_json::Value = serde_json::from_slice(&b64).expect("JSON");
+        assert_eq!(value["usage"]["prompt_tokens"], 0, "not counted: 0");
         assert_eq!(value["data"][0]["embedding"], "AACAPwAAAMA=");
         let second = value["data"][1]["embedding"].as_str().expect("a string");
         assert_eq!(decode_base64(second), [0.5, 0.25]);
@@ -491,6 +503,7 @@ mod tests {
                 model: String::new(),
                 encoding_format: EncodingFormat::Float,
             },
+            None,
         )
         .expect_err("not an array");
         assert_eq!(err.status(), 424);

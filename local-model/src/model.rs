@@ -1,6 +1,7 @@
 //! [`LocalModel`]: a loaded model and the embed call.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
@@ -27,7 +28,7 @@ const MAX_BATCH_TOKENS: usize = 8192;
 pub struct LocalModel {
     model_id: String,
     bert: BertModel,
-    encoder: Encoder,
+    encoder: Arc<Encoder>,
     pooling: Pooling,
     dim: usize,
     pad_id: u32,
@@ -65,7 +66,11 @@ impl LocalModel {
             max_input_length,
             prompts,
         } = ModelConfig::read(dir)?;
-        let encoder = Encoder::load(&dir.join(config::TOKENIZER), max_input_length, prompts)?;
+        let encoder = Arc::new(Encoder::load(
+            &dir.join(config::TOKENIZER),
+            max_input_length,
+            prompts,
+        )?);
 
         let weights = dir.join(config::WEIGHTS);
         let device = Device::Cpu;
@@ -136,6 +141,12 @@ impl LocalModel {
     /// inputs are truncated unless the request says `truncate: false` (then 422, as TEI 1.9.3).
     pub fn max_input_length(&self) -> usize {
         self.encoder.max_input_length()
+    }
+
+    /// The model's tokenizer, with its limit and prompts: what the worker counts tokens with
+    /// before batching (the same tokenization [`LocalModel::embed`] runs).
+    pub fn encoder(&self) -> Arc<Encoder> {
+        Arc::clone(&self.encoder)
     }
 
     /// The size of the embeddings, in values (384 for all-MiniLM-L6-v2); the most a request's

@@ -57,6 +57,17 @@ impl Upstream for LocalUpstream {
     /// `docker_label`) and the pooling (not exposed by the model) are `null`;
     /// `max_client_batch_size` is left for the worker to set (see `crate::info`), and `version`
     /// is the worker's.
+    /// The model's own tokenizer; an absent `truncate` truncates (`auto_truncate`), and an
+    /// unknown `prompt_name` is refused before batching, as the model would.
+    async fn counter(&self, _lookup: &crate::tokens::TokenizerLookup) -> crate::tokens::Counter {
+        crate::tokens::Counter::tokenizer(
+            self.model.encoder(),
+            format!("of the built-in model {}", self.model.model_id()),
+            true,
+            true,
+        )
+    }
+
     async fn info(&self) -> Result<serde_json::Value, UpstreamError> {
         Ok(serde_json::json!({
             "model_id": self.model.model_id(),
