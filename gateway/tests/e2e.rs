@@ -148,5 +148,41 @@ async fn the_real_model_through_gateway_and_direct_nats_matches_tei() {
         ),
         "{error}"
     );
+
+    // OpenAI's `usage` counts the inputs' tokens as the model's own tokenizer does (special
+    // tokens included, the long input truncated to 256). A few inputs: every input of a forward
+    // pass is padded to the longest.
+    let encoder = embatch_local_model::Encoder::load_file(&model_dir().join("tokenizer.json"), 256)
+        .expect("the model's tokenizer");
+    let mut inputs: Vec<serde_json::Value> =
+        first.request["inputs"].as_array().expect("inputs")[..3].to_vec();
+    match &long {
+        serde_json::Value::Array(long) => inputs.extend(long.iter().cloned()),
+        long => inputs.push(long.clone()),
+    }
+    let texts: Vec<embatch_protocol::Input> = inputs
+        .iter()
+        .map(|t| embatch_protocol::Input::from(t.as_str().expect("a text")))
+        .collect();
+    let want: u32 = encoder
+        .count(
+            &texts,
+            None,
+            Some(embatch_protocol::TruncationDirection::Right),
+        )
+        .expect("counts")
+        .iter()
+        .sum();
+    let response = http
+        .post(format!("{}/v1/embeddings", gateway.url))
+        .json(&serde_json::json!({ "input": inputs, "model": "m" }))
+        .send()
+        .await
+        .expect("HTTP response");
+    assert_eq!(response.status().as_u16(), 200);
+    let body: serde_json::Value = response.json().await.expect("OpenAI body");
+    assert_eq!(body["usage"]["prompt_tokens"], want, "{}", body["usage"]);
+    assert_eq!(body["usage"]["total_tokens"], want);
+    assert!(want > 256, "the sum covers every input");
     worker.stop().await;
 }
