@@ -282,7 +282,20 @@ impl Intake {
                 }
             }
         } else {
-            Submission::Count(parsed, self.counter.clone(), self.batcher.clone())
+            match self.counter.reserve(parsed.inputs.len()) {
+                Ok(reservation) => Submission::Count(
+                    parsed,
+                    self.counter.clone(),
+                    self.batcher.clone(),
+                    reservation,
+                ),
+                Err(err) => {
+                    metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => err.kind())
+                        .increment(1);
+                    self.respond(&request, Err(err), received).await;
+                    return;
+                }
+            }
         };
         let cancelled = CancellationToken::new();
         let registered = id.map(|id| {
@@ -295,7 +308,7 @@ impl Intake {
             let submitted = async move {
                 match submitted {
                     Submission::Ready(receiver, tokens, _) => Ok((receiver, tokens)),
-                    Submission::Count(parsed, counter, batcher) => {
+                    Submission::Count(parsed, counter, batcher, _reservation) => {
                         let counted = counter.count(parsed.inputs, parsed.options).await?;
                         let tokens = counted.tokens(&counter);
                         let receiver =
@@ -416,8 +429,9 @@ impl Intake {
 enum Submission {
     /// Submitted by the intake (counting was immediate): its receiver, tokens and inputs.
     Ready(tokio::sync::oneshot::Receiver<Outcome>, Option<u64>, usize),
-    /// To be counted, then submitted, by its reply task.
-    Count(Parsed, Counter, BatcherHandle),
+    /// To be counted, then submitted, by its reply task, holding its room among the inputs
+    /// waiting to be counted.
+    Count(Parsed, Counter, BatcherHandle, crate::tokens::Reservation),
 }
 
 impl Submission {

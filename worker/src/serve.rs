@@ -115,7 +115,8 @@ pub(crate) async fn start<U: Upstream>(
         .counter(&tokens::TokenizerLookup {
             path: config.tokenizer.clone(),
         })
-        .await;
+        .await
+        .with_pending_limit(config.queue_cap);
     tracing::info!(source = %counter.source(), "token counts");
     let (batcher, batcher_task) = batcher::spawn(Arc::clone(&upstream), config.batcher());
     let group = group::Group::join(

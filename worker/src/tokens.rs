@@ -22,6 +22,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use embatch_local_model::Encoder;
 use embatch_local_model::model::truncation;
@@ -80,6 +81,31 @@ pub struct Counter {
     kind: Arc<Kind>,
     /// At most one tokenization per CPU at a time on the blocking pool.
     slots: Arc<Semaphore>,
+    /// Inputs accepted for counting and not yet handed to the batcher, and their bound.
+    pending: Arc<Pending>,
+}
+
+/// The inputs waiting to be counted: bounded like the batcher's queue (`QUEUE_CAP`), so that
+/// requests arriving faster than they can be tokenized are shed with 429 instead of piling up
+/// in memory ahead of the batcher's own bounds.
+struct Pending {
+    inputs: AtomicUsize,
+    limit: AtomicUsize,
+}
+
+/// A reservation of inputs in [`Counter`]'s pending bound ([`Counter::reserve`]), released
+/// when dropped (once the request is submitted or answered).
+pub struct Reservation {
+    pending: Arc<Pending>,
+    inputs: usize,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.pending
+            .inputs
+            .fetch_sub(self.inputs, Ordering::Relaxed);
+    }
 }
 
 enum Kind {
@@ -141,7 +167,40 @@ impl Counter {
         Counter {
             kind: Arc::new(kind),
             slots: Arc::new(Semaphore::new(cpus)),
+            pending: Arc::new(Pending {
+                inputs: AtomicUsize::new(0),
+                limit: AtomicUsize::new(usize::MAX),
+            }),
         }
+    }
+
+    /// Bounds the inputs waiting to be counted to `inputs` (the worker's `QUEUE_CAP`).
+    pub fn with_pending_limit(self, inputs: usize) -> Counter {
+        self.pending.limit.store(inputs, Ordering::Relaxed);
+        self
+    }
+
+    /// Reserves room for a request of `inputs` inputs to be counted, before its reply task
+    /// counts it; the reservation ends when dropped.
+    ///
+    /// # Errors
+    /// [`EmbedError::Overloaded`] (429) when more than the pending limit of inputs would wait
+    /// to be counted (the tokenizer cannot keep up: load shedding, as the batcher's queue bound).
+    pub fn reserve(&self, inputs: usize) -> Result<Reservation, EmbedError> {
+        let limit = self.pending.limit.load(Ordering::Relaxed);
+        let before = self.pending.inputs.fetch_add(inputs, Ordering::Relaxed);
+        let reservation = Reservation {
+            pending: Arc::clone(&self.pending),
+            inputs,
+        };
+        // A request alone over the limit is let through when nothing waits: the batcher's own
+        // bounds answer it.
+        if before > 0 && before + inputs > limit {
+            return Err(EmbedError::Overloaded(format!(
+                "{before} inputs are waiting to be tokenized (QUEUE_CAP {limit})"
+            )));
+        }
+        Ok(reservation)
     }
 
     /// Where the counts come from.
@@ -420,6 +479,20 @@ mod tests {
             err.to_string(),
             "Input validation error: `inputs` must have less than 256 tokens. Given: 830"
         );
+    }
+
+    #[test]
+    fn the_pending_bound_sheds_and_frees_on_drop() {
+        let counter = Counter::inputs().with_pending_limit(4);
+        let first = counter.reserve(3).expect("room");
+        let err = counter.reserve(2).err().expect("over the bound");
+        assert_eq!(err.status(), 429);
+        let second = counter.reserve(1).expect("exactly the bound");
+        drop((first, second));
+        let alone = counter.reserve(10).expect("a request alone is let through");
+        assert!(counter.reserve(1).is_err(), "behind one over the bound");
+        drop(alone);
+        assert!(counter.reserve(4).is_ok(), "all freed");
     }
 
     #[tokio::test]
