@@ -495,6 +495,68 @@ mod tests {
         assert!(counter.reserve(4).is_ok(), "all freed");
     }
 
+    /// TEI's `POST /tokenize` shape (`{"inputs": [...], "add_special_tokens": true}` → one array
+    /// of `{id, text, special, start, stop}` per input), served by a minimal HTTP server whose
+    /// "tokenizer" is one token per word plus 2 special tokens.
+    #[tokio::test]
+    async fn tei_tokenize_counts_texts_and_applies_the_limit_here() {
+        use axum::Json;
+        use axum::routing::post;
+        async fn tokenize(Json(body): Json<serde_json::Value>) -> Json<serde_json::Value> {
+            assert_eq!(body["add_special_tokens"], true);
+            let tokens: Vec<Vec<serde_json::Value>> = body["inputs"]
+                .as_array()
+                .expect("a batch")
+                .iter()
+                .map(|text| {
+                    let words = text.as_str().expect("a text").split_whitespace().count();
+                    (0..words + 2)
+                        .map(|i| serde_json::json!({"id": i, "text": "w", "special": false, "start": null, "stop": null}))
+                        .collect()
+                })
+                .collect();
+            Json(serde_json::json!(tokens))
+        }
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("address"));
+        let server = tokio::spawn(async move {
+            axum::serve(
+                listener,
+                axum::Router::new().route("/tokenize", post(tokenize)),
+            )
+            .await
+        });
+        let counter = Counter::tei_tokenize(reqwest::Client::new(), &url, 8, true);
+        assert_eq!(counter.source(), Source::TeiTokenize);
+        let inputs = vec![
+            Input::from("one two three"),
+            Input::Ids(vec![101, 7, 102]),
+            Input::from("a b c d e f g h i j"),
+        ];
+        let counted = counter
+            .count(inputs.clone(), EmbedOptions::default())
+            .await
+            .expect("counted");
+        assert_eq!(
+            counted.lengths,
+            [5, 3, 8],
+            "the long text is cut to the limit"
+        );
+        assert_eq!(counted.tokens(&counter), Some(16));
+        let refuse = EmbedOptions {
+            truncate: Some(false),
+            ..EmbedOptions::default()
+        };
+        let err = counter.count(inputs, refuse).await.expect_err("over 8");
+        assert_eq!(
+            err.to_string(),
+            "Input validation error: `inputs` must have less than 8 tokens. Given: 12"
+        );
+        server.abort();
+    }
+
     #[tokio::test]
     async fn without_a_tokenizer_each_input_counts_one() {
         let counter = Counter::inputs();
