@@ -250,8 +250,11 @@ impl Intake {
                 .increment(1);
             return;
         }
-        let parsed = match self.parse(&request, received, reply_limit) {
-            Ok(parsed) => parsed,
+        let submission = match self
+            .parse(&request, received, reply_limit)
+            .and_then(|parsed| self.hand_over(parsed))
+        {
+            Ok(submission) => submission,
             Err(err) => {
                 metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => err.kind())
                     .increment(1);
@@ -259,67 +262,19 @@ impl Intake {
                 return;
             }
         };
-        let reply_limit = Arc::clone(reply_limit);
-        let client = self.client.clone();
-        let stats = self.stats.clone();
-        // Without a tokenizer the count is immediate: the request is submitted here, as the
-        // loop's membership decision (`Group::admitted`) expects. With one, the reply task
-        // counts, then submits.
-        let submitted = if self.counter.is_immediate() {
-            let counted = self.counter.count_now(parsed.inputs, parsed.options);
-            let tokens = counted.tokens(&self.counter);
-            let inputs = counted.inputs.len();
-            match self
-                .batcher
-                .submit(counted.inputs, counted.options, parsed.deadline)
-            {
-                Ok(receiver) => Submission::Ready(receiver, tokens, inputs),
-                Err(err) => {
-                    metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => err.kind())
-                        .increment(1);
-                    self.respond(&request, Err(err), received).await;
-                    return;
-                }
-            }
-        } else {
-            match self.counter.reserve(parsed.inputs.len()) {
-                Ok(reservation) => Submission::Count(
-                    parsed,
-                    self.counter.clone(),
-                    self.batcher.clone(),
-                    reservation,
-                ),
-                Err(err) => {
-                    metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => err.kind())
-                        .increment(1);
-                    self.respond(&request, Err(err), received).await;
-                    return;
-                }
-            }
-        };
         let cancelled = CancellationToken::new();
         let registered = id.map(|id| {
             self.withdrawable.insert(id.clone(), cancelled.clone());
             (Arc::clone(&self.withdrawable), id)
         });
+        let reply_limit = Arc::clone(reply_limit);
+        let client = self.client.clone();
+        let stats = self.stats.clone();
         self.replies.spawn(async move {
-            let inputs = submitted.inputs();
-            // Owns the batcher handle: it is dropped once the request is submitted.
-            let submitted = async move {
-                match submitted {
-                    Submission::Ready(receiver, tokens, _) => Ok((receiver, tokens)),
-                    Submission::Count(parsed, counter, batcher, _reservation) => {
-                        let counted = counter.count(parsed.inputs, parsed.options).await?;
-                        let tokens = counted.tokens(&counter);
-                        let receiver =
-                            batcher.submit(counted.inputs, counted.options, parsed.deadline)?;
-                        Ok::<_, EmbedError>((receiver, tokens))
-                    }
-                }
-            };
+            let inputs = submission.inputs();
             // Withdrawn by its caller: dropping the receiver (or the count) tells the batcher.
             let submitted = tokio::select! {
-                submitted = submitted => submitted,
+                submitted = submission.submit() => submitted,
                 () = cancelled.cancelled() => return,
             };
             let (outcome, tokens) = match submitted {
@@ -375,6 +330,31 @@ impl Intake {
         {
             tracing::debug!(%err, "cannot acknowledge a request");
         }
+    }
+
+    /// Submits `parsed` to the batcher now when counting its tokens is immediate (no
+    /// tokenizer); else reserves its room among the inputs waiting to be counted, for its reply
+    /// task to count and submit.
+    ///
+    /// # Errors
+    /// The batcher's refusal (413, 429, 504), or 429 when too many inputs wait to be counted.
+    fn hand_over(&self, parsed: Parsed) -> Result<Submission, EmbedError> {
+        if self.counter.is_immediate() {
+            let counted = self.counter.count_now(parsed.inputs, parsed.options);
+            let tokens = counted.tokens(&self.counter);
+            let inputs = counted.inputs.len();
+            let receiver = self
+                .batcher
+                .submit(counted.inputs, counted.options, parsed.deadline)?;
+            return Ok(Submission::Ready(receiver, tokens, inputs));
+        }
+        let reservation = self.counter.reserve(parsed.inputs.len())?;
+        Ok(Submission::Count(
+            parsed,
+            self.counter.clone(),
+            self.batcher.clone(),
+            reservation,
+        ))
     }
 
     /// Answers `request` at once (an error found before the batcher).
@@ -439,6 +419,27 @@ impl Submission {
         match self {
             Submission::Ready(_, _, inputs) => *inputs,
             Submission::Count(parsed, ..) => parsed.inputs.len(),
+        }
+    }
+
+    /// The request in the batcher: its receiver and token count. Counts it first when it is
+    /// not yet submitted; the batcher handle and the reservation are dropped once it is.
+    ///
+    /// # Errors
+    /// The count's error (422 over the limit with `truncate: false`, ...) or the batcher's
+    /// refusal.
+    async fn submit(
+        self,
+    ) -> Result<(tokio::sync::oneshot::Receiver<Outcome>, Option<u64>), EmbedError> {
+        match self {
+            Submission::Ready(receiver, tokens, _) => Ok((receiver, tokens)),
+            Submission::Count(parsed, counter, batcher, _reservation) => {
+                let counted = counter.count(parsed.inputs, parsed.options).await?;
+                let tokens = counted.tokens(&counter);
+                // The seam to the token budget: `counted.lengths`, one count per input.
+                let receiver = batcher.submit(counted.inputs, counted.options, parsed.deadline)?;
+                Ok((receiver, tokens))
+            }
         }
     }
 }
