@@ -21,7 +21,8 @@
 //! - `config`: the files of a model directory and what is read from them.
 //! - [`error`]: [`LoadError`], why a model directory could not be loaded.
 //! - `hub` (feature `hub`): `LocalModel::from_hub`, fetching a model directory from the
-//!   Hugging Face Hub.
+//!   Hugging Face Hub, and `tokenizer_path`, a model's `tokenizer.json` from the Hugging Face
+//!   cache or hub (for the worker's token counts in front of TEI).
 
 mod config;
 pub mod error;
