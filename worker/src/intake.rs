@@ -341,7 +341,7 @@ impl Intake {
     fn hand_over(&self, parsed: Parsed) -> Result<Submission, EmbedError> {
         if self.counter.is_immediate() {
             let counted = self.counter.count_now(parsed.inputs, parsed.options);
-            let tokens = counted.tokens(&self.counter);
+            let tokens = counted.tokens();
             let inputs = counted.inputs.len();
             let receiver = self
                 .batcher
@@ -435,7 +435,7 @@ impl Submission {
             Submission::Ready(receiver, tokens, _) => Ok((receiver, tokens)),
             Submission::Count(parsed, counter, batcher, _reservation) => {
                 let counted = counter.count(parsed.inputs, parsed.options).await?;
-                let tokens = counted.tokens(&counter);
+                let tokens = counted.tokens();
                 // The seam to the token budget: `counted.lengths`, one count per input.
                 let receiver = batcher.submit(counted.inputs, counted.options, parsed.deadline)?;
                 Ok((receiver, tokens))

@@ -60,16 +60,18 @@ pub struct Counted {
     /// The request's options (its batching key).
     pub options: EmbedOptions,
     /// Tokens per input, in input order: special tokens included, after truncation (each at
-    /// most the model's `max_input_length`). With [`Source::Inputs`], 1 per input.
+    /// most the model's `max_input_length`). With [`Source::Inputs`] (or when TEI's `/tokenize`
+    /// failed), 1 per input.
     pub lengths: Vec<u32>,
+    /// Whether `lengths` are tokens, not the 1 per input of a count without a tokenizer.
+    exact: bool,
 }
 
 impl Counted {
-    /// The request's tokens (the sum of [`Counted::lengths`]); `None` when the counter counts
-    /// inputs, not tokens.
-    pub fn tokens(&self, counter: &Counter) -> Option<u64> {
-        counter
-            .counts_tokens()
+    /// The request's tokens (the sum of [`Counted::lengths`]); `None` when inputs were counted,
+    /// not tokens (no tokenizer, or TEI's `/tokenize` failed): never an estimate.
+    pub fn tokens(&self) -> Option<u64> {
+        self.exact
             .then(|| self.lengths.iter().map(|&n| u64::from(n)).sum())
     }
 }
@@ -226,6 +228,7 @@ impl Counter {
             inputs,
             options,
             lengths,
+            exact: false,
         }
     }
 
@@ -245,7 +248,8 @@ impl Counter {
     ///   id outside the vocabulary.
     /// - [`EmbedError::Tokenizer`] (422) when the tokenizer fails on an input.
     /// - [`EmbedError::Unavailable`] (503) when the tokenizing task cannot run (the worker is
-    ///   stopping). TEI's `/tokenize` failing is not an error: those inputs are counted as 1.
+    ///   stopping). TEI's `/tokenize` failing is not an error: its texts count 1 each and
+    ///   [`Counted::tokens`] is `None`.
     pub async fn count(
         &self,
         inputs: Vec<Input>,
@@ -254,11 +258,12 @@ impl Counter {
         match &*self.kind {
             Kind::Inputs => Ok(self.count_now(inputs, options)),
             Kind::Tei(tei) => {
-                let lengths = tei.count(&inputs, &options).await?;
+                let (lengths, exact) = tei.count(&inputs, &options).await?;
                 Ok(Counted {
                     inputs,
                     options,
                     lengths,
+                    exact,
                 })
             }
             Kind::Tokenizer { .. } => {
@@ -270,6 +275,7 @@ impl Counter {
                         inputs,
                         options,
                         lengths,
+                        exact: true,
                     })
                 })
                 .await
@@ -344,16 +350,19 @@ struct TeiTokenize {
 }
 
 impl TeiTokenize {
+    /// Counts per input, and whether they are tokens: when TEI's `/tokenize` fails (TEI then
+    /// answers the inputs itself), each text counts 1 and the counts are not reported. TEI's
+    /// `/tokenize` takes texts only: token ids count as given.
     async fn count(
         &self,
         inputs: &[Input],
         options: &EmbedOptions,
-    ) -> Result<Vec<u32>, EmbedError> {
+    ) -> Result<(Vec<u32>, bool), EmbedError> {
         #[derive(Deserialize)]
         struct Token {}
         let texts: Vec<&str> = inputs.iter().filter_map(Input::as_text).collect();
-        let mut counted = if texts.is_empty() {
-            Vec::new().into_iter()
+        let answered = if texts.is_empty() {
+            Some(Vec::new())
         } else {
             let body = serde_json::json!({
                 "inputs": texts,
@@ -367,16 +376,15 @@ impl TeiTokenize {
                 }
                 response.json::<Vec<Vec<Token>>>().await.ok()
             };
-            match answer.await {
-                Some(tokens) if tokens.len() == texts.len() => {
-                    tokens.iter().map(Vec::len).collect::<Vec<_>>().into_iter()
-                }
-                // TEI decides about an input it cannot tokenize; count it as 1 meanwhile.
-                _ => vec![1; texts.len()].into_iter(),
-            }
+            answer
+                .await
+                .filter(|tokens| tokens.len() == texts.len())
+                .map(|tokens| tokens.iter().map(Vec::len).collect::<Vec<_>>())
         };
+        let exact = answered.is_some();
+        let mut counted = answered.unwrap_or_default().into_iter();
         let truncate = truncate_for(options, self.auto_truncate);
-        inputs
+        let lengths = inputs
             .iter()
             .map(|input| {
                 let given = match input {
@@ -385,7 +393,8 @@ impl TeiTokenize {
                 };
                 limit(given, self.max_input_length, truncate)
             })
-            .collect()
+            .collect::<Result<_, _>>()?;
+        Ok((lengths, exact))
     }
 }
 
@@ -544,7 +553,7 @@ mod tests {
             [5, 3, 8],
             "the long text is cut to the limit"
         );
-        assert_eq!(counted.tokens(&counter), Some(16));
+        assert_eq!(counted.tokens(), Some(16));
         let refuse = EmbedOptions {
             truncate: Some(false),
             ..EmbedOptions::default()
@@ -554,7 +563,15 @@ mod tests {
             err.to_string(),
             "Input validation error: `inputs` must have less than 8 tokens. Given: 12"
         );
+        // TEI's `/tokenize` gone: texts count 1 each, and no token count is reported.
         server.abort();
+        let _ = server.await;
+        let counted = counter
+            .count(vec![Input::from("a b")], EmbedOptions::default())
+            .await
+            .expect("counted as inputs");
+        assert_eq!(counted.lengths, [1]);
+        assert_eq!(counted.tokens(), None);
     }
 
     #[tokio::test]
@@ -565,7 +582,7 @@ mod tests {
             .await
             .expect("counted");
         assert_eq!(counted.lengths, [1, 1]);
-        assert_eq!(counted.tokens(&counter), None);
+        assert_eq!(counted.tokens(), None);
         assert_eq!(counter.source(), Source::Inputs);
     }
 }
