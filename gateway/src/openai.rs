@@ -125,7 +125,7 @@ impl EmbeddingsRequest {
 
 /// OpenAI's embeddings response:
 /// `{"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [...]}],
-///   "model": "...", "usage": {"prompt_tokens": 0, "total_tokens": 0}}`.
+///   "model": "...", "usage": {"prompt_tokens": 12, "total_tokens": 12}}`.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct EmbeddingsResponse<'a> {
     /// Always `"list"`.
