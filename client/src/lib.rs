@@ -95,6 +95,9 @@ pub struct Reply {
     pub payload: Bytes,
     /// Milliseconds waited in the worker before the upstream call, and spent in it.
     pub timings: Timings,
+    /// The request's tokens as the worker's tokenizer counts them (the reply's
+    /// [`headers::TOKENS`]); `None` when the worker counts inputs, not tokens.
+    pub tokens: Option<u64>,
 }
 
 /// Why a request failed, as the NATS client saw it. [`RequestError::Reply`] is an error the
@@ -527,9 +530,11 @@ fn decode(message: async_nats::Message) -> Result<Reply, RequestError> {
     )
     .map_err(RequestError::Reply)?;
     let timings = Timings::read(header);
+    let tokens = header(headers::TOKENS).and_then(|v| v.trim().parse().ok());
     Ok(Reply {
         payload: message.payload,
         timings,
+        tokens,
     })
 }
 

@@ -7,7 +7,7 @@
 //! then re-shaped into OpenAI's response.
 
 use base64::Engine as _;
-use embatch_protocol::request::Inputs;
+use embatch_protocol::request::{Inputs, invalid_json};
 use embatch_protocol::{EmbedError, EmbedRequest};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -74,9 +74,10 @@ impl EmbeddingsRequest {
     /// Parses an OpenAI request body.
     ///
     /// # Errors
-    /// [`OpenAiError`] wrapping [`EmbedError::Validation`] (422), with `param` naming the
-    /// offending top-level field, for malformed JSON, a missing `input` or a field of the wrong
-    /// type (e.g. token ids as `input`, an unknown `encoding_format`).
+    /// [`OpenAiError`] wrapping [`EmbedError::InvalidJson`] (400) for a body that is not JSON,
+    /// as TEI 1.9.3's route answers it, or [`EmbedError::Validation`] (422), with `param` naming
+    /// the offending top-level field, for a missing `input` or a field of the wrong type (e.g.
+    /// an unknown `encoding_format`).
     pub fn from_slice(body: &[u8]) -> Result<EmbeddingsRequest, OpenAiError> {
         let mut de = serde_json::Deserializer::from_slice(body);
         let request: EmbeddingsRequest =
@@ -84,9 +85,7 @@ impl EmbeddingsRequest {
                 let path = err.path().to_string();
                 let inner = err.into_inner();
                 if inner.is_syntax() || inner.is_eof() {
-                    OpenAiError::new(EmbedError::Validation(format!(
-                        "the request body is not valid JSON: {inner}"
-                    )))
+                    OpenAiError::new(invalid_json(&inner))
                 } else if path == "." || path.is_empty() {
                     OpenAiError::new(EmbedError::Validation(format!(
                         "invalid request body: {inner}"
@@ -99,11 +98,8 @@ impl EmbeddingsRequest {
                     }
                 }
             })?;
-        de.end().map_err(|err| {
-            OpenAiError::new(EmbedError::Validation(format!(
-                "invalid request body: {err}"
-            )))
-        })?;
+        de.end()
+            .map_err(|err| OpenAiError::new(invalid_json(&err)))?;
         Ok(request)
     }
 
@@ -129,7 +125,7 @@ impl EmbeddingsRequest {
 
 /// OpenAI's embeddings response:
 /// `{"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [...]}],
-///   "model": "...", "usage": {"prompt_tokens": 0, "total_tokens": 0}}`.
+///   "model": "...", "usage": {"prompt_tokens": 12, "total_tokens": 12}}`.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct EmbeddingsResponse<'a> {
     /// Always `"list"`.
@@ -226,22 +222,28 @@ fn error_types() -> Schema {
         .into()
 }
 
-/// OpenAI's `usage`. The worker's reply carries no token counts, so both are always `0` (not an
+/// OpenAI's `usage`: the request's tokens as the worker's tokenizer counts them (the model's own
+/// `tokenizer.json`; special tokens included, after truncation), from the reply's
+/// `Embatch-Tokens` header. `0` when the worker has no tokenizer for its model (never an
 /// estimate: a count that looks real but is not would mislead cost accounting).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, utoipa::ToSchema)]
 pub struct Usage {
-    /// Tokens in the inputs: always 0 (not counted).
+    /// Tokens in the inputs, summed over them (0 when not counted).
     pub prompt_tokens: u64,
     /// Same as `prompt_tokens`: embeddings produce no output tokens.
     pub total_tokens: u64,
 }
 
 /// Re-shapes a worker's reply `payload` (TEI's `[[f32, ...], ...]`) into OpenAI's response body,
-/// serialized.
+/// serialized, with `tokens` (the reply's token count, if any) as its `usage`.
 ///
 /// # Errors
 /// [`EmbedError::Backend`] (424) when the payload is not an array of float arrays.
-pub fn response_body(payload: &[u8], shape: ReplyShape) -> Result<Vec<u8>, EmbedError> {
+pub fn response_body(
+    payload: &[u8],
+    shape: ReplyShape,
+    tokens: Option<u64>,
+) -> Result<Vec<u8>, EmbedError> {
     let malformed =
         |e: serde_json::Error| EmbedError::Backend(format!("malformed reply from the worker: {e}"));
     let embeddings: Vec<&RawValue> = serde_json::from_slice(payload).map_err(malformed)?;
@@ -267,7 +269,10 @@ pub fn response_body(payload: &[u8], shape: ReplyShape) -> Result<Vec<u8>, Embed
         object: "list",
         data,
         model: shape.model,
-        usage: Usage::default(),
+        usage: Usage {
+            prompt_tokens: tokens.unwrap_or(0),
+            total_tokens: tokens.unwrap_or(0),
+        },
     };
     serde_json::to_vec(&response)
         .map_err(|e| EmbedError::Backend(format!("cannot encode the response: {e}")))
@@ -431,7 +436,7 @@ mod tests {
 
     #[test]
     fn bad_requests_name_the_param() {
-        let cases: [(&[u8], Option<&str>); 5] = [
+        let cases: [(&[u8], Option<&str>); 4] = [
             (br#"{"input":[1,"a"]}"#, Some("input")),
             (
                 br#"{"input":"a","encoding_format":"hex"}"#,
@@ -439,12 +444,17 @@ mod tests {
             ),
             (br#"{"input":"a","dimensions":"x"}"#, Some("dimensions")),
             (br#"{"model":"m"}"#, None),
-            (b"{nope", None),
         ];
         for (body, param) in cases {
             let err = EmbeddingsRequest::from_slice(body).expect_err("invalid");
             assert_eq!(err.status(), 422, "{err}");
             assert_eq!(err.param.as_deref(), param, "{err}");
+        }
+        // Not JSON at all: 400, as TEI 1.9.3's OpenAI route answers.
+        for body in [&b"{nope"[..], b"", br#"{"input":"a"} x"#] {
+            let err = EmbeddingsRequest::from_slice(body).expect_err("invalid");
+            assert_eq!(err.status(), 400, "{err}");
+            assert_eq!(err.param, None, "{err}");
         }
     }
 
@@ -457,6 +467,7 @@ mod tests {
                 model: "m".into(),
                 encoding_format: EncodingFormat::Float,
             },
+            Some(7),
         )
         .expect("reshapes");
         let value: serde_json::Value = serde_json::from_slice(&float).expect("JSON");
@@ -469,7 +480,7 @@ mod tests {
                     {"object": "embedding", "index": 1, "embedding": [0.5, 0.25]},
                 ],
                 "model": "m",
-                "usage": {"prompt_tokens": 0, "total_tokens": 0},
+                "usage": {"prompt_tokens": 7, "total_tokens": 7},
             })
         );
         let b64 = response_body(
@@ -478,9 +489,11 @@ mod tests {
                 model: String::new(),
                 encoding_format: EncodingFormat::Base64,
             },
+            None,
         )
         .expect("reshapes");
         let value: serde_json::Value = serde_json::from_slice(&b64).expect("JSON");
+        assert_eq!(value["usage"]["prompt_tokens"], 0, "not counted: 0");
         assert_eq!(value["data"][0]["embedding"], "AACAPwAAAMA=");
         let second = value["data"][1]["embedding"].as_str().expect("a string");
         assert_eq!(decode_base64(second), [0.5, 0.25]);
@@ -490,6 +503,7 @@ mod tests {
                 model: String::new(),
                 encoding_format: EncodingFormat::Float,
             },
+            None,
         )
         .expect_err("not an array");
         assert_eq!(err.status(), 424);

@@ -181,24 +181,27 @@ fn ok_with_timings(description: &str, body: RefOr<Schema>) -> BTreeMap<String, R
 #[derive(IntoResponses)]
 pub enum TeiErrors {
     /// `Empty`: `inputs` is an empty array, or one input is an empty string or an empty array of
-    /// token ids.
+    /// token ids. `Validation`: the body is not JSON (empty, truncated, a byte-order mark,
+    /// single quotes, invalid UTF-8, raw control characters, trailing characters), as TEI 1.9.3
+    /// answers.
     #[response(status = 400)]
     Empty(ErrorResponse),
     /// `Timeout`: the request body did not arrive within `BODY_READ_TIMEOUT` (the connection
     /// is closed).
     #[response(status = 408)]
     BodyTimeout(ErrorResponse),
-    /// `Validation`: the body is over `MAX_BODY_BYTES`, an input is over the model's token limit
-    /// without `truncate`, or the reply could not fit the NATS server's `max_payload`.
+    /// `Validation`: the body is over `MAX_BODY_BYTES`, or the reply could not fit the NATS
+    /// server's `max_payload`.
     #[response(status = 413)]
     TooLarge(ErrorResponse),
     /// `Validation`: the body is not declared as JSON (`Content-Type` missing or not
     /// `application/json`).
     #[response(status = 415)]
     UnsupportedMediaType(ErrorResponse),
-    /// `Validation` or `Tokenizer`: malformed JSON, a body that is not a JSON object, a missing
-    /// `inputs`, a field of the wrong type, an invalid option value, more than
-    /// `MAX_CLIENT_BATCH_SIZE` inputs, an invalid `x-embatch-timeout-ms`, or an input the
+    /// `Validation` or `Tokenizer`: a JSON body that is not a JSON object, a missing `inputs`, a
+    /// field of the wrong type, an invalid option value, more than `MAX_CLIENT_BATCH_SIZE`
+    /// inputs, an invalid `x-embatch-timeout-ms`, an input over the model's token limit with
+    /// `truncate: false` (without it, inputs are truncated, as TEI 1.9.3 does), or an input the
     /// tokenizer refuses.
     #[response(status = 422)]
     Validation(ErrorResponse),
@@ -229,22 +232,22 @@ pub enum TeiErrors {
 #[derive(IntoResponses)]
 pub enum OpenAiErrors {
     /// `invalid_request_error`: `input` is an empty array, or one input is an empty string or an
-    /// empty array of token ids.
+    /// empty array of token ids, or the body is not JSON.
     #[response(status = 400)]
     Empty(OpenAiErrorResponse),
     /// `invalid_request_error`: the request body did not arrive within `BODY_READ_TIMEOUT`
     /// (the connection is closed).
     #[response(status = 408)]
     BodyTimeout(OpenAiErrorResponse),
-    /// `invalid_request_error`: the body is over `MAX_BODY_BYTES`, an input is over the model's
-    /// token limit, or the reply could not fit the NATS server's `max_payload`.
+    /// `invalid_request_error`: the body is over `MAX_BODY_BYTES`, or the reply could not fit
+    /// the NATS server's `max_payload`.
     #[response(status = 413)]
     TooLarge(OpenAiErrorResponse),
     /// `invalid_request_error`: the body is not declared as JSON.
     #[response(status = 415)]
     UnsupportedMediaType(OpenAiErrorResponse),
-    /// `invalid_request_error`: malformed JSON, a missing `input`, a field of the wrong type, an
-    /// unknown `encoding_format`, more than `MAX_CLIENT_BATCH_SIZE` inputs, an invalid
+    /// `invalid_request_error`: a missing `input`, a field of the wrong type, an unknown
+    /// `encoding_format`, more than `MAX_CLIENT_BATCH_SIZE` inputs, an invalid
     /// `x-embatch-timeout-ms`, or an input the tokenizer refuses (`param` names the field when
     /// known).
     #[response(status = 422)]

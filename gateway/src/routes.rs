@@ -257,7 +257,8 @@ where
     tag = "openai",
     summary = "Create embeddings (OpenAI's embeddings API)",
     description = "OpenAI's `POST /v1/embeddings`; `POST /embeddings` is the same route. \
-                   Embeddings are normalized; `usage` counts are always 0. Errors have the \
+                   Embeddings are normalized; `usage` counts the inputs' tokens with the \
+                   model's tokenizer (0 when the workers have none). Errors have the \
                    status `POST /embed` answers for the same error, in OpenAI's shape.",
     request_body(content = EmbeddingsRequest, content_type = "application/json",
         example = json!({"input": ["What is vector search?", "Hello, world!"], "model": "any"})),
@@ -280,7 +281,7 @@ pub(crate) async fn openai_embeddings(
                 EmbedError::Validation(format!("cannot translate the request: {e}"))
             })?;
             let reply = send(&state, Bytes::from(body), timeout, started).await?;
-            let body = crate::openai::response_body(&reply.payload, shape)?;
+            let body = crate::openai::response_body(&reply.payload, shape, reply.tokens)?;
             Ok::<_, OpenAiError>(reply_response(Bytes::from(body), &reply.timings, started))
         };
         match forwarded.await {

@@ -76,6 +76,16 @@ const LEFT_TO_THE_BINARY: &[(&str, &str, &str)] = &[
         "TEI_TLS_CA",
         "compose's TEI is plain HTTP on the compose network",
     ),
+    (
+        "worker",
+        "TOKENIZER",
+        "the worker finds the tokenizer of the model TEI's /info names (Hugging Face cache or hub)",
+    ),
+    (
+        "worker-local",
+        "TOKENIZER",
+        "the built-in model counts tokens with its own tokenizer",
+    ),
 ];
 
 const NATS_PLAIN: &str = "compose's nats (nats/nats.conf) has no auth and no TLS: it is reachable only on the compose network";

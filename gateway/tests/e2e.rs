@@ -115,21 +115,74 @@ async fn the_real_model_through_gateway_and_direct_nats_matches_tei() {
         .collect();
     assert_matches(&hello, &got, "token ids on /v1/embeddings");
 
-    // The long input without `truncate` is over the model's 256 tokens: TEI's 413.
-    let long =
-        std::fs::read_to_string(testdata().join("reference-long-input.txt")).expect("long input");
+    // The long input is over the model's 256 tokens. Without `truncate`, TEI 1.9.3 truncates it
+    // (its `--auto-truncate` defaults to true) and answers TEI's truncated embedding; with
+    // `truncate: false` it answers 422.
+    let truncated = reference
+        .cases
+        .iter()
+        .find(|case| case.request["truncate"] == true)
+        .expect("the reference has the long input with `truncate: true`");
+    let long = truncated.request["inputs"].clone();
     let response = http
         .post(format!("{}/embed", gateway.url))
-        .json(&serde_json::json!({ "inputs": long.trim() }))
+        .json(&serde_json::json!({ "inputs": long }))
         .send()
         .await
         .expect("HTTP response");
-    assert_eq!(response.status().as_u16(), 413);
+    assert_eq!(response.status().as_u16(), 200);
+    let got: Vec<Vec<f32>> = response.json().await.expect("vectors");
+    assert_matches(truncated, &got, "a long input without `truncate`");
+    let response = http
+        .post(format!("{}/embed", gateway.url))
+        .json(&serde_json::json!({ "inputs": long, "truncate": false }))
+        .send()
+        .await
+        .expect("HTTP response");
+    assert_eq!(response.status().as_u16(), 422);
     let error: serde_json::Value = response.json().await.expect("error body");
     assert_eq!(error["error_type"], "Validation");
     assert!(
-        error["error"].as_str().expect("message").contains("256"),
+        error["error"].as_str().expect("message").starts_with(
+            "Input validation error: `inputs` must have less than 256 tokens. Given: "
+        ),
         "{error}"
     );
+
+    // OpenAI's `usage` counts the inputs' tokens as the model's own tokenizer does (special
+    // tokens included, the long input truncated to 256). A few inputs: every input of a forward
+    // pass is padded to the longest.
+    let encoder = embatch_local_model::Encoder::load_file(&model_dir().join("tokenizer.json"), 256)
+        .expect("the model's tokenizer");
+    let mut inputs: Vec<serde_json::Value> =
+        first.request["inputs"].as_array().expect("inputs")[..3].to_vec();
+    match &long {
+        serde_json::Value::Array(long) => inputs.extend(long.iter().cloned()),
+        long => inputs.push(long.clone()),
+    }
+    let texts: Vec<embatch_protocol::Input> = inputs
+        .iter()
+        .map(|t| embatch_protocol::Input::from(t.as_str().expect("a text")))
+        .collect();
+    let want: u32 = encoder
+        .count(
+            &texts,
+            None,
+            Some(embatch_protocol::TruncationDirection::Right),
+        )
+        .expect("counts")
+        .iter()
+        .sum();
+    let response = http
+        .post(format!("{}/v1/embeddings", gateway.url))
+        .json(&serde_json::json!({ "input": inputs, "model": "m" }))
+        .send()
+        .await
+        .expect("HTTP response");
+    assert_eq!(response.status().as_u16(), 200);
+    let body: serde_json::Value = response.json().await.expect("OpenAI body");
+    assert_eq!(body["usage"]["prompt_tokens"], want, "{}", body["usage"]);
+    assert_eq!(body["usage"]["total_tokens"], want);
+    assert!(want > 256, "the sum covers every input");
     worker.stop().await;
 }

@@ -103,6 +103,56 @@ async fn bad_input_gets_teis_error_bodies_and_nothing_reaches_the_workers() {
     stack.worker.stop().await;
 }
 
+/// `body` with every `inputs` renamed `input` (bytes, so invalid UTF-8 stays as it is).
+fn rename_inputs(body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(body.len());
+    let mut rest = body;
+    while !rest.is_empty() {
+        if rest.starts_with(b"inputs") {
+            out.extend_from_slice(b"input");
+            rest = &rest[6..];
+        } else {
+            out.push(rest[0]);
+            rest = &rest[1..];
+        }
+    }
+    out
+}
+
+/// A body that is not JSON: 400 `Validation`, as TEI 1.9.3 answers (its JSON extractor's 400),
+/// on `POST /embed` and on the OpenAI route.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_json_is_400_on_every_route() {
+    let (stack, gateway) = stack_with_gateway(TeiConfig::instant(), &[], 1 << 20, 64).await;
+    let http = reqwest::Client::new();
+    let (status, kind, needle) = embatch_testkit::MALFORMED_JSON_ANSWER;
+    for route in ["embed", "v1/embeddings"] {
+        let url = format!("{}/{route}", gateway.url);
+        for body in embatch_testkit::MALFORMED_JSON {
+            // OpenAI's field is `input`: the same defects, in the field that route reads.
+            let body = match route {
+                "embed" => body.to_vec(),
+                _ => rename_inputs(body),
+            };
+            let response = json_post(&http, &url, body.clone())
+                .send()
+                .await
+                .expect("HTTP response");
+            assert_eq!(response.status().as_u16(), status, "{route} {body:?}");
+            let reply: serde_json::Value = response.json().await.expect("JSON body");
+            if route == "embed" {
+                assert_tei_error(&reply, kind, needle);
+            } else {
+                let message = reply["error"]["message"].as_str().unwrap_or_default();
+                assert!(message.contains(needle), "{route} {body:?}: {reply}");
+                assert_eq!(reply["error"]["type"], "invalid_request_error", "{reply}");
+            }
+        }
+    }
+    assert!(stack.tei.calls().is_empty());
+    stack.worker.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_timeout_shorter_than_the_upstream_gets_504() {
     let (stack, gateway) = stack_with_gateway(

@@ -309,7 +309,7 @@ async fn tei_routes_answer_as_documented() {
                 422,
                 "Validation",
             ),
-            ("{not json", Some("application/json"), 422, "Validation"),
+            ("{not json", Some("application/json"), 400, "Validation"),
         ];
         for (request, content_type, want, error_type) in errors {
             let (status, _, body) = post(url, path, request, content_type).await;
@@ -364,6 +364,7 @@ async fn openai_routes_answer_as_documented() {
                 422,
             ),
             (r#"{"model":"m"}"#, Some("application/json"), 422),
+            ("{not json", Some("application/json"), 400),
             (
                 r#"{"input":["a","b","c","d","e"]}"#,
                 Some("application/json"),

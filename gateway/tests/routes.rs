@@ -224,7 +224,7 @@ async fn info_from_the_built_in_model() {
     assert_eq!(info["max_input_length"], 256);
     assert_eq!(info["max_client_batch_size"], 512);
     assert_eq!(info["model_dtype"], "float32");
-    assert_eq!(info["auto_truncate"], false);
+    assert_eq!(info["auto_truncate"], true, "as TEI 1.9.3 by default");
     worker.stop().await;
 }
 

@@ -52,11 +52,6 @@ impl ModelConfig {
         struct SentenceBertConfig {
             max_seq_length: Option<usize>,
         }
-        #[derive(Deserialize)]
-        struct SentenceTransformersConfig {
-            prompts: Option<BTreeMap<String, String>>,
-        }
-
         // As TEI: the sentence-transformers limit when there is one, never more than the positions
         // the model has embeddings for.
         let max_seq_length = read_optional_json::<SentenceBertConfig>(&dir.join(SENTENCE_BERT))?
@@ -75,10 +70,7 @@ impl ModelConfig {
             ));
         }
 
-        let prompts =
-            read_optional_json::<SentenceTransformersConfig>(&dir.join(SENTENCE_TRANSFORMERS))?
-                .and_then(|c| c.prompts)
-                .unwrap_or_default();
+        let prompts = read_prompts(dir)?;
 
         Ok(ModelConfig {
             bert,
@@ -87,6 +79,20 @@ impl ModelConfig {
             prompts,
         })
     }
+}
+
+/// The prompts (name → text) of `config_sentence_transformers.json` in `dir`; none when the file
+/// does not exist or has no `prompts`.
+pub(crate) fn read_prompts(dir: &Path) -> Result<BTreeMap<String, String>, LoadError> {
+    #[derive(Deserialize)]
+    struct SentenceTransformersConfig {
+        prompts: Option<BTreeMap<String, String>>,
+    }
+    Ok(
+        read_optional_json::<SentenceTransformersConfig>(&dir.join(SENTENCE_TRANSFORMERS))?
+            .and_then(|c| c.prompts)
+            .unwrap_or_default(),
+    )
 }
 
 /// `config.json`: a BERT config. Accepts the activation names of `transformers` (`gelu`,

@@ -54,3 +54,38 @@ impl LocalModel {
         Ok(model)
     }
 }
+
+/// The `tokenizer.json` of the Hugging Face Hub model repository `model_id`, from the Hugging
+/// Face cache (`HF_HOME`), fetched into it first when it is not there and the hub can be
+/// reached, with the repository's `config_sentence_transformers.json` (its prompts) when it has
+/// one. With `HF_HUB_OFFLINE=1` the cache alone is read. Blocking.
+///
+/// # Errors
+/// [`LoadError::Hub`] when the file is neither cached nor fetchable (offline, unknown
+/// repository, no `tokenizer.json`), [`LoadError::Missing`] when offline and not cached.
+pub fn tokenizer_path(model_id: &str) -> Result<std::path::PathBuf, LoadError> {
+    let offline = std::env::var("HF_HUB_OFFLINE").is_ok_and(|v| v == "1" || v == "true");
+    if offline {
+        let cache = hf_hub::Cache::from_env().model(model_id.to_string());
+        return cache.get(TOKENIZER).ok_or_else(|| LoadError::Missing {
+            path: format!("(Hugging Face cache) {model_id}/{TOKENIZER}").into(),
+        });
+    }
+    let hub_error = |file: &str, source| LoadError::Hub {
+        model_id: model_id.to_string(),
+        file: file.to_string(),
+        source,
+    };
+    let api = ApiBuilder::from_env()
+        .with_progress(false)
+        .build()
+        .map_err(|source| hub_error("(hub client setup)", source))?;
+    let repo = api.model(model_id.to_string());
+    let path = repo
+        .get(TOKENIZER)
+        .map_err(|source| hub_error(TOKENIZER, source))?;
+    if let Err(err) = repo.get(SENTENCE_TRANSFORMERS) {
+        tracing::debug!(model_id, %err, "no {SENTENCE_TRANSFORMERS} (no prompts)");
+    }
+    Ok(path)
+}

@@ -17,18 +17,22 @@
 //!
 //! # Layout
 //! - [`model`]: [`LocalModel`], loading, the embed call, batching into forward passes, pooling.
-//! - `tokenize`: text → token ids with TEI's prompts, limits and truncation.
+//! - [`tokenize`]: [`Encoder`], text → token ids with TEI's prompts, limits and truncation.
 //! - `config`: the files of a model directory and what is read from them.
 //! - [`error`]: [`LoadError`], why a model directory could not be loaded.
 //! - `hub` (feature `hub`): `LocalModel::from_hub`, fetching a model directory from the
-//!   Hugging Face Hub.
+//!   Hugging Face Hub, and `tokenizer_path`, a model's `tokenizer.json` from the Hugging Face
+//!   cache or hub (for the worker's token counts in front of TEI).
 
 mod config;
 pub mod error;
 #[cfg(feature = "hub")]
 mod hub;
+#[cfg(feature = "hub")]
+pub use hub::tokenizer_path;
 pub mod model;
-mod tokenize;
+pub mod tokenize;
 
 pub use error::LoadError;
 pub use model::LocalModel;
+pub use tokenize::Encoder;

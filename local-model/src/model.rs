@@ -1,12 +1,13 @@
 //! [`LocalModel`]: a loaded model and the embed call.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::bert::BertModel;
-use embatch_protocol::{EmbedError, EmbedOptions, Input};
+use embatch_protocol::{EmbedError, EmbedOptions, Input, TruncationDirection};
 
 use crate::LoadError;
 use crate::config::{self, ModelConfig, Pooling};
@@ -27,7 +28,7 @@ const MAX_BATCH_TOKENS: usize = 8192;
 pub struct LocalModel {
     model_id: String,
     bert: BertModel,
-    encoder: Encoder,
+    encoder: Arc<Encoder>,
     pooling: Pooling,
     dim: usize,
     pad_id: u32,
@@ -65,7 +66,11 @@ impl LocalModel {
             max_input_length,
             prompts,
         } = ModelConfig::read(dir)?;
-        let encoder = Encoder::load(&dir.join(config::TOKENIZER), max_input_length, prompts)?;
+        let encoder = Arc::new(Encoder::load(
+            &dir.join(config::TOKENIZER),
+            max_input_length,
+            prompts,
+        )?);
 
         let weights = dir.join(config::WEIGHTS);
         let device = Device::Cpu;
@@ -133,9 +138,15 @@ impl LocalModel {
 
     /// The longest input the model accepts, in tokens, special tokens included (256 for
     /// all-MiniLM-L6-v2: `max_seq_length` of `sentence_bert_config.json`, as in TEI). Longer
-    /// inputs fail with 413 unless the request asks to truncate.
+    /// inputs are truncated unless the request says `truncate: false` (then 422, as TEI 1.9.3).
     pub fn max_input_length(&self) -> usize {
         self.encoder.max_input_length()
+    }
+
+    /// The model's tokenizer, with its limit and prompts: what the worker counts tokens with
+    /// before batching (the same tokenization [`LocalModel::embed`] runs).
+    pub fn encoder(&self) -> Arc<Encoder> {
+        Arc::clone(&self.encoder)
     }
 
     /// The size of the embeddings, in values (384 for all-MiniLM-L6-v2); the most a request's
@@ -162,15 +173,15 @@ impl LocalModel {
     ///
     /// `options`, as in TEI's `POST /embed`:
     /// - `prompt_name`: the named prompt from `config_sentence_transformers.json` is prepended;
-    /// - `truncate`: `Some(true)` cuts inputs over [`LocalModel::max_input_length`] tokens to
-    ///   that length, at the end given by `truncation_direction` (default `Right`: keep the
-    ///   start); otherwise such inputs fail;
+    /// - `truncate`: `true` or absent (TEI 1.9.3's default, `--auto-truncate true`) cuts inputs
+    ///   over [`LocalModel::max_input_length`] tokens to that length, at the end given by
+    ///   `truncation_direction` (default `Right`: keep the start); `false` refuses them;
     /// - `dimensions`: keep only the first `dimensions` values (Matryoshka), before normalizing;
     /// - `normalize`: scale each vector to unit L2 norm.
     ///
     /// # Errors
-    /// - [`EmbedError::TooLarge`] (413) when an input is over the token limit and `truncate` is
-    ///   not `Some(true)`: "`inputs` must have less than 256 tokens. Given: 1042".
+    /// - [`EmbedError::Validation`] (422, as TEI 1.9.3) when an input is over the token limit
+    ///   and `truncate` is `false`: "`inputs` must have less than 256 tokens. Given: 1042".
     /// - [`EmbedError::Validation`] (422) for `dimensions` of 0 or over [`LocalModel::dim`], an
     ///   unknown `prompt_name`, or a token id outside the vocabulary (`inputs[i]`); the message
     ///   names the field and the limit or the choices.
@@ -190,8 +201,7 @@ impl LocalModel {
             .as_deref()
             .map(|name| self.encoder.prompt(name))
             .transpose()?;
-        let truncate = (options.truncate == Some(true))
-            .then(|| options.truncation_direction.unwrap_or_default());
+        let truncate = truncation(options);
 
         let tokens = inputs
             .iter()
@@ -293,6 +303,12 @@ impl LocalModel {
         };
         pooled.to_vec2::<f32>()
     }
+}
+
+/// The truncation `options` ask for: `Some(direction)` unless `truncate` is `false`. An absent
+/// `truncate` truncates, as TEI 1.9.3 does by default (its `--auto-truncate` defaults to `true`).
+pub fn truncation(options: &EmbedOptions) -> Option<TruncationDirection> {
+    (options.truncate != Some(false)).then(|| options.truncation_direction.unwrap_or_default())
 }
 
 /// The end (exclusive) of the forward pass that starts at `order[start]`: as many inputs as fit

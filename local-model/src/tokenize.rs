@@ -1,14 +1,15 @@
-//! Input text → token ids, with TEI's prompts, length limits and truncation.
+//! Input text → token ids, with TEI's prompts, length limits and truncation: [`Encoder`], used by
+//! the model for its forward passes and by the worker to count tokens before batching.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use embatch_protocol::{EmbedError, TruncationDirection};
+use embatch_protocol::{EmbedError, Input, TruncationDirection};
 use tokenizers::{PostProcessor, Tokenizer};
 
 use crate::LoadError;
-use crate::config::read_file;
+use crate::config::{self, read_file};
 
 /// TEI refuses (or, when truncating, cuts) inputs of more than `max_input_length` × this many
 /// characters before tokenizing them, so that a huge input cannot keep the tokenizer busy.
@@ -16,13 +17,18 @@ const MAX_CHARS_PER_TOKEN: usize = 250;
 
 /// One tokenized input: special tokens included, at most `max_input_length` tokens.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Tokens {
+pub struct Tokens {
+    /// The token ids, special tokens included.
     pub ids: Vec<u32>,
+    /// The token type (segment) ids, one per token.
     pub type_ids: Vec<u32>,
 }
 
-/// The tokenizer with the limits and prompts of its model.
-pub(crate) struct Encoder {
+/// A model's tokenizer (`tokenizer.json`) with the limits and prompts of its model, tokenizing as
+/// TEI 1.9.3 does: the prompt prepended, special tokens added, TEI's character limit, then the
+/// token limit (`max_input_length`, special tokens included) applied by truncating or refusing.
+/// `Send + Sync`: share one in an `Arc`.
+pub struct Encoder {
     /// Configured without padding or truncation: both are done here, per request.
     tokenizer: Tokenizer,
     /// Special tokens the post-processor adds to a single sequence (`[CLS]`, `[SEP]`: 2).
@@ -33,8 +39,14 @@ pub(crate) struct Encoder {
 
 impl Encoder {
     /// Loads `tokenizer.json`, dropping the padding and truncation it may carry (MiniLM's pads and
-    /// truncates everything to 128 tokens).
-    pub(crate) fn load(
+    /// truncates everything to 128 tokens), for a model whose inputs have at most
+    /// `max_input_length` tokens (special tokens included) and whose prompts are `prompts`
+    /// (name → text).
+    ///
+    /// # Errors
+    /// [`LoadError::Missing`] or [`LoadError::Read`] when the file cannot be read,
+    /// [`LoadError::Tokenizer`] when it is not a tokenizer or its special tokens leave no room.
+    pub fn load(
         path: &Path,
         max_input_length: usize,
         prompts: BTreeMap<String, String>,
@@ -66,9 +78,54 @@ impl Encoder {
         })
     }
 
+    /// Loads the tokenizer file `path` for a model served elsewhere (a TEI server) whose input
+    /// limit is `max_input_length` tokens (TEI's `/info`), with the prompts of the
+    /// `config_sentence_transformers.json` next to it, when there is one (as in a model
+    /// directory or a Hugging Face cache snapshot).
+    ///
+    /// # Errors
+    /// As [`Encoder::load`]; [`LoadError::Json`] for a prompts file that is not valid JSON.
+    pub fn load_file(path: &Path, max_input_length: usize) -> Result<Encoder, LoadError> {
+        let prompts = match path.parent() {
+            Some(dir) => config::read_prompts(dir)?,
+            None => BTreeMap::new(),
+        };
+        Encoder::load(path, max_input_length, prompts)
+    }
+
     /// Longest input in tokens, special tokens included.
-    pub(crate) fn max_input_length(&self) -> usize {
+    pub fn max_input_length(&self) -> usize {
         self.max_input_length
+    }
+
+    /// Token counts of `inputs` as the model will see them: special tokens included, after the
+    /// prompt `prompt` (its text) is prepended and after truncation (`truncate`: `Some(end)` cuts
+    /// at that end, `None` refuses an input over the limit). One count per input, in order; each
+    /// at most [`Encoder::max_input_length`]. CPU-bound (a few µs to tens of µs per short input,
+    /// see `docs/design/tokenizer.md`).
+    ///
+    /// # Errors
+    /// As [`Encoder::encode`] and [`Encoder::encode_ids`] (the first failing input, in order):
+    /// [`EmbedError::Validation`] (422) for an input over the limit when not truncating or a
+    /// token id outside the vocabulary, [`EmbedError::Tokenizer`] (422) when the tokenizer fails.
+    pub fn count(
+        &self,
+        inputs: &[Input],
+        prompt: Option<&str>,
+        truncate: Option<TruncationDirection>,
+    ) -> Result<Vec<u32>, EmbedError> {
+        inputs
+            .iter()
+            .enumerate()
+            .map(|(i, input)| {
+                let tokens = match input {
+                    Input::Text(text) => self.encode(text, prompt, truncate)?,
+                    Input::Ids(ids) => self.encode_ids(i, ids, prompt, truncate)?,
+                };
+                // At most `max_input_length` tokens, itself a `usize` read from a config file.
+                Ok(u32::try_from(tokens.ids.len()).unwrap_or(u32::MAX))
+            })
+            .collect()
     }
 
     /// The text of the prompt `name`.
@@ -76,7 +133,7 @@ impl Encoder {
     /// # Errors
     /// [`EmbedError::Validation`] naming `prompt_name` and the prompts that exist when the model
     /// has no prompt of that name.
-    pub(crate) fn prompt(&self, name: &str) -> Result<&str, EmbedError> {
+    pub fn prompt(&self, name: &str) -> Result<&str, EmbedError> {
         if let Some(text) = self.prompts.get(name) {
             return Ok(text);
         }
@@ -98,11 +155,11 @@ impl Encoder {
     /// keeping its start (`Right`) or its end (`Left`); `None` refuses it.
     ///
     /// # Errors
-    /// - [`EmbedError::TooLarge`] for an input over the limit when not truncating, with TEI's
-    ///   message: "`inputs` must have less than 256 tokens. Given: 1042" (or, for a huge input,
-    ///   the same about characters).
+    /// - [`EmbedError::Validation`] (422, as TEI 1.9.3) for an input over the limit when not
+    ///   truncating, with TEI's message: "`inputs` must have less than 256 tokens. Given: 1042"
+    ///   (or, for a huge input, the same about characters).
     /// - [`EmbedError::Tokenizer`] when the tokenizer fails.
-    pub(crate) fn encode(
+    pub fn encode(
         &self,
         input: &str,
         prompt: Option<&str>,
@@ -126,9 +183,9 @@ impl Encoder {
     /// - [`EmbedError::Validation`] (422) naming `inputs[index]` for an id outside the model's
     ///   vocabulary (the decoder would drop it, and an input of nothing but such ids would give
     ///   the model nothing to embed), or ids that decode to no token at all.
-    /// - As [`Encoder::encode`]: [`EmbedError::TooLarge`] for more than `max_input_length` ids
+    /// - As [`Encoder::encode`]: [`EmbedError::Validation`] for more than `max_input_length` ids
     ///   when not truncating, [`EmbedError::Tokenizer`] when decoding fails.
-    pub(crate) fn encode_ids(
+    pub fn encode_ids(
         &self,
         index: usize,
         ids: &[u32],
@@ -182,7 +239,7 @@ impl Encoder {
         let given = encoding.len() + added_tokens;
         if given > max {
             let Some(direction) = truncate else {
-                return Err(EmbedError::TooLarge(format!(
+                return Err(EmbedError::Validation(format!(
                     "`inputs` must have less than {max} tokens. Given: {given}"
                 )));
             };
@@ -221,7 +278,7 @@ impl Encoder {
             return Ok(input);
         }
         match truncate {
-            None => Err(EmbedError::TooLarge(format!(
+            None => Err(EmbedError::Validation(format!(
                 "`inputs` must have less than {limit} characters. Given: {given}"
             ))),
             Some(TruncationDirection::Right) => {

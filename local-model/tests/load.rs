@@ -204,8 +204,12 @@ fn a_tiny_cls_model_embeds_truncates_and_batches() {
     }
 
     let long = vec![Input::from("a b c d a b c")];
-    let err = model.embed(&long, &options).expect_err("9 tokens");
-    assert!(matches!(err, EmbedError::TooLarge(_)), "{err:?}");
+    let no_truncation = EmbedOptions {
+        truncate: Some(false),
+        ..EmbedOptions::default()
+    };
+    let err = model.embed(&long, &no_truncation).expect_err("9 tokens");
+    assert!(matches!(err, EmbedError::Validation(_)), "{err:?}");
     assert!(
         err.to_string()
             .contains("`inputs` must have less than 8 tokens. Given: 9"),

@@ -157,38 +157,59 @@ fn limits_and_dimensions_are_reported() {
     assert_eq!(model.model_id(), "all-MiniLM-L6-v2");
 }
 
+/// TEI 1.9.3 truncates by default (`--auto-truncate` is `true`): a long input without
+/// `truncate` gets the embedding TEI answered for it with `truncate: true`.
 #[test]
-fn long_input_without_truncate_is_too_large() {
+fn long_input_without_truncate_is_truncated_as_tei_does() {
+    let reference = reference();
+    let truncated = reference
+        .cases
+        .iter()
+        .find(|case| case.request.truncate == Some(true))
+        .expect("the reference has the long input with `truncate: true`");
+    let long = truncated.request.inputs.as_slice()[0]
+        .as_text()
+        .expect("a text");
+    assert_eq!(long, long_input().trim_end());
+    let got = embed_one(long, &EmbedOptions::default()).expect("auto-truncated");
+    let cos = cosine(&got, &truncated.embeddings[0]);
+    assert!(
+        cos >= MIN_COSINE,
+        "cosine {cos} with TEI's truncated embedding"
+    );
+}
+
+/// With `truncate: false`, TEI 1.9.3 answers 422 `Validation`: "Input validation error:
+/// `inputs` must have less than 256 tokens. Given: N".
+#[test]
+fn long_input_with_truncate_false_is_422() {
     let long = long_input();
-    for truncate in [None, Some(false)] {
-        let options = EmbedOptions {
-            truncate,
-            ..EmbedOptions::default()
-        };
-        let err = embed_one(&long, &options).expect_err("over 256 tokens");
-        assert!(matches!(err, EmbedError::TooLarge(_)), "{err:?}");
-        assert_eq!(err.status(), 413);
-        let message = err.to_string();
-        assert!(
-            message.contains("`inputs` must have less than 256 tokens. Given: "),
-            "{message}"
-        );
-        let given: usize = message
-            .rsplit("Given: ")
-            .next()
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("no token count in {message}"));
-        assert!(given > 256, "{message}");
-    }
+    let options = EmbedOptions {
+        truncate: Some(false),
+        ..EmbedOptions::default()
+    };
+    let err = embed_one(&long, &options).expect_err("over 256 tokens");
+    let message = validation_message(&err, "`inputs` must have less than 256 tokens. Given: ");
+    assert!(message.starts_with("Input validation error: "), "{message}");
+    let given: usize = message
+        .rsplit("Given: ")
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no token count in {message}"));
+    assert!(given > 256, "{message}");
 }
 
 #[test]
-fn one_long_input_fails_the_whole_call() {
+fn one_long_input_fails_the_whole_call_without_truncation() {
     let inputs = vec![Input::from("short"), Input::from(long_input())];
+    let options = EmbedOptions {
+        truncate: Some(false),
+        ..EmbedOptions::default()
+    };
     let err = model()
-        .embed(&inputs, &EmbedOptions::default())
+        .embed(&inputs, &options)
         .expect_err("second input is too long");
-    assert_eq!(err.status(), 413);
+    assert_eq!(err.status(), 422);
 }
 
 #[test]
@@ -368,10 +389,14 @@ fn token_ids_embed_like_the_text_they_encode() {
 #[test]
 fn token_ids_over_the_limit_are_refused_or_truncated() {
     let long = Input::Ids([101].into_iter().chain([7592; 300]).chain([102]).collect());
+    let no_truncation = EmbedOptions {
+        truncate: Some(false),
+        ..EmbedOptions::default()
+    };
     let err = model()
-        .embed(std::slice::from_ref(&long), &EmbedOptions::default())
+        .embed(std::slice::from_ref(&long), &no_truncation)
         .expect_err("302 ids");
-    assert_eq!(err.status(), 413);
+    assert_eq!(err.status(), 422);
     assert!(
         err.to_string()
             .contains("`inputs` must have less than 256 tokens. Given: 302"),

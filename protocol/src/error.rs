@@ -57,12 +57,24 @@ pub struct ErrorResponse {
 /// upstream call can fail every waiter of its batch.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EmbedError {
-    /// Malformed or invalid request: bad JSON, wrong types, unknown option values (422,
-    /// `Validation`; mirrors TEI, which answers 422 for bodies it cannot deserialize).
+    /// A body that is valid JSON but not a valid request (wrong types, a missing field, unknown
+    /// option values), or an input TEI's validation refuses (e.g. over the model's token limit
+    /// with `truncate: false`) (422, `Validation`; mirrors TEI 1.9.3, whose JSON extractor answers
+    /// 422 for a body it cannot deserialize into its request type, and whose validation answers
+    /// 422).
     #[error("Input validation error: {0}")]
     Validation(String),
-    /// Body, input length or reply size over a limit (413, `Validation`; mirrors TEI's 413 for
-    /// bodies over its payload limit and inputs over `max_input_length`).
+    /// The body is not JSON at all: empty, truncated, a UTF-8 byte-order mark, single quotes,
+    /// invalid UTF-8, raw control characters in a string, trailing characters (400,
+    /// `Validation`). Mirrors TEI 1.9.3, whose JSON extractor (axum's `Json`) answers 400
+    /// "Failed to parse the request body as JSON: ..." for a syntax error; TEI sends that as
+    /// plain text without an `error_type`, embatch in TEI's error body with `Validation`.
+    #[error("Failed to parse the request body as JSON: {0}")]
+    InvalidJson(String),
+    /// Body, request or reply size over a limit (413, `Validation`; mirrors TEI's 413 for bodies
+    /// over its payload limit). An input over the model's token limit is not this: TEI 1.9.3
+    /// truncates it by default and answers 422 ([`EmbedError::Validation`]) with
+    /// `truncate: false`.
     #[error("Input validation error: {0}")]
     TooLarge(String),
     /// The request body is not declared as JSON (415, `Validation`; mirrors TEI 1.9.3, which
@@ -112,7 +124,7 @@ impl EmbedError {
             EmbedError::Validation(_) | EmbedError::Tokenizer(_) => 422,
             EmbedError::TooLarge(_) => 413,
             EmbedError::UnsupportedMediaType(_) => 415,
-            EmbedError::Empty(_) => 400,
+            EmbedError::Empty(_) | EmbedError::InvalidJson(_) => 400,
             EmbedError::Backend(_) => 424,
             EmbedError::Overloaded(_) => 429,
             EmbedError::Unavailable(_) => 503,
@@ -126,6 +138,7 @@ impl EmbedError {
     pub fn error_type(&self) -> ErrorType {
         match self {
             EmbedError::Validation(_)
+            | EmbedError::InvalidJson(_)
             | EmbedError::TooLarge(_)
             | EmbedError::UnsupportedMediaType(_) => ErrorType::Validation,
             EmbedError::Empty(_) => ErrorType::Empty,
@@ -142,6 +155,7 @@ impl EmbedError {
     pub fn kind(&self) -> &'static str {
         match self {
             EmbedError::Validation(_) => "validation",
+            EmbedError::InvalidJson(_) => "invalid_json",
             EmbedError::TooLarge(_) => "too_large",
             EmbedError::UnsupportedMediaType(_) => "unsupported_media_type",
             EmbedError::Empty(_) => "empty",
@@ -202,6 +216,11 @@ mod tests {
                 ErrorType::Validation,
             ),
             (EmbedError::Empty("x".into()), 400, ErrorType::Empty),
+            (
+                EmbedError::InvalidJson("x".into()),
+                400,
+                ErrorType::Validation,
+            ),
             (EmbedError::Tokenizer("x".into()), 422, ErrorType::Tokenizer),
             (EmbedError::Backend("x".into()), 424, ErrorType::Backend),
             (

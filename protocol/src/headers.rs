@@ -103,6 +103,12 @@ pub const QUEUE_TIME_MS: &str = "Embatch-Queue-Time-Ms";
 /// `x-inference-time`).
 pub const INFERENCE_TIME_MS: &str = "Embatch-Inference-Time-Ms";
 
+/// Reply header of a success: the request's tokens, summed over its inputs as the worker's
+/// tokenizer counts them (the model's own `tokenizer.json`: special tokens included, after the
+/// prompt and after truncation), e.g. `42`. What the OpenAI route reports as `usage`. Absent
+/// when the worker has no tokenizer for its model (it then counts inputs, not tokens).
+pub const TOKENS: &str = "Embatch-Tokens";
+
 /// Reply header on errors: the HTTP-style status code (`413`, `422`, `424`, `429`, `503`, `504`, …),
 /// as in the NATS micro protocol.
 pub const SERVICE_ERROR_CODE: &str = "Nats-Service-Error-Code";

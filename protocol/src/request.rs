@@ -303,33 +303,44 @@ impl Default for EmbedOptions {
 }
 
 impl EmbedRequest {
-    /// Parses a request body.
+    /// Parses a request body, with the status TEI 1.9.3's JSON extractor (axum's `Json`) gives
+    /// each failure.
     ///
     /// # Errors
-    /// [`EmbedError::Validation`] (422) naming the offending field for malformed JSON, a body
-    /// that is not a JSON object (TEI 1.9.3 answers 422 for a top-level array, which serde alone
-    /// would read as the fields in order), a missing `inputs`, or a field of the wrong type.
+    /// - [`EmbedError::InvalidJson`] (400) when the body is not JSON: empty, truncated, not
+    ///   JSON, a UTF-8 byte-order mark, single quotes, invalid UTF-8, raw control characters in a
+    ///   string, or trailing characters after the object ([`invalid_json`]).
+    /// - [`EmbedError::Validation`] (422) naming the offending field for valid JSON of the wrong
+    ///   shape: a missing `inputs`, a field of the wrong type, or a body that is not a JSON
+    ///   object (TEI 1.9.3 answers 422 for a top-level array, which serde alone would read as
+    ///   the fields in order).
     pub fn from_slice(body: &[u8]) -> Result<EmbedRequest, EmbedError> {
-        let first = body.iter().find(|b| !b.is_ascii_whitespace());
-        if first.is_some_and(|b| *b != b'{') {
-            return Err(EmbedError::Validation(
+        let not_an_object = || {
+            EmbedError::Validation(
                 "the request body must be a JSON object, e.g. {\"inputs\": \"text\"}".into(),
-            ));
-        }
+            )
+        };
         let mut de = serde_json::Deserializer::from_slice(body);
-        let request: EmbedRequest = serde_path_to_error::deserialize(&mut de).map_err(|err| {
-            let path = err.path().to_string();
-            let inner = err.into_inner();
-            if inner.is_syntax() || inner.is_eof() {
-                EmbedError::Validation(format!("the request body is not valid JSON: {inner}"))
-            } else if path == "." || path.is_empty() {
-                EmbedError::Validation(format!("invalid request body: {inner}"))
-            } else {
-                EmbedError::Validation(format!("`{path}`: {inner}"))
+        let request: EmbedRequest = match serde_path_to_error::deserialize(&mut de) {
+            Ok(request) => request,
+            Err(err) if err.inner().is_syntax() || err.inner().is_eof() => {
+                return Err(invalid_json(&err));
             }
-        })?;
-        de.end()
-            .map_err(|err| EmbedError::Validation(format!("invalid request body: {err}")))?;
+            Err(_) if first_byte(body) != Some(b'{') => return Err(not_an_object()),
+            Err(err) => {
+                let path = err.path().to_string();
+                let inner = err.into_inner();
+                return Err(if path == "." || path.is_empty() {
+                    EmbedError::Validation(format!("invalid request body: {inner}"))
+                } else {
+                    EmbedError::Validation(format!("`{path}`: {inner}"))
+                });
+            }
+        };
+        de.end().map_err(|err| invalid_json(&err))?;
+        if first_byte(body) != Some(b'{') {
+            return Err(not_an_object());
+        }
         Ok(request)
     }
 
@@ -380,6 +391,19 @@ impl EmbedRequest {
         let options = self.options();
         (self.inputs.into_vec(), options)
     }
+}
+
+/// The first byte of `body` that is not JSON whitespace.
+fn first_byte(body: &[u8]) -> Option<u8> {
+    body.iter().copied().find(|b| !b.is_ascii_whitespace())
+}
+
+/// [`EmbedError::InvalidJson`] (400) for a JSON syntax error, with serde_json's description (and
+/// the field it was in, when known), as TEI 1.9.3's axum extractor words it: "Failed to parse
+/// the request body as JSON: inputs: EOF while parsing a string at line 1 column 13". Shared by
+/// every route that reads a JSON body (TEI's and OpenAI's).
+pub fn invalid_json(err: &impl fmt::Display) -> EmbedError {
+    EmbedError::InvalidJson(err.to_string())
 }
 
 #[cfg(test)]
@@ -462,16 +486,40 @@ mod tests {
     }
 
     #[test]
-    fn missing_inputs_and_bad_json_are_validation_errors() {
+    fn missing_inputs_is_a_validation_error() {
         let err = parse(r#"{"normalize":true}"#).expect_err("invalid");
         assert!(err.to_string().contains("missing field `inputs`"), "{err}");
-        assert_eq!(parse("{not json").expect_err("invalid").status(), 422);
-        assert_eq!(
-            parse(r#"{"inputs":"a"} trailing"#)
-                .expect_err("invalid")
-                .status(),
-            422
-        );
+        assert_eq!(err.status(), 422);
+    }
+
+    /// TEI 1.9.3 (axum's `Json`) answers 400 for a body that is not JSON, 422 for JSON of the
+    /// wrong shape.
+    #[test]
+    fn a_body_that_is_not_json_is_400() {
+        let cases: [&[u8]; 10] = [
+            b"",
+            b"   ",
+            b"{not json",
+            br#"{"inputs":"a"#,
+            b"hello",
+            b"\xEF\xBB\xBF{\"inputs\":\"a\"}",
+            b"{'inputs':'a'}",
+            b"{\"inputs\":\"\xFF\xFE\"}",
+            b"{\"inputs\":\"a\x01b\"}",
+            br#"{"inputs":"a"} trailing"#,
+        ];
+        for body in cases {
+            let err = EmbedRequest::from_slice(body).expect_err("not JSON");
+            assert_eq!(err.status(), 400, "{body:?}: {err}");
+            assert_eq!(err.error_type(), crate::ErrorType::Validation, "{body:?}");
+            assert!(
+                err.to_string()
+                    .starts_with("Failed to parse the request body as JSON: "),
+                "{err}"
+            );
+        }
+        let err = parse(r#"{"inputs":1}"#).expect_err("wrong shape");
+        assert_eq!(err.status(), 422, "{err}");
     }
 
     #[test]

@@ -221,7 +221,12 @@ pub const ONE_CALL_AT_A_TIME: [&str; 6] = [
 /// upstream work, with a limit of 3 inputs per request: `(body, status, error_type, a part of
 /// the message)`. Statuses and bodies follow TEI 1.9.3.
 pub const BAD_REQUESTS: &[(&str, u16, &str, &str)] = &[
-    ("{oops", 422, "Validation", "not valid JSON"),
+    (
+        "{oops",
+        400,
+        "Validation",
+        "Failed to parse the request body as JSON",
+    ),
     (r#"{"inputs":[]}"#, 400, "Empty", "`inputs` cannot be empty"),
     (
         r#"{"inputs":[1,"a"]}"#,
@@ -264,6 +269,32 @@ pub const BAD_REQUESTS: &[(&str, u16, &str, &str)] = &[
     (r#"{"inputs":["a",""]}"#, 400, "Empty", "input 1 is empty"),
     (r#"["a"]"#, 422, "Validation", "JSON object"),
 ];
+
+/// Bodies that are not JSON at all, which TEI 1.9.3 (axum's `Json` extractor) answers 400 "Failed
+/// to parse the request body as JSON: ..." and every entry point of embatch answers 400
+/// `Validation` with that message: empty, whitespace only, truncated, not JSON, a UTF-8
+/// byte-order mark, single quotes, invalid UTF-8, a raw control character in a string, trailing
+/// characters.
+pub const MALFORMED_JSON: &[&[u8]] = &[
+    b"",
+    b"  \n",
+    br#"{"inputs":["a","b"#,
+    b"inputs=hello",
+    b"\xEF\xBB\xBF{\"inputs\":\"a\"}",
+    b"{'inputs':'a'}",
+    b"{\"inputs\":\"caf\xE9\"}",
+    b"{\"inputs\":\"tab\there\"}",
+    b"{\"inputs\":\"line\nbreak\"}",
+    br#"{"inputs":"a"}}"#,
+];
+
+/// The status, `error_type` and a part of the message every entry point answers each body of
+/// [`MALFORMED_JSON`] with.
+pub const MALFORMED_JSON_ANSWER: (u16, &str, &str) = (
+    400,
+    "Validation",
+    "Failed to parse the request body as JSON: ",
+);
 
 /// A real nats-server, the TEI double and an in-process worker on both: where most tests start.
 pub struct Stack {

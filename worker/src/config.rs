@@ -53,6 +53,13 @@ pub struct Config {
     #[arg(long, env = "MODEL_ID")]
     pub model_id: Option<String>,
 
+    /// A `tokenizer.json` of the TEI model (with TEI_URL), to count tokens in the worker. Unset:
+    /// the one of the `model_id` TEI's /info names, from the Hugging Face cache (HF_HOME),
+    /// fetched from the hub when it can be reached (`HF_HUB_OFFLINE=1`: the cache alone); else
+    /// TEI's POST /tokenize; else inputs are counted. The built-in model always uses its own.
+    #[arg(long, env = "TOKENIZER")]
+    pub tokenizer: Option<PathBuf>,
+
     /// Most inputs (not requests) in one upstream call. Larger batches raise throughput on a GPU
     /// until it saturates; capped by the upstream's own max_client_batch_size.
     #[arg(long, env = "MAX_BATCH_SIZE", default_value_t = 32)]

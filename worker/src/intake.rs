@@ -6,7 +6,9 @@
 //!
 //! The intake loop never waits on the batcher: it parses, validates, admits (or answers an error
 //! at once) and moves on, so the client's subscription buffer, which would drop messages silently
-//! when full, never fills; our own bound (`QUEUE_CAP`) bites first.
+//! when full, never fills; our own bound (`QUEUE_CAP`) bites first. Counting a request's tokens
+//! ([`crate::tokens`]) is CPU work, so it runs in the request's own reply task, which then
+//! submits the request to the batcher: the loop never waits on a tokenizer.
 //!
 //! Two things are answered here rather than left to time out:
 //! - withdrawal: a message on `<subject>.cancel` carrying a request's [`headers::REQUEST_ID`]
@@ -32,6 +34,7 @@ use crate::batcher::{BatcherHandle, Outcome};
 use crate::group::{Event, Group};
 use crate::micro::EndpointStats;
 use crate::respond::Answer;
+use crate::tokens::Counter;
 
 /// Settings of the intake loop.
 #[derive(Debug, Clone)]
@@ -147,9 +150,11 @@ impl Withdrawable {
 pub(crate) struct Intake {
     /// The request subject's queue subscription and the membership deciding it.
     pub group: Group,
-    /// Where accepted requests are submitted; the intake holds the last handle, so the batcher
-    /// ends after the intake does.
+    /// Where accepted requests are submitted; the intake holds the last handle (a reply task
+    /// holds a clone only until it has submitted), so the batcher ends after the intake does.
     pub batcher: BatcherHandle,
+    /// Counts each request's tokens before it is submitted.
+    pub counter: Counter,
     /// Limits and defaults.
     pub config: IntakeConfig,
     /// The reply tasks, one per accepted request: close and wait on it (after the batcher ends)
@@ -245,8 +250,11 @@ impl Intake {
                 .increment(1);
             return;
         }
-        let (receiver, inputs) = match self.submit(&request, received, reply_limit) {
-            Ok(accepted) => accepted,
+        let submission = match self
+            .parse(&request, received, reply_limit)
+            .and_then(|parsed| self.hand_over(parsed))
+        {
+            Ok(submission) => submission,
             Err(err) => {
                 metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => err.kind())
                     .increment(1);
@@ -263,14 +271,29 @@ impl Intake {
         let client = self.client.clone();
         let stats = self.stats.clone();
         self.replies.spawn(async move {
-            let outcome = tokio::select! {
-                outcome = receiver => outcome.unwrap_or_else(|_| {
-                    Err(EmbedError::Unavailable(
-                        "the worker stopped before answering".into(),
-                    ))
-                }),
-                // Withdrawn by its caller: dropping the receiver tells the batcher.
+            let inputs = submission.inputs();
+            // Withdrawn by its caller: dropping the receiver (or the count) tells the batcher.
+            let submitted = tokio::select! {
+                submitted = submission.submit() => submitted,
                 () = cancelled.cancelled() => return,
+            };
+            let (outcome, tokens) = match submitted {
+                Ok((receiver, tokens)) => {
+                    let outcome = tokio::select! {
+                        outcome = receiver => outcome.unwrap_or_else(|_| {
+                            Err(EmbedError::Unavailable(
+                                "the worker stopped before answering".into(),
+                            ))
+                        }),
+                        () = cancelled.cancelled() => return,
+                    };
+                    (outcome, tokens)
+                }
+                Err(err) => {
+                    metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => err.kind())
+                        .increment(1);
+                    (Err(err), None)
+                }
             };
             if let Some((registry, id)) = registered {
                 registry.remove(&id);
@@ -279,7 +302,7 @@ impl Intake {
                 reply_limit.observe(inputs, reply.payload.len())?;
                 Ok(reply)
             });
-            answer(outcome)
+            answer(outcome, tokens)
                 .send(&client, &request, &stats, received)
                 .await;
         });
@@ -309,21 +332,46 @@ impl Intake {
         }
     }
 
+    /// Submits `parsed` to the batcher now when counting its tokens is immediate (no
+    /// tokenizer); else reserves its room among the inputs waiting to be counted, for its reply
+    /// task to count and submit.
+    ///
+    /// # Errors
+    /// The batcher's refusal (413, 429, 504), or 429 when too many inputs wait to be counted.
+    fn hand_over(&self, parsed: Parsed) -> Result<Submission, EmbedError> {
+        if self.counter.is_immediate() {
+            let counted = self.counter.count_now(parsed.inputs, parsed.options);
+            let tokens = counted.tokens();
+            let inputs = counted.inputs.len();
+            let receiver = self
+                .batcher
+                .submit(counted.inputs, counted.options, parsed.deadline)?;
+            return Ok(Submission::Ready(receiver, tokens, inputs));
+        }
+        let reservation = self.counter.reserve(parsed.inputs.len())?;
+        Ok(Submission::Count(
+            parsed,
+            self.counter.clone(),
+            self.batcher.clone(),
+            reservation,
+        ))
+    }
+
     /// Answers `request` at once (an error found before the batcher).
     async fn respond(&self, request: &Message, outcome: Outcome, received: Instant) {
-        answer(outcome)
+        answer(outcome, None)
             .send(&self.client, request, &self.stats, received)
             .await;
     }
 
-    /// Parses, validates and submits a request received at `received` whose reply must fit
-    /// `reply_limit`; its receiver and input count.
-    fn submit(
+    /// Parses and validates a request received at `received` whose reply must fit
+    /// `reply_limit`: what its reply task counts and submits.
+    fn parse(
         &self,
         request: &Message,
         received: Instant,
         reply_limit: &ReplyLimit,
-    ) -> Result<(tokio::sync::oneshot::Receiver<Outcome>, usize), EmbedError> {
+    ) -> Result<Parsed, EmbedError> {
         let message_headers = request.headers.as_ref();
         if let Some(version) = message_headers.and_then(|h| h.get(headers::VERSION)) {
             let major = version.as_str().split('.').next().unwrap_or_default();
@@ -348,22 +396,74 @@ impl Intake {
         let body = EmbedRequest::from_slice(&request.payload)?;
         body.validate(self.config.max_client_batch_size)?;
         let (inputs, options) = body.into_parts();
-        let n = inputs.len();
-        reply_limit.check(n)?;
-        let receiver = self.batcher.submit(inputs, options, received + budget)?;
-        Ok((receiver, n))
+        reply_limit.check(inputs.len())?;
+        Ok(Parsed {
+            inputs,
+            options,
+            deadline: received + budget,
+        })
     }
 }
 
-/// The reply for `outcome`: TEI's response body with timing headers, or TEI's error body with
-/// NATS micro error headers (`Nats-Service-Error-Code`, `Nats-Service-Error`), see
-/// [`crate::respond`].
-fn answer(outcome: Outcome) -> Answer {
+/// A request on its way to the batcher.
+enum Submission {
+    /// Submitted by the intake (counting was immediate): its receiver, tokens and inputs.
+    Ready(tokio::sync::oneshot::Receiver<Outcome>, Option<u64>, usize),
+    /// To be counted, then submitted, by its reply task, holding its room among the inputs
+    /// waiting to be counted.
+    Count(Parsed, Counter, BatcherHandle, crate::tokens::Reservation),
+}
+
+impl Submission {
+    fn inputs(&self) -> usize {
+        match self {
+            Submission::Ready(_, _, inputs) => *inputs,
+            Submission::Count(parsed, ..) => parsed.inputs.len(),
+        }
+    }
+
+    /// The request in the batcher: its receiver and token count. Counts it first when it is
+    /// not yet submitted; the batcher handle and the reservation are dropped once it is.
+    ///
+    /// # Errors
+    /// The count's error (422 over the limit with `truncate: false`, ...) or the batcher's
+    /// refusal.
+    async fn submit(
+        self,
+    ) -> Result<(tokio::sync::oneshot::Receiver<Outcome>, Option<u64>), EmbedError> {
+        match self {
+            Submission::Ready(receiver, tokens, _) => Ok((receiver, tokens)),
+            Submission::Count(parsed, counter, batcher, _reservation) => {
+                let counted = counter.count(parsed.inputs, parsed.options).await?;
+                let tokens = counted.tokens();
+                // The seam to the token budget: `counted.lengths`, one count per input.
+                let receiver = batcher.submit(counted.inputs, counted.options, parsed.deadline)?;
+                Ok((receiver, tokens))
+            }
+        }
+    }
+}
+
+/// A request that passed [`Intake::parse`]: what its reply task counts and submits.
+struct Parsed {
+    inputs: Vec<embatch_protocol::Input>,
+    options: embatch_protocol::EmbedOptions,
+    /// When its deadline passes.
+    deadline: Instant,
+}
+
+/// The reply for `outcome`: TEI's response body with timing headers and, when counted, the
+/// request's `tokens` ([`headers::TOKENS`]), or TEI's error body with NATS micro error headers
+/// (`Nats-Service-Error-Code`, `Nats-Service-Error`), see [`crate::respond`].
+fn answer(outcome: Outcome, tokens: Option<u64>) -> Answer {
     match outcome {
         Ok(reply) => {
             let mut reply_headers = HeaderMap::new();
             for (name, value) in reply::success_headers(reply.queue_time, reply.inference_time) {
                 reply_headers.insert(name, value.as_str());
+            }
+            if let Some(tokens) = tokens {
+                reply_headers.insert(headers::TOKENS, tokens.to_string().as_str());
             }
             Answer::ok(reply_headers, reply.payload)
         }

@@ -15,6 +15,7 @@
 //!   the replies of both endpoints.
 //! - `heartbeat`: the liveness signal clients watch to resend what a lost worker held.
 //! - [`batcher`]: the batching actor: batch formation, overload control, fault isolation.
+//! - [`tokens`]: token counts per input (the model's tokenizer), before the batcher.
 //! - [`upstream`]: TEI over HTTP, or the built-in CPU model.
 //! - [`http`]: the admin HTTP server, `/metrics` and `/health`.
 //! - [`telemetry`]: logging, the Prometheus recorder and metric names.
@@ -32,6 +33,7 @@ mod peers;
 mod respond;
 mod serve;
 pub mod telemetry;
+pub mod tokens;
 pub mod upstream;
 
 use std::future::Future;

@@ -27,7 +27,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::upstream::Upstream;
 use crate::{
-    Config, WorkerError, batcher, group, heartbeat, http, info, intake, membership, micro,
+    Config, WorkerError, batcher, group, heartbeat, http, info, intake, membership, micro, tokens,
 };
 
 /// Longest the tasks of the tree may take to stop once cancelled (the admin server's open
@@ -111,6 +111,13 @@ pub(crate) async fn start<U: Upstream>(
         }
         membership::Mode::Static => (None, None),
     };
+    let counter = upstream
+        .counter(&tokens::TokenizerLookup {
+            path: config.tokenizer.clone(),
+        })
+        .await
+        .with_pending_limit(config.queue_cap);
+    tracing::info!(source = %counter.source(), "token counts");
     let (batcher, batcher_task) = batcher::spawn(Arc::clone(&upstream), config.batcher());
     let group = group::Group::join(
         client.clone(),
@@ -156,6 +163,7 @@ pub(crate) async fn start<U: Upstream>(
         intake::Intake {
             group,
             batcher,
+            counter,
             config: intake::IntakeConfig {
                 default_deadline: config.default_deadline,
                 max_client_batch_size: config.max_client_batch_size,

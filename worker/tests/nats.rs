@@ -310,6 +310,37 @@ async fn bad_requests_get_teis_error_body_and_nats_error_headers() {
     stack.base.worker.stop().await;
 }
 
+/// A body that is not JSON gets 400 `Validation` (TEI 1.9.3's answer) in the error header and
+/// the error body, as a plain NATS request sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_json_is_400_in_the_error_header() {
+    let stack = stack(&[]).await;
+    let (tei, client) = (&stack.base.tei, &stack.client);
+    let (status, kind, needle) = embatch_testkit::MALFORMED_JSON_ANSWER;
+    for body in embatch_testkit::MALFORMED_JSON {
+        let reply = client
+            .request("embed", Bytes::from_static(body))
+            .await
+            .expect("a reply");
+        let code = reply
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(headers::SERVICE_ERROR_CODE))
+            .map(|v| v.as_str().to_owned());
+        assert_eq!(
+            code.as_deref(),
+            Some(status.to_string().as_str()),
+            "{body:?}"
+        );
+        let error: serde_json::Value = serde_json::from_slice(&reply.payload).expect("TEI's body");
+        assert_eq!(error["error_type"], kind, "{body:?}: {error}");
+        let message = error["error"].as_str().expect("error message");
+        assert!(message.starts_with(needle), "{body:?}: {message:?}");
+    }
+    assert!(tei.calls().is_empty(), "nothing reaches the upstream");
+    stack.base.worker.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_worker_registers_as_a_nats_micro_service() {
     let stack = stack(&[]).await;

@@ -51,12 +51,23 @@ impl Upstream for LocalUpstream {
 
     /// A document in the shape of TEI's `GET /info`, from what the loaded model knows: its
     /// `model_id`, `max_input_length` (tokens), `model_dtype` `float32` (the CPU model runs in
-    /// f32) and `auto_truncate` `false` (inputs over the limit fail unless the request asks to
-    /// truncate). Fields TEI derives from its own router (`max_concurrent_requests`,
+    /// f32) and `auto_truncate` `true` (inputs over the limit are truncated unless the request
+    /// says `truncate: false`, as TEI 1.9.3 does by default). Fields TEI derives from its own router (`max_concurrent_requests`,
     /// `max_batch_tokens`, `max_batch_requests`, `tokenization_workers`, `sha`, `model_sha`,
     /// `docker_label`) and the pooling (not exposed by the model) are `null`;
     /// `max_client_batch_size` is left for the worker to set (see `crate::info`), and `version`
     /// is the worker's.
+    /// The model's own tokenizer; an absent `truncate` truncates (`auto_truncate`), and an
+    /// unknown `prompt_name` is refused before batching, as the model would.
+    async fn counter(&self, _lookup: &crate::tokens::TokenizerLookup) -> crate::tokens::Counter {
+        crate::tokens::Counter::tokenizer(
+            self.model.encoder(),
+            format!("of the built-in model {}", self.model.model_id()),
+            true,
+            true,
+        )
+    }
+
     async fn info(&self) -> Result<serde_json::Value, UpstreamError> {
         Ok(serde_json::json!({
             "model_id": self.model.model_id(),
@@ -68,7 +79,7 @@ impl Upstream for LocalUpstream {
             "max_batch_tokens": null,
             "max_batch_requests": null,
             "max_client_batch_size": null,
-            "auto_truncate": false,
+            "auto_truncate": true,
             "tokenization_workers": null,
             "version": env!("CARGO_PKG_VERSION"),
             "sha": null,

@@ -182,6 +182,19 @@ pub trait Upstream: Send + Sync + 'static {
     fn health(&self) -> impl Future<Output = Result<(), UpstreamError>> + Send {
         async { Ok(()) }
     }
+
+    /// How the worker counts this upstream's tokens before batching (see [`crate::tokens`]),
+    /// decided once at start: the built-in model's own tokenizer; for TEI, the tokenizer
+    /// `lookup` finds for its model, else its `POST /tokenize`, else none.
+    ///
+    /// The default, for upstreams that know no tokenizer (test doubles), counts inputs.
+    fn counter(
+        &self,
+        lookup: &crate::tokens::TokenizerLookup,
+    ) -> impl Future<Output = crate::tokens::Counter> + Send {
+        let _ = lookup;
+        async { crate::tokens::Counter::inputs() }
+    }
 }
 
 /// The upstream chosen by configuration.
@@ -222,6 +235,13 @@ impl Upstream for AnyUpstream {
         match self {
             AnyUpstream::Tei(u) => u.health().await,
             AnyUpstream::Local(u) => u.health().await,
+        }
+    }
+
+    async fn counter(&self, lookup: &crate::tokens::TokenizerLookup) -> crate::tokens::Counter {
+        match self {
+            AnyUpstream::Tei(u) => u.counter(lookup).await,
+            AnyUpstream::Local(u) => u.counter(lookup).await,
         }
     }
 }

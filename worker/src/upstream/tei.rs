@@ -12,6 +12,8 @@ use super::{Embedding, Upstream, UpstreamError};
 /// A pooled HTTP client for one TEI server.
 pub struct TeiUpstream {
     client: reqwest::Client,
+    /// `{tei_url}`, without a trailing `/`.
+    base_url: String,
     embed_url: String,
     /// `{tei_url}/info`.
     info_url: String,
@@ -39,6 +41,10 @@ pub struct TeiConfig {
     /// Batch limit used when `/info` cannot be read.
     pub fallback_max_batch_size: usize,
 }
+
+/// Longest the worker looks for the TEI model's tokenizer at start (the hub may be slow or
+/// unreachable): 20 s; past it, it goes on with TEI's `/tokenize` or counts inputs.
+pub const TOKENIZER_LOOKUP_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// The part of TEI's `GET /info` the worker uses for batching.
 #[derive(Debug, Deserialize)]
@@ -130,6 +136,7 @@ impl TeiUpstream {
         };
         Ok(TeiUpstream {
             client,
+            base_url: base.to_owned(),
             embed_url: format!("{base}/embed"),
             info_url,
             health_url,
@@ -215,6 +222,66 @@ impl Upstream for TeiUpstream {
             .get_or_try_init(|| read_info(&self.client, &self.info_url, self.timeout))
             .await
             .cloned()
+    }
+
+    /// The tokenizer of the model TEI's `/info` names (`model_id`, with its `max_input_length`
+    /// and `auto_truncate`, `true` when absent as in TEI 1.9.3), found by `lookup` (a path, or
+    /// the Hugging Face cache or hub, for at most [`TOKENIZER_LOOKUP_TIMEOUT`]); else TEI's
+    /// `POST /tokenize` when it answers; else none.
+    async fn counter(&self, lookup: &crate::tokens::TokenizerLookup) -> crate::tokens::Counter {
+        use crate::tokens::Counter;
+        let info = self.info().await.unwrap_or(serde_json::Value::Null);
+        let model_id = info["model_id"].as_str().map(str::to_owned);
+        let auto_truncate = info["auto_truncate"].as_bool().unwrap_or(true);
+        let Some(max_input_length) = info["max_input_length"]
+            .as_u64()
+            .and_then(|n| usize::try_from(n).ok())
+        else {
+            tracing::warn!("TEI /info names no max_input_length: counting inputs, not tokens");
+            return Counter::inputs();
+        };
+        let lookup = lookup.clone();
+        let find = tokio::task::spawn_blocking(move || {
+            let (path, origin) = lookup.find(model_id.as_deref())?;
+            match embatch_local_model::Encoder::load_file(&path, max_input_length) {
+                Ok(encoder) => Some((encoder, origin)),
+                Err(err) => {
+                    tracing::warn!(%err, "cannot load the TEI model's tokenizer");
+                    None
+                }
+            }
+        });
+        match tokio::time::timeout(TOKENIZER_LOOKUP_TIMEOUT, find).await {
+            Ok(Ok(Some((encoder, origin)))) => {
+                return Counter::tokenizer(
+                    std::sync::Arc::new(encoder),
+                    origin,
+                    auto_truncate,
+                    false,
+                );
+            }
+            Ok(_) => {}
+            Err(_) => tracing::warn!(
+                timeout_ms = TOKENIZER_LOOKUP_TIMEOUT.as_millis() as u64,
+                "looking up the TEI model's tokenizer timed out"
+            ),
+        }
+        let probe = self
+            .client
+            .post(format!("{}/tokenize", self.base_url))
+            .json(&serde_json::json!({"inputs": "probe"}))
+            .timeout(crate::membership::PROBE_TIMEOUT.min(self.timeout))
+            .send()
+            .await;
+        match probe {
+            Ok(response) if response.status().is_success() => Counter::tei_tokenize(
+                self.client.clone(),
+                &self.base_url,
+                max_input_length,
+                auto_truncate,
+            ),
+            _ => Counter::inputs(),
+        }
     }
 
     /// `GET {tei_url}/health`: 200 is healthy (TEI answers 503 while its model cannot run).
