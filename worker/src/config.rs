@@ -6,7 +6,10 @@ use std::time::Duration;
 use clap::Parser;
 use embatch_runtime::{NatsArgs, OptionalAddr, Secret};
 
-use crate::batcher::{BatcherConfig, QueueDelay};
+use crate::batcher::{
+    BUILTIN_MAX_BATCH_TOKENS, BatchCost, BatcherConfig, QueueDelay, TEI_DEFAULT_MAX_BATCH_TOKENS,
+    TokenBudget,
+};
 use crate::telemetry::LogFormat;
 
 /// embatch worker: joins the NATS queue group, collects requests into batches and calls the
@@ -57,6 +60,22 @@ pub struct Config {
     /// until it saturates; capped by the upstream's own max_client_batch_size.
     #[arg(long, env = "MAX_BATCH_SIZE", default_value_t = 32)]
     pub max_batch_size: usize,
+
+    /// Most tokens one upstream call may cost (counted as BATCH_COST says); an input over the
+    /// whole budget is sent alone. Unset: TEI's own `max_batch_tokens` from its /info (16,384
+    /// when /info does not say); for the built-in model MAX_BATCH_SIZE x the model's input limit
+    /// (32 x 256 = 8,192 tokens for all-MiniLM-L6-v2).
+    #[arg(long, env = "MAX_BATCH_TOKENS")]
+    pub max_batch_tokens: Option<usize>,
+
+    /// How a batch's cost grows with its inputs' lengths, as TEI's router counts it. `padded`:
+    /// longest input x inputs (every input padded to the longest of its batch: TEI's candle CPU
+    /// backend, the built-in model); batches are then shaped by length. `unpadded`: the sum of
+    /// tokens (TEI's flash-attention GPU backends). `auto`: padded for the built-in model; for
+    /// TEI, from the `model_dtype` its /info reports: `float32` (TEI's CPU backends) padded,
+    /// `float16`/`bfloat16` (its CUDA backends) unpadded, anything else padded.
+    #[arg(long, env = "BATCH_COST", value_enum, default_value = "auto")]
+    pub batch_cost: BatchCostSetting,
 
     /// Longest a batch that is not full waits for more inputs after its first request arrived
     /// while a call slot for it is free (e.g. 5ms). With DISPATCH_WHEN_IDLE it applies only while
@@ -141,11 +160,25 @@ pub struct Config {
     pub log_format: LogFormat,
 }
 
+/// `BATCH_COST`: a [`BatchCost`], or `auto` (from the upstream).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BatchCostSetting {
+    /// Padded for the built-in model; for TEI, by the `model_dtype` of its /info.
+    Auto,
+    /// `longest × inputs`.
+    Padded,
+    /// The sum of tokens.
+    Unpadded,
+}
+
 impl Config {
-    /// The batcher's share of the settings.
-    pub fn batcher(&self) -> BatcherConfig {
+    /// The batcher's share of the settings. `upstream_info` is the upstream's TEI-shaped /info
+    /// document (`None` when it could not be read): `MAX_BATCH_TOKENS` and `BATCH_COST` default
+    /// from it.
+    pub fn batcher(&self, upstream_info: Option<&serde_json::Value>) -> BatcherConfig {
         BatcherConfig {
             max_batch_size: self.max_batch_size,
+            tokens: self.token_budget(upstream_info),
             max_wait: self.max_wait_time,
             max_concurrent_batches: self.max_concurrent_batches,
             partial_batch_slots: self.partial_batch_slots,
@@ -153,6 +186,43 @@ impl Config {
             max_queue_bytes: self.max_queue_bytes,
             max_queue_delay: self.max_queue_delay,
             dispatch_when_idle: self.dispatch_when_idle,
+        }
+    }
+}
+
+impl Config {
+    /// `MAX_BATCH_TOKENS` and `BATCH_COST`, their defaults resolved from the upstream's /info.
+    pub fn token_budget(&self, upstream_info: Option<&serde_json::Value>) -> TokenBudget {
+        let builtin = self.tei_url.is_none();
+        let field = |name: &str| upstream_info.and_then(|info| info.get(name));
+        let max_batch_tokens = self.max_batch_tokens.unwrap_or_else(|| {
+            let reported = field("max_batch_tokens")
+                .and_then(serde_json::Value::as_u64)
+                .and_then(|n| usize::try_from(n).ok());
+            let input_limit = field("max_input_length")
+                .and_then(serde_json::Value::as_u64)
+                .and_then(|n| usize::try_from(n).ok());
+            match (builtin, reported, input_limit) {
+                (_, Some(reported), _) => reported,
+                (true, None, Some(limit)) => self.max_batch_size.max(1).saturating_mul(limit),
+                (true, None, None) => BUILTIN_MAX_BATCH_TOKENS,
+                (false, None, _) => TEI_DEFAULT_MAX_BATCH_TOKENS,
+            }
+        });
+        let cost = match self.batch_cost {
+            BatchCostSetting::Padded => BatchCost::Padded,
+            BatchCostSetting::Unpadded => BatchCost::Unpadded,
+            BatchCostSetting::Auto if builtin => BatchCost::Padded,
+            BatchCostSetting::Auto => {
+                match field("model_dtype").and_then(serde_json::Value::as_str) {
+                    Some("float16" | "bfloat16") => BatchCost::Unpadded,
+                    _ => BatchCost::Padded,
+                }
+            }
+        };
+        TokenBudget {
+            max_batch_tokens: u64::try_from(max_batch_tokens).unwrap_or(u64::MAX),
+            cost,
         }
     }
 }

@@ -350,7 +350,11 @@ impl Intake {
         let (inputs, options) = body.into_parts();
         let n = inputs.len();
         reply_limit.check(n)?;
-        let receiver = self.batcher.submit(inputs, options, received + budget)?;
+        // Until the worker tokenizes, the batcher shapes by an estimate of the token counts.
+        let lengths = crate::batcher::estimate_lengths(&inputs);
+        let receiver = self
+            .batcher
+            .submit(inputs, lengths, options, received + budget)?;
         Ok((receiver, n))
     }
 }

@@ -111,7 +111,12 @@ pub(crate) async fn start<U: Upstream>(
         }
         membership::Mode::Static => (None, None),
     };
-    let (batcher, batcher_task) = batcher::spawn(Arc::clone(&upstream), config.batcher());
+    // The token budget's defaults come from what the upstream reports of itself.
+    let upstream_info = upstream.info().await.ok();
+    let (batcher, batcher_task) = batcher::spawn(
+        Arc::clone(&upstream),
+        config.batcher(upstream_info.as_ref()),
+    );
     let group = group::Group::join(
         client.clone(),
         group::Address {
