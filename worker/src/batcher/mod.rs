@@ -107,7 +107,7 @@ mod actor;
 mod admission;
 mod isolate;
 mod queue;
-mod shape;
+pub(crate) mod shape;
 #[cfg(test)]
 mod tests;
 

@@ -17,7 +17,8 @@
 //! batch grows around it by length, one neighbour at a time in length order (the shorter or the
 //! longer neighbour, whichever wastes fewer padded tokens), while the batch fits the budget and
 //! `MAX_BATCH_SIZE` and the neighbour wastes at most [`JOIN_SLACK_TOKENS`] padded tokens or
-//! keeps the batch's padding ratio (tokens / padded tokens) at [`MIN_FILL`] or above. Inputs of
+//! keeps the batch's padding ratio (tokens / padded tokens) at [`MIN_FILL`] or above while being
+//! itself at least [`MIN_FILL`] of the batch's longest input. Inputs of
 //! equal length join in arrival order, so with equal counts (no tokenizer: every input counts
 //! the same) a batch is exactly the first `MAX_BATCH_SIZE` waiting inputs, as count batching
 //! sends. On an unpadded backend lengths do not change the cost: inputs join in arrival order
@@ -42,7 +43,9 @@ pub const BUILTIN_MAX_BATCH_TOKENS: usize = 8_192;
 pub const JOIN_SLACK_TOKENS: u64 = 32;
 
 /// A neighbour that wastes more than [`JOIN_SLACK_TOKENS`] joins a padded batch only if the
-/// batch's padding ratio (tokens / padded tokens) stays at least this.
+/// batch's padding ratio (tokens / padded tokens) stays at least this, and the neighbour itself
+/// is at least this share of the batch's longest input (a short query never pads to a
+/// paragraph's length only because the paragraphs around it are well filled).
 pub const MIN_FILL: f64 = 0.8;
 
 /// The candidates [`select`] looks at, in batches: the first `WINDOW_BATCHES × MAX_BATCH_SIZE`
@@ -161,7 +164,12 @@ pub fn select(tokens: &[u32], limit: usize, budget: TokenBudget) -> Vec<usize> {
                     let padded = (count as u64 + 1) * u64::from(new_longest);
                     let waste = padded - count as u64 * u64::from(longest) - u64::from(t);
                     let fill = (sum + u64::from(t)) as f64 / padded.max(1) as f64;
-                    let fits = padded <= max && (waste <= JOIN_SLACK_TOKENS || fill >= MIN_FILL);
+                    // Within the slack, or without lowering the batch's fill below MIN_FILL and
+                    // without padding the neighbour itself by more than that.
+                    let fits = padded <= max
+                        && (waste <= JOIN_SLACK_TOKENS
+                            || (fill >= MIN_FILL
+                                && f64::from(t) >= MIN_FILL * f64::from(new_longest)));
                     if fits && best.is_none_or(|(w, age, _, _)| (waste, i) < (w, age)) {
                         best = Some((waste, i, at, right));
                     }

@@ -4,6 +4,7 @@
 mod batching;
 mod faults;
 mod overload;
+mod tokens;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
