@@ -285,6 +285,18 @@ pub struct FakeUpstreamArgs {
     #[arg(long, default_value_t = 20)]
     pub per_input_us: u64,
 
+    /// Additional cost per token of a call, microseconds (fractions allowed): per token of the
+    /// inputs (unpadded), or with --pad-group per padded token. Tokens are estimated from the
+    /// text: 1 per 4 bytes + 2, at most 512.
+    #[arg(long, default_value_t = 0.0)]
+    pub per_token_us: f64,
+
+    /// Padded: run a call's inputs this many at a time in arrival order, each group padded to
+    /// its longest input (TEI's candle CPU backend: 4); /info then reports model_dtype float32.
+    /// Unset: unpadded (GPU-like; /info reports float16).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub pad_group: Option<u32>,
+
     /// At most this many /embed calls are computed at once; others wait (1 = one GPU).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub concurrency: u32,
@@ -317,6 +329,8 @@ impl FakeUpstreamArgs {
         TeiDoubleConfig {
             base: Duration::from_millis(self.base_ms),
             per_input: Duration::from_micros(self.per_input_us),
+            per_token: Duration::from_secs_f64(self.per_token_us.max(0.0) / 1e6),
+            pad_group: self.pad_group.map(|n| n as usize),
             concurrency: self.concurrency as usize,
             dim: self.dim as usize,
             max_client_batch_size: self.max_client_batch_size as usize,

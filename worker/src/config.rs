@@ -73,7 +73,9 @@ pub struct Config {
     /// backend, the built-in model); batches are then shaped by length. `unpadded`: the sum of
     /// tokens (TEI's flash-attention GPU backends). `auto`: padded for the built-in model; for
     /// TEI, from the `model_dtype` its /info reports: `float32` (TEI's CPU backends) padded,
-    /// `float16`/`bfloat16` (its CUDA backends) unpadded, anything else padded.
+    /// `float16`/`bfloat16` (its CUDA backends) unpadded, anything else padded. `inputs`: ignore
+    /// lengths (batches of the oldest MAX_BATCH_SIZE inputs in arrival order, no token budget:
+    /// batching by input counts only).
     #[arg(long, env = "BATCH_COST", value_enum, default_value = "auto")]
     pub batch_cost: BatchCostSetting,
 
@@ -169,6 +171,8 @@ pub enum BatchCostSetting {
     Padded,
     /// The sum of tokens.
     Unpadded,
+    /// Input counts only.
+    Inputs,
 }
 
 impl Config {
@@ -212,6 +216,7 @@ impl Config {
         let cost = match self.batch_cost {
             BatchCostSetting::Padded => BatchCost::Padded,
             BatchCostSetting::Unpadded => BatchCost::Unpadded,
+            BatchCostSetting::Inputs => BatchCost::Inputs,
             BatchCostSetting::Auto if builtin => BatchCost::Padded,
             BatchCostSetting::Auto => {
                 match field("model_dtype").and_then(serde_json::Value::as_str) {
@@ -233,5 +238,61 @@ fn parse_tei_url(s: &str) -> Result<reqwest::Url, String> {
     match url.scheme() {
         "http" | "https" => Ok(url),
         other => Err(format!("the scheme must be http or https, not {other}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Config {
+        Config::try_parse_from(std::iter::once("embatch-worker").chain(args.iter().copied()))
+            .expect("parses")
+    }
+
+    #[test]
+    fn the_token_budget_defaults_from_the_upstreams_info() {
+        let builtin = serde_json::json!({"max_input_length": 256, "max_batch_tokens": null});
+        assert_eq!(
+            parse(&[]).token_budget(Some(&builtin)),
+            TokenBudget {
+                max_batch_tokens: 32 * 256,
+                cost: BatchCost::Padded
+            },
+            "built-in model: MAX_BATCH_SIZE x its input limit, padded"
+        );
+        let tei = ["--tei-url", "http://tei:80"];
+        let gpu = serde_json::json!({"max_batch_tokens": 32768, "model_dtype": "float16"});
+        assert_eq!(
+            parse(&tei).token_budget(Some(&gpu)),
+            TokenBudget {
+                max_batch_tokens: 32768,
+                cost: BatchCost::Unpadded
+            },
+            "TEI on a GPU: its own budget, unpadded"
+        );
+        let cpu = serde_json::json!({"max_batch_tokens": 16384, "model_dtype": "float32"});
+        assert_eq!(parse(&tei).token_budget(Some(&cpu)).cost, BatchCost::Padded);
+        assert_eq!(
+            parse(&tei).token_budget(None),
+            TokenBudget::default(),
+            "no /info: TEI's default budget, padded"
+        );
+        let set = [
+            "--tei-url",
+            "http://tei:80",
+            "--max-batch-tokens",
+            "2048",
+            "--batch-cost",
+            "inputs",
+        ];
+        assert_eq!(
+            parse(&set).token_budget(Some(&gpu)),
+            TokenBudget {
+                max_batch_tokens: 2048,
+                cost: BatchCost::Inputs
+            },
+            "the settings win"
+        );
     }
 }

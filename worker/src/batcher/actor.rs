@@ -381,8 +381,14 @@ impl<U: Upstream> Actor<U> {
         }
         let requests = segments.iter().map(|s| s.request).collect();
         let upstream = Arc::clone(&self.upstream);
+        // Without the order by length (counting inputs only), each call goes in batch order.
+        let order = if self.shared.limits.budget.cost.orders_calls() {
+            lengths
+        } else {
+            Vec::new()
+        };
         let task = async move {
-            isolate::run_batch(&*upstream, &inputs, &lengths, &options, segments).await
+            isolate::run_batch(&*upstream, &inputs, &order, &options, segments).await
         };
         let handle = self.batches.spawn(task.instrument(span));
         self.running

@@ -435,7 +435,10 @@ pub fn spawn<U: Upstream>(
             .clamp(1, slots),
         batch_limit: config.max_batch_size.min(upstream.max_batch_size()).max(1),
         budget: TokenBudget {
-            max_batch_tokens: config.tokens.max_batch_tokens.max(1),
+            max_batch_tokens: match config.tokens.cost {
+                BatchCost::Inputs => u64::MAX, // no token budget
+                _ => config.tokens.max_batch_tokens.max(1),
+            },
             cost: config.tokens.cost,
         },
     };

@@ -65,6 +65,9 @@ pub enum BatchCost {
     Padded,
     /// The sum of the inputs' tokens (TEI's flash-attention GPU backends).
     Unpadded,
+    /// Lengths are ignored: a batch is the oldest `MAX_BATCH_SIZE` waiting inputs, sent in their
+    /// order, with no token budget (batching by input counts only, as before token budgets).
+    Inputs,
 }
 
 impl fmt::Display for BatchCost {
@@ -72,18 +75,26 @@ impl fmt::Display for BatchCost {
         f.write_str(match self {
             BatchCost::Padded => "padded",
             BatchCost::Unpadded => "unpadded",
+            BatchCost::Inputs => "inputs",
         })
     }
 }
 
 impl BatchCost {
     /// The cost, in tokens, of a batch of `inputs` inputs whose longest has `longest` tokens and
-    /// which hold `sum` tokens in all.
+    /// which hold `sum` tokens in all (0 for [`BatchCost::Inputs`], which has no budget).
     pub fn of(self, inputs: usize, longest: u32, sum: u64) -> u64 {
         match self {
             BatchCost::Padded => inputs as u64 * u64::from(longest),
             BatchCost::Unpadded => sum,
+            BatchCost::Inputs => 0,
         }
+    }
+
+    /// Whether the inputs of a call are sent ordered by length (not with
+    /// [`BatchCost::Inputs`]).
+    pub fn orders_calls(self) -> bool {
+        self != BatchCost::Inputs
     }
 }
 
@@ -131,6 +142,7 @@ pub fn select(tokens: &[u32], limit: usize, budget: TokenBudget) -> Vec<usize> {
     let limit = limit.max(1);
     let max = budget.max_batch_tokens;
     match budget.cost {
+        BatchCost::Inputs => (0..tokens.len().min(limit)).collect(),
         BatchCost::Unpadded => {
             let mut sum = u64::from(head);
             let mut picked = vec![0];

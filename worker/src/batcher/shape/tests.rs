@@ -122,6 +122,16 @@ fn a_padded_batch_stays_within_the_slack_or_the_fill_ratio() {
 }
 
 #[test]
+fn counting_inputs_ignores_lengths_and_the_budget() {
+    let inputs = TokenBudget {
+        max_batch_tokens: 1,
+        cost: BatchCost::Inputs,
+    };
+    assert_eq!(select(&[200, 5, 300, 7], 3, inputs), [0, 1, 2]);
+    assert!(!BatchCost::Inputs.orders_calls());
+}
+
+#[test]
 fn the_unpadded_model_fills_the_budget_in_arrival_order() {
     assert_eq!(select(&[10, 300, 20, 30], 32, unpadded(64)), [0, 2, 3]);
     assert_eq!(select(&[10, 20, 30], 2, unpadded(1_000)), [0, 1]);

@@ -100,7 +100,7 @@ async fn over_random_lengths_no_call_exceeds_the_budget_and_every_reply_keeps_it
             let (sum, padded) = call_totals(&inputs);
             let spent = match cost {
                 BatchCost::Padded => padded,
-                BatchCost::Unpadded => sum,
+                BatchCost::Unpadded | BatchCost::Inputs => sum,
             };
             assert!(
                 spent <= 2_048 || inputs.len() == 1,
