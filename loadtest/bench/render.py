@@ -710,3 +710,85 @@ def render_indexing(res: dict, targets: list) -> list[str]:
 RENDERERS["indexing"] = render_indexing
 RENDERERS.update({name: render_recovery for name in (
     "recovery_worker_kill", "recovery_churn", "recovery_nats_restart", "recovery_upstream_stop")})
+
+
+def render_token_batching(res: dict, targets: list) -> list[str]:
+    """Token batching against count batching on a mixed-length corpus: per part (upstream), every
+    run's goodput (inputs/s: single-input requests), p50/p99, mean batch and padding ratio; the
+    targets compare the modes round by round (adjacent runs of one run of the bench)."""
+    s = res["settings"]
+    titles = {
+        "builtin": "Built-in model (all-MiniLM-L6-v2 on CPU, pads each batch to its longest)",
+        "padded_double": f"Padded upstream double: {s['padded_upstream']}",
+        "unpadded_double": f"GPU-like unpadded upstream double: {s['unpadded_upstream']}",
+    }
+    out = [f"Corpus `{s['corpus']}` (85% short queries, 13.5% paragraphs, 1.5% over the built-in "
+           f"model's 256-token limit), one input per request over NATS direct with "
+           f"`\"truncate\": true`; closed loop with {s['in_flight']} in flight, then open loop "
+           f"at {s['open_share']:.0%} of count batching's best closed-loop goodput; "
+           f"{s['warmup_s']:g} s warm-up, {s['duration_s']:g} s measured, timeout "
+           f"{s['timeout_s']} s; count = `BATCH_COST=inputs` (batches by input counts), tokens "
+           f"= the defaults (`BATCH_COST=auto`, `MAX_BATCH_TOKENS` from the upstream), a fresh "
+           f"worker per run, the modes alternating, {s['rounds']} round(s). Token counts and "
+           f"the padding ratio are the worker's (its estimate from bytes without a tokenizer).",
+           ""]
+    by_part: dict[str, list[dict]] = {}
+    for run in res["runs"]:
+        by_part.setdefault(run["part"], []).append(run)
+    for part, runs in by_part.items():
+        out += [f"**{titles.get(part, part)}**", "",
+                "| load | round | mode | inputs/s | p50 ms | p99 ms | failures | mean batch "
+                "inputs | padding ratio |",
+                "|---|---:|---|---:|---:|---:|---|---:|---:|"]
+        for run in runs:
+            r = run["report"]
+            bt = r.get("batches") or {}
+            load = run["load"] + (f" {run['rate']:,.0f}/s" if run.get("rate") else "")
+            mean = bt.get("mean_batch_inputs")
+            ratio = bt.get("padding_ratio")
+            out.append(f"| {load} | {run['round'] + 1} | {run['mode']} | {fmt_rate(goodput(r))} "
+                       f"| {p50_p99(r)} | {failures(r)} "
+                       f"| {mean:.1f} | {ratio:.2f} |" if mean is not None and ratio is not None
+                       else f"| {load} | {run['round'] + 1} | {run['mode']} "
+                            f"| {fmt_rate(goodput(r))} | {p50_p99(r)} | {failures(r)} | | |")
+        out.append("")
+
+        def pairs(load: str) -> list[tuple[dict, dict]]:
+            rounds = sorted({run["round"] for run in runs if run["load"] == load})
+            found = []
+            for rnd in rounds:
+                c = find(runs, load=load, round=rnd, mode="count")
+                t = find(runs, load=load, round=rnd, mode="tokens")
+                if c is not None and t is not None:
+                    found.append((c, t))
+            return found
+
+        closed = pairs("closed")
+        if closed:
+            ratios = [goodput(t) / goodput(c) for c, t in closed if goodput(c) > 0]
+            if ratios:
+                span = f"{min(ratios):.2f}–{max(ratios):.2f}×" if len(ratios) > 1 \
+                    else f"{ratios[0]:.2f}×"
+                if part == "unpadded_double":
+                    targets.append((f"19. {part}: token batching keeps ≥ 97% of count "
+                                    "batching's goodput (closed loop)", span,
+                                    min(ratios) >= 0.97))
+                else:
+                    targets.append((f"19. {part}: token batching ≥ 1.5× count batching's "
+                                    "inputs/s (closed loop)", span, min(ratios) >= 1.5))
+            fills = [(t.get("batches") or {}).get("padding_ratio") for _, t in closed]
+            fills = [f for f in fills if f is not None]
+            if fills and part != "unpadded_double":
+                targets.append((f"19. {part}: padding ratio of token batching ≥ 0.8",
+                                ", ".join(f"{f:.2f}" for f in fills), min(fills) >= 0.8))
+        opened = pairs("open")
+        if opened:
+            p99s = [(lat(c, "p99_ms"), lat(t, "p99_ms")) for c, t in opened]
+            ok = all(pc is not None and pt is not None and pt <= pc for pc, pt in p99s)
+            targets.append((f"19. {part}: open loop at {s['open_share']:.0%} of capacity, p99 "
+                            "of token batching no worse",
+                            "; ".join(f"{fmt_ms(pt)} vs {fmt_ms(pc)} ms" for pc, pt in p99s), ok))
+    return out
+
+
+RENDERERS["token_batching"] = render_token_batching

@@ -754,3 +754,112 @@ SCENARIO_FUNCS.update({
     "recovery_nats_restart": scenario_recovery_nats_restart,
     "recovery_upstream_stop": scenario_recovery_upstream_stop,
 })
+
+
+# Token batching: a mixed-length corpus (mostly short queries, some paragraphs, a few over the
+# built-in model's 256-token limit, see mixed_corpus.py), single-input requests over NATS
+# direct, "truncate": true; the worker batching by input counts (BATCH_COST=inputs) against its
+# defaults (token budget and shape, BATCH_COST=auto), alternating within one run.
+TOKEN_MODES = (("count", {"BATCH_COST": "inputs"}), ("tokens", {}))
+# The padded upstream grouping a call's inputs 4 by 4 in arrival order (TEI's candle backend on
+# CPU): 1 ms per call + 40 us per padded token, one call at a time.
+PADDED_BASE_MS, PADDED_PER_TOKEN_US, PADDED_GROUP = 1, 40, 4
+# The GPU-like upstream, unpadded: 5 ms + 20 us per input + 1 us per token.
+UNPADDED_PER_TOKEN_US = 1
+TOKEN_IN_FLIGHT = 64
+TOKEN_OPEN_SHARE = 0.8  # open loop at this share of count batching's closed-loop capacity
+
+SCENARIOS += [("token_batching", "19. Mixed lengths: batches sized and shaped by tokens "
+                                 "against batches by input counts")]
+SCENARIO_NAMES += ["token_batching"]
+
+
+def mixed_corpus_path() -> str:
+    return str(REPO / "loadtest" / "corpus" / "mixed-lengths.txt")
+
+
+def token_part(b: Stack, part: str, start_worker, rounds: int, open_loop: bool,
+               warmup: float, duration: float, timeout: float) -> tuple[list[dict], dict]:
+    """Closed loop (TOKEN_IN_FLIGHT requests) then, with `open_loop`, open loop at
+    TOKEN_OPEN_SHARE of count batching's best closed-loop goodput, for each mode of TOKEN_MODES in
+    turn, `rounds` times; a fresh worker per run. Returns the runs and one worker's settings per
+    mode."""
+    corpus = mixed_corpus_path()
+    runs, settings = [], {}
+
+    def one(mode: str, env: dict, load: str, rnd: int, rate: float | None) -> dict:
+        mark = b.sup.mark()
+        try:
+            nats, w = start_worker(env)
+            settings[mode] = w.settings
+            label = f"{part} {mode} {load}" + (f" {rate:.0f}/s" if rate else "")
+            r = b.load(label, nats.target(), rate=rate,
+                       concurrency=None if rate else TOKEN_IN_FLIGHT, warmup=warmup,
+                       duration=duration, timeout=timeout, corpus=corpus, truncate=True,
+                       workers=[w])
+        finally:
+            b.sup.stop_since(mark)
+        return run_entry(mode, {"part": part, "mode": mode, "load": load, "round": rnd,
+                                "rate": rate}, r)
+
+    for rnd in range(rounds):
+        for mode, env in TOKEN_MODES:
+            runs.append(one(mode, env, "closed", rnd, None))
+    if open_loop:
+        capacity = max(goodput(run["report"]) for run in runs if run["mode"] == "count")
+        rate = TOKEN_OPEN_SHARE * capacity
+        for rnd in range(rounds):
+            for mode, env in TOKEN_MODES:
+                runs.append(one(mode, env, "open", rnd, rate))
+    return runs, settings
+
+
+def scenario_token_batching(b: Stack) -> dict:
+    """The built-in model (padded, CPU), the padded upstream double grouping by 4 in arrival
+    order, and the GPU-like unpadded double: goodput, p50/p99 and the padding ratio, count
+    batching against token batching, alternating in one run."""
+    warmup, duration = b.d(3, 1), b.d(15, 4)
+    rounds = 2 if not b.quick else 1
+    runs, settings = [], {}
+
+    def builtin(env):
+        nats = b.nats()
+        w = b.worker(nats, model=True, **env)
+        b.wait_workers(nats, [w], timeout=180)
+        return nats, w
+
+    def padded(env):
+        nats = b.nats()
+        _, up = b.fake_upstream(PADDED_BASE_MS, 0, 1, extra=(
+            "--per-token-us", str(PADDED_PER_TOKEN_US), "--pad-group", str(PADDED_GROUP)))
+        w = b.worker(nats, tei_url=up, **env)
+        b.wait_workers(nats, [w])
+        return nats, w
+
+    def unpadded(env):
+        nats = b.nats()
+        _, up = b.fake_upstream(GPU_BASE_MS, GPU_PER_INPUT_US, 1, extra=(
+            "--per-token-us", str(UNPADDED_PER_TOKEN_US)))
+        w = b.worker(nats, tei_url=up, **env)
+        b.wait_workers(nats, [w])
+        return nats, w
+
+    for part, start, open_loop in (("builtin", builtin, True), ("padded_double", padded, True),
+                                   ("unpadded_double", unpadded, False)):
+        part_runs, part_settings = token_part(b, part, start, rounds, open_loop, warmup,
+                                              duration, LONG_TIMEOUT_S)
+        runs += part_runs
+        settings[part] = part_settings
+    return {"settings": {"worker": settings["builtin"]["count"], "workers": settings,
+                         "corpus": "loadtest/corpus/mixed-lengths.txt",
+                         "in_flight": TOKEN_IN_FLIGHT, "open_share": TOKEN_OPEN_SHARE,
+                         "padded_upstream": f"fake-upstream {PADDED_BASE_MS} ms + "
+                                            f"{PADDED_PER_TOKEN_US} us/padded token, groups of "
+                                            f"{PADDED_GROUP} in arrival order, concurrency 1",
+                         "unpadded_upstream": f"{GPU_UPSTREAM} + {UNPADDED_PER_TOKEN_US} us/token",
+                         "timeout_s": LONG_TIMEOUT_S, "warmup_s": warmup,
+                         "duration_s": duration, "rounds": rounds},
+            "runs": runs}
+
+
+SCENARIO_FUNCS["token_batching"] = scenario_token_batching

@@ -121,6 +121,11 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
 
+    /// Send `"truncate": true` in every body: an input longer than the model's limit is cut to
+    /// it instead of rejected (for corpora with over-long inputs).
+    #[arg(long)]
+    pub truncate: bool,
+
     /// Also write the report as JSON to this file (`-` for stdout; the human summary then goes
     /// to stderr).
     #[arg(long)]
@@ -186,6 +191,8 @@ pub struct RunConfig {
     pub inputs_per_request: usize,
     /// RNG seed.
     pub seed: u64,
+    /// Ask for `"truncate": true`.
+    pub truncate: bool,
     /// JSON report destination (`-` = stdout).
     pub json: Option<PathBuf>,
     /// Hide the progress bar.
@@ -263,6 +270,7 @@ impl RunArgs {
             words: usize::from(self.words),
             inputs_per_request: self.inputs_per_request as usize,
             seed: self.seed,
+            truncate: self.truncate,
             json: self.json,
             quiet: self.quiet,
         })
