@@ -55,7 +55,8 @@
 //!   below cannot lock it out.
 //! - Otherwise the upstream call time, measured from completed calls, says when the request
 //!   would start (the batches queued ahead, assumed full, pass `max_concurrent_batches` at a
-//!   time; by inputs or by tokens, whichever needs more calls) and finish. It is admitted only if it would finish within 75 % of its deadline
+//!   time; counted by inputs or by tokens, whichever needs more calls) and finish. It is
+//!   admitted only if it would finish within 75 % of its deadline
 //!   budget and, when it fits one upstream call, start within `max_queue_delay`; else 429, with
 //!   a retry-after estimate ([`BatcherHandle::try_submit`], [`BatcherHandle::retry_after_hint`]).
 //!   A request of several calls waits longer than the bound for its own work alone: its
@@ -107,7 +108,7 @@ mod actor;
 mod admission;
 mod isolate;
 mod queue;
-pub(crate) mod shape;
+mod shape;
 #[cfg(test)]
 mod tests;
 
