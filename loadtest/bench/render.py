@@ -593,6 +593,10 @@ SHOWS = {
                              "that arrive while it is down.",
     "recovery_upstream_stop": "That the requests a worker held when its upstream died go to the "
                               "other worker.",
+    "token_batching": "What batches sized by a token budget and shaped by length gain over "
+                      "batches by input counts on a mixed-length corpus: on padded upstreams "
+                      "(the built-in model, a double grouping by 4 as TEI on CPU) and on an "
+                      "unpadded GPU-like one.",
 }
 CHARTS = {
     "gpu_rates": [("goodput_vs_offered.svg", "Goodput against offered load"),
