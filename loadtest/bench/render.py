@@ -729,9 +729,9 @@ def render_token_batching(res: dict, targets: list) -> list[str]:
     out = [f"Corpus `{s['corpus']}` (85% short queries, 13.5% paragraphs, 1.5% over the built-in "
            f"model's 256-token limit), one input per request over NATS direct with "
            f"`\"truncate\": true`; closed loop with {s['in_flight']} in flight, then open loop "
-           f"at {s['open_share']:.0%} of count batching's best closed-loop goodput; "
-           f"{s['warmup_s']:g} s warm-up, {s['duration_s']:g} s measured, timeout "
-           f"{s['timeout_s']} s; count = `BATCH_COST=inputs` (batches by input counts), tokens "
+           f"at {s['open_share']:.0%} of each mode's capacity (its best closed-loop goodput), "
+           f"both modes at both rates; "
+           f"count = `BATCH_COST=inputs` (batches by input counts), tokens "
            f"= the defaults (`BATCH_COST=auto`, `MAX_BATCH_TOKENS` from the upstream), a fresh "
            f"worker per run, the modes alternating, {s['rounds']} round(s). Token counts and "
            f"the padding ratio are the worker's (its estimate from bytes without a tokenizer).",
@@ -740,7 +740,10 @@ def render_token_batching(res: dict, targets: list) -> list[str]:
     for run in res["runs"]:
         by_part.setdefault(run["part"], []).append(run)
     for part, runs in by_part.items():
-        out += [f"**{titles.get(part, part)}**", "",
+        timing = (s.get("workers") or {}).get(part, {}).get("timing") or {}
+        when = (f" ({timing['warmup_s']:g} s warm-up, {timing['duration_s']:g} s measured, "
+                f"timeout {timing['timeout_s']:g} s)" if timing else "")
+        out += [f"**{titles.get(part, part)}**{when}", "",
                 "| load | round | mode | inputs/s | p50 ms | p99 ms | failures | mean batch "
                 "inputs | padding ratio |",
                 "|---|---:|---|---:|---:|---:|---|---:|---:|"]
@@ -748,6 +751,8 @@ def render_token_batching(res: dict, targets: list) -> list[str]:
             r = run["report"]
             bt = r.get("batches") or {}
             load = run["load"] + (f" {run['rate']:,.0f}/s" if run.get("rate") else "")
+            if run.get("at"):
+                load += f" ({s['open_share']:.0%} of {run['at']})"
             mean = bt.get("mean_batch_inputs")
             ratio = bt.get("padding_ratio")
             out.append(f"| {load} | {run['round'] + 1} | {run['mode']} | {fmt_rate(goodput(r))} "
@@ -757,12 +762,12 @@ def render_token_batching(res: dict, targets: list) -> list[str]:
                             f"| {fmt_rate(goodput(r))} | {p50_p99(r)} | {failures(r)} | | |")
         out.append("")
 
-        def pairs(load: str) -> list[tuple[dict, dict]]:
+        def pairs(load: str, **match) -> list[tuple[dict, dict]]:
             rounds = sorted({run["round"] for run in runs if run["load"] == load})
             found = []
             for rnd in rounds:
-                c = find(runs, load=load, round=rnd, mode="count")
-                t = find(runs, load=load, round=rnd, mode="tokens")
+                c = find(runs, load=load, round=rnd, mode="count", **match)
+                t = find(runs, load=load, round=rnd, mode="tokens", **match)
                 if c is not None and t is not None:
                     found.append((c, t))
             return found
@@ -785,13 +790,25 @@ def render_token_batching(res: dict, targets: list) -> list[str]:
             if fills and part != "unpadded_double":
                 targets.append((f"19. {part}: padding ratio of token batching ≥ 0.8",
                                 ", ".join(f"{f:.2f}" for f in fills), min(fills) >= 0.8))
-        opened = pairs("open")
-        if opened:
-            p99s = [(lat(c, "p99_ms"), lat(t, "p99_ms")) for c, t in opened]
-            ok = all(pc is not None and pt is not None and pt <= pc for pc, pt in p99s)
-            targets.append((f"19. {part}: open loop at {s['open_share']:.0%} of capacity, p99 "
-                            "of token batching no worse",
-                            "; ".join(f"{fmt_ms(pt)} vs {fmt_ms(pc)} ms" for pc, pt in p99s), ok))
+        # Each mode at its own 80%: the inputs/s it carries and its p99, against count batching
+        # at count batching's 80%. The worst p99 over the rounds is compared (a noisy machine).
+        own_c = [find(runs, load="open", round=rnd, mode="count", at="count")
+                 for rnd in sorted({run["round"] for run in runs})]
+        own_t = [find(runs, load="open", round=rnd, mode="tokens", at="tokens")
+                 for rnd in sorted({run["round"] for run in runs})]
+        own = [(c, t) for c, t in zip(own_c, own_t) if c is not None and t is not None]
+        if own:
+            speed = [goodput(t) / goodput(c) for c, t in own if goodput(c) > 0]
+            p99c = [lat(c, "p99_ms") for c, _ in own]
+            p99t = [lat(t, "p99_ms") for _, t in own]
+            ok = (None not in p99c + p99t) and max(p99t) <= max(p99c)
+            targets.append((f"19. {part}: open loop, each mode at {s['open_share']:.0%} of its "
+                            "capacity: inputs/s of token batching / count batching; p99 no "
+                            "worse (worst over the rounds)",
+                            (f"{min(speed):.2f}–{max(speed):.2f}×; " if speed else "")
+                            + f"p99 {fmt_ms(min(p99t))}–{fmt_ms(max(p99t))} vs "
+                            f"{fmt_ms(min(p99c))}–{fmt_ms(max(p99c))} ms",
+                            ok and bool(speed) and min(speed) >= 1.5))
     return out
 
 

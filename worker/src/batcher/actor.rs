@@ -381,7 +381,7 @@ impl<U: Upstream> Actor<U> {
         }
         let requests = segments.iter().map(|s| s.request).collect();
         let upstream = Arc::clone(&self.upstream);
-        // Without the order by length (counting inputs only), each call goes in batch order.
+        // Only a padded upstream gets each call ordered by length; others get batch order.
         let order = if self.shared.limits.budget.cost.orders_calls() {
             lengths
         } else {

@@ -15,9 +15,9 @@
 //!   and its two halves), never a bisection of every request; two failing requests that land in
 //!   different halves of the first split fail the batch, as before.
 //!
-//! Each call sends its inputs ordered by length ([`shape::order_by_length`]), so that a padded
-//! upstream grouping a call's inputs in arrival order pads little; the replies are put back in
-//! batch order before they are split by request.
+//! Given the inputs' lengths (a padded upstream), each call sends its inputs ordered by length
+//! ([`shape::order_by_length`]), so that an upstream grouping a call's inputs in arrival order
+//! pads little; the replies are put back in batch order before they are split by request.
 //!
 //! No metrics here: every call is reported in [`Done::calls`] and the actor records them.
 

@@ -25,8 +25,8 @@
 //! lengths (padded upstream; inputs of equal length in arrival order) or the oldest that fit the
 //! budget (unpadded). So the oldest waiting input of a group is never passed over: it is in the
 //! next batch of its group, and an input with `k` older inputs waiting in its group leaves with
-//! one of the next `k + 1` batches of that group. Inside each upstream call the inputs are sent
-//! shortest first (a padded upstream grouping them in arrival order pads little); each request
+//! one of the next `k + 1` batches of that group. Inside each call to a padded upstream the inputs
+//! are sent shortest first (one grouping them in arrival order pads little); each request
 //! still gets exactly its own embeddings, in its order. A group is due when:
 //! - it holds a full batch (`max_batch_size` inputs, or tokens enough to fill
 //!   `max_batch_tokens`): any free slot takes it;

@@ -91,10 +91,10 @@ impl BatchCost {
         }
     }
 
-    /// Whether the inputs of a call are sent ordered by length (not with
-    /// [`BatchCost::Inputs`]).
+    /// Whether the inputs of a call are sent ordered by length: on a padded upstream only (the
+    /// order of an unpadded call costs nothing, and counting inputs keeps arrival order).
     pub fn orders_calls(self) -> bool {
-        self != BatchCost::Inputs
+        self == BatchCost::Padded
     }
 }
 

@@ -129,6 +129,8 @@ fn counting_inputs_ignores_lengths_and_the_budget() {
     };
     assert_eq!(select(&[200, 5, 300, 7], 3, inputs), [0, 1, 2]);
     assert!(!BatchCost::Inputs.orders_calls());
+    assert!(!BatchCost::Unpadded.orders_calls());
+    assert!(BatchCost::Padded.orders_calls());
 }
 
 #[test]
