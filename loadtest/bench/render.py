@@ -726,6 +726,7 @@ def render_token_batching(res: dict, targets: list) -> list[str]:
         "padded_double": f"Padded upstream double: {s['padded_upstream']}",
         "unpadded_double": f"GPU-like unpadded upstream double: {s['unpadded_upstream']}",
     }
+    cpu = (s.get("workers") or {}).get("builtin", {}).get("count", {})
     out = [f"Corpus `{s['corpus']}` (85% short queries, 13.5% paragraphs, 1.5% over the built-in "
            f"model's 256-token limit), one input per request over NATS direct with "
            f"`\"truncate\": true`; closed loop with {s['in_flight']} in flight, then open loop "
@@ -733,8 +734,12 @@ def render_token_batching(res: dict, targets: list) -> list[str]:
            f"both modes at both rates; "
            f"count = `BATCH_COST=inputs` (batches by input counts), tokens "
            f"= the defaults (`BATCH_COST=auto`, `MAX_BATCH_TOKENS` from the upstream), a fresh "
-           f"worker per run, the modes alternating, {s['rounds']} round(s). Token counts and "
-           f"the padding ratio are the worker's (its estimate from bytes without a tokenizer).",
+           f"worker per run, the modes alternating (in reverse order every other round), "
+           f"{s['rounds']} round(s). Token counts and "
+           f"the padding ratio are the worker's (its estimate from bytes without a tokenizer)."
+           + (f" The built-in model's workers run with MAX_QUEUE_DELAY "
+              f"{cpu['MAX_QUEUE_DELAY']} in both modes, so the closed loop measures throughput "
+              f"rather than load shedding." if cpu.get("MAX_QUEUE_DELAY") else ""),
            ""]
     by_part: dict[str, list[dict]] = {}
     for run in res["runs"]:
@@ -790,25 +795,31 @@ def render_token_batching(res: dict, targets: list) -> list[str]:
             if fills and part != "unpadded_double":
                 targets.append((f"19. {part}: padding ratio of token batching ≥ 0.8",
                                 ", ".join(f"{f:.2f}" for f in fills), min(fills) >= 0.8))
-        # Each mode at its own 80%: the inputs/s it carries and its p99, against count batching
-        # at count batching's 80%. The worst p99 over the rounds is compared (a noisy machine).
-        own_c = [find(runs, load="open", round=rnd, mode="count", at="count")
-                 for rnd in sorted({run["round"] for run in runs})]
-        own_t = [find(runs, load="open", round=rnd, mode="tokens", at="tokens")
-                 for rnd in sorted({run["round"] for run in runs})]
-        own = [(c, t) for c, t in zip(own_c, own_t) if c is not None and t is not None]
-        if own:
-            speed = [goodput(t) / goodput(c) for c, t in own if goodput(c) > 0]
-            p99c = [lat(c, "p99_ms") for c, _ in own]
-            p99t = [lat(t, "p99_ms") for _, t in own]
-            ok = (None not in p99c + p99t) and max(p99t) <= max(p99c)
-            targets.append((f"19. {part}: open loop, each mode at {s['open_share']:.0%} of its "
-                            "capacity: inputs/s of token batching / count batching; p99 no "
-                            "worse (worst over the rounds)",
-                            (f"{min(speed):.2f}–{max(speed):.2f}×; " if speed else "")
-                            + f"p99 {fmt_ms(min(p99t))}–{fmt_ms(max(p99t))} vs "
-                            f"{fmt_ms(min(p99c))}–{fmt_ms(max(p99c))} ms",
-                            ok and bool(speed) and min(speed) >= 1.5))
+        # Open loop at the same offered rate, for each of the two rates: at 80% of count
+        # batching's capacity both modes keep up, and p99 is compared (the worst over the rounds,
+        # on a noisy machine); at 80% of token batching's capacity, inputs/s are compared.
+        def same_rate(at: str) -> list[tuple[dict, dict]]:
+            return pairs("open", at=at)
+
+        low = same_rate("count")
+        if low:
+            p99c = [lat(c, "p99_ms") for c, _ in low]
+            p99t = [lat(t, "p99_ms") for _, t in low]
+            ok = None not in p99c + p99t and max(p99t) <= max(p99c)
+            targets.append((f"19. {part}: open loop at {s['open_share']:.0%} of count batching's "
+                            "capacity, p99 of token batching no worse (worst over the rounds)",
+                            f"{fmt_ms(min(p99t))}–{fmt_ms(max(p99t))} vs "
+                            f"{fmt_ms(min(p99c))}–{fmt_ms(max(p99c))} ms", ok))
+        high = same_rate("tokens")
+        if high:
+            speed = [goodput(t) / goodput(c) for c, t in high if goodput(c) > 0]
+            p99t = [lat(t, "p99_ms") for _, t in high]
+            if speed:
+                targets.append((f"19. {part}: open loop at {s['open_share']:.0%} of token "
+                                "batching's capacity, inputs/s of token / count batching ≥ 1.5×",
+                                f"{min(speed):.2f}–{max(speed):.2f}× (token batching's p99 "
+                                + ", ".join(f"{fmt_ms(p)}" for p in p99t if p is not None)
+                                + " ms)", min(speed) >= 1.5))
     return out
 
 
