@@ -593,6 +593,10 @@ SHOWS = {
                              "that arrive while it is down.",
     "recovery_upstream_stop": "That the requests a worker held when its upstream died go to the "
                               "other worker.",
+    "token_batching": "What batches sized by a token budget and shaped by length gain over "
+                      "batches by input counts on a mixed-length corpus: on padded upstreams "
+                      "(the built-in model, a double grouping by 4 as TEI on CPU) and on an "
+                      "unpadded GPU-like one.",
 }
 CHARTS = {
     "gpu_rates": [("goodput_vs_offered.svg", "Goodput against offered load"),
@@ -710,3 +714,113 @@ def render_indexing(res: dict, targets: list) -> list[str]:
 RENDERERS["indexing"] = render_indexing
 RENDERERS.update({name: render_recovery for name in (
     "recovery_worker_kill", "recovery_churn", "recovery_nats_restart", "recovery_upstream_stop")})
+
+
+def render_token_batching(res: dict, targets: list) -> list[str]:
+    """Token batching against count batching on a mixed-length corpus: per part (upstream), every
+    run's goodput (inputs/s: single-input requests), p50/p99, mean batch and padding ratio; the
+    targets compare the modes round by round (adjacent runs of one run of the bench)."""
+    s = res["settings"]
+    titles = {
+        "builtin": "Built-in model (all-MiniLM-L6-v2 on CPU, pads each batch to its longest)",
+        "padded_double": f"Padded upstream double: {s['padded_upstream']}",
+        "unpadded_double": f"GPU-like unpadded upstream double: {s['unpadded_upstream']}",
+    }
+    cpu = (s.get("workers") or {}).get("builtin", {}).get("count", {})
+    out = [f"Corpus `{s['corpus']}` (85% short queries, 13.5% paragraphs, 1.5% over the built-in "
+           f"model's 256-token limit), one input per request over NATS direct with "
+           f"`\"truncate\": true`; closed loop with {s['in_flight']} in flight, then open loop "
+           f"at {s['open_share']:.0%} of each mode's capacity (its best closed-loop goodput), "
+           f"both modes at both rates; "
+           f"count = `BATCH_COST=inputs` (batches by input counts), tokens "
+           f"= the defaults (`BATCH_COST=auto`, `MAX_BATCH_TOKENS` from the upstream), a fresh "
+           f"worker per run, the modes alternating (in reverse order every other round), "
+           f"{s['rounds']} round(s). Token counts and "
+           f"the padding ratio are the worker's (its estimate from bytes without a tokenizer)."
+           + (f" The built-in model's workers run with MAX_QUEUE_DELAY "
+              f"{cpu['MAX_QUEUE_DELAY']} in both modes, so the closed loop measures throughput "
+              f"rather than load shedding." if cpu.get("MAX_QUEUE_DELAY") else ""),
+           ""]
+    by_part: dict[str, list[dict]] = {}
+    for run in res["runs"]:
+        by_part.setdefault(run["part"], []).append(run)
+    for part, runs in by_part.items():
+        timing = (s.get("workers") or {}).get(part, {}).get("timing") or {}
+        when = (f" ({timing['warmup_s']:g} s warm-up, {timing['duration_s']:g} s measured, "
+                f"timeout {timing['timeout_s']:g} s)" if timing else "")
+        out += [f"**{titles.get(part, part)}**{when}", "",
+                "| load | round | mode | inputs/s | p50 ms | p99 ms | failures | mean batch "
+                "inputs | padding ratio |",
+                "|---|---:|---|---:|---:|---:|---|---:|---:|"]
+        for run in runs:
+            r = run["report"]
+            bt = r.get("batches") or {}
+            load = run["load"] + (f" {run['rate']:,.0f}/s" if run.get("rate") else "")
+            if run.get("at"):
+                load += f" ({s['open_share']:.0%} of {run['at']})"
+            mean = bt.get("mean_batch_inputs")
+            ratio = bt.get("padding_ratio")
+            out.append(f"| {load} | {run['round'] + 1} | {run['mode']} | {fmt_rate(goodput(r))} "
+                       f"| {p50_p99(r)} | {failures(r)} "
+                       f"| {mean:.1f} | {ratio:.2f} |" if mean is not None and ratio is not None
+                       else f"| {load} | {run['round'] + 1} | {run['mode']} "
+                            f"| {fmt_rate(goodput(r))} | {p50_p99(r)} | {failures(r)} | | |")
+        out.append("")
+
+        def pairs(load: str, **match) -> list[tuple[dict, dict]]:
+            rounds = sorted({run["round"] for run in runs if run["load"] == load})
+            found = []
+            for rnd in rounds:
+                c = find(runs, load=load, round=rnd, mode="count", **match)
+                t = find(runs, load=load, round=rnd, mode="tokens", **match)
+                if c is not None and t is not None:
+                    found.append((c, t))
+            return found
+
+        closed = pairs("closed")
+        if closed:
+            ratios = [goodput(t) / goodput(c) for c, t in closed if goodput(c) > 0]
+            if ratios:
+                span = f"{min(ratios):.2f}–{max(ratios):.2f}×" if len(ratios) > 1 \
+                    else f"{ratios[0]:.2f}×"
+                if part == "unpadded_double":
+                    targets.append((f"19. {part}: token batching keeps ≥ 97% of count "
+                                    "batching's goodput (closed loop)", span,
+                                    min(ratios) >= 0.97))
+                else:
+                    targets.append((f"19. {part}: token batching ≥ 1.5× count batching's "
+                                    "inputs/s (closed loop)", span, min(ratios) >= 1.5))
+            fills = [(t.get("batches") or {}).get("padding_ratio") for _, t in closed]
+            fills = [f for f in fills if f is not None]
+            if fills and part != "unpadded_double":
+                targets.append((f"19. {part}: padding ratio of token batching ≥ 0.8",
+                                ", ".join(f"{f:.2f}" for f in fills), min(fills) >= 0.8))
+        # Open loop at the same offered rate, for each of the two rates: at 80% of count
+        # batching's capacity both modes keep up, and p99 is compared (the worst over the rounds,
+        # on a noisy machine); at 80% of token batching's capacity, inputs/s are compared.
+        def same_rate(at: str) -> list[tuple[dict, dict]]:
+            return pairs("open", at=at)
+
+        low = same_rate("count")
+        if low:
+            p99c = [lat(c, "p99_ms") for c, _ in low]
+            p99t = [lat(t, "p99_ms") for _, t in low]
+            ok = None not in p99c + p99t and max(p99t) <= max(p99c)
+            targets.append((f"19. {part}: open loop at {s['open_share']:.0%} of count batching's "
+                            "capacity, p99 of token batching no worse (worst over the rounds)",
+                            f"{fmt_ms(min(p99t))}–{fmt_ms(max(p99t))} vs "
+                            f"{fmt_ms(min(p99c))}–{fmt_ms(max(p99c))} ms", ok))
+        high = same_rate("tokens")
+        if high:
+            speed = [goodput(t) / goodput(c) for c, t in high if goodput(c) > 0]
+            p99t = [lat(t, "p99_ms") for _, t in high]
+            if speed:
+                targets.append((f"19. {part}: open loop at {s['open_share']:.0%} of token "
+                                "batching's capacity, inputs/s of token / count batching ≥ 1.5×",
+                                f"{min(speed):.2f}–{max(speed):.2f}× (token batching's p99 "
+                                + ", ".join(f"{fmt_ms(p)}" for p in p99t if p is not None)
+                                + " ms)", min(speed) >= 1.5))
+    return out
+
+
+RENDERERS["token_batching"] = render_token_batching

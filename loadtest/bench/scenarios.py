@@ -754,3 +754,131 @@ SCENARIO_FUNCS.update({
     "recovery_nats_restart": scenario_recovery_nats_restart,
     "recovery_upstream_stop": scenario_recovery_upstream_stop,
 })
+
+
+# Token batching: a mixed-length corpus (mostly short queries, some paragraphs, a few over the
+# built-in model's 256-token limit, see mixed_corpus.py), single-input requests over NATS
+# direct, "truncate": true; the worker batching by input counts (BATCH_COST=inputs) against its
+# defaults (token budget and shape, BATCH_COST=auto), alternating within one run.
+TOKEN_MODES = (("count", {"BATCH_COST": "inputs"}), ("tokens", {}))
+# The padded upstream grouping a call's inputs 4 by 4 in arrival order (TEI's candle backend on
+# CPU): 1 ms per call + 40 us per padded token, one call at a time.
+PADDED_BASE_MS, PADDED_PER_TOKEN_US, PADDED_GROUP = 1, 40, 4
+# The GPU-like upstream, unpadded: 5 ms + 20 us per input + 1 us per token.
+UNPADDED_PER_TOKEN_US = 1
+TOKEN_IN_FLIGHT = 64
+# The CPU model: a 60 s timeout (the requests' deadline) and MAX_QUEUE_DELAY 60s in both modes,
+# so that the closed loop measures throughput, not how a client spinning on 429s (load shedding
+# when count batching's calls take seconds) starves the model of CPU.
+TOKEN_CPU_TIMEOUT_S = 60
+TOKEN_CPU_WORKER = {"MAX_QUEUE_DELAY": "60s"}
+TOKEN_OPEN_SHARE = 0.8  # open loop at this share of count batching's closed-loop capacity
+
+SCENARIOS += [("token_batching", "19. Mixed lengths: batches sized and shaped by tokens "
+                                 "against batches by input counts")]
+SCENARIO_NAMES += ["token_batching"]
+
+
+def mixed_corpus_path() -> str:
+    return str(REPO / "loadtest" / "corpus" / "mixed-lengths.txt")
+
+
+def token_part(b: Stack, part: str, start_worker, rounds: int, open_loop: bool,
+               warmup: float, duration: float, timeout: float) -> tuple[list[dict], dict]:
+    """Closed loop (TOKEN_IN_FLIGHT requests) then, with `open_loop`, open loop at
+    TOKEN_OPEN_SHARE of each mode's best closed-loop goodput (its capacity), both modes at both
+    rates, for each mode of TOKEN_MODES in turn (reversed every other round), `rounds` times; a
+    fresh worker per run. Returns
+    the runs (open ones with `at`, the mode whose capacity set the rate) and one worker's
+    settings per mode."""
+    corpus = mixed_corpus_path()
+    runs, settings = [], {}
+
+    def one(mode: str, env: dict, load: str, rnd: int, rate: float | None,
+            at: str | None = None) -> dict:
+        mark = b.sup.mark()
+        try:
+            nats, w = start_worker(env)
+            settings[mode] = w.settings
+            label = f"{part} {mode} {load}" + (f" {rate:.0f}/s" if rate else "")
+            r = b.load(label, nats.target(), rate=rate,
+                       concurrency=None if rate else TOKEN_IN_FLIGHT, warmup=warmup,
+                       duration=duration, timeout=timeout, corpus=corpus, truncate=True,
+                       workers=[w])
+        finally:
+            b.sup.stop_since(mark)
+        return run_entry(mode, {"part": part, "mode": mode, "load": load, "round": rnd,
+                                "rate": rate, "at": at}, r)
+
+    def modes(rnd: int):
+        """The modes in turn, the order reversed every other round (drift cancels out)."""
+        return TOKEN_MODES if rnd % 2 == 0 else TOKEN_MODES[::-1]
+
+    for rnd in range(rounds):
+        for mode, env in modes(rnd):
+            runs.append(one(mode, env, "closed", rnd, None))
+    if open_loop:
+        rates = []
+        for at, _ in TOKEN_MODES:
+            capacity = max(goodput(run["report"]) for run in runs if run["mode"] == at)
+            if capacity > 0:
+                rates.append((at, TOKEN_OPEN_SHARE * capacity))
+        for rnd in range(rounds):
+            for at, rate in rates:
+                for mode, env in modes(rnd):
+                    runs.append(one(mode, env, "open", rnd, rate, at))
+    return runs, settings
+
+
+def scenario_token_batching(b: Stack) -> dict:
+    """The built-in model (padded, CPU), the padded upstream double grouping by 4 in arrival
+    order, and the GPU-like unpadded double: goodput, p50/p99 and the padding ratio, count
+    batching against token batching, alternating in one run."""
+    rounds = 2 if not b.quick else 1
+    runs, settings = [], {}
+
+    def builtin(env):
+        nats = b.nats()
+        w = b.worker(nats, model=True, **{**TOKEN_CPU_WORKER, **env})
+        b.wait_workers(nats, [w], timeout=180)
+        return nats, w
+
+    def padded(env):
+        nats = b.nats()
+        _, up = b.fake_upstream(PADDED_BASE_MS, 0, 1, extra=(
+            "--per-token-us", str(PADDED_PER_TOKEN_US), "--pad-group", str(PADDED_GROUP)))
+        w = b.worker(nats, tei_url=up, **env)
+        b.wait_workers(nats, [w])
+        return nats, w
+
+    def unpadded(env):
+        nats = b.nats()
+        _, up = b.fake_upstream(GPU_BASE_MS, GPU_PER_INPUT_US, 1, extra=(
+            "--per-token-us", str(UNPADDED_PER_TOKEN_US)))
+        w = b.worker(nats, tei_url=up, **env)
+        b.wait_workers(nats, [w])
+        return nats, w
+
+    # The CPU model is slow on a small machine: longer windows and a longer timeout, so that
+    # count batching's calls (32 inputs padded to the longest) complete within the window.
+    timings = {"builtin": (b.d(5, 3), b.d(20, 10), TOKEN_CPU_TIMEOUT_S)}
+    for part, start, open_loop in (("builtin", builtin, True), ("padded_double", padded, True),
+                                   ("unpadded_double", unpadded, False)):
+        warmup, duration, timeout = timings.get(part, (b.d(3, 1), b.d(15, 4), LONG_TIMEOUT_S))
+        part_runs, part_settings = token_part(b, part, start, rounds, open_loop, warmup,
+                                              duration, timeout)
+        runs += part_runs
+        settings[part] = {"timing": {"warmup_s": warmup, "duration_s": duration,
+                                     "timeout_s": timeout}, **part_settings}
+    return {"settings": {"worker": settings["builtin"]["count"], "workers": settings,
+                         "corpus": "loadtest/corpus/mixed-lengths.txt",
+                         "in_flight": TOKEN_IN_FLIGHT, "open_share": TOKEN_OPEN_SHARE,
+                         "padded_upstream": f"fake-upstream {PADDED_BASE_MS} ms + "
+                                            f"{PADDED_PER_TOKEN_US} us/padded token, groups of "
+                                            f"{PADDED_GROUP} in arrival order, concurrency 1",
+                         "unpadded_upstream": f"{GPU_UPSTREAM} + {UNPADDED_PER_TOKEN_US} us/token",
+                         "rounds": rounds},
+            "runs": runs}
+
+
+SCENARIO_FUNCS["token_batching"] = scenario_token_batching

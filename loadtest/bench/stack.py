@@ -66,7 +66,8 @@ class Worker:
         wanted = ("embatch_worker_batch_inputs_sum", "embatch_worker_batch_inputs_count",
                   "embatch_worker_upstream_seconds_sum", "embatch_worker_upstream_seconds_count",
                   "embatch_worker_queue_wait_seconds_sum",
-                  "embatch_worker_queue_wait_seconds_count")
+                  "embatch_worker_queue_wait_seconds_count",
+                  "embatch_worker_batch_tokens_sum", "embatch_worker_batch_padded_tokens_sum")
         totals = dict.fromkeys(wanted, 0.0)
         for line in body.decode().splitlines():
             parts = line.split()
@@ -99,6 +100,11 @@ def batch_stats(before: list[dict], after: list[dict], measured_s: float) -> dic
                                if waited else None),
         "mean_batch_inputs": delta["embatch_worker_batch_inputs_sum"] / calls if calls else None,
         "upstream_calls_per_s": calls / measured_s if measured_s > 0 else None,
+        # Token counts as the worker knows them (its tokenizer's, or its estimate without one).
+        "mean_batch_tokens": delta["embatch_worker_batch_tokens_sum"] / calls if calls else None,
+        "padding_ratio": (delta["embatch_worker_batch_tokens_sum"]
+                          / delta["embatch_worker_batch_padded_tokens_sum"]
+                          if delta["embatch_worker_batch_padded_tokens_sum"] else None),
         "mean_upstream_call_ms": (1e3 * delta["embatch_worker_upstream_seconds_sum"] / timed
                                   if timed else None),
     }
@@ -163,7 +169,8 @@ class Stack:
 
     def fake_upstream(self, base_ms: float, per_input_us: float, concurrency: int,
                       name: str = "fake-upstream", slow_for: str | None = None,
-                      slow_delay: str | None = None) -> tuple[Child, str]:
+                      slow_delay: str | None = None,
+                      extra: list[str] | tuple[str, ...] = ()) -> tuple[Child, str]:
         """Starts `embatch-loadtest fake-upstream`; with `slow_for` and `slow_delay` (humantime
         durations) its calls get `slow_delay` extra for the first `slow_for` after its start (it
         then logs `slow until unix_ms=...` and, at the switch, `fast since unix_ms=...`, see
@@ -173,6 +180,7 @@ class Stack:
                 "--concurrency", str(concurrency)]
         if slow_for and slow_delay:
             argv += ["--slow-for", slow_for, "--slow-delay", slow_delay]
+        argv += list(extra)  # e.g. --per-token-us, --pad-group
         child = self.sup.spawn(name, argv, self.env())
         addr: list[str] = []
 
@@ -249,6 +257,7 @@ class Stack:
     def load(self, label: str, target: Target, *, rate: float | None = None,
              concurrency: int | None = None, duration: float, warmup: float,
              timeout: float, corpus: str | None = None, inputs_per_request: int = 1,
+             truncate: bool = False,
              workers: list[Worker] = (),
              measure_cpu_of: dict[str, Child] | None = None,
              events: list[tuple[float, str, Callable[[], None]]] = ()) -> dict:
@@ -276,6 +285,8 @@ class Stack:
             argv += ["--corpus", corpus]
         if inputs_per_request != 1:
             argv += ["--inputs-per-request", str(inputs_per_request)]
+        if truncate:
+            argv += ["--truncate"]
         cpu_before = {n: c.cpu() for n, c in (measure_cpu_of or {}).items()}
         children_before = children_cpu_seconds()
         started = time.monotonic()

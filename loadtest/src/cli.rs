@@ -121,6 +121,11 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
 
+    /// Send `"truncate": true` in every body: an input longer than the model's limit is cut to
+    /// it instead of rejected (for corpora with over-long inputs).
+    #[arg(long)]
+    pub truncate: bool,
+
     /// Also write the report as JSON to this file (`-` for stdout; the human summary then goes
     /// to stderr).
     #[arg(long)]
@@ -186,6 +191,8 @@ pub struct RunConfig {
     pub inputs_per_request: usize,
     /// RNG seed.
     pub seed: u64,
+    /// Ask for `"truncate": true`.
+    pub truncate: bool,
     /// JSON report destination (`-` = stdout).
     pub json: Option<PathBuf>,
     /// Hide the progress bar.
@@ -263,6 +270,7 @@ impl RunArgs {
             words: usize::from(self.words),
             inputs_per_request: self.inputs_per_request as usize,
             seed: self.seed,
+            truncate: self.truncate,
             json: self.json,
             quiet: self.quiet,
         })
@@ -284,6 +292,18 @@ pub struct FakeUpstreamArgs {
     /// Additional cost per input of a call, microseconds.
     #[arg(long, default_value_t = 20)]
     pub per_input_us: u64,
+
+    /// Additional cost per token of a call, microseconds (fractions allowed): per token of the
+    /// inputs (unpadded), or with --pad-group per padded token. Tokens are estimated from the
+    /// text: 1 per 4 bytes + 2, at most 512.
+    #[arg(long, default_value_t = 0.0)]
+    pub per_token_us: f64,
+
+    /// Padded: run a call's inputs this many at a time in arrival order, each group padded to
+    /// its longest input (TEI's candle CPU backend: 4); /info then reports model_dtype float32.
+    /// Unset: unpadded (GPU-like; /info reports float16).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub pad_group: Option<u32>,
 
     /// At most this many /embed calls are computed at once; others wait (1 = one GPU).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
@@ -317,6 +337,8 @@ impl FakeUpstreamArgs {
         TeiDoubleConfig {
             base: Duration::from_millis(self.base_ms),
             per_input: Duration::from_micros(self.per_input_us),
+            per_token: Duration::from_secs_f64(self.per_token_us.max(0.0) / 1e6),
+            pad_group: self.pad_group.map(|n| n as usize),
             concurrency: self.concurrency as usize,
             dim: self.dim as usize,
             max_client_batch_size: self.max_client_batch_size as usize,

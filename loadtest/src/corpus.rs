@@ -210,6 +210,8 @@ enum InputsBody<'a> {
 struct EmbedBody<'a> {
     inputs: InputsBody<'a>,
     normalize: bool,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    truncate: bool,
 }
 
 /// Builds request bodies from a corpus with its own seeded RNG. Use [`PayloadFactory::fork`] for
@@ -220,6 +222,7 @@ pub struct PayloadFactory {
     inputs_per_request: usize,
     seed: u64,
     rng: StdRng,
+    truncate: bool,
 }
 
 impl PayloadFactory {
@@ -231,7 +234,14 @@ impl PayloadFactory {
             inputs_per_request: inputs_per_request.max(1),
             seed,
             rng: StdRng::seed_from_u64(seed),
+            truncate: false,
         }
+    }
+
+    /// The same factory, whose bodies ask for `"truncate": true` when `truncate` (an input
+    /// longer than the model's limit is cut to it instead of rejected).
+    pub fn truncating(self, truncate: bool) -> PayloadFactory {
+        PayloadFactory { truncate, ..self }
     }
 
     /// An independent, deterministic stream for worker `stream` of a closed loop.
@@ -240,6 +250,7 @@ impl PayloadFactory {
             .seed
             .wrapping_add(stream.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         PayloadFactory::new(self.corpus.clone(), self.inputs_per_request, seed)
+            .truncating(self.truncate)
     }
 
     /// Inputs per request.
@@ -259,6 +270,7 @@ impl PayloadFactory {
         let body = EmbedBody {
             inputs,
             normalize: true,
+            truncate: self.truncate,
         };
         // Serializing strings and a bool into a Vec cannot fail.
         let body = serde_json::to_vec(&body).unwrap_or_default();

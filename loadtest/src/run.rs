@@ -25,7 +25,8 @@ pub async fn run(config: &RunConfig) -> Result<Report, LoadtestError> {
             words: config.words,
         },
     };
-    let factory = PayloadFactory::new(Arc::new(corpus), config.inputs_per_request, config.seed);
+    let factory = PayloadFactory::new(Arc::new(corpus), config.inputs_per_request, config.seed)
+        .truncating(config.truncate);
     let target = match &config.target {
         TargetSpec::Http { url } => Target::Http(HttpTarget::new(url, config.timeout)?),
         TargetSpec::Nats { url, subject, auth } => {

@@ -46,6 +46,7 @@ async fn closed_loop_through_nats_and_a_worker_is_batched() {
         words: 8,
         inputs_per_request: 1,
         seed: 7,
+        truncate: false,
         json: None,
         quiet: true,
     };

@@ -2,12 +2,19 @@
 //! workspace (testkit's tests and `embatch-loadtest fake-upstream` both run this).
 //!
 //! It is not a model. Each `POST /embed` call costs `base + per_input × inputs` of wall time
-//! (a sleep, no CPU, accurate to well under a millisecond), and at most `concurrency` calls are
-//! "computed" at once while the others wait, as on one GPU running one batch at a time. So a
-//! caller that batches many inputs into one call gets much more throughput than one that sends
-//! them one by one, which is what embatch's batching is meant to exploit and what a benchmark
-//! against this server measures. [`Config::default`] is that GPU-like upstream;
-//! [`Config::instant`] answers at once (for functional tests).
+//! (a sleep, no CPU, accurate to well under a millisecond), plus `per_token` × its tokens (see
+//! [`Config::cost_of`]), and at most `concurrency` calls are "computed" at once while the others
+//! wait, as on one GPU running one batch at a time. So a caller that batches many inputs into one
+//! call gets much more throughput than one that sends them one by one, which is what embatch's
+//! batching is meant to exploit and what a benchmark against this server measures.
+//! [`Config::default`] is that GPU-like upstream; [`Config::instant`] answers at once (for
+//! functional tests); [`Config::padded_cpu`] is a padded upstream that runs a call's inputs
+//! 4 by 4 in arrival order, each group padded to its longest input, as TEI's candle backend on
+//! CPU does (it forces `max_batch_requests = 4`).
+//!
+//! Token counts are estimated, as the worker does without a tokenizer: one token per 4 bytes of
+//! text (rounded up) plus 2, at most `max_input_length` (512; longer inputs are truncated, as
+//! TEI's `auto_truncate` would); token ids count exactly.
 //!
 //! Replies are deterministic: the vector of a text is derived from a hash of the text only (see
 //! [`embedding`]), so a test can check identity (same text → same vector, different texts →
@@ -62,6 +69,14 @@ pub struct Config {
     pub base: Duration,
     /// Additional cost per input of a call.
     pub per_input: Duration,
+    /// Additional cost per token of a call: per token (unpadded, the sum of the inputs' tokens)
+    /// or, with `pad_group`, per padded token.
+    pub per_token: Duration,
+    /// `Some(n)`: padded: a call's inputs run `n` at a time in arrival order, each group padded
+    /// to its longest input (`n × longest` tokens per group; TEI's candle CPU backend with
+    /// `max_batch_requests = n`); `/info` then reports `model_dtype` `float32` and
+    /// `max_batch_requests` `n`. `None`: unpadded (GPU-like, `model_dtype` `float16`).
+    pub pad_group: Option<usize>,
     /// At most this many calls are computed at once (at least 1; 1 = one GPU).
     pub concurrency: usize,
     /// Embedding dimension (number of floats per vector).
@@ -78,6 +93,8 @@ impl Default for Config {
         Config {
             base: Duration::from_millis(5),
             per_input: Duration::from_micros(20),
+            per_token: Duration::ZERO,
+            pad_group: None,
             concurrency: 1,
             dim: 384,
             max_client_batch_size: 512,
@@ -99,10 +116,57 @@ impl Config {
         }
     }
 
-    /// The simulated compute time of one call of `inputs` inputs: `base + per_input × inputs`.
+    /// A padded CPU-like upstream: TEI's candle backend on CPU as measured with
+    /// all-MiniLM-L6-v2 on a small machine, roughly: 1 ms per call, `per_token` per padded
+    /// token, inputs run 4 by 4 in arrival order ([`Config::pad_group`]), one call at a time.
+    pub fn padded_cpu(per_token: Duration) -> Config {
+        Config {
+            base: Duration::from_millis(1),
+            per_input: Duration::ZERO,
+            per_token,
+            pad_group: Some(4),
+            ..Config::default()
+        }
+    }
+
+    /// The simulated compute time of one call of `inputs` inputs, without their tokens:
+    /// `base + per_input × inputs`.
     pub fn cost(&self, inputs: usize) -> Duration {
         self.base + self.per_input * u32::try_from(inputs).unwrap_or(u32::MAX)
     }
+
+    /// The simulated compute time of one call of `inputs`: [`Config::cost`] plus `per_token` ×
+    /// [`Config::tokens`] of the call.
+    pub fn cost_of(&self, inputs: &[Input]) -> Duration {
+        let tokens = u32::try_from(self.tokens(inputs)).unwrap_or(u32::MAX);
+        self.cost(inputs.len()) + self.per_token * tokens
+    }
+
+    /// The tokens a call of `inputs` costs: their sum, or with `pad_group`, the sum over groups
+    /// of `pad_group` inputs in arrival order of `inputs in group × longest in group`.
+    pub fn tokens(&self, inputs: &[Input]) -> u64 {
+        let lengths: Vec<u64> = inputs.iter().map(|i| u64::from(tokens_of(i))).collect();
+        match self.pad_group {
+            None => lengths.iter().sum(),
+            Some(group) => lengths
+                .chunks(group.max(1))
+                .map(|g| g.len() as u64 * g.iter().copied().max().unwrap_or(0))
+                .sum(),
+        }
+    }
+}
+
+/// The double's input limit in tokens (`max_input_length` of its /info).
+pub const MAX_INPUT_LENGTH: u32 = 512;
+
+/// The estimated token count of `input`: a text counts one token per 4 bytes (rounded up) plus 2
+/// (`[CLS]`, `[SEP]`), token ids count exactly, at most [`MAX_INPUT_LENGTH`].
+pub fn tokens_of(input: &Input) -> u32 {
+    let n = match input {
+        Input::Text(text) => text.len().div_ceil(4) + 2,
+        Input::Ids(ids) => ids.len(),
+    };
+    u32::try_from(n).unwrap_or(u32::MAX).min(MAX_INPUT_LENGTH)
 }
 
 /// One `/embed` call as the TEI double received it.
@@ -453,7 +517,7 @@ async fn embed(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Byt
         return error_response(&EmbedError::Unavailable("shutting down".into()));
     };
     let queue_time = arrived.elapsed();
-    let cost = state.config.cost(inputs.len());
+    let cost = state.config.cost_of(&inputs);
     precise_sleep(cost).await;
     // The simulated GPU is free again: building and serializing the reply is not part of the cost.
     drop(gpu);
@@ -511,12 +575,12 @@ async fn info(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
     Json(serde_json::json!({
         "model_id": c.model_id,
         "model_sha": null,
-        "model_dtype": "float32",
+        "model_dtype": if c.pad_group.is_some() { "float32" } else { "float16" },
         "model_type": {"embedding": {"pooling": "mean"}},
         "max_concurrent_requests": 512,
-        "max_input_length": 512,
+        "max_input_length": MAX_INPUT_LENGTH,
         "max_batch_tokens": 16384,
-        "max_batch_requests": null,
+        "max_batch_requests": c.pad_group,
         "max_client_batch_size": c.max_client_batch_size,
         "auto_truncate": false,
         "tokenization_workers": 1,

@@ -64,6 +64,46 @@ async fn simulated_cost_is_accurate_below_a_millisecond() {
 }
 
 #[test]
+fn a_padded_call_costs_its_groups_of_four_in_arrival_order() {
+    let c = Config::padded_cpu(Duration::from_micros(10));
+    // 4-byte texts count 3 tokens, 40-byte texts 12.
+    let short = Input::from("abcd");
+    let long = Input::from("x".repeat(40));
+    let mixed = [short.clone(), long.clone(), short.clone(), short.clone()];
+    assert_eq!(
+        c.tokens(&mixed),
+        4 * 12,
+        "one long input pads its group of 4"
+    );
+    let sorted = [
+        short.clone(),
+        short.clone(),
+        short.clone(),
+        short.clone(),
+        long.clone(),
+    ];
+    assert_eq!(
+        c.tokens(&sorted),
+        4 * 3 + 12,
+        "by length: the long one alone"
+    );
+    assert_eq!(
+        c.cost_of(&sorted),
+        Duration::from_millis(1) + Duration::from_micros(10 * 24)
+    );
+    let unpadded = Config {
+        pad_group: None,
+        ..c.clone()
+    };
+    assert_eq!(unpadded.tokens(&mixed), 3 * 3 + 12, "unpadded: the sum");
+    assert_eq!(
+        tokens_of(&Input::from("y".repeat(10_000))),
+        MAX_INPUT_LENGTH
+    );
+    assert_eq!(tokens_of(&Input::Ids(vec![1, 2])), 2);
+}
+
+#[test]
 fn cost_is_base_plus_per_input() {
     let c = Config::default();
     assert_eq!(c.cost(0), Duration::from_millis(5));

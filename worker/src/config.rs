@@ -6,7 +6,10 @@ use std::time::Duration;
 use clap::Parser;
 use embatch_runtime::{NatsArgs, OptionalAddr, Secret};
 
-use crate::batcher::{BatcherConfig, QueueDelay};
+use crate::batcher::{
+    BUILTIN_MAX_BATCH_TOKENS, BatchCost, BatcherConfig, QueueDelay, TEI_DEFAULT_MAX_BATCH_TOKENS,
+    TokenBudget,
+};
 use crate::telemetry::LogFormat;
 
 /// embatch worker: joins the NATS queue group, collects requests into batches and calls the
@@ -64,6 +67,24 @@ pub struct Config {
     /// until it saturates; capped by the upstream's own max_client_batch_size.
     #[arg(long, env = "MAX_BATCH_SIZE", default_value_t = 32)]
     pub max_batch_size: usize,
+
+    /// Most tokens one upstream call may cost (counted as BATCH_COST says); an input over the
+    /// whole budget is sent alone. Unset: TEI's own `max_batch_tokens` from its /info (16,384
+    /// when /info does not say); for the built-in model MAX_BATCH_SIZE x the model's input limit
+    /// (32 x 256 = 8,192 tokens for all-MiniLM-L6-v2).
+    #[arg(long, env = "MAX_BATCH_TOKENS")]
+    pub max_batch_tokens: Option<usize>,
+
+    /// How a batch's cost grows with its inputs' lengths, as TEI's router counts it. `padded`:
+    /// longest input x inputs (every input padded to the longest of its batch: TEI's candle CPU
+    /// backend, the built-in model); batches are then shaped by length. `unpadded`: the sum of
+    /// tokens (TEI's flash-attention GPU backends). `auto`: padded for the built-in model; for
+    /// TEI, from the `model_dtype` its /info reports: `float32` (TEI's CPU backends) padded,
+    /// `float16`/`bfloat16` (its CUDA backends) unpadded, anything else padded. `inputs`: ignore
+    /// lengths (batches of the oldest MAX_BATCH_SIZE inputs in arrival order, no token budget:
+    /// batching by input counts only).
+    #[arg(long, env = "BATCH_COST", value_enum, default_value = "auto")]
+    pub batch_cost: BatchCostSetting,
 
     /// Longest a batch that is not full waits for more inputs after its first request arrived
     /// while a call slot for it is free (e.g. 5ms). With DISPATCH_WHEN_IDLE it applies only while
@@ -148,11 +169,27 @@ pub struct Config {
     pub log_format: LogFormat,
 }
 
+/// `BATCH_COST`: a [`BatchCost`], or `auto` (from the upstream).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BatchCostSetting {
+    /// Padded for the built-in model; for TEI, by the `model_dtype` of its /info.
+    Auto,
+    /// `longest × inputs`.
+    Padded,
+    /// The sum of tokens.
+    Unpadded,
+    /// Input counts only.
+    Inputs,
+}
+
 impl Config {
-    /// The batcher's share of the settings.
-    pub fn batcher(&self) -> BatcherConfig {
+    /// The batcher's share of the settings. `upstream_info` is the upstream's TEI-shaped /info
+    /// document (`None` when it could not be read): `MAX_BATCH_TOKENS` and `BATCH_COST` default
+    /// from it.
+    pub fn batcher(&self, upstream_info: Option<&serde_json::Value>) -> BatcherConfig {
         BatcherConfig {
             max_batch_size: self.max_batch_size,
+            tokens: self.token_budget(upstream_info),
             max_wait: self.max_wait_time,
             max_concurrent_batches: self.max_concurrent_batches,
             partial_batch_slots: self.partial_batch_slots,
@@ -164,11 +201,105 @@ impl Config {
     }
 }
 
+impl Config {
+    /// `MAX_BATCH_TOKENS` and `BATCH_COST`, their defaults resolved from the upstream's /info.
+    pub fn token_budget(&self, upstream_info: Option<&serde_json::Value>) -> TokenBudget {
+        let builtin = self.tei_url.is_none();
+        let field = |name: &str| upstream_info.and_then(|info| info.get(name));
+        let max_batch_tokens = self.max_batch_tokens.unwrap_or_else(|| {
+            let reported = field("max_batch_tokens")
+                .and_then(serde_json::Value::as_u64)
+                .and_then(|n| usize::try_from(n).ok());
+            let input_limit = field("max_input_length")
+                .and_then(serde_json::Value::as_u64)
+                .and_then(|n| usize::try_from(n).ok());
+            match (builtin, reported, input_limit) {
+                (_, Some(reported), _) => reported,
+                (true, None, Some(limit)) => self.max_batch_size.max(1).saturating_mul(limit),
+                (true, None, None) => BUILTIN_MAX_BATCH_TOKENS,
+                (false, None, _) => TEI_DEFAULT_MAX_BATCH_TOKENS,
+            }
+        });
+        let cost = match self.batch_cost {
+            BatchCostSetting::Padded => BatchCost::Padded,
+            BatchCostSetting::Unpadded => BatchCost::Unpadded,
+            BatchCostSetting::Inputs => BatchCost::Inputs,
+            BatchCostSetting::Auto if builtin => BatchCost::Padded,
+            BatchCostSetting::Auto => {
+                match field("model_dtype").and_then(serde_json::Value::as_str) {
+                    Some("float16" | "bfloat16") => BatchCost::Unpadded,
+                    _ => BatchCost::Padded,
+                }
+            }
+        };
+        TokenBudget {
+            max_batch_tokens: u64::try_from(max_batch_tokens).unwrap_or(u64::MAX),
+            cost,
+        }
+    }
+}
+
 /// `--tei-url`: an `http://` or `https://` base URL (TEI's routes are appended to it).
 fn parse_tei_url(s: &str) -> Result<reqwest::Url, String> {
     let url = reqwest::Url::parse(s).map_err(|e| format!("not a URL: {e}"))?;
     match url.scheme() {
         "http" | "https" => Ok(url),
         other => Err(format!("the scheme must be http or https, not {other}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Config {
+        Config::try_parse_from(std::iter::once("embatch-worker").chain(args.iter().copied()))
+            .expect("parses")
+    }
+
+    #[test]
+    fn the_token_budget_defaults_from_the_upstreams_info() {
+        let builtin = serde_json::json!({"max_input_length": 256, "max_batch_tokens": null});
+        assert_eq!(
+            parse(&[]).token_budget(Some(&builtin)),
+            TokenBudget {
+                max_batch_tokens: 32 * 256,
+                cost: BatchCost::Padded
+            },
+            "built-in model: MAX_BATCH_SIZE x its input limit, padded"
+        );
+        let tei = ["--tei-url", "http://tei:80"];
+        let gpu = serde_json::json!({"max_batch_tokens": 32768, "model_dtype": "float16"});
+        assert_eq!(
+            parse(&tei).token_budget(Some(&gpu)),
+            TokenBudget {
+                max_batch_tokens: 32768,
+                cost: BatchCost::Unpadded
+            },
+            "TEI on a GPU: its own budget, unpadded"
+        );
+        let cpu = serde_json::json!({"max_batch_tokens": 16384, "model_dtype": "float32"});
+        assert_eq!(parse(&tei).token_budget(Some(&cpu)).cost, BatchCost::Padded);
+        assert_eq!(
+            parse(&tei).token_budget(None),
+            TokenBudget::default(),
+            "no /info: TEI's default budget, padded"
+        );
+        let set = [
+            "--tei-url",
+            "http://tei:80",
+            "--max-batch-tokens",
+            "2048",
+            "--batch-cost",
+            "inputs",
+        ];
+        assert_eq!(
+            parse(&set).token_budget(Some(&gpu)),
+            TokenBudget {
+                max_batch_tokens: 2048,
+                cost: BatchCost::Inputs
+            },
+            "the settings win"
+        );
     }
 }

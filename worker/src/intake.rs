@@ -343,9 +343,12 @@ impl Intake {
             let counted = self.counter.count_now(parsed.inputs, parsed.options);
             let tokens = counted.tokens();
             let inputs = counted.inputs.len();
-            let receiver = self
-                .batcher
-                .submit(counted.inputs, counted.options, parsed.deadline)?;
+            let receiver = self.batcher.submit(
+                counted.inputs,
+                counted.lengths,
+                counted.options,
+                parsed.deadline,
+            )?;
             return Ok(Submission::Ready(receiver, tokens, inputs));
         }
         let reservation = self.counter.reserve(parsed.inputs.len())?;
@@ -437,7 +440,12 @@ impl Submission {
                 let counted = counter.count(parsed.inputs, parsed.options).await?;
                 let tokens = counted.tokens();
                 // The seam to the token budget: `counted.lengths`, one count per input.
-                let receiver = batcher.submit(counted.inputs, counted.options, parsed.deadline)?;
+                let receiver = batcher.submit(
+                    counted.inputs,
+                    counted.lengths,
+                    counted.options,
+                    parsed.deadline,
+                )?;
                 Ok((receiver, tokens))
             }
         }

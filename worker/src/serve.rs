@@ -118,7 +118,12 @@ pub(crate) async fn start<U: Upstream>(
         .await
         .with_pending_limit(config.queue_cap);
     tracing::info!(source = %counter.source(), "token counts");
-    let (batcher, batcher_task) = batcher::spawn(Arc::clone(&upstream), config.batcher());
+    // The token budget's defaults come from what the upstream reports of itself.
+    let upstream_info = upstream.info().await.ok();
+    let (batcher, batcher_task) = batcher::spawn(
+        Arc::clone(&upstream),
+        config.batcher(upstream_info.as_ref()),
+    );
     let group = group::Group::join(
         client.clone(),
         group::Address {

@@ -22,6 +22,12 @@ pub mod names {
     pub const BATCH_INPUTS: &str = "embatch_worker_batch_inputs";
     /// Histogram: requests per upstream batch.
     pub const BATCH_REQUESTS: &str = "embatch_worker_batch_requests";
+    /// Histogram: tokens per upstream batch (the sum of its inputs' token counts).
+    pub const BATCH_TOKENS: &str = "embatch_worker_batch_tokens";
+    /// Histogram: padded tokens per upstream batch (`longest × inputs`).
+    pub const BATCH_PADDED_TOKENS: &str = "embatch_worker_batch_padded_tokens";
+    /// Histogram: padding ratio per upstream batch (tokens / padded tokens, 0..=1).
+    pub const BATCH_PADDING_RATIO: &str = "embatch_worker_batch_padding_ratio";
     /// Gauge: upstream calls in flight.
     pub const BATCHES_IN_FLIGHT: &str = "embatch_worker_batches_in_flight";
     /// Gauge: inputs accepted and not yet sent upstream.
@@ -48,9 +54,16 @@ pub use embatch_runtime::{LogFormat, init_logging};
 /// When a recorder is already installed.
 pub fn init_metrics() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildError> {
     const COUNTS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0];
+    const TOKENS: &[f64] = &[
+        16.0, 64.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0, 32768.0, 65536.0,
+    ];
+    const RATIOS: &[f64] = &[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0];
     let handle = embatch_runtime::install_metrics_recorder(&[
         (names::BATCH_INPUTS, COUNTS),
         (names::BATCH_REQUESTS, COUNTS),
+        (names::BATCH_TOKENS, TOKENS),
+        (names::BATCH_PADDED_TOKENS, TOKENS),
+        (names::BATCH_PADDING_RATIO, RATIOS),
     ])?;
     describe();
     Ok(handle)
@@ -82,6 +95,15 @@ fn describe() {
     );
     describe_histogram!(names::BATCH_INPUTS, "Inputs per upstream call.");
     describe_histogram!(names::BATCH_REQUESTS, "Requests per upstream call.");
+    describe_histogram!(names::BATCH_TOKENS, "Tokens per upstream call.");
+    describe_histogram!(
+        names::BATCH_PADDED_TOKENS,
+        "Padded tokens per upstream call: longest input x inputs."
+    );
+    describe_histogram!(
+        names::BATCH_PADDING_RATIO,
+        "Tokens / padded tokens per upstream call (1: no padding)."
+    );
     describe_gauge!(names::BATCHES_IN_FLIGHT, "Upstream calls in progress.");
     describe_gauge!(names::QUEUE_DEPTH, "Inputs waiting for an upstream call.");
     describe_counter!(names::UPSTREAM_CALLS, "Upstream calls, by outcome.");

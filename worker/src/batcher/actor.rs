@@ -16,7 +16,8 @@ use tracing::Instrument;
 
 use super::admission::{Ask, Ledger, ShedReason};
 use super::isolate::{self, CallOutcome, Done};
-use super::queue::{Formed, Queue, Take};
+use super::queue::{Formed, Queue, Removed, Take};
+use super::shape;
 use super::{Job, Outcome, Refused, Reply, Shared};
 use crate::telemetry::names;
 use crate::upstream::{Embedding, Upstream, UpstreamError};
@@ -169,6 +170,7 @@ impl<U: Upstream> Actor<U> {
     fn enqueue(&mut self, job: Job) {
         let Job {
             inputs,
+            lengths,
             bytes,
             options,
             deadline,
@@ -179,6 +181,7 @@ impl<U: Upstream> Actor<U> {
         } = job;
         let ask = Ask {
             inputs: inputs.len(),
+            tokens: lengths.iter().map(|&t| u64::from(t)).sum(),
             bytes,
             deadline,
         };
@@ -199,7 +202,10 @@ impl<U: Upstream> Actor<U> {
                 if admission.send(admitted).is_err() && ok {
                     // The submitter went away before the answer: nothing to serve.
                     self.ledger.release(ask.inputs, ask.bytes);
-                    self.unqueue(ask.inputs);
+                    self.unqueue(Removed {
+                        inputs: ask.inputs,
+                        tokens: ask.tokens,
+                    });
                     return;
                 }
                 if !ok {
@@ -216,7 +222,8 @@ impl<U: Upstream> Actor<U> {
         let id = self.next_id;
         self.next_id += 1;
         let n = inputs.len();
-        self.queue.push(id, inputs, options, accepted, deadline);
+        self.queue
+            .push(id, inputs, &lengths, options, accepted, deadline);
         let (tx, rx) = oneshot::channel();
         self.relays.push(relay(id, rx, reply));
         self.requests.insert(
@@ -241,7 +248,7 @@ impl<U: Upstream> Actor<U> {
         if let Some(request) = self.take(id) {
             request.span.record("outcome", "cancelled");
             metrics::counter!(names::REQUESTS, "outcome" => "cancelled").increment(1);
-            tracing::debug!(parent: &request.span, removed, "request cancelled by its caller");
+            tracing::debug!(parent: &request.span, removed = removed.inputs, "request cancelled by its caller");
         }
     }
 
@@ -261,8 +268,9 @@ impl<U: Upstream> Actor<U> {
         }
     }
 
-    fn unqueue(&mut self, inputs: usize) {
-        self.ledger.queued_inputs = self.ledger.queued_inputs.saturating_sub(inputs);
+    fn unqueue(&mut self, removed: Removed) {
+        self.ledger.queued_inputs = self.ledger.queued_inputs.saturating_sub(removed.inputs);
+        self.ledger.queued_tokens = self.ledger.queued_tokens.saturating_sub(removed.tokens);
     }
 
     /// Forgets a request about to be answered (or cancelled) and frees its share of the bounds.
@@ -282,11 +290,12 @@ impl<U: Upstream> Actor<U> {
     /// `partial_slots` take only full batches: while the upstream is busy, a batch that waited
     /// `MAX_WAIT_TIME` keeps filling in the queue rather than waiting inside the upstream.
     fn dispatch_ready(&mut self) {
-        let (slots, batch_limit, max_wait, when_idle) = {
+        let (slots, batch_limit, budget, max_wait, when_idle) = {
             let limits = &self.shared.limits;
             (
                 limits.slots,
                 limits.batch_limit,
+                limits.budget,
                 limits.max_wait,
                 limits.dispatch_when_idle,
             )
@@ -300,6 +309,7 @@ impl<U: Upstream> Actor<U> {
             let take = Take {
                 now,
                 batch_limit,
+                budget,
                 max_wait,
                 // Closing flushes everything; an idle upstream takes any waiting group at once.
                 flush_all: self.closed || (when_idle && self.batches.is_empty()),
@@ -310,8 +320,15 @@ impl<U: Upstream> Actor<U> {
             let Some(formed) = self.queue.take(take) else {
                 break;
             };
-            let expired: usize = formed.expired.iter().map(|(_, n)| n).sum();
-            self.unqueue(expired + formed.inputs.len());
+            let mut left = Removed {
+                inputs: formed.inputs.len(),
+                tokens: formed.lengths.iter().map(|&t| u64::from(t)).sum(),
+            };
+            for (_, expired) in &formed.expired {
+                left.inputs += expired.inputs;
+                left.tokens += expired.tokens;
+            }
+            self.unqueue(left);
             for &(id, _) in &formed.expired {
                 if let Some(request) = self.take(id) {
                     answer(
@@ -333,6 +350,7 @@ impl<U: Upstream> Actor<U> {
         let Formed {
             options,
             inputs,
+            lengths,
             segments,
             probe,
             ..
@@ -355,9 +373,23 @@ impl<U: Upstream> Actor<U> {
         }
         metrics::histogram!(names::BATCH_INPUTS).record(inputs.len() as f64);
         metrics::histogram!(names::BATCH_REQUESTS).record(segments.len() as f64);
+        let (tokens, padded) = shape::totals(&lengths);
+        metrics::histogram!(names::BATCH_TOKENS).record(tokens as f64);
+        metrics::histogram!(names::BATCH_PADDED_TOKENS).record(padded as f64);
+        if padded > 0 {
+            metrics::histogram!(names::BATCH_PADDING_RATIO).record(tokens as f64 / padded as f64);
+        }
         let requests = segments.iter().map(|s| s.request).collect();
         let upstream = Arc::clone(&self.upstream);
-        let task = async move { isolate::run_batch(&*upstream, &inputs, &options, segments).await };
+        // Only a padded upstream gets each call ordered by length; others get batch order.
+        let order = if self.shared.limits.budget.cost.orders_calls() {
+            lengths
+        } else {
+            Vec::new()
+        };
+        let task = async move {
+            isolate::run_batch(&*upstream, &inputs, &order, &options, segments).await
+        };
         let handle = self.batches.spawn(task.instrument(span));
         self.running
             .insert(handle.id(), Running { requests, probe });
@@ -402,9 +434,10 @@ impl<U: Upstream> Actor<U> {
             };
             match result {
                 Ok(vectors) => {
-                    let slots = request.results.iter_mut().skip(segment.offset);
-                    for (slot, vector) in slots.zip(vectors) {
-                        *slot = Some(vector);
+                    for (&index, vector) in segment.indices.iter().zip(vectors) {
+                        if let Some(slot) = request.results.get_mut(index) {
+                            *slot = Some(vector);
+                        }
                     }
                     request.received += segment.len;
                     if request.received == request.results.len()

@@ -13,6 +13,8 @@ use std::time::Duration;
 use embatch_protocol::EmbedError;
 use tokio::time::Instant;
 
+use super::shape::TokenBudget;
+
 /// Bound on the time a request may expect to wait in the queue before its first upstream call
 /// (`MAX_QUEUE_DELAY`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -73,6 +75,22 @@ pub(super) struct Limits {
     pub partial_slots: usize,
     /// Most inputs per upstream call (the smaller of `MAX_BATCH_SIZE` and the upstream's limit).
     pub batch_limit: usize,
+    /// Most tokens per upstream call (`MAX_BATCH_TOKENS`, at least 1) and how a call's cost is
+    /// counted (`BATCH_COST`).
+    pub budget: TokenBudget,
+}
+
+impl Limits {
+    /// Upstream calls needed for `inputs` inputs of `tokens` tokens in all: by inputs
+    /// (`batch_limit` per call) or by tokens (`MAX_BATCH_TOKENS` per call), whichever needs
+    /// more, and never more calls than inputs (an input over the budget goes alone). Tokens are
+    /// counted as their sum: a padded upstream's calls cost more, but shaped batches pad little.
+    pub fn calls_for(&self, inputs: usize, tokens: u64) -> usize {
+        let by_inputs = inputs.div_ceil(self.batch_limit);
+        let by_tokens = tokens.div_ceil(self.budget.max_batch_tokens.max(1));
+        let by_tokens = usize::try_from(by_tokens).unwrap_or(usize::MAX).min(inputs);
+        by_inputs.max(by_tokens)
+    }
 }
 
 /// Admission by deadline admits a request only when it is expected to finish within this share of
@@ -211,6 +229,8 @@ pub(super) struct Shed {
 pub(super) struct Ask {
     /// Inputs.
     pub inputs: usize,
+    /// Tokens of its inputs.
+    pub tokens: u64,
     /// Bytes of input text.
     pub bytes: usize,
     /// Absolute deadline.
@@ -226,6 +246,8 @@ pub(super) struct Ledger {
     pub held_bytes: usize,
     /// Inputs accepted and not yet sent upstream.
     pub queued_inputs: usize,
+    /// Their tokens.
+    pub queued_tokens: u64,
     /// Upstream calls in flight.
     pub in_flight: usize,
     /// Upstream call time.
@@ -333,6 +355,7 @@ impl Ledger {
         self.held_inputs += ask.inputs;
         self.held_bytes += ask.bytes;
         self.queued_inputs += ask.inputs;
+        self.queued_tokens += ask.tokens;
         Ok(())
     }
 
@@ -415,7 +438,7 @@ impl Ledger {
     /// When `ask` would start and finish with the work queued now.
     fn plan(&self, limits: &Limits, ask: Ask, now: Instant, call: Duration) -> Plan {
         let start = self.start_wait(limits, call);
-        let own_batches = ask.inputs.div_ceil(limits.batch_limit);
+        let own_batches = limits.calls_for(ask.inputs, ask.tokens);
         let own_rounds = u32::try_from(own_batches.div_ceil(limits.slots)).unwrap_or(u32::MAX);
         let budget = ask.deadline.saturating_duration_since(now);
         Plan {
@@ -431,10 +454,10 @@ impl Ledger {
     }
 
     /// Expected time until a request queued now gets its first upstream call: the batches queued
-    /// ahead (assumed full) pass `slots` at a time, after the free slots took theirs; with no
-    /// free slot, a running call must end first.
+    /// ahead (assumed full, by inputs or by tokens: [`Limits::calls_for`]) pass `slots` at a
+    /// time, after the free slots took theirs; with no free slot, a running call must end first.
     pub fn start_wait(&self, limits: &Limits, call: Duration) -> Duration {
-        let ahead = self.queued_inputs.div_ceil(limits.batch_limit);
+        let ahead = limits.calls_for(self.queued_inputs, self.queued_tokens);
         let free = limits.slots.saturating_sub(self.in_flight);
         let batches = (ahead + 1).saturating_sub(free);
         call.mul_f64(batches as f64 / limits.slots as f64)

@@ -15,6 +15,10 @@
 //!   and its two halves), never a bisection of every request; two failing requests that land in
 //!   different halves of the first split fail the batch, as before.
 //!
+//! Given the inputs' lengths (a padded upstream), each call sends its inputs ordered by length
+//! ([`shape::order_by_length`]), so that an upstream grouping a call's inputs in arrival order
+//! pads little; the replies are put back in batch order before they are split by request.
+//!
 //! No metrics here: every call is reported in [`Done::calls`] and the actor records them.
 
 use std::ops::Range;
@@ -24,6 +28,7 @@ use embatch_protocol::{EmbedError, EmbedOptions, Input};
 use tokio::time::Instant;
 
 use super::queue::Segment;
+use super::shape;
 use crate::upstream::{Embedding, Upstream, UpstreamError};
 
 /// How one upstream call ended (the `outcome` label of `embatch_worker_upstream_calls_total`).
@@ -109,9 +114,12 @@ fn split(work: &mut Vec<Range<usize>>, range: Range<usize>) {
 /// isolated: without bound for a rejection that blames an input (at most about
 /// 2 × log2(requests) extra calls per offending request), within bounds for a suspect failure
 /// (see the module docs).
+///
+/// `lengths` holds the token count of each input of `inputs` (the order of each call).
 pub(super) async fn run_batch<U: Upstream>(
     upstream: &U,
     inputs: &[Input],
+    lengths: &[u32],
     options: &EmbedOptions,
     segments: Vec<Segment>,
 ) -> Done {
@@ -130,7 +138,7 @@ pub(super) async fn run_batch<U: Upstream>(
         while let Some(range) = work.pop() {
             let Some((call, suspect)) = call_range(
                 upstream,
-                inputs,
+                (inputs, lengths),
                 options,
                 &segments,
                 range,
@@ -199,7 +207,7 @@ type Suspect = (Range<usize>, EmbedError);
 /// range holds no inputs (no call made).
 async fn call_range<U: Upstream>(
     upstream: &U,
-    inputs: &[Input],
+    (inputs, lengths): (&[Input], &[u32]),
     options: &EmbedOptions,
     segments: &[Segment],
     range: Range<usize>,
@@ -213,7 +221,7 @@ async fn call_range<U: Upstream>(
     let span = head.at..tail.at + tail.len;
     let batch = inputs.get(span.clone())?;
     let started = Instant::now();
-    let outcome = upstream.embed(batch, options).await;
+    let outcome = embed_by_length(upstream, batch, lengths.get(span.clone()), options).await;
     let mut call = Call {
         elapsed: started.elapsed(),
         outcome: CallOutcome::Ok,
@@ -262,6 +270,33 @@ async fn call_range<U: Upstream>(
     Some((call, suspect))
 }
 
+/// Embeds `batch` with its inputs sent in length order ([`shape::order_by_length`]); returns the
+/// embeddings in `batch`'s order. Sends `batch` as it is when its lengths are unknown (`None`, or
+/// not one per input) or already in order.
+async fn embed_by_length<U: Upstream>(
+    upstream: &U,
+    batch: &[Input],
+    lengths: Option<&[u32]>,
+    options: &EmbedOptions,
+) -> Result<Vec<Embedding>, UpstreamError> {
+    let order = lengths
+        .filter(|l| l.len() == batch.len())
+        .and_then(shape::order_by_length);
+    let Some(order) = order else {
+        return upstream.embed(batch, options).await;
+    };
+    let sorted: Vec<Input> = order.iter().map(|&i| batch[i].clone()).collect();
+    let vectors = upstream.embed(&sorted, options).await?;
+    if vectors.len() != order.len() {
+        return Ok(vectors); // the caller reports the count mismatch
+    }
+    let mut back: Vec<Option<Embedding>> = (0..order.len()).map(|_| None).collect();
+    for (&i, vector) in order.iter().zip(vectors) {
+        back[i] = Some(vector);
+    }
+    Ok(back.into_iter().flatten().collect())
+}
+
 fn fill(slots: &mut [Option<Result<Vec<Embedding>, EmbedError>>], err: &EmbedError) {
     for slot in slots {
         *slot = Some(Err(err.clone()));
@@ -298,7 +333,7 @@ mod tests {
         let segments = (0..texts.len())
             .map(|i| Segment {
                 request: i as u64,
-                offset: 0,
+                indices: vec![0],
                 at: i,
                 len: 1,
             })
@@ -345,7 +380,7 @@ mod tests {
             tei.calls.clear();
             let texts = texts(Some(poisoned));
             let (inputs, segments) = batch(&texts);
-            let done = run_batch(&upstream, &inputs, &EmbedOptions::default(), segments).await;
+            let done = run_batch(&upstream, &inputs, &[], &EmbedOptions::default(), segments).await;
             for (segment, result) in &done.results {
                 let i = segment.request as usize;
                 match result {
@@ -388,7 +423,7 @@ mod tests {
         tei.set_faults(Faults::failing_with(424));
         let texts = texts(None);
         let (inputs, segments) = batch(&texts);
-        let done = run_batch(&upstream, &inputs, &EmbedOptions::default(), segments).await;
+        let done = run_batch(&upstream, &inputs, &[], &EmbedOptions::default(), segments).await;
         assert!(
             done.results
                 .iter()
@@ -405,7 +440,7 @@ mod tests {
         tei.calls.clear();
         tei.set_faults(Faults::failing_with(500));
         let (inputs, segments) = batch(&texts);
-        let done = run_batch(&upstream, &inputs, &EmbedOptions::default(), segments).await;
+        let done = run_batch(&upstream, &inputs, &[], &EmbedOptions::default(), segments).await;
         assert!(done.results.iter().all(|(_, r)| r.is_err()));
         assert_eq!(tei.calls.batch_sizes(), [21]);
     }
@@ -417,7 +452,7 @@ mod tests {
         let mut texts = texts(Some(2));
         texts[8] = format!("also bad {POISON}");
         let (inputs, segments) = batch(&texts);
-        let done = run_batch(&upstream, &inputs, &EmbedOptions::default(), segments).await;
+        let done = run_batch(&upstream, &inputs, &[], &EmbedOptions::default(), segments).await;
         let failed: Vec<u64> = done
             .results
             .iter()

@@ -8,6 +8,7 @@
 //!
 //! - `admission`: the queue bounds, the call-time estimate and the admit decision;
 //! - `queue`: groups by options, due times, batch formation;
+//! - `shape`: the token budget, the cost model and the length shaping of a batch;
 //! - `actor`: the select loop, the supervised batch tasks, and every metric;
 //! - `isolate`: one batch's upstream calls, and the bisection of a batch that failed because of an
 //!   input.
@@ -16,8 +17,19 @@
 //! Requests are grouped by their [`EmbedOptions`] (requests whose options differ never share an
 //! upstream call). At most `max_concurrent_batches` calls are in flight. Whenever a call slot is
 //! free, the oldest group that is due leaves as one call of up to the batch limit (the smaller of
-//! `max_batch_size` and the upstream's own limit). A group is due when:
-//! - it holds a full batch: any free slot takes it;
+//! `max_batch_size` and the upstream's own limit) costing at most `max_batch_tokens` (see
+//! `shape`: `longest × inputs` on a padded upstream, the sum of tokens on an unpadded one; an
+//! input over the whole budget leaves alone). Every input carries its token count (see
+//! [`BatcherHandle::submit`]). The batch is shaped by length: it holds the group's oldest waiting
+//! input and, among the group's first 4 × batch-limit waiting inputs, those of the nearest
+//! lengths (padded upstream; inputs of equal length in arrival order) or the oldest that fit the
+//! budget (unpadded). So the oldest waiting input of a group is never passed over: it is in the
+//! next batch of its group, and an input with `k` older inputs waiting in its group leaves with
+//! one of the next `k + 1` batches of that group. Inside each call to a padded upstream the inputs
+//! are sent shortest first (one grouping them in arrival order pads little); each request
+//! still gets exactly its own embeddings, in its order. A group is due when:
+//! - it holds a full batch (`max_batch_size` inputs, or tokens enough to fill
+//!   `max_batch_tokens`): any free slot takes it;
 //! - no call is in flight and `dispatch_when_idle` is on (the default): an idle upstream takes
 //!   any waiting group at once, full or not;
 //! - its oldest request has waited `max_wait` and fewer than `partial_batch_slots` calls are in
@@ -43,7 +55,8 @@
 //!   below cannot lock it out.
 //! - Otherwise the upstream call time, measured from completed calls, says when the request
 //!   would start (the batches queued ahead, assumed full, pass `max_concurrent_batches` at a
-//!   time) and finish. It is admitted only if it would finish within 75 % of its deadline
+//!   time; counted by inputs or by tokens, whichever needs more calls) and finish. It is
+//!   admitted only if it would finish within 75 % of its deadline
 //!   budget and, when it fits one upstream call, start within `max_queue_delay`; else 429, with
 //!   a retry-after estimate ([`BatcherHandle::try_submit`], [`BatcherHandle::retry_after_hint`]).
 //!   A request of several calls waits longer than the bound for its own work alone: its
@@ -95,6 +108,7 @@ mod actor;
 mod admission;
 mod isolate;
 mod queue;
+mod shape;
 #[cfg(test)]
 mod tests;
 
@@ -110,6 +124,10 @@ use tokio::time::Instant;
 
 pub use admission::{AUTO_CALLS, QueueDelay};
 use admission::{Ask, Ledger, Limits};
+pub use shape::{
+    BUILTIN_MAX_BATCH_TOKENS, BatchCost, TEI_DEFAULT_MAX_BATCH_TOKENS, TokenBudget,
+    estimate_lengths,
+};
 
 use crate::upstream::Upstream;
 
@@ -121,6 +139,9 @@ pub const SHED_REASONS: [&str; 5] = admission::ShedReason::LABELS;
 pub struct BatcherConfig {
     /// Most inputs in one upstream call (inputs, not requests).
     pub max_batch_size: usize,
+    /// Most tokens one upstream call may cost, and how its cost is counted (see the module
+    /// docs); an input over the whole budget is sent alone.
+    pub tokens: TokenBudget,
     /// Longest time the first request of a batch waits for more to join.
     pub max_wait: Duration,
     /// Most upstream calls in flight at once.
@@ -144,11 +165,12 @@ pub struct BatcherConfig {
 }
 
 impl Default for BatcherConfig {
-    /// The worker's command-line defaults: 32 inputs, 5 ms, 2 calls (the last one for a full
-    /// batch), 4,096 inputs, 64 MiB, auto, dispatch when idle.
+    /// The worker's command-line defaults: 32 inputs, TEI's 16,384 padded tokens, 5 ms, 2 calls
+    /// (the last one for a full batch), 4,096 inputs, 64 MiB, auto, dispatch when idle.
     fn default() -> Self {
         BatcherConfig {
             max_batch_size: 32,
+            tokens: TokenBudget::default(),
             max_wait: Duration::from_millis(5),
             max_concurrent_batches: 2,
             partial_batch_slots: None,
@@ -219,6 +241,8 @@ struct Shared {
 /// A request on its way to the actor, which admits or refuses it.
 struct Job {
     inputs: Vec<Input>,
+    /// Tokens of each input.
+    lengths: Vec<u32>,
     /// Bytes of input text.
     bytes: usize,
     options: EmbedOptions,
@@ -232,8 +256,11 @@ struct Job {
 }
 
 impl BatcherHandle {
-    /// Submits one request: its inputs, options and absolute deadline, without waiting for the
-    /// actor. Returns the receiver of its [`Outcome`]; dropping it cancels the request.
+    /// Submits one request: its inputs, the token count of each (after truncation, special
+    /// tokens included; from the model's tokenizer, or [`estimate_lengths`], or all equal to
+    /// count inputs only), its options and absolute deadline, without waiting for the actor.
+    /// Returns the receiver of its [`Outcome`]; dropping it cancels the request. `lengths` that
+    /// do not hold one count per input are replaced by [`estimate_lengths`].
     ///
     /// A refusal by the actor's admission (429, [`EmbedError::Overloaded`]) is the outcome,
     /// sent at once, before any queueing.
@@ -248,10 +275,11 @@ impl BatcherHandle {
     pub fn submit(
         &self,
         inputs: Vec<Input>,
+        lengths: Vec<u32>,
         options: EmbedOptions,
         deadline: Instant,
     ) -> Result<oneshot::Receiver<Outcome>, EmbedError> {
-        let (job, rx) = self.job(inputs, options, deadline, None)?;
+        let (job, rx) = self.job((inputs, lengths), options, deadline, None)?;
         self.send(job)?;
         Ok(rx)
     }
@@ -267,6 +295,7 @@ impl BatcherHandle {
     pub async fn try_submit(
         &self,
         inputs: Vec<Input>,
+        lengths: Vec<u32>,
         options: EmbedOptions,
         deadline: Instant,
     ) -> Result<oneshot::Receiver<Outcome>, Refused> {
@@ -276,7 +305,7 @@ impl BatcherHandle {
         };
         let (answer, admission) = oneshot::channel();
         let (job, rx) = self
-            .job(inputs, options, deadline, Some(answer))
+            .job((inputs, lengths), options, deadline, Some(answer))
             .map_err(refused)?;
         self.send(job).map_err(refused)?;
         match admission.await {
@@ -289,14 +318,20 @@ impl BatcherHandle {
     /// The job for a request that passed [`admission::validate`], and its outcome's receiver.
     fn job(
         &self,
-        inputs: Vec<Input>,
+        (inputs, lengths): (Vec<Input>, Vec<u32>),
         options: EmbedOptions,
         deadline: Instant,
         admission: Option<oneshot::Sender<Result<(), Refused>>>,
     ) -> Result<(Job, oneshot::Receiver<Outcome>), EmbedError> {
         let now = Instant::now();
+        let lengths = if lengths.len() == inputs.len() {
+            lengths
+        } else {
+            estimate_lengths(&inputs)
+        };
         let ask = Ask {
             inputs: inputs.len(),
+            tokens: lengths.iter().map(|&t| u64::from(t)).sum(),
             bytes: inputs.iter().map(Input::size_bytes).sum(),
             deadline,
         };
@@ -313,6 +348,7 @@ impl BatcherHandle {
         let (reply, rx) = oneshot::channel();
         let job = Job {
             inputs,
+            lengths,
             bytes: ask.bytes,
             options,
             deadline,
@@ -399,7 +435,20 @@ pub fn spawn<U: Upstream>(
             .unwrap_or(slots - 1)
             .clamp(1, slots),
         batch_limit: config.max_batch_size.min(upstream.max_batch_size()).max(1),
+        budget: TokenBudget {
+            max_batch_tokens: match config.tokens.cost {
+                BatchCost::Inputs => u64::MAX, // no token budget
+                _ => config.tokens.max_batch_tokens.max(1),
+            },
+            cost: config.tokens.cost,
+        },
     };
+    tracing::info!(
+        max_batch_size = limits.batch_limit,
+        max_batch_tokens = limits.budget.max_batch_tokens,
+        batch_cost = %limits.budget.cost,
+        "batches by tokens and inputs"
+    );
     let shared = Arc::new(Shared {
         limits,
         ledger: watch::Sender::new(Ledger::default()),

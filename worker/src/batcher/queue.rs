@@ -9,20 +9,37 @@ use std::time::Duration;
 use embatch_protocol::{EmbedOptions, Input};
 use tokio::time::Instant;
 
+use super::shape::{self, MAX_WINDOW, TokenBudget, WINDOW_BATCHES};
+
 /// tokio's timer fires on whole-millisecond ticks, rounding a deadline up by as much as 1 ms. The
 /// flush timer aims this much early so that a batch leaves no later than `max_wait` after its
 /// first request (it may leave up to this much before).
 pub(super) const TIMER_SLACK: Duration = Duration::from_micros(999);
 
+/// One input not yet sent upstream.
+struct Waiting {
+    /// Its index in the request.
+    index: usize,
+    input: Input,
+    /// Its token count.
+    tokens: u32,
+}
+
 /// A request's inputs not yet sent upstream.
 struct Entry {
-    /// Inputs not yet sent upstream.
-    inputs: Vec<Input>,
-    /// Index (in the request) of `inputs[0]`.
-    dispatched: usize,
+    /// Inputs not yet sent upstream, in the request's order.
+    waiting: Vec<Waiting>,
+    /// Some of its inputs were sent upstream.
+    started: bool,
     options: EmbedOptions,
     accepted: Instant,
     deadline: Instant,
+}
+
+impl Entry {
+    fn tokens(&self) -> u64 {
+        self.waiting.iter().map(|w| u64::from(w.tokens)).sum()
+    }
 }
 
 /// Requests sharing one set of options, oldest first.
@@ -31,6 +48,8 @@ struct Group {
     queue: VecDeque<u64>,
     /// Inputs of this group not yet sent upstream.
     inputs: usize,
+    /// Their tokens.
+    tokens: u64,
 }
 
 impl Group {
@@ -47,16 +66,17 @@ impl Group {
     }
 }
 
-/// A contiguous run of one request's inputs inside a batch.
+/// One request's inputs inside a batch: a contiguous run of the batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Segment {
     /// The request's id.
     pub request: u64,
-    /// Index in the request of the segment's first input.
-    pub offset: usize,
-    /// Position in the batch of the segment's first input.
+    /// Index in the request of each input of the run, ascending (not necessarily consecutive:
+    /// a request's inputs may be shaped into different batches by length).
+    pub indices: Vec<usize>,
+    /// Position in the batch of the run's first input.
     pub at: usize,
-    /// Inputs.
+    /// Inputs (`indices.len()`).
     pub len: usize,
 }
 
@@ -67,6 +87,8 @@ pub(super) struct Take {
     pub now: Instant,
     /// Most inputs in the batch.
     pub batch_limit: usize,
+    /// Most tokens the batch may cost, and how its cost is counted.
+    pub budget: TokenBudget,
     /// `MAX_WAIT_TIME`.
     pub max_wait: Duration,
     /// Send every group now, full or not (shutdown, or an idle upstream with dispatch when idle).
@@ -89,12 +111,21 @@ pub(super) struct Formed {
     pub options: EmbedOptions,
     /// The inputs, in segment order.
     pub inputs: Vec<Input>,
+    /// Token count of each input of `inputs`.
+    pub lengths: Vec<u32>,
     /// Which request each run of `inputs` belongs to.
     pub segments: Vec<Segment>,
-    /// Requests removed because of the cutoff, with their inputs.
-    pub expired: Vec<(u64, usize)>,
+    /// Requests removed because of the cutoff, with their inputs and tokens.
+    pub expired: Vec<(u64, Removed)>,
     /// The batch carries a request sent despite the cutoff.
     pub probe: bool,
+}
+
+/// What left the queue: inputs and their tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Removed {
+    pub inputs: usize,
+    pub tokens: u64,
 }
 
 /// All requests with inputs not yet sent upstream.
@@ -113,17 +144,26 @@ pub(super) struct Queue {
 /// waiting requests (amortised O(1) per request).
 const DEADLINES_SLACK: usize = 1024;
 
+/// A candidate of [`Queue::take`]: a request and the position of the input in its `waiting`.
+#[derive(Clone, Copy)]
+struct Candidate {
+    request: u64,
+    at: usize,
+    tokens: u32,
+}
+
 impl Queue {
     /// Inputs not yet sent upstream.
     pub fn inputs(&self) -> usize {
         self.inputs
     }
 
-    /// Appends a request to the group of its options.
+    /// Appends a request, with the token count of each input, to the group of its options.
     pub fn push(
         &mut self,
         id: u64,
         inputs: Vec<Input>,
+        lengths: &[u32],
         options: EmbedOptions,
         accepted: Instant,
         deadline: Instant,
@@ -135,32 +175,45 @@ impl Queue {
                 .retain(|Reverse((_, id))| entries.contains_key(id));
         }
         self.deadlines.push(Reverse((deadline, id)));
-        let group = self.groups.entry(options.clone()).or_default();
+        let waiting: Vec<Waiting> = inputs
+            .into_iter()
+            .enumerate()
+            .map(|(index, input)| Waiting {
+                index,
+                input,
+                tokens: lengths.get(index).copied().unwrap_or(1),
+            })
+            .collect();
+        let entry = Entry {
+            waiting,
+            started: false,
+            options,
+            accepted,
+            deadline,
+        };
+        let tokens = entry.tokens();
+        let group = self.groups.entry(entry.options.clone()).or_default();
         group.queue.push_back(id);
         group.inputs += n;
+        group.tokens += tokens;
         self.inputs += n;
-        self.entries.insert(
-            id,
-            Entry {
-                inputs,
-                dispatched: 0,
-                options,
-                accepted,
-                deadline,
-            },
-        );
+        self.entries.insert(id, entry);
     }
 
     /// Removes what is left of a request (cancelled, or failed by another of its calls).
-    /// Returns the inputs removed.
-    pub fn remove(&mut self, id: u64) -> usize {
+    /// Returns the inputs and tokens removed.
+    pub fn remove(&mut self, id: u64) -> Removed {
         let Some(entry) = self.entries.remove(&id) else {
-            return 0;
+            return Removed::default();
         };
-        let left = entry.inputs.len();
-        self.inputs -= left;
+        let left = Removed {
+            inputs: entry.waiting.len(),
+            tokens: entry.tokens(),
+        };
+        self.inputs -= left.inputs;
         if let Some(group) = self.groups.get_mut(&entry.options) {
-            group.inputs -= left;
+            group.inputs -= left.inputs;
+            group.tokens -= left.tokens;
             // Its id stays in the group's order until it reaches the front: no scan.
             group.settle(&self.entries);
             if group.queue.is_empty() {
@@ -183,8 +236,8 @@ impl Queue {
     }
 
     /// Removes every waiting request whose deadline is at or before `now`, earliest first (also
-    /// one whose earlier inputs were already sent). Returns their ids with the inputs removed.
-    pub fn expire(&mut self, now: Instant) -> Vec<(u64, usize)> {
+    /// one whose earlier inputs were already sent). Returns their ids with what was removed.
+    pub fn expire(&mut self, now: Instant) -> Vec<(u64, Removed)> {
         let mut expired = Vec::new();
         while let Some(&Reverse((deadline, id))) = self.deadlines.peek() {
             if deadline > now {
@@ -211,9 +264,11 @@ impl Queue {
             .min()
     }
 
-    /// Takes up to `batch_limit` inputs from the oldest due group: one holding a full batch, any
-    /// with `flush_all`, or, with `partial`, one whose head waited `max_wait`. `None` when no
-    /// group is due.
+    /// Takes one batch from the oldest due group: one holding a full batch (`batch_limit`
+    /// inputs, or tokens enough to fill the budget), any with `flush_all`, or, with `partial`,
+    /// one whose head waited `max_wait`. The batch holds the group's oldest waiting input and
+    /// is shaped by [`shape::select`] among the group's first
+    /// `WINDOW_BATCHES × batch_limit` waiting inputs. `None` when no group is due.
     pub fn take(&mut self, take: Take) -> Option<Formed> {
         let key = self
             .groups
@@ -222,6 +277,7 @@ impl Queue {
                 let head = self.entries.get(g.queue.front()?)?;
                 let ready = take.flush_all
                     || g.inputs >= take.batch_limit
+                    || g.tokens >= take.budget.max_batch_tokens
                     || (take.partial && take.now + TIMER_SLACK >= head.accepted + take.max_wait);
                 ready.then_some((head.accepted, key))
             })
@@ -230,52 +286,100 @@ impl Queue {
         let mut formed = Formed {
             options: key.clone(),
             inputs: Vec::new(),
+            lengths: Vec::new(),
             segments: Vec::new(),
             expired: Vec::new(),
             probe: false,
         };
-        let mut probe_allowed = take.probe_allowed;
+        let window = take
+            .batch_limit
+            .saturating_mul(WINDOW_BATCHES)
+            .clamp(1, MAX_WINDOW);
+        let mut probe: Option<u64> = None;
+        let mut candidates: Vec<Candidate> = Vec::new();
         let group = self.groups.get_mut(&key)?;
-        while formed.inputs.len() < take.batch_limit {
-            let Some(&id) = group.queue.front() else {
+        let mut expired = Removed::default();
+        for &id in &group.queue {
+            if candidates.len() >= window {
                 break;
-            };
-            let Some(entry) = self.entries.get_mut(&id) else {
-                group.queue.pop_front();
+            }
+            let Some(entry) = self.entries.get(&id) else {
                 continue;
             };
-            if entry.dispatched == 0 && take.cutoff >= entry.deadline {
-                if probe_allowed && take.now < entry.deadline {
-                    probe_allowed = false;
-                    formed.probe = true;
+            if !entry.started && take.cutoff >= entry.deadline {
+                if take.probe_allowed && probe.is_none() && take.now < entry.deadline {
+                    probe = Some(id);
                 } else {
-                    group.queue.pop_front();
-                    let left = entry.inputs.len();
-                    group.inputs -= left;
-                    self.inputs -= left;
-                    self.entries.remove(&id);
+                    let left = Removed {
+                        inputs: entry.waiting.len(),
+                        tokens: entry.tokens(),
+                    };
+                    expired.inputs += left.inputs;
+                    expired.tokens += left.tokens;
                     formed.expired.push((id, left));
                     continue;
                 }
             }
-            let room = take.batch_limit - formed.inputs.len();
-            let len = room.min(entry.inputs.len());
-            formed.segments.push(Segment {
-                request: id,
-                offset: entry.dispatched,
-                at: formed.inputs.len(),
-                len,
-            });
-            entry.dispatched += len;
-            group.inputs -= len;
-            self.inputs -= len;
-            if len == entry.inputs.len() {
-                formed.inputs.append(&mut entry.inputs);
-                group.queue.pop_front();
-                self.entries.remove(&id);
-            } else {
-                formed.inputs.extend(entry.inputs.drain(..len));
+            let room = window - candidates.len();
+            candidates.extend(entry.waiting.iter().take(room).enumerate().map(|(at, w)| {
+                Candidate {
+                    request: id,
+                    at,
+                    tokens: w.tokens,
+                }
+            }));
+        }
+        for (id, _) in &formed.expired {
+            self.entries.remove(id);
+        }
+        group.inputs -= expired.inputs;
+        group.tokens -= expired.tokens;
+        self.inputs -= expired.inputs;
+        let tokens: Vec<u32> = candidates.iter().map(|c| c.tokens).collect();
+        let mut picked = shape::select(&tokens, take.batch_limit, take.budget)
+            .into_iter()
+            .map(|i| candidates[i])
+            .peekable();
+        // `picked` is in candidate order: by request in queue order, then by input.
+        while let Some(first) = picked.next() {
+            let mut ats = vec![first.at];
+            while let Some(next) = picked.next_if(|c| c.request == first.request) {
+                ats.push(next.at);
             }
+            let Some(entry) = self.entries.get_mut(&first.request) else {
+                continue;
+            };
+            formed.probe |= probe == Some(first.request);
+            entry.started = true;
+            let mut segment = Segment {
+                request: first.request,
+                indices: Vec::with_capacity(ats.len()),
+                at: formed.inputs.len(),
+                len: ats.len(),
+            };
+            let mut taken = 0u64;
+            let mut next = ats.iter().copied().peekable();
+            let mut position = 0;
+            entry.waiting.retain_mut(|w| {
+                let pick = next.next_if_eq(&position).is_some();
+                position += 1;
+                if pick {
+                    segment.indices.push(w.index);
+                    formed
+                        .inputs
+                        .push(std::mem::replace(&mut w.input, Input::Ids(Vec::new())));
+                    formed.lengths.push(w.tokens);
+                    taken += u64::from(w.tokens);
+                }
+                !pick
+            });
+            group.inputs -= segment.len;
+            group.tokens -= taken;
+            self.inputs -= segment.len;
+            if entry.waiting.is_empty() {
+                self.entries.remove(&first.request);
+            }
+            formed.segments.push(segment);
         }
         group.settle(&self.entries);
         if group.queue.is_empty() {
@@ -289,10 +393,24 @@ impl Queue {
 mod tests {
     use super::*;
 
+    /// Pushes a request whose inputs all count 1 token (count batching).
+    fn push(
+        queue: &mut Queue,
+        id: u64,
+        inputs: Vec<Input>,
+        options: EmbedOptions,
+        accepted: Instant,
+        deadline: Instant,
+    ) {
+        let lengths = vec![1; inputs.len()];
+        queue.push(id, inputs, &lengths, options, accepted, deadline);
+    }
+
     fn take(now: Instant, batch_limit: usize) -> Take {
         Take {
             now,
             batch_limit,
+            budget: TokenBudget::default(),
             max_wait: Duration::from_millis(5),
             flush_all: false,
             partial: true,
@@ -311,7 +429,8 @@ mod tests {
     fn a_group_is_due_when_full_or_when_its_head_waited_max_wait() {
         let t0 = Instant::now();
         let mut queue = Queue::default();
-        queue.push(
+        push(
+            &mut queue,
             1,
             texts("a", 2),
             EmbedOptions::default(),
@@ -340,9 +459,23 @@ mod tests {
             ..EmbedOptions::default()
         };
         let mut queue = Queue::default();
-        queue.push(1, texts("a", 3), EmbedOptions::default(), t0, far);
-        queue.push(2, texts("b", 1), other.clone(), t0, far);
-        queue.push(3, texts("c", 3), EmbedOptions::default(), t0, far);
+        push(
+            &mut queue,
+            1,
+            texts("a", 3),
+            EmbedOptions::default(),
+            t0,
+            far,
+        );
+        push(&mut queue, 2, texts("b", 1), other.clone(), t0, far);
+        push(
+            &mut queue,
+            3,
+            texts("c", 3),
+            EmbedOptions::default(),
+            t0,
+            far,
+        );
         let first = queue.take(take(t0, 4)).expect("full group");
         assert_eq!(first.options, EmbedOptions::default());
         assert_eq!(first.inputs, ["a0", "a1", "a2", "c0"]);
@@ -351,13 +484,13 @@ mod tests {
             [
                 Segment {
                     request: 1,
-                    offset: 0,
+                    indices: vec![0, 1, 2],
                     at: 0,
                     len: 3
                 },
                 Segment {
                     request: 3,
-                    offset: 0,
+                    indices: vec![0],
                     at: 3,
                     len: 1
                 },
@@ -378,7 +511,7 @@ mod tests {
             rest[1].segments[0],
             Segment {
                 request: 3,
-                offset: 1,
+                indices: vec![1, 2],
                 at: 0,
                 len: 2
             }
@@ -391,7 +524,8 @@ mod tests {
         let t0 = Instant::now();
         let mut queue = Queue::default();
         for id in 0..3 {
-            queue.push(
+            push(
+                &mut queue,
                 id,
                 texts("x", 1),
                 EmbedOptions::default(),
@@ -399,7 +533,8 @@ mod tests {
                 t0 + Duration::from_millis(50),
             );
         }
-        queue.push(
+        push(
+            &mut queue,
             3,
             texts("ok", 1),
             EmbedOptions::default(),
@@ -423,7 +558,25 @@ mod tests {
                 .collect::<Vec<_>>(),
             [0, 3]
         );
-        assert_eq!(formed.expired, [(1, 1), (2, 1)]);
+        assert_eq!(
+            formed.expired,
+            [
+                (
+                    1,
+                    Removed {
+                        inputs: 1,
+                        tokens: 1
+                    }
+                ),
+                (
+                    2,
+                    Removed {
+                        inputs: 1,
+                        tokens: 1
+                    }
+                )
+            ]
+        );
         assert_eq!(queue.inputs(), 0);
     }
 
@@ -432,18 +585,46 @@ mod tests {
         let t0 = Instant::now();
         let at = |ms| t0 + Duration::from_millis(ms);
         let mut queue = Queue::default();
-        queue.push(1, texts("a", 1), EmbedOptions::default(), t0, at(300));
-        queue.push(2, texts("b", 2), EmbedOptions::default(), t0, at(100));
-        queue.push(3, texts("c", 1), EmbedOptions::default(), t0, at(200));
+        push(
+            &mut queue,
+            1,
+            texts("a", 1),
+            EmbedOptions::default(),
+            t0,
+            at(300),
+        );
+        push(
+            &mut queue,
+            2,
+            texts("b", 2),
+            EmbedOptions::default(),
+            t0,
+            at(100),
+        );
+        push(
+            &mut queue,
+            3,
+            texts("c", 1),
+            EmbedOptions::default(),
+            t0,
+            at(200),
+        );
         assert_eq!(queue.next_deadline(), Some(at(100)));
-        assert_eq!(queue.remove(2), 2);
+        assert_eq!(queue.remove(2).inputs, 2);
         assert_eq!(
             queue.next_deadline(),
             Some(at(200)),
             "a removed request is skipped"
         );
         assert!(queue.expire(at(199)).is_empty());
-        assert_eq!(queue.expire(at(300)), [(3, 1), (1, 1)]);
+        assert_eq!(
+            queue
+                .expire(at(300))
+                .iter()
+                .map(|(id, removed)| (*id, removed.inputs))
+                .collect::<Vec<_>>(),
+            [(3, 1), (1, 1)]
+        );
         assert_eq!(queue.inputs(), 0);
         assert_eq!(queue.next_deadline(), None);
         assert!(
@@ -461,9 +642,23 @@ mod tests {
         let t0 = Instant::now();
         let far = t0 + Duration::from_secs(9);
         let mut queue = Queue::default();
-        queue.push(1, texts("a", 1), EmbedOptions::default(), t0, far);
+        push(
+            &mut queue,
+            1,
+            texts("a", 1),
+            EmbedOptions::default(),
+            t0,
+            far,
+        );
         let later = t0 + Duration::from_millis(3);
-        queue.push(2, texts("b", 1), EmbedOptions::default(), later, far);
+        push(
+            &mut queue,
+            2,
+            texts("b", 1),
+            EmbedOptions::default(),
+            later,
+            far,
+        );
         queue.remove(1);
         assert_eq!(
             queue.next_due(Duration::from_millis(5)),
@@ -481,10 +676,24 @@ mod tests {
         let t0 = Instant::now();
         let far = t0 + Duration::from_secs(9);
         let mut queue = Queue::default();
-        queue.push(1, texts("a", 2), EmbedOptions::default(), t0, far);
-        queue.push(2, texts("b", 2), EmbedOptions::default(), t0, far);
-        assert_eq!(queue.remove(1), 2);
-        assert_eq!(queue.remove(1), 0, "already gone");
+        push(
+            &mut queue,
+            1,
+            texts("a", 2),
+            EmbedOptions::default(),
+            t0,
+            far,
+        );
+        push(
+            &mut queue,
+            2,
+            texts("b", 2),
+            EmbedOptions::default(),
+            t0,
+            far,
+        );
+        assert_eq!(queue.remove(1).inputs, 2);
+        assert_eq!(queue.remove(1).inputs, 0, "already gone");
         assert_eq!(queue.inputs(), 2);
         let formed = queue.take(take(t0, 2)).expect("full");
         assert_eq!(formed.inputs, ["b0", "b1"]);

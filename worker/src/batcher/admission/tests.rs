@@ -12,6 +12,7 @@ fn limits() -> Limits {
         slots: 1,
         partial_slots: 1,
         batch_limit: 4,
+        budget: TokenBudget::default(),
     }
 }
 
@@ -22,6 +23,7 @@ fn ms(n: u64) -> Duration {
 fn ask(inputs: usize, deadline: Instant) -> Ask {
     Ask {
         inputs,
+        tokens: inputs as u64,
         bytes: inputs * 10,
         deadline,
     }
@@ -226,6 +228,7 @@ fn the_byte_bound_sheds_429_and_a_request_larger_than_it_is_413() {
     let far = now + Duration::from_secs(60);
     let big = Ask {
         inputs: 1,
+        tokens: 1,
         bytes: 101,
         deadline: far,
     };

@@ -158,7 +158,7 @@ async fn requests_with_different_options_never_share_a_call() {
             receivers.push((
                 text.clone(),
                 batcher
-                    .submit(vec![Input::from(text)], options.clone(), far())
+                    .submit(vec![Input::from(text)], vec![1], options.clone(), far())
                     .expect("accepted"),
             ));
         }
@@ -193,6 +193,7 @@ async fn an_oversized_request_is_split_and_reassembled_in_order() {
     let rx = batcher
         .submit(
             inputs.iter().map(|t| Input::from(t.as_str())).collect(),
+            vec![1; inputs.len()],
             EmbedOptions::default(),
             far(),
         )

@@ -16,7 +16,12 @@ async fn a_poisoned_request_is_isolated_and_its_batch_mates_still_succeed() {
             (
                 text.clone(),
                 batcher
-                    .submit(vec![Input::from(text)], EmbedOptions::default(), far())
+                    .submit(
+                        vec![Input::from(text)],
+                        vec![1],
+                        EmbedOptions::default(),
+                        far(),
+                    )
                     .expect("accepted"),
             )
         })
@@ -73,7 +78,7 @@ async fn a_panicking_batch_fails_exactly_its_requests_and_frees_its_slot() {
     };
     let submit = |text: &str, options: &EmbedOptions| {
         batcher
-            .submit(vec![Input::from(text)], options.clone(), far())
+            .submit(vec![Input::from(text)], vec![1], options.clone(), far())
             .expect("accepted")
     };
     let crashing = [

@@ -4,6 +4,7 @@
 mod batching;
 mod faults;
 mod overload;
+mod tokens;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -13,7 +14,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::{BatcherConfig, BatcherHandle, Outcome, QueueDelay, Reply, spawn};
+use super::{BatcherConfig, BatcherHandle, Outcome, QueueDelay, Reply, TokenBudget, spawn};
 use crate::upstream::{Embedding, Upstream, UpstreamError};
 
 /// Records calls; answers each input with `["<input>"]` so replies prove identity. An input
@@ -91,6 +92,7 @@ impl Upstream for Recording {
 fn config(max_batch_size: usize, max_wait_ms: u64, concurrent: usize) -> BatcherConfig {
     BatcherConfig {
         max_batch_size,
+        tokens: TokenBudget::default(),
         max_wait: Duration::from_millis(max_wait_ms),
         max_concurrent_batches: concurrent,
         partial_batch_slots: None,
@@ -133,21 +135,23 @@ fn start(
     (upstream, batcher, task)
 }
 
-/// Submits `texts` as one request with default options and `deadline`, and waits for the
-/// admission answer.
+/// Submits `texts` as one request with default options and `deadline` (every input counts 1
+/// token: count batching), and waits for the admission answer.
 async fn submit<S: AsRef<str>>(
     batcher: &BatcherHandle,
     texts: &[S],
     deadline: Instant,
 ) -> Result<oneshot::Receiver<Outcome>, EmbedError> {
-    let inputs = texts.iter().map(|t| Input::from(t.as_ref())).collect();
+    let inputs: Vec<Input> = texts.iter().map(|t| Input::from(t.as_ref())).collect();
+    let lengths = vec![1; inputs.len()];
     batcher
-        .try_submit(inputs, EmbedOptions::default(), deadline)
+        .try_submit(inputs, lengths, EmbedOptions::default(), deadline)
         .await
         .map_err(EmbedError::from)
 }
 
-/// Submits each of `texts` as a request of its own, with default options and a far deadline.
+/// Submits each of `texts` as a request of its own (1 token each), with default options and a
+/// far deadline.
 fn submit_each(
     batcher: &BatcherHandle,
     texts: impl IntoIterator<Item = String>,
@@ -156,7 +160,12 @@ fn submit_each(
         .into_iter()
         .map(|text| {
             batcher
-                .submit(vec![Input::from(text)], EmbedOptions::default(), far())
+                .submit(
+                    vec![Input::from(text)],
+                    vec![1],
+                    EmbedOptions::default(),
+                    far(),
+                )
                 .expect("accepted")
         })
         .collect()

@@ -138,7 +138,7 @@ async fn without_client_deadlines_the_queue_is_bounded_by_max_queue_delay() {
     let mut accepted = Vec::new();
     let refused = loop {
         match batcher
-            .try_submit(vec!["x".into()], EmbedOptions::default(), far())
+            .try_submit(vec!["x".into()], vec![1], EmbedOptions::default(), far())
             .await
         {
             Ok(rx) => accepted.push(rx),
@@ -204,6 +204,7 @@ async fn one_slow_call_does_not_lock_out_short_deadlines() {
         let rx = batcher
             .submit(
                 vec![Input::from(format!("r{i}"))],
+                vec![1],
                 EmbedOptions::default(),
                 Instant::now() + Duration::from_secs(2),
             )
@@ -354,7 +355,12 @@ async fn submit_without_waiting_gets_a_refusal_as_its_outcome_at_once() {
     let (upstream, batcher, _task) = start(Duration::from_secs(1), cfg);
     let send = |text: &str| {
         batcher
-            .submit(vec![Input::from(text)], EmbedOptions::default(), far())
+            .submit(
+                vec![Input::from(text)],
+                vec![1],
+                EmbedOptions::default(),
+                far(),
+            )
             .expect("validated and sent to the actor")
     };
     let first = send("first");
