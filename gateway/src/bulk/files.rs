@@ -111,7 +111,13 @@ async fn upload_form(bulk: &Bulk, form: &mut Multipart) -> Result<FileObject, Ap
                 let flag = Arc::clone(&too_large);
                 let mut seen = 0usize;
                 let bytes = field.map(move |chunk| {
-                    let chunk = chunk.map_err(std::io::Error::other)?;
+                    let chunk = chunk.map_err(|e| {
+                        // The route's body limit (the file limit plus the form's overhead).
+                        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                            flag.store(true, Ordering::Relaxed);
+                        }
+                        std::io::Error::other(e)
+                    })?;
                     seen += chunk.len();
                     if seen > max {
                         flag.store(true, Ordering::Relaxed);
