@@ -65,7 +65,7 @@ fn no_file(id: &str) -> ApiError {
 /// `POST /v1/files`: a multipart form with `purpose` (`batch`) and `file`; the file is streamed
 /// into the object store (never held whole in memory). 400 for another purpose or a missing
 /// field, 413 beyond `BULK_MAX_FILE_BYTES`, 503 without JetStream.
-#[utoipa::path(post, path = "/v1/files", tag = "batch",
+#[utoipa::path(post, path = "/v1/files", operation_id = "create_file", tag = "batch",
     summary = "Upload a file (OpenAI's Files API)",
     description = "A `multipart/form-data` form with `purpose` (`batch`) and `file` (JSONL, one \
                    batch request per line), stored in the NATS object store.",
@@ -212,7 +212,7 @@ pub struct ListQuery {
 
 /// `GET /v1/files`: `{"object": "list", "data": [File, ...], "has_more": false, "first_id",
 /// "last_id"}`, newest first.
-#[utoipa::path(get, path = "/v1/files", tag = "batch", summary = "List files",
+#[utoipa::path(get, path = "/v1/files", operation_id = "list_files", tag = "batch", summary = "List files",
     params(("purpose" = Option<String>, Query, description = "Only files of this purpose."),
            ("after" = Option<String>, Query, description = "The id after which the page starts."),
            ("limit" = Option<usize>, Query, description = "Most files in the page (10,000).")),
@@ -268,7 +268,7 @@ pub fn page<T: serde::Serialize>(
 }
 
 /// `GET /v1/files/{id}`: the File object, 404 when there is none.
-#[utoipa::path(get, path = "/v1/files/{id}", tag = "batch", summary = "A file's File object",
+#[utoipa::path(get, path = "/v1/files/{id}", operation_id = "retrieve_file", tag = "batch", summary = "A file's File object",
     params(("id" = String, Path, description = "The file id, `file-...`.")),
     responses((status = 200, description = "OpenAI's File object.", body = Object), BulkErrors))]
 pub async fn retrieve(State(bulk): State<Bulk>, Path(id): Path<String>) -> Response {
@@ -283,7 +283,7 @@ pub async fn retrieve(State(bulk): State<Bulk>, Path(id): Path<String>) -> Respo
 
 /// `GET /v1/files/{id}/content`: the file's bytes, streamed from the object store
 /// (`application/jsonl` for `.jsonl` files, else `application/octet-stream`).
-#[utoipa::path(get, path = "/v1/files/{id}/content", tag = "batch", summary = "A file's content",
+#[utoipa::path(get, path = "/v1/files/{id}/content", operation_id = "retrieve_file_content", tag = "batch", summary = "A file's content",
     params(("id" = String, Path, description = "The file id, `file-...`.")),
     responses((status = 200, description = "The file's bytes (`application/jsonl` for `.jsonl` files).",
         content((String = "application/jsonl"), (String = "application/octet-stream"))), BulkErrors))]
@@ -324,7 +324,7 @@ pub async fn content(State(bulk): State<Bulk>, Path(id): Path<String>) -> Respon
 }
 
 /// `DELETE /v1/files/{id}`: `{"id", "object": "file", "deleted": true}`, 404 when there is none.
-#[utoipa::path(delete, path = "/v1/files/{id}", tag = "batch", summary = "Delete a file",
+#[utoipa::path(delete, path = "/v1/files/{id}", operation_id = "delete_file", tag = "batch", summary = "Delete a file",
     params(("id" = String, Path, description = "The file id, `file-...`.")),
     responses((status = 200, description = "`{\"id\", \"object\": \"file\", \"deleted\": true}`.", body = Object), BulkErrors))]
 pub async fn delete(State(bulk): State<Bulk>, Path(id): Path<String>) -> Response {
