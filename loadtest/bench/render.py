@@ -710,3 +710,9 @@ def render_indexing(res: dict, targets: list) -> list[str]:
 RENDERERS["indexing"] = render_indexing
 RENDERERS.update({name: render_recovery for name in (
     "recovery_worker_kill", "recovery_churn", "recovery_nats_restart", "recovery_upstream_stop")})
+
+# The bulk-job scenarios' tables (loadtest/bench/bulk.py).
+from .bulk import RENDERERS as BULK_RENDERERS, SHOWS as BULK_SHOWS  # noqa: E402
+
+RENDERERS.update(BULK_RENDERERS)
+SHOWS.update(BULK_SHOWS)

@@ -752,3 +752,7 @@ SCENARIO_FUNCS.update({
     "recovery_nats_restart": scenario_recovery_nats_restart,
     "recovery_upstream_stop": scenario_recovery_upstream_stop,
 })
+
+# The bulk-job scenarios (OpenAI's Files + Batches API) live in bulk.py, which appends them to
+# SCENARIOS and SCENARIO_FUNCS; imported last, once everything it uses here is defined.
+from . import bulk  # noqa: E402,F401
