@@ -369,8 +369,14 @@ impl Api {
     /// Network, API and decode errors.
     pub async fn cancel(&self, id: &str) -> Result<Batch, CliError> {
         let url = self.url(&format!("v1/batches/{id}/cancel"))?;
-        self.json("POST /v1/batches/{id}/cancel", self.http.post(url))
-            .await
+        // No body, but a Content-Length (0): some proxies answer 411 to a POST without one.
+        self.json(
+            "POST /v1/batches/{id}/cancel",
+            self.http
+                .post(url)
+                .header(reqwest::header::CONTENT_LENGTH, "0"),
+        )
+        .await
     }
 
     /// `GET /v1/files/{id}/content`, streamed into `path` (replaced whole: written to a `.part`

@@ -25,7 +25,7 @@ pub enum CliError {
         source: std::io::Error,
     },
     /// The gateway could not be reached, or the connection broke (after the retries of a poll).
-    #[error("{what}: {source}")]
+    #[error("{what}: {}", chain(source))]
     Network {
         /// The call, e.g. `POST /v1/files`.
         what: String,
@@ -89,6 +89,19 @@ pub enum CliError {
         /// The batch id.
         id: String,
     },
+}
+
+/// An error and its causes, `a: b: c` (reqwest's own message omits the cause, e.g. "connection
+/// refused").
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut out = error.to_string();
+    let mut cause = error.source();
+    while let Some(c) = cause {
+        out.push_str(": ");
+        out.push_str(&c.to_string());
+        cause = c.source();
+    }
+    out
 }
 
 impl CliError {

@@ -493,7 +493,8 @@ def render_bulk_interactive(res: dict, targets: list) -> list[str]:
 
 def render_bulk_faults(res: dict, targets: list) -> list[str]:
     s = res["settings"]
-    out = [f"Two workers with their defaults, each on {s['upstream'].removeprefix('one ')}; "
+    out = [f"Two workers with their defaults, each on its own "
+           f"{s['upstream'].removeprefix('one ').removesuffix(' per worker')}; "
            f"nats-server with JetStream on a store directory kept across its restart. The same "
            f"job twice on the same stack: undisturbed, then with worker B killed (SIGKILL) at 25% "
            f"of its requests and nats-server killed and restarted (1 s down) at 50%.", "",
