@@ -294,7 +294,7 @@ impl Api {
         })
     }
 
-    /// `GET /v1/files` (all pages): the uploaded files.
+    /// `GET /v1/files?purpose=batch` (all pages): the uploaded input files.
     ///
     /// # Errors
     /// Network, API and decode errors.
@@ -303,7 +303,9 @@ impl Api {
         let mut after: Option<String> = None;
         loop {
             let mut url = self.url("v1/files")?;
-            url.query_pairs_mut().append_pair("limit", "100");
+            url.query_pairs_mut()
+                .append_pair("purpose", "batch")
+                .append_pair("limit", "100");
             if let Some(after) = &after {
                 url.query_pairs_mut().append_pair("after", after);
             }
