@@ -76,6 +76,17 @@ pub struct Config {
     #[arg(long, env = "SHUTDOWN_GRACE", default_value = "30s", value_parser = humantime::parse_duration)]
     pub shutdown_grace: Duration,
 
+    /// Largest input file `POST /v1/files` accepts, in bytes (OpenAI's 200 MB by default;
+    /// answered 413 beyond).
+    #[arg(long, env = "BULK_MAX_FILE_BYTES", default_value_t = 200 * 1024 * 1024)]
+    pub bulk_max_file_bytes: usize,
+
+    /// The `completion_window` values `POST /v1/batches` accepts, comma-separated durations
+    /// (OpenAI accepts only `24h`, the default). A batch not finished within its window expires:
+    /// what finished is delivered, the rest goes to the error file.
+    #[arg(long, env = "BULK_COMPLETION_WINDOWS", default_value = "24h", value_parser = crate::bulk::parse_windows)]
+    pub bulk_completion_windows: std::vec::Vec<(String, Duration)>,
+
     /// Log format.
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,

@@ -6,6 +6,8 @@
 //! - [`body`]: the embedding routes' request body, read within `BODY_READ_TIMEOUT` (408).
 //! - [`routes`]: `POST /embed` (and `POST /`), `POST /v1/embeddings` (and `POST /embeddings`),
 //!   `GET /info`, `GET /health`, `GET /metrics`, `GET /openapi.json` and the error → HTTP mapping.
+//! - [`bulk`]: OpenAI's Files and Batches APIs (`/v1/files`, `/v1/batches`): bulk embedding
+//!   jobs on NATS JetStream.
 //! - [`openai`]: OpenAI's embeddings shapes and their translation to and from TEI's.
 //! - [`info`]: `GET /info`, asked of the workers over NATS.
 //! - [`openapi`]: the OpenAPI 3.1 document of these routes, served at `GET /openapi.json` and
@@ -15,6 +17,7 @@
 //! - [`telemetry`]: logging, the Prometheus recorder and metric names.
 
 pub mod body;
+pub mod bulk;
 pub mod config;
 pub mod fd_limit;
 pub mod info;

@@ -59,6 +59,8 @@ pub struct AppState {
     pub openapi: Bytes,
     /// The per-request metric handles of the embedding routes.
     pub request_metrics: RequestMetrics,
+    /// The Files and Batches routes' state (see [`crate::bulk`]).
+    pub bulk: crate::bulk::Bulk,
 }
 
 impl AppState {
@@ -69,7 +71,15 @@ impl AppState {
         config: &crate::Config,
         metrics: Option<PrometheusHandle>,
     ) -> AppState {
+        let bulk = crate::bulk::Bulk::new(
+            client.clone(),
+            crate::bulk::BulkLimits {
+                max_file_bytes: config.bulk_max_file_bytes,
+                completion_windows: config.bulk_completion_windows.clone(),
+            },
+        );
         AppState {
+            bulk,
             client: EmbedClient::new(client, config.subject.clone()),
             request_timeout: config.request_timeout,
             max_client_batch_size: config.max_client_batch_size,
@@ -126,6 +136,8 @@ pub fn app(state: AppState) -> Router {
             router.route(path, handler)
         })
         .layer(DefaultBodyLimit::max(limit))
+        // The Files and Batches routes, with their own body limits (after the layer above).
+        .merge(crate::bulk::router(state.bulk.clone()))
         // Shared behind an `Arc`: axum clones the state for every request, and a deep clone (the
         // subject `String`, the NATS client's handles) was the gateway's own top symbol in the
         // profile.

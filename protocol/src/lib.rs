@@ -12,6 +12,8 @@
 //! # Layout
 //! - [`request`]: the request body ([`EmbedRequest`]) and the options that decide which requests
 //!   may share an upstream call ([`EmbedOptions`]).
+//! - [`bulk`]: the bulk (batch) jobs' contract: OpenAI's File and Batch objects, the JetStream
+//!   subjects, streams and buckets, the work items and results.
 //! - [`error`]: the one error type ([`EmbedError`]) and its single mapping to HTTP status codes,
 //!   TEI error bodies and NATS error headers.
 //! - [`headers`]: header names, and the deadline header's encoding.
@@ -19,6 +21,7 @@
 //! - `openapi` (feature `openapi`): the OpenAPI schemas of [`request::Inputs`] and
 //!   [`request::Input`]; with the feature, the wire types also derive `utoipa::ToSchema`.
 
+pub mod bulk;
 pub mod error;
 pub mod headers;
 #[cfg(feature = "openapi")]

@@ -4,6 +4,7 @@
 //! the shutdown signal.
 
 mod addr;
+pub mod bulk;
 mod nats;
 mod secret;
 

@@ -1,0 +1,257 @@
+//! OpenAI's Batches API on the `EMBATCH_BATCHES` KV bucket: the gateway creates a batch's record
+//! and its `validate` job, reads records for the status routes and turns a cancel into a
+//! compare-and-set to `cancelling` plus a `finalize` job. The workers do the rest (see
+//! `embatch_worker::bulk`).
+
+use std::collections::BTreeMap;
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::response::{IntoResponse, Response};
+use embatch_protocol::bulk::{
+    Batch, BatchRecord, BatchStatus, JobKind, META_PURPOSE, Progress, RequestCounts, unix_now,
+};
+use futures::StreamExt;
+use serde::Deserialize;
+
+use super::{ApiError, Bulk, json_ok, new_id};
+
+/// The endpoints a batch may name: OpenAI's embeddings route, and TEI's `/embed` for lines with
+/// TEI bodies (a batch of either kind may mix both kinds of line).
+pub const ENDPOINTS: [&str; 2] = ["/v1/embeddings", "/embed"];
+
+/// Most metadata pairs, and the longest key and value (OpenAI's limits).
+const METADATA_LIMITS: (usize, usize, usize) = (16, 64, 512);
+
+/// `POST /v1/batches` body.
+#[derive(Debug, Deserialize)]
+pub struct CreateBatch {
+    /// A file uploaded with `purpose=batch`.
+    pub input_file_id: String,
+    /// One of [`ENDPOINTS`].
+    pub endpoint: String,
+    /// One of the accepted windows (`BULK_COMPLETION_WINDOWS`, OpenAI's `24h` by default).
+    pub completion_window: String,
+    /// Up to 16 string pairs, echoed back.
+    #[serde(default)]
+    pub metadata: Option<BTreeMap<String, String>>,
+}
+
+/// `POST /v1/batches`: checks the request, stores the batch as `validating` and asks a worker
+/// to validate and split its input (a `validate` job). 400 names the field at fault; 404 for a
+/// missing input file; 503 without JetStream.
+pub async fn create(State(bulk): State<Bulk>, body: axum::body::Bytes) -> Response {
+    match create_batch(&bulk, &body).await {
+        Ok(batch) => json_ok(&batch),
+        Err(err) => err.into_response(),
+    }
+}
+
+async fn create_batch(bulk: &Bulk, body: &[u8]) -> Result<Batch, ApiError> {
+    let request: CreateBatch = serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid("body", format!("invalid request body: {e}")))?;
+    if !ENDPOINTS.contains(&request.endpoint.as_str()) {
+        return Err(ApiError::invalid(
+            "endpoint",
+            format!(
+                "`endpoint` must be one of {ENDPOINTS:?}, got {:?}",
+                request.endpoint
+            ),
+        ));
+    }
+    let Some((_, window)) = bulk
+        .limits
+        .completion_windows
+        .iter()
+        .find(|(name, _)| *name == request.completion_window)
+    else {
+        let accepted: Vec<&str> = bulk
+            .limits
+            .completion_windows
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .collect();
+        return Err(ApiError::invalid(
+            "completion_window",
+            format!(
+                "`completion_window` must be one of {accepted:?} (BULK_COMPLETION_WINDOWS), got {:?}",
+                request.completion_window
+            ),
+        ));
+    };
+    if let Some(metadata) = &request.metadata {
+        let (pairs, key_len, value_len) = METADATA_LIMITS;
+        if metadata.len() > pairs
+            || metadata
+                .iter()
+                .any(|(k, v)| k.chars().count() > key_len || v.chars().count() > value_len)
+        {
+            return Err(ApiError::invalid(
+                "metadata",
+                format!(
+                    "`metadata` holds at most {pairs} pairs, keys of at most {key_len} and \
+                     values of at most {value_len} characters"
+                ),
+            ));
+        }
+    }
+    let input = super::files::info(bulk, &request.input_file_id)
+        .await
+        .map_err(|err| match err.status {
+            404 => ApiError {
+                param: Some("input_file_id".into()),
+                ..err
+            },
+            _ => err,
+        })?;
+    if input.metadata.get(META_PURPOSE).map(String::as_str) != Some("batch") {
+        return Err(ApiError::invalid(
+            "input_file_id",
+            format!(
+                "file {} was not uploaded with purpose `batch`",
+                request.input_file_id
+            ),
+        ));
+    }
+    let now = unix_now();
+    let record = BatchRecord {
+        batch: Batch {
+            id: new_id("batch_"),
+            object: "batch".into(),
+            endpoint: request.endpoint,
+            errors: None,
+            input_file_id: request.input_file_id,
+            completion_window: request.completion_window,
+            status: BatchStatus::Validating,
+            output_file_id: None,
+            error_file_id: None,
+            created_at: now,
+            in_progress_at: None,
+            expires_at: Some(now + window.as_secs()),
+            finalizing_at: None,
+            completed_at: None,
+            failed_at: None,
+            expired_at: None,
+            cancelling_at: None,
+            cancelled_at: None,
+            request_counts: RequestCounts::default(),
+            metadata: request.metadata,
+        },
+        embatch: Progress::default(),
+    };
+    let store = bulk.store().await?;
+    store.create_batch(&record).await?;
+    if let Err(err) = store.publish_job(&record.batch.id, JobKind::Validate).await {
+        // Nobody would ever act on it: take the record back.
+        let _ = store.batches.delete(&record.batch.id).await;
+        return Err(err.into());
+    }
+    Ok(record.batch)
+}
+
+/// `GET /v1/batches/{id}`: the batch as stored now (progress included), 404 when there is none.
+pub async fn retrieve(State(bulk): State<Bulk>, Path(id): Path<String>) -> Response {
+    match get(&bulk, &id).await {
+        Ok(batch) => json_ok(&batch),
+        Err(err) => err.into_response(),
+    }
+}
+
+async fn get(bulk: &Bulk, id: &str) -> Result<Batch, ApiError> {
+    match bulk.store().await?.batch(id).await? {
+        Some((record, _)) => Ok(record.batch),
+        None => Err(ApiError::not_found(format!("No such Batch object: {id}"))),
+    }
+}
+
+/// `GET /v1/batches` query: OpenAI's `after` and `limit` (default 20, at most 100).
+#[derive(Debug, Deserialize)]
+pub struct ListQuery {
+    /// The id after which the page starts (newest first).
+    pub after: Option<String>,
+    /// Most batches in the page.
+    pub limit: Option<usize>,
+}
+
+/// `GET /v1/batches`: a cursor page of batches, newest first.
+pub async fn list(State(bulk): State<Bulk>, Query(query): Query<ListQuery>) -> Response {
+    let listed = async {
+        let store = bulk.store().await?;
+        let keys = store
+            .batches
+            .keys()
+            .await
+            .map_err(|e| ApiError::server(503, format!("cannot list batches: {e}")))?;
+        let keys: Vec<String> = keys.filter_map(|k| async { k.ok() }).collect().await;
+        let mut batches = Vec::with_capacity(keys.len());
+        for key in keys {
+            if let Some((record, _)) = store.batch(&key).await? {
+                batches.push(record.batch);
+            }
+        }
+        batches.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(b.id.cmp(&a.id)));
+        let limit = query.limit.unwrap_or(20).clamp(1, 100);
+        Ok::<_, ApiError>(super::files::page(
+            batches,
+            query.after.as_deref(),
+            Some(limit),
+            |b| &b.id,
+        ))
+    };
+    match listed.await {
+        Ok(page) => json_ok(&page),
+        Err(err) => err.into_response(),
+    }
+}
+
+/// `POST /v1/batches/{id}/cancel`: a `validating` or `in_progress` batch goes `cancelling` and a
+/// `finalize` job delivers what finished (status `cancelled`); a batch already ending is
+/// answered as it is; 409 for one that already ended otherwise; 404 when there is none.
+pub async fn cancel(State(bulk): State<Bulk>, Path(id): Path<String>) -> Response {
+    match cancel_batch(&bulk, &id).await {
+        Ok(batch) => Json(batch).into_response(),
+        Err(err) => err.into_response(),
+    }
+}
+
+async fn cancel_batch(bulk: &Bulk, id: &str) -> Result<Batch, ApiError> {
+    let store = bulk.store().await?;
+    let now = unix_now();
+    let record = store
+        .update_batch(id, |record| match record.batch.status {
+            BatchStatus::Validating | BatchStatus::InProgress => {
+                record.batch.status = BatchStatus::Cancelling;
+                record.batch.cancelling_at = Some(now);
+                record.embatch.ending = Some(BatchStatus::Cancelled);
+                true
+            }
+            _ => false,
+        })
+        .await
+        .map_err(|err| match err {
+            embatch_runtime::bulk::BulkError::NotFound(_) => {
+                ApiError::not_found(format!("No such Batch object: {id}"))
+            }
+            other => other.into(),
+        })?;
+    match record.batch.status {
+        BatchStatus::Cancelling => {
+            store.publish_job(id, JobKind::Finalize).await?;
+            Ok(record.batch)
+        }
+        BatchStatus::Cancelled | BatchStatus::Finalizing => Ok(record.batch),
+        other => Err(ApiError {
+            status: 409,
+            kind: "invalid_request_error",
+            message: format!(
+                "batch {id} cannot be cancelled: its status is {}",
+                serde_json::to_value(other)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default()
+            ),
+            param: None,
+            code: Some("batch_not_cancellable"),
+        }),
+    }
+}

@@ -1,0 +1,208 @@
+//! OpenAI's Files and Batches APIs for bulk embedding jobs, on NATS JetStream.
+//!
+//! - [`files`]: `POST /v1/files` (multipart, `purpose=batch`), `GET /v1/files`,
+//!   `GET /v1/files/{id}`, `GET /v1/files/{id}/content`, `DELETE /v1/files/{id}`: objects of
+//!   the `EMBATCH_FILES` object store.
+//! - [`batches`]: `POST /v1/batches`, `GET /v1/batches`, `GET /v1/batches/{id}`,
+//!   `POST /v1/batches/{id}/cancel`: records of the `EMBATCH_BATCHES` KV bucket, and the job
+//!   messages the workers act on.
+//!
+//! The gateway holds no bulk state: every answer is read from JetStream, so any gateway answers
+//! for any batch and a restart loses nothing. The store is bound on first use and again after a
+//! failure, so a gateway started before JetStream was enabled serves these routes once it is;
+//! until then they answer 503 and the embedding routes are unaffected. The contract (names,
+//! shapes) is `embatch_protocol::bulk`; docs/design/bulk-jobs.md explains it.
+
+pub mod batches;
+pub mod files;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use embatch_runtime::bulk::{BulkError, BulkStore};
+use tokio::sync::OnceCell;
+
+/// The bulk routes' settings (see [`crate::Config`]).
+#[derive(Debug, Clone)]
+pub struct BulkLimits {
+    /// Largest input file in bytes (`BULK_MAX_FILE_BYTES`, OpenAI's 200 MB by default).
+    pub max_file_bytes: usize,
+    /// The `completion_window` values accepted, with their length (`BULK_COMPLETION_WINDOWS`,
+    /// OpenAI's `24h` by default).
+    pub completion_windows: Vec<(String, Duration)>,
+}
+
+/// The bulk routes' shared state: the NATS connection and the store, bound on first use.
+#[derive(Clone)]
+pub struct Bulk {
+    client: async_nats::Client,
+    store: Arc<OnceCell<BulkStore>>,
+    /// The limits.
+    pub limits: Arc<BulkLimits>,
+}
+
+impl Bulk {
+    /// The state on `client`; nothing is asked of JetStream until a route needs it.
+    pub fn new(client: async_nats::Client, limits: BulkLimits) -> Bulk {
+        Bulk {
+            client,
+            store: Arc::new(OnceCell::new()),
+            limits: Arc::new(limits),
+        }
+    }
+
+    /// The store, binding it (and creating its buckets and streams) when not yet bound.
+    ///
+    /// # Errors
+    /// [`ApiError`] 503 when JetStream is not available.
+    pub async fn store(&self) -> Result<&BulkStore, ApiError> {
+        self.store
+            .get_or_try_init(|| BulkStore::open(self.client.clone()))
+            .await
+            .map_err(ApiError::from)
+    }
+}
+
+/// The bulk routes, with their own body limits (an input file may be far larger than an
+/// embedding request's `MAX_BODY_BYTES`).
+pub fn router<S>(bulk: Bulk) -> Router<S> {
+    let file_limit = bulk.limits.max_file_bytes.saturating_add(64 * 1024);
+    Router::new()
+        .route(
+            "/v1/files",
+            post(files::upload)
+                .layer(DefaultBodyLimit::max(file_limit))
+                .get(files::list),
+        )
+        .route("/v1/files/{id}", get(files::retrieve).delete(files::delete))
+        .route("/v1/files/{id}/content", get(files::content))
+        .route("/v1/batches", post(batches::create).get(batches::list))
+        .route("/v1/batches/{id}", get(batches::retrieve))
+        .route("/v1/batches/{id}/cancel", post(batches::cancel))
+        .layer(DefaultBodyLimit::max(1 << 20))
+        .with_state(bulk)
+}
+
+/// An error of the bulk routes, answered in OpenAI's shape:
+/// `{"error": {"message", "type", "param", "code"}}`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ApiError {
+    /// The HTTP status.
+    pub status: u16,
+    /// OpenAI's `type`: `invalid_request_error`, `not_found_error`, `server_error`.
+    pub kind: &'static str,
+    /// What is wrong.
+    pub message: String,
+    /// The request field at fault.
+    pub param: Option<String>,
+    /// A machine-readable code.
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    /// 400 `invalid_request_error` about `param`.
+    pub fn invalid(param: &str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: 400,
+            kind: "invalid_request_error",
+            message: message.into(),
+            param: Some(param.to_owned()),
+            code: None,
+        }
+    }
+
+    /// 404 for a missing file or batch.
+    pub fn not_found(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: 404,
+            kind: "invalid_request_error",
+            message: message.into(),
+            param: None,
+            code: Some("not_found"),
+        }
+    }
+
+    /// 500-class `server_error` with `status`.
+    pub fn server(status: u16, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            kind: "server_error",
+            message: message.into(),
+            param: None,
+            code: None,
+        }
+    }
+}
+
+impl From<BulkError> for ApiError {
+    fn from(err: BulkError) -> ApiError {
+        match err {
+            BulkError::NotFound(_) => ApiError::not_found(err.to_string()),
+            BulkError::Unavailable(_) | BulkError::JetStream(_) => {
+                ApiError::server(503, err.to_string())
+            }
+            BulkError::Malformed { .. } => ApiError::server(500, err.to_string()),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        });
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (status, axum::Json(body)).into_response()
+    }
+}
+
+/// A 200 JSON response of `value`.
+fn json_ok(value: &impl serde::Serialize) -> Response {
+    match serde_json::to_vec(value) {
+        Ok(body) => (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            body,
+        )
+            .into_response(),
+        Err(err) => {
+            ApiError::server(500, format!("cannot encode the response: {err}")).into_response()
+        }
+    }
+}
+
+/// A new id `<prefix><nuid>` (`file-`, `batch_`, `batch_req_`), as OpenAI's ids look.
+pub fn new_id(prefix: &str) -> String {
+    format!("{prefix}{}", nuid::next())
+}
+
+/// Parses `BULK_COMPLETION_WINDOWS`: comma-separated durations as humantime writes them
+/// (`24h`, `10s`).
+///
+/// # Errors
+/// A message naming the value that is not a duration.
+pub fn parse_windows(s: &str) -> Result<Vec<(String, Duration)>, String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|w| !w.is_empty())
+        .map(|w| {
+            humantime::parse_duration(w)
+                .map(|d| (w.to_owned(), d))
+                .map_err(|e| format!("{w:?} is not a duration: {e}"))
+        })
+        .collect()
+}

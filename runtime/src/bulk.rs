@@ -1,0 +1,257 @@
+//! The JetStream set-up and the batch-record operations the gateway and the workers share for
+//! bulk jobs (the names and shapes are the contract in `embatch_protocol::bulk`).
+//!
+//! [`BulkStore::open`] creates what is missing (idempotently, so any gateway or worker may start
+//! first) and binds the handles: the [`FILES_BUCKET`] object store, the [`BATCHES_BUCKET`] KV
+//! bucket, the [`WORK_STREAM`] work queue and the [`RESULTS_STREAM`].
+
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::{self, kv, object_store, stream};
+use bytes::Bytes;
+use embatch_protocol::bulk::{
+    BATCHES_BUCKET, Batch, BatchRecord, FILES_BUCKET, ITEMS_FILTER, JOBS_FILTER, JobKind,
+    RESULTS_FILTER, RESULTS_STREAM, WORK_STREAM, events_subject, job_msg_id, job_subject,
+};
+
+/// How long the work stream remembers a `Nats-Msg-Id` (jobs and items): a split resumed after a
+/// crash, or a job asked for twice, within this window publishes nothing twice.
+pub const WORK_DUPLICATE_WINDOW: Duration = Duration::from_secs(30 * 60);
+
+/// How long the results stream remembers a `Nats-Msg-Id`: a chunk redelivered after its result
+/// was stored (the worker died before its ack) adds no second result within it (the finalizer
+/// also keeps each `custom_id` once, whatever the window).
+pub const RESULTS_DUPLICATE_WINDOW: Duration = Duration::from_secs(30 * 60);
+
+/// Why a bulk operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BulkError {
+    /// JetStream cannot be used: not enabled on the server (`nats-server -js`), or its API did
+    /// not answer (503 on the batch and file routes).
+    #[error(
+        "JetStream is not available on the NATS server (start nats-server with -js, or \
+         `jetstream {{}}` in its config): {0}"
+    )]
+    Unavailable(String),
+    /// A JetStream call failed after set-up (503).
+    #[error("JetStream error: {0}")]
+    JetStream(String),
+    /// A stored record could not be read (a record written by an incompatible version).
+    #[error("malformed batch record {key}: {reason}")]
+    Malformed {
+        /// The KV key.
+        key: String,
+        /// The decoder's message.
+        reason: String,
+    },
+    /// No batch with this id.
+    #[error("no batch with id {0}")]
+    NotFound(String),
+}
+
+fn js_err(err: impl std::fmt::Display) -> BulkError {
+    BulkError::JetStream(err.to_string())
+}
+
+/// Handles on the bulk buckets and streams.
+#[derive(Clone)]
+pub struct BulkStore {
+    /// The JetStream context.
+    pub js: jetstream::Context,
+    /// [`FILES_BUCKET`].
+    pub files: object_store::ObjectStore,
+    /// [`BATCHES_BUCKET`].
+    pub batches: kv::Store,
+    /// [`WORK_STREAM`].
+    pub work: stream::Stream,
+    /// [`RESULTS_STREAM`].
+    pub results: stream::Stream,
+    client: async_nats::Client,
+}
+
+impl BulkStore {
+    /// Binds (creating when missing) the bulk buckets and streams on `client`'s server, with
+    /// file storage and one replica.
+    ///
+    /// # Errors
+    /// [`BulkError::Unavailable`] when JetStream is off or does not answer.
+    pub async fn open(client: async_nats::Client) -> Result<BulkStore, BulkError> {
+        let js = jetstream::new(client.clone());
+        let unavailable = |e: &dyn std::fmt::Display| BulkError::Unavailable(e.to_string());
+        js.query_account().await.map_err(|e| unavailable(&e))?;
+        let files = match js.get_object_store(FILES_BUCKET).await {
+            Ok(store) => store,
+            Err(_) => js
+                .create_object_store(object_store::Config {
+                    bucket: FILES_BUCKET.to_owned(),
+                    description: Some("embatch bulk files (inputs, outputs, errors)".into()),
+                    storage: stream::StorageType::File,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| unavailable(&e))?,
+        };
+        let batches = match js.get_key_value(BATCHES_BUCKET).await {
+            Ok(store) => store,
+            Err(_) => js
+                .create_key_value(kv::Config {
+                    bucket: BATCHES_BUCKET.to_owned(),
+                    description: "embatch bulk batch records".into(),
+                    history: 1,
+                    storage: stream::StorageType::File,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| unavailable(&e))?,
+        };
+        let work = js
+            .get_or_create_stream(stream::Config {
+                name: WORK_STREAM.to_owned(),
+                description: Some("embatch bulk jobs and work items".into()),
+                subjects: vec![JOBS_FILTER.to_owned(), ITEMS_FILTER.to_owned()],
+                retention: stream::RetentionPolicy::WorkQueue,
+                storage: stream::StorageType::File,
+                duplicate_window: WORK_DUPLICATE_WINDOW,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| unavailable(&e))?;
+        let results = js
+            .get_or_create_stream(stream::Config {
+                name: RESULTS_STREAM.to_owned(),
+                description: Some("embatch bulk chunk results".into()),
+                subjects: vec![RESULTS_FILTER.to_owned()],
+                retention: stream::RetentionPolicy::Limits,
+                storage: stream::StorageType::File,
+                duplicate_window: RESULTS_DUPLICATE_WINDOW,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| unavailable(&e))?;
+        Ok(BulkStore {
+            js,
+            files,
+            batches,
+            work,
+            results,
+            client,
+        })
+    }
+
+    /// The batch record of `id` and its KV revision; `None` when there is none.
+    ///
+    /// # Errors
+    /// [`BulkError::JetStream`], [`BulkError::Malformed`].
+    pub async fn batch(&self, id: &str) -> Result<Option<(BatchRecord, u64)>, BulkError> {
+        let Some(entry) = self.batches.entry(id).await.map_err(js_err)? else {
+            return Ok(None);
+        };
+        if entry.operation != kv::Operation::Put {
+            return Ok(None);
+        }
+        let record = decode(id, &entry.value)?;
+        Ok(Some((record, entry.revision)))
+    }
+
+    /// Creates the record of a new batch (fails if the key exists).
+    ///
+    /// # Errors
+    /// [`BulkError::JetStream`].
+    pub async fn create_batch(&self, record: &BatchRecord) -> Result<(), BulkError> {
+        let value = serde_json::to_vec(record).map_err(js_err)?;
+        self.batches
+            .create(&record.batch.id, Bytes::from(value))
+            .await
+            .map_err(js_err)?;
+        Ok(())
+    }
+
+    /// Applies `change` to the record of `id` by compare-and-set on its revision, re-reading and
+    /// re-applying on a conflict (another gateway or worker changed it first), so no update is
+    /// lost. `change` returns `false` to leave the record as it is. Publishes the batch on
+    /// [`events_subject`] when this change made its status final. Returns the record as it is
+    /// now.
+    ///
+    /// # Errors
+    /// [`BulkError::NotFound`], [`BulkError::JetStream`], [`BulkError::Malformed`].
+    pub async fn update_batch(
+        &self,
+        id: &str,
+        mut change: impl FnMut(&mut BatchRecord) -> bool,
+    ) -> Result<BatchRecord, BulkError> {
+        for _ in 0..1000 {
+            let Some((mut record, revision)) = self.batch(id).await? else {
+                return Err(BulkError::NotFound(id.to_owned()));
+            };
+            let was_final = record.batch.status.is_final();
+            if !change(&mut record) {
+                return Ok(record);
+            }
+            let value = serde_json::to_vec(&record).map_err(js_err)?;
+            match self.batches.update(id, Bytes::from(value), revision).await {
+                Ok(_) => {
+                    if !was_final && record.batch.status.is_final() {
+                        self.publish_event(&record.batch).await;
+                    }
+                    return Ok(record);
+                }
+                Err(err) if err.kind() == kv::UpdateErrorKind::WrongLastRevision => continue,
+                Err(err) => return Err(js_err(err)),
+            }
+        }
+        Err(BulkError::JetStream(format!(
+            "batch {id}: 1000 concurrent updates in a row"
+        )))
+    }
+
+    /// Publishes the job `kind` for `batch_id` on the work stream (deduplicated by
+    /// `Nats-Msg-Id`) and waits for the stream's acknowledgement.
+    ///
+    /// # Errors
+    /// [`BulkError::JetStream`].
+    pub async fn publish_job(&self, batch_id: &str, kind: JobKind) -> Result<(), BulkError> {
+        let publish = PublishMessage::build()
+            .message_id(job_msg_id(batch_id, kind))
+            .payload(Bytes::new());
+        self.js
+            .send_publish(job_subject(batch_id, kind), publish)
+            .await
+            .map_err(js_err)?
+            .await
+            .map_err(js_err)?;
+        Ok(())
+    }
+
+    /// Publishes `batch` on [`events_subject`] (core NATS, best effort: the KV record stays the
+    /// source of truth).
+    pub async fn publish_event(&self, batch: &Batch) {
+        let Ok(payload) = serde_json::to_vec(batch) else {
+            return;
+        };
+        let mut headers = HeaderMap::new();
+        headers.insert("Embatch-Batch-Status", status_name(batch));
+        if let Err(err) = self
+            .client
+            .publish_with_headers(events_subject(&batch.id), headers, Bytes::from(payload))
+            .await
+        {
+            tracing::warn!(%err, batch = %batch.id, "cannot publish the batch event");
+        }
+    }
+}
+
+fn status_name(batch: &Batch) -> String {
+    serde_json::to_value(batch.status)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+fn decode(key: &str, value: &[u8]) -> Result<BatchRecord, BulkError> {
+    serde_json::from_slice(value).map_err(|e| BulkError::Malformed {
+        key: key.to_owned(),
+        reason: e.to_string(),
+    })
+}
