@@ -1,6 +1,7 @@
 //! Test support shared by embatch's test suites (a dev-dependency only).
 //!
-//! - [`NatsServer`]: a real `nats-server` process on a free loopback port, stopped on drop.
+//! - [`NatsServer`]: a real `nats-server` process on a free loopback port, stopped on drop
+//!   ([`NatsServer::start_jetstream`]: with JetStream on a temporary store).
 //! - [`NatsCluster`]: three of them forming a cluster from `nats/cluster/*.conf` ([`cluster`]).
 //! - [`TeiDouble`]: the workspace's TEI double ([`embatch_tei_double`], re-exported), started
 //!   with [`start_tei`]; it records every call and can be told to fail ([`Faults`]).
@@ -13,6 +14,8 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
 
 pub mod cluster;
 pub mod pki;
@@ -109,6 +112,9 @@ pub struct NatsServer {
     pub port: u16,
     /// The extra command-line arguments it was started with (kept for [`NatsServer::restart`]).
     args: Vec<String>,
+    /// The JetStream store directory of [`NatsServer::start_jetstream`], removed on drop (a
+    /// restart keeps it, as a server restarted on its volume would).
+    store: Option<TempDir>,
 }
 
 impl NatsServer {
@@ -130,12 +136,23 @@ impl NatsServer {
                         child,
                         port,
                         args: args.iter().map(|a| (*a).to_owned()).collect(),
+                        store: None,
                     };
                 }
                 _ => continue, // it exited: the port was someone else's
             }
         }
         panic!("nats-server did not stay up on any of 5 free ports");
+    }
+
+    /// Starts `nats-server -js` on a free port with its JetStream store in a fresh temporary
+    /// directory (`-sd`), removed when the server is dropped.
+    pub fn start_jetstream() -> NatsServer {
+        let store = tempfile::tempdir().expect("a temporary JetStream store directory");
+        let dir = store.path().to_string_lossy().into_owned();
+        let mut server = NatsServer::start_with_args(&["-js", "-sd", &dir]);
+        server.store = Some(store);
+        server
     }
 
     /// Kills the server (as a crash would), waits `down`, and starts it again on the same port

@@ -136,6 +136,47 @@ pub struct Config {
     #[arg(long, env = "METRICS_ADDR", default_value = "0.0.0.0:9091")]
     pub metrics_addr: OptionalAddr,
 
+    /// Take bulk (batch) work from NATS JetStream (OpenAI's Batch API; see docs/bulk.md):
+    /// `true` or `false`. Without JetStream on the server the lane waits for it and the
+    /// interactive path is unaffected.
+    #[arg(long, env = "BULK", default_value_t = true, action = clap::ArgAction::Set)]
+    pub bulk: bool,
+
+    /// Inputs per bulk work item: a batch's lines are grouped until a chunk holds at least this
+    /// many inputs (a line is never split). Unset: MAX_BATCH_SIZE, so one item fills one full
+    /// upstream call.
+    #[arg(long, env = "BULK_CHUNK_INPUTS")]
+    pub bulk_chunk_inputs: Option<usize>,
+
+    /// Most bytes of input lines per bulk work item (256 KiB by default), so an item and its
+    /// results stay under the NATS server's max_payload (1 MB by default).
+    #[arg(long, env = "BULK_CHUNK_BYTES", default_value_t = 256 * 1024)]
+    pub bulk_chunk_bytes: usize,
+
+    /// Most bulk upstream calls in flight from this worker. Each starts only while no
+    /// interactive input is queued and an interactive call slot is free, so an interactive
+    /// request waits behind at most this many bulk calls (1 by default).
+    #[arg(long, env = "BULK_CALLS", default_value_t = 1)]
+    pub bulk_calls: usize,
+
+    /// Deliveries of a bulk work item whose upstream call keeps failing (NAKed with a delay
+    /// doubling from 1 s to 30 s) before its lines go to the error file as `upstream_failed`.
+    #[arg(long, env = "BULK_MAX_DELIVER", default_value_t = 5)]
+    pub bulk_max_deliver: i64,
+
+    /// How long a bulk message may go unacknowledged before JetStream redelivers it to another
+    /// worker (e.g. 30s); in-progress acks are sent every third of it while a worker holds it.
+    #[arg(long, env = "BULK_ACK_WAIT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub bulk_ack_wait: Duration,
+
+    /// Most requests (lines) in one batch input file (OpenAI's 50,000).
+    #[arg(long, env = "BULK_MAX_REQUESTS", default_value_t = 50_000)]
+    pub bulk_max_requests: u64,
+
+    /// Most inputs in one batch line (OpenAI's 2,048 per embeddings request).
+    #[arg(long, env = "BULK_MAX_LINE_INPUTS", default_value_t = 2048)]
+    pub bulk_max_line_inputs: usize,
+
     /// Log format.
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
@@ -153,6 +194,25 @@ impl Config {
             max_queue_bytes: self.max_queue_bytes,
             max_queue_delay: self.max_queue_delay,
             dispatch_when_idle: self.dispatch_when_idle,
+        }
+    }
+}
+
+impl Config {
+    /// The bulk lane's share of the settings.
+    pub fn bulk(&self) -> crate::bulk::BulkConfig {
+        crate::bulk::BulkConfig {
+            enabled: self.bulk,
+            chunk_inputs: self.bulk_chunk_inputs.unwrap_or(self.max_batch_size).max(1),
+            chunk_bytes: self.bulk_chunk_bytes.max(1),
+            calls: self.bulk_calls.max(1),
+            max_deliver: self.bulk_max_deliver.max(1),
+            ack_wait: self.bulk_ack_wait,
+            limits: crate::bulk::LineLimits {
+                max_requests: self.bulk_max_requests,
+                max_line_inputs: self.bulk_max_line_inputs,
+            },
+            max_batch_size: self.max_batch_size.max(1),
         }
     }
 }

@@ -14,12 +14,15 @@
 //!   per-endpoint counters; `info`: the `info` endpoint (the upstream's `/info`); `respond`:
 //!   the replies of both endpoints.
 //! - `heartbeat`: the liveness signal clients watch to resend what a lost worker held.
+//! - [`bulk`]: the bulk lane: OpenAI-style batch jobs from NATS JetStream, behind interactive
+//!   traffic.
 //! - [`batcher`]: the batching actor: batch formation, overload control, fault isolation.
 //! - [`upstream`]: TEI over HTTP, or the built-in CPU model.
 //! - [`http`]: the admin HTTP server, `/metrics` and `/health`.
 //! - [`telemetry`]: logging, the Prometheus recorder and metric names.
 
 pub mod batcher;
+pub mod bulk;
 pub mod config;
 mod group;
 mod heartbeat;

@@ -9,7 +9,8 @@
 //!   the metrics recorder's upkeep, [`crate::http`]);
 //! - `intake` (a child of `stop`: cancelling the root cancels it too) ends what takes messages:
 //!   the intake, which holds the queue-group membership ([`crate::group`]) and drains its
-//!   subscription, the `info` endpoint ([`crate::info`]) and the upstream `/health` probes.
+//!   subscription, the `info` endpoint ([`crate::info`]), the upstream `/health` probes and the
+//!   bulk lane ([`crate::bulk`]; the items it holds are NAKed for another worker).
 //!
 //! Two kinds of task are not long-lived and are waited on by the sequence instead: the
 //! batcher's actor, which ends when the intake drops the last [`crate::batcher::BatcherHandle`]
@@ -27,7 +28,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::upstream::Upstream;
 use crate::{
-    Config, WorkerError, batcher, group, heartbeat, http, info, intake, membership, micro,
+    Config, WorkerError, batcher, bulk, group, heartbeat, http, info, intake, membership, micro,
 };
 
 /// Longest the tasks of the tree may take to stop once cancelled (the admin server's open
@@ -112,6 +113,7 @@ pub(crate) async fn start<U: Upstream>(
         membership::Mode::Static => (None, None),
     };
     let (batcher, batcher_task) = batcher::spawn(Arc::clone(&upstream), config.batcher());
+    let bulk_gate = batcher.bulk_gate();
     let group = group::Group::join(
         client.clone(),
         group::Address {
@@ -152,6 +154,13 @@ pub(crate) async fn start<U: Upstream>(
     if let Some(probes) = probes {
         tasks.spawn(probes.run(intake_stop.clone()));
     }
+    tasks.spawn(bulk::run(
+        client.clone(),
+        Arc::clone(&upstream),
+        bulk_gate,
+        config.bulk(),
+        intake_stop.clone(),
+    ));
     let intake = tasks.spawn(intake::run(
         intake::Intake {
             group,

@@ -13,6 +13,15 @@ pub struct RunningGateway {
     _task: tokio::task::JoinHandle<()>,
 }
 
+impl RunningGateway {
+    /// Stops the gateway at once (its task and listener are dropped, as a crash would).
+    #[allow(dead_code)] // not every test binary uses every helper
+    pub async fn kill(self) {
+        self._task.abort();
+        let _ = self._task.await;
+    }
+}
+
 /// A gateway on `nats` with the given body and input limits and `--health-timeout 500ms`.
 #[allow(dead_code)] // not every test binary uses every helper
 pub async fn start_gateway(

@@ -374,6 +374,53 @@ impl BatcherHandle {
     }
 }
 
+/// What the bulk lane (`crate::bulk`) reads of the batcher to serve interactive requests first:
+/// it starts an upstream call only while [`BulkGate::is_open`]. It holds no sender, so it never
+/// keeps the actor alive.
+#[derive(Clone)]
+pub struct BulkGate {
+    shared: Arc<Shared>,
+}
+
+impl BulkGate {
+    /// `true` while no interactive input is queued or on its way to the actor and fewer than
+    /// `max_concurrent_batches` interactive calls are in flight: a bulk call started now takes
+    /// capacity interactive traffic leaves, and delays an interactive request arriving during
+    /// it by at most that one call.
+    pub fn is_open(&self) -> bool {
+        let ledger = self.shared.ledger.borrow();
+        ledger.queued_inputs == 0
+            && self.shared.in_transit.load(Ordering::Relaxed) == 0
+            && ledger.in_flight < self.shared.limits.slots
+    }
+
+    /// Waits until [`BulkGate::is_open`] (woken by each step of the actor, and every
+    /// millisecond for requests on their way to it).
+    pub async fn opened(&self) {
+        let mut steps = self.shared.ledger.subscribe();
+        while !self.is_open() {
+            tokio::select! {
+                changed = steps.changed() => {
+                    if changed.is_err() {
+                        // The actor is gone: nothing interactive will be queued again.
+                        return;
+                    }
+                }
+                () = tokio::time::sleep(Duration::from_millis(1)) => {}
+            }
+        }
+    }
+}
+
+impl BatcherHandle {
+    /// The gate the bulk lane waits on (see [`BulkGate`]).
+    pub fn bulk_gate(&self) -> BulkGate {
+        BulkGate {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
 fn stopped() -> EmbedError {
     EmbedError::Unavailable("the worker is shutting down".into())
 }

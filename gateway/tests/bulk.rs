@@ -1,0 +1,541 @@
+//! OpenAI's Files and Batches APIs end to end: a real `nats-server -js` on a temporary store, the
+//! TEI double, in-process workers and gateways.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::{RunningGateway, start_gateway_at};
+use embatch_testkit::{NatsServer, POISON, RunningWorker, TeiConfig, TeiDouble, start_tei};
+use serde_json::{Value, json};
+
+/// The bulk routes of one gateway.
+struct Api {
+    http: reqwest::Client,
+    url: String,
+}
+
+impl Api {
+    fn of(gateway: &RunningGateway) -> Api {
+        Api {
+            http: reqwest::Client::new(),
+            url: gateway.url.clone(),
+        }
+    }
+
+    async fn upload(&self, jsonl: String) -> (u16, Value) {
+        let form = reqwest::multipart::Form::new()
+            .text("purpose", "batch")
+            .part(
+                "file",
+                reqwest::multipart::Part::bytes(jsonl.into_bytes()).file_name("input.jsonl"),
+            );
+        let response = self
+            .http
+            .post(format!("{}/v1/files", self.url))
+            .multipart(form)
+            .send()
+            .await
+            .expect("POST /v1/files");
+        let status = response.status().as_u16();
+        (status, response.json().await.expect("JSON"))
+    }
+
+    async fn upload_ok(&self, jsonl: String) -> String {
+        let (status, file) = self.upload(jsonl).await;
+        assert_eq!(status, 200, "{file}");
+        file["id"].as_str().expect("file id").to_owned()
+    }
+
+    async fn create(&self, file_id: &str, window: &str) -> Value {
+        let response = self
+            .http
+            .post(format!("{}/v1/batches", self.url))
+            .json(
+                &json!({"input_file_id": file_id, "endpoint": "/v1/embeddings",
+                          "completion_window": window, "metadata": {"job": "test"}}),
+            )
+            .send()
+            .await
+            .expect("POST /v1/batches");
+        assert_eq!(response.status().as_u16(), 200);
+        response.json().await.expect("JSON")
+    }
+
+    async fn get(&self, path: &str) -> (u16, Value) {
+        let response = self
+            .http
+            .get(format!("{}{path}", self.url))
+            .send()
+            .await
+            .expect("GET");
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn batch(&self, id: &str) -> Value {
+        let (status, batch) = self.get(&format!("/v1/batches/{id}")).await;
+        assert_eq!(status, 200, "{batch}");
+        batch
+    }
+
+    /// Polls the batch until `done` holds (at most `limit`), returning it.
+    async fn wait(&self, id: &str, limit: Duration, done: impl Fn(&Value) -> bool) -> Value {
+        let started = std::time::Instant::now();
+        loop {
+            let batch = self.batch(id).await;
+            if done(&batch) {
+                return batch;
+            }
+            assert!(started.elapsed() < limit, "batch never got there: {batch}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn wait_final(&self, id: &str, limit: Duration) -> Value {
+        self.wait(id, limit, |b| {
+            matches!(
+                b["status"].as_str(),
+                Some("completed" | "failed" | "expired" | "cancelled")
+            )
+        })
+        .await
+    }
+
+    /// The lines of file `id` (none when `id` is null), by `custom_id`; panics on a repeat.
+    async fn lines(&self, id: &Value) -> HashMap<String, Value> {
+        let Some(id) = id.as_str() else {
+            return HashMap::new();
+        };
+        let text = self
+            .http
+            .get(format!("{}/v1/files/{id}/content", self.url))
+            .send()
+            .await
+            .expect("GET content")
+            .text()
+            .await
+            .expect("text");
+        let mut lines = HashMap::new();
+        for line in text.lines() {
+            let value: Value = serde_json::from_str(line).expect("a JSON line");
+            let custom_id = value["custom_id"].as_str().expect("custom_id").to_owned();
+            assert!(
+                lines.insert(custom_id.clone(), value).is_none(),
+                "{custom_id} appears twice"
+            );
+        }
+        lines
+    }
+}
+
+fn openai_line(custom_id: &str, text: &str) -> String {
+    json!({"custom_id": custom_id, "method": "POST", "url": "/v1/embeddings",
+           "body": {"model": "m", "input": text}})
+    .to_string()
+}
+
+fn jsonl(lines: impl IntoIterator<Item = String>) -> String {
+    lines.into_iter().map(|l| l + "\n").collect()
+}
+
+/// A JetStream server, the TEI double `tei` and one worker with `worker_args`.
+async fn stack(tei: TeiConfig, worker_args: &[&str]) -> (NatsServer, TeiDouble, RunningWorker) {
+    let nats = NatsServer::start_jetstream();
+    let tei = start_tei(tei).await;
+    let mut args = vec!["--tei-url", tei.url.as_str()];
+    args.extend(worker_args);
+    let worker = RunningWorker::start(&nats, &args).await;
+    (nats, tei, worker)
+}
+
+fn slow_tei(base: Duration) -> TeiConfig {
+    TeiConfig {
+        base,
+        concurrency: 1,
+        ..TeiConfig::instant()
+    }
+}
+
+fn close(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-5)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_runs_end_to_end_through_files_and_batches() {
+    let (nats, _tei, worker) = stack(TeiConfig::instant(), &["--bulk-chunk-inputs", "4"]).await;
+    let gateway = start_gateway_at(&nats.url(), &[], None).await;
+    let api = Api::of(&gateway);
+    let events = async_nats::connect(nats.url()).await.expect("connect");
+    let mut finished = events
+        .subscribe("embatch.bulk.v1.events.>")
+        .await
+        .expect("subscribe");
+
+    let mut lines: Vec<String> = (0..20)
+        .map(|i| openai_line(&format!("req-{i}"), &format!("text {i}")))
+        .collect();
+    lines.push(
+        json!({"custom_id": "tei-0", "method": "POST", "url": "/embed",
+               "body": {"inputs": ["a", "b"]}})
+        .to_string(),
+    );
+    lines.push(
+        json!({"custom_id": "b64", "method": "POST", "url": "/v1/embeddings",
+               "body": {"model": "m", "input": ["text 1"], "encoding_format": "base64"}})
+        .to_string(),
+    );
+    let file_id = api.upload_ok(jsonl(lines)).await;
+    let (status, file) = api.get(&format!("/v1/files/{file_id}")).await;
+    assert_eq!(status, 200);
+    assert_eq!(file["purpose"], "batch");
+    assert_eq!(file["object"], "file");
+    assert_eq!(file["filename"], "input.jsonl");
+
+    let created = api.create(&file_id, "24h").await;
+    assert_eq!(created["status"], "validating");
+    assert_eq!(created["object"], "batch");
+    assert_eq!(created["metadata"]["job"], "test");
+    let id = created["id"].as_str().expect("id").to_owned();
+    let batch = api.wait_final(&id, Duration::from_secs(30)).await;
+    assert_eq!(batch["status"], "completed", "{batch}");
+    assert_eq!(
+        batch["request_counts"],
+        json!({"total": 22, "completed": 22, "failed": 0})
+    );
+    assert!(batch["error_file_id"].is_null());
+    for field in [
+        "in_progress_at",
+        "finalizing_at",
+        "completed_at",
+        "expires_at",
+    ] {
+        assert!(batch[field].is_u64(), "{field}: {batch}");
+    }
+
+    let output = api.lines(&batch["output_file_id"]).await;
+    assert_eq!(output.len(), 22);
+    for i in 0..20 {
+        let line = &output[&format!("req-{i}")];
+        assert_eq!(line["response"]["status_code"], 200);
+        assert!(line["error"].is_null());
+        let body = &line["response"]["body"];
+        assert_eq!(body["object"], "list");
+        assert_eq!(body["model"], "m");
+        let vector: Vec<f32> =
+            serde_json::from_value(body["data"][0]["embedding"].clone()).expect("floats");
+        assert!(close(
+            &vector,
+            &embatch_testkit::double_vector(&format!("text {i}"))
+        ));
+    }
+    let tei_body = &output["tei-0"]["response"]["body"];
+    assert_eq!(tei_body.as_array().map(Vec::len), Some(2), "{tei_body}");
+    let b64 = output["b64"]["response"]["body"]["data"][0]["embedding"]
+        .as_str()
+        .expect("a base64 string");
+    assert!(!b64.is_empty());
+
+    // Told by a message, not only by polling.
+    let event = tokio::time::timeout(
+        Duration::from_secs(5),
+        futures::StreamExt::next(&mut finished),
+    )
+    .await
+    .expect("an event")
+    .expect("a message");
+    let event: Value = serde_json::from_slice(&event.payload).expect("JSON");
+    assert_eq!(event["id"], id.as_str());
+    assert_eq!(event["status"], "completed");
+
+    let (status, page) = api.get("/v1/batches?limit=1").await;
+    assert_eq!(status, 200);
+    assert_eq!(page["object"], "list");
+    assert_eq!(page["data"][0]["id"], id.as_str());
+    let (status, files) = api.get("/v1/files").await;
+    assert_eq!(status, 200);
+    assert_eq!(files["data"].as_array().map(Vec::len), Some(2), "{files}");
+    let deleted = api
+        .http
+        .delete(format!("{}/v1/files/{file_id}", api.url))
+        .send()
+        .await
+        .expect("DELETE");
+    assert_eq!(deleted.status().as_u16(), 200);
+    let (status, _) = api.get(&format!("/v1/files/{file_id}")).await;
+    assert_eq!(status, 404);
+    worker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_input_the_model_rejects_goes_to_the_error_file_and_its_mates_succeed() {
+    let (nats, tei, worker) = stack(TeiConfig::instant(), &[]).await;
+    let gateway = start_gateway_at(&nats.url(), &[], None).await;
+    let api = Api::of(&gateway);
+    let lines = vec![
+        openai_line("good-0", "fine"),
+        openai_line("bad", &format!("a {POISON} here")),
+        openai_line("good-1", "also fine"),
+    ];
+    let file_id = api.upload_ok(jsonl(lines)).await;
+    let id = api.create(&file_id, "24h").await["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let batch = api.wait_final(&id, Duration::from_secs(30)).await;
+    assert_eq!(batch["status"], "completed", "{batch}");
+    assert_eq!(
+        batch["request_counts"],
+        json!({"total": 3, "completed": 2, "failed": 1})
+    );
+    let output = api.lines(&batch["output_file_id"]).await;
+    let errors = api.lines(&batch["error_file_id"]).await;
+    assert_eq!(output.len(), 2);
+    assert!(output.contains_key("good-0") && output.contains_key("good-1"));
+    let bad = &errors["bad"];
+    assert_eq!(bad["response"]["status_code"], 422, "{bad}");
+    let message = bad["response"]["body"]["error"]["message"]
+        .as_str()
+        .expect("OpenAI's error shape");
+    assert!(message.contains("poison"), "TEI's reason: {message}");
+    assert!(tei.calls().len() >= 2, "the batch was retried line by line");
+    worker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_batch_delivers_what_finished_and_each_line_once() {
+    let (nats, _tei, worker) = stack(
+        slow_tei(Duration::from_millis(150)),
+        &["--bulk-chunk-inputs", "1"],
+    )
+    .await;
+    let gateway = start_gateway_at(&nats.url(), &[], None).await;
+    let api = Api::of(&gateway);
+    let n = 40;
+    let file_id = api
+        .upload_ok(jsonl(
+            (0..n).map(|i| openai_line(&format!("c-{i}"), &format!("t{i}"))),
+        ))
+        .await;
+    let id = api.create(&file_id, "24h").await["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    api.wait(&id, Duration::from_secs(30), |b| {
+        b["request_counts"]["completed"].as_u64() >= Some(2)
+    })
+    .await;
+    let cancel = api
+        .http
+        .post(format!("{}/v1/batches/{id}/cancel", api.url))
+        .send()
+        .await
+        .expect("cancel");
+    assert_eq!(cancel.status().as_u16(), 200);
+    let cancelling: Value = cancel.json().await.expect("JSON");
+    assert!(
+        matches!(
+            cancelling["status"].as_str(),
+            Some("cancelling" | "cancelled")
+        ),
+        "{cancelling}"
+    );
+    let batch = api.wait_final(&id, Duration::from_secs(30)).await;
+    assert_eq!(batch["status"], "cancelled", "{batch}");
+    assert!(batch["cancelled_at"].is_u64() && batch["cancelling_at"].is_u64());
+    let output = api.lines(&batch["output_file_id"]).await;
+    let errors = api.lines(&batch["error_file_id"]).await;
+    assert!(
+        output.len() >= 2 && output.len() < n,
+        "{} done",
+        output.len()
+    );
+    assert_eq!(output.len() + errors.len(), n, "every line once");
+    assert!(output.keys().all(|k| !errors.contains_key(k)));
+    assert!(
+        errors
+            .values()
+            .all(|e| e["error"]["code"] == "batch_cancelled")
+    );
+    worker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_past_its_window_expires_and_delivers_what_finished() {
+    let (nats, _tei, worker) = stack(
+        slow_tei(Duration::from_millis(200)),
+        &["--bulk-chunk-inputs", "1"],
+    )
+    .await;
+    let gateway =
+        start_gateway_at(&nats.url(), &["--bulk-completion-windows", "24h,2s"], None).await;
+    let api = Api::of(&gateway);
+    let n = 60; // 12 s of upstream work: far beyond the window
+    let file_id = api
+        .upload_ok(jsonl(
+            (0..n).map(|i| openai_line(&format!("e-{i}"), &format!("t{i}"))),
+        ))
+        .await;
+    let created = api.create(&file_id, "2s").await;
+    assert_eq!(
+        created["expires_at"].as_u64(),
+        created["created_at"].as_u64().map(|c| c + 2)
+    );
+    let id = created["id"].as_str().expect("id").to_owned();
+    let batch = api.wait_final(&id, Duration::from_secs(30)).await;
+    assert_eq!(batch["status"], "expired", "{batch}");
+    assert!(batch["expired_at"].is_u64());
+    let output = api.lines(&batch["output_file_id"]).await;
+    let errors = api.lines(&batch["error_file_id"]).await;
+    assert!(
+        !output.is_empty() && output.len() < n,
+        "{} done",
+        output.len()
+    );
+    assert_eq!(output.len() + errors.len(), n, "every line once");
+    assert!(
+        errors
+            .values()
+            .all(|e| e["error"]["code"] == "batch_expired")
+    );
+
+    // A window the gateway does not accept names the field and the accepted values.
+    let refused = api
+        .http
+        .post(format!("{}/v1/batches", api.url))
+        .json(
+            &json!({"input_file_id": file_id, "endpoint": "/v1/embeddings",
+                      "completion_window": "1h"}),
+        )
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(refused.status().as_u16(), 400);
+    let body: Value = refused.json().await.expect("JSON");
+    assert_eq!(body["error"]["param"], "completion_window", "{body}");
+    worker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_restart_mid_job_loses_nothing() {
+    let (nats, _tei, worker) = stack(
+        slow_tei(Duration::from_millis(50)),
+        &["--bulk-chunk-inputs", "2"],
+    )
+    .await;
+    let first = start_gateway_at(&nats.url(), &[], None).await;
+    let api = Api::of(&first);
+    let n = 30;
+    let file_id = api
+        .upload_ok(jsonl(
+            (0..n).map(|i| openai_line(&format!("g-{i}"), &format!("t{i}"))),
+        ))
+        .await;
+    let id = api.create(&file_id, "24h").await["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    api.wait(&id, Duration::from_secs(30), |b| {
+        b["status"] == "in_progress"
+    })
+    .await;
+    first.kill().await;
+
+    let second = start_gateway_at(&nats.url(), &[], None).await;
+    let api = Api::of(&second);
+    let batch = api.wait_final(&id, Duration::from_secs(30)).await;
+    assert_eq!(batch["status"], "completed", "{batch}");
+    let output = api.lines(&batch["output_file_id"]).await;
+    assert_eq!(output.len(), n);
+    worker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_lines_fail_the_batch_with_openais_errors_list() {
+    let (nats, _tei, worker) = stack(TeiConfig::instant(), &[]).await;
+    let gateway = start_gateway_at(&nats.url(), &[], None).await;
+    let api = Api::of(&gateway);
+    let lines = vec![
+        openai_line("a", "x"),
+        "{not json".to_owned(),
+        openai_line("a", "repeated id"),
+        json!({"custom_id": "c", "url": "/v1/chat/completions", "body": {}}).to_string(),
+        json!({"custom_id": "d", "url": "/v1/embeddings", "body": {"model": "other", "input": "x"}})
+            .to_string(),
+    ];
+    let file_id = api.upload_ok(jsonl(lines)).await;
+    let id = api.create(&file_id, "24h").await["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let batch = api.wait_final(&id, Duration::from_secs(30)).await;
+    assert_eq!(batch["status"], "failed", "{batch}");
+    assert!(batch["failed_at"].is_u64());
+    assert_eq!(batch["errors"]["object"], "list");
+    let errors: Vec<(String, u64)> = batch["errors"]["data"]
+        .as_array()
+        .expect("errors")
+        .iter()
+        .map(|e| {
+            (
+                e["code"].as_str().unwrap_or_default().to_owned(),
+                e["line"].as_u64().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        errors,
+        [
+            ("invalid_json".to_owned(), 2),
+            ("duplicate_custom_id".to_owned(), 3),
+            ("invalid_url".to_owned(), 4),
+            ("model_mismatch".to_owned(), 5),
+        ]
+    );
+
+    // A purpose other than `batch` and a missing file are refused at once.
+    let (status, body) = api.get("/v1/files/file-nope").await;
+    assert_eq!(status, 404, "{body}");
+    let form = reqwest::multipart::Form::new()
+        .text("purpose", "fine-tune")
+        .part(
+            "file",
+            reqwest::multipart::Part::bytes(b"{}\n".to_vec()).file_name("x.jsonl"),
+        );
+    let refused = api
+        .http
+        .post(format!("{}/v1/files", api.url))
+        .multipart(form)
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(refused.status().as_u16(), 400);
+    worker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_jetstream_the_bulk_routes_answer_503_and_embed_still_works() {
+    let nats = NatsServer::start();
+    let tei = start_tei(TeiConfig::instant()).await;
+    let worker = RunningWorker::start(&nats, &["--tei-url", tei.url.as_str()]).await;
+    let gateway = start_gateway_at(&nats.url(), &[], None).await;
+    let api = Api::of(&gateway);
+    let (status, body) = api.upload("{}\n".to_owned()).await;
+    assert_eq!(status, 503, "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("JetStream"), "{message}");
+    let (status, _) = api.get("/v1/batches").await;
+    assert_eq!(status, 503);
+
+    let embedded = common::json_post(
+        &api.http,
+        &format!("{}/embed", api.url),
+        r#"{"inputs":"still here"}"#,
+    )
+    .send()
+    .await
+    .expect("POST /embed");
+    assert_eq!(embedded.status().as_u16(), 200);
+    worker.stop().await;
+}

@@ -1,0 +1,515 @@
+//! The jobs loop: `validate` (read, check and split a batch's input file) and `finalize`
+//! (deliver the results), one job at a time per worker.
+//!
+//! Both are safe to run again after a crash: items and results are published with
+//! deterministic `Nats-Msg-Id`s, output files have deterministic ids (a rerun overwrites them),
+//! and every record change is a compare-and-set that checks the status it expects.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::pull::OrderedConfig;
+use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::object_store::ObjectMetadata;
+use async_nats::jetstream::{AckKind, Message};
+use bytes::Bytes;
+use embatch_protocol::bulk::{
+    BatchErrors, BatchStatus, ChunkResult, Item, ItemLine, JobKind, META_CREATED_AT, META_FILENAME,
+    META_PURPOSE, item_msg_id, items_subject, parse_job_subject, results_subject, unix_now,
+};
+use futures::StreamExt;
+use tokio::io::AsyncBufReadExt;
+use tokio_util::sync::CancellationToken;
+
+use super::lines::{FileCheck, custom_id_of};
+use super::{Lane, PullConsumer, render, with_progress};
+
+/// Most entries of a failed batch's `errors` list (the KV value must stay under `max_payload`).
+const MAX_ERRORS: usize = 1000;
+
+/// Item publishes awaited together during a split.
+const PUBLISH_WINDOW: usize = 256;
+
+/// Pulls and runs job messages until `stop`.
+pub(super) async fn run(lane: Arc<Lane>, consumer: PullConsumer, stop: CancellationToken) {
+    loop {
+        let pulled = tokio::select! {
+            () = stop.cancelled() => return,
+            pulled = pull(&consumer) => pulled,
+        };
+        let message = match pulled {
+            Ok(Some(message)) => message,
+            Ok(None) => continue,
+            Err(err) => {
+                tracing::warn!(%err, "cannot pull bulk jobs");
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                }
+            }
+        };
+        let kind = tokio::select! {
+            kind = with_progress(&message, lane.config.ack_wait, job(&lane, &message)) => kind,
+            () = stop.cancelled() => {
+                let _ = message.ack_with(AckKind::Nak(None)).await;
+                return;
+            }
+        };
+        let ack = match kind {
+            Ok(kind) => kind,
+            Err(err) => {
+                tracing::warn!(%err, subject = %message.subject, "bulk job failed; redelivering");
+                AckKind::Nak(Some(Duration::from_secs(1)))
+            }
+        };
+        if let Err(err) = message.ack_with(ack).await {
+            tracing::warn!(%err, "cannot acknowledge a bulk job; it will be redelivered");
+        }
+    }
+}
+
+async fn pull(consumer: &PullConsumer) -> Result<Option<Message>, async_nats::Error> {
+    let mut batch = consumer
+        .batch()
+        .max_messages(1)
+        .expires(Duration::from_secs(5))
+        .messages()
+        .await?;
+    match batch.next().await {
+        Some(Ok(message)) => Ok(Some(message)),
+        Some(Err(err)) => Err(err),
+        None => Ok(None),
+    }
+}
+
+async fn job(lane: &Lane, message: &Message) -> Result<AckKind, String> {
+    let Some((batch_id, kind)) = parse_job_subject(&message.subject) else {
+        tracing::error!(subject = %message.subject, "not a bulk job subject; dropped");
+        return Ok(AckKind::Term);
+    };
+    match kind {
+        JobKind::Validate => validate(lane, batch_id).await,
+        JobKind::Finalize => finalize(lane, batch_id).await,
+    }
+}
+
+/// Reads the input file line by line, checks each line, and publishes the work items as it
+/// goes; then sets `in_progress` (with the line and chunk counts) or, when a line was refused,
+/// `failed` with OpenAI's `errors` list (and purges what it published).
+async fn validate(lane: &Lane, batch_id: &str) -> Result<AckKind, String> {
+    let store = &lane.store;
+    let Some((record, _)) = store.batch(batch_id).await.map_err(|e| e.to_string())? else {
+        return Ok(AckKind::Ack);
+    };
+    if record.batch.status != BatchStatus::Validating || record.embatch.ending.is_some() {
+        return Ok(AckKind::Ack); // split already done, or cancelled: finalize takes it
+    }
+    let object = match store.files.get(&record.batch.input_file_id).await {
+        Ok(object) => object,
+        Err(err) => {
+            let error = embatch_protocol::bulk::BatchError {
+                code: "invalid_input_file".into(),
+                message: format!(
+                    "cannot read input file {}: {err}",
+                    record.batch.input_file_id
+                ),
+                param: Some("input_file_id".into()),
+                line: None,
+            };
+            fail(lane, batch_id, vec![error]).await?;
+            return Ok(AckKind::Ack);
+        }
+    };
+    let mut reader = tokio::io::BufReader::new(object);
+    let mut check = FileCheck::default();
+    let mut errors = Vec::new();
+    let mut chunk: Vec<ItemLine> = Vec::new();
+    let (mut chunk_inputs, mut chunk_bytes) = (0usize, 0usize);
+    let mut chunks = 0u32;
+    let mut pending = Vec::new();
+    let mut text = String::new();
+    let mut line = 0u64;
+    loop {
+        text.clear();
+        let read = reader
+            .read_line(&mut text)
+            .await
+            .map_err(|e| format!("cannot read the input file: {e}"))?;
+        if read == 0 {
+            break;
+        }
+        line += 1;
+        let trimmed = text.trim_end_matches(['\n', '\r']);
+        if trimmed.trim().is_empty() {
+            continue;
+        }
+        match check.line(line, trimmed, lane.config.limits) {
+            Ok(item_line) => {
+                if !errors.is_empty() {
+                    continue; // the batch fails: only the errors matter now
+                }
+                chunk_inputs += item_line.request.inputs.len();
+                chunk_bytes += trimmed.len();
+                chunk.push(item_line);
+                if chunk_inputs >= lane.config.chunk_inputs
+                    || chunk_bytes >= lane.config.chunk_bytes
+                {
+                    pending.push(
+                        publish_item(lane, batch_id, chunks, std::mem::take(&mut chunk)).await?,
+                    );
+                    chunks += 1;
+                    (chunk_inputs, chunk_bytes) = (0, 0);
+                    if pending.len() >= PUBLISH_WINDOW {
+                        settle(&mut pending).await?;
+                    }
+                }
+            }
+            Err(error) => {
+                let stop = error.code == "too_many_requests";
+                if errors.len() < MAX_ERRORS {
+                    errors.push(error);
+                }
+                if stop {
+                    break;
+                }
+            }
+        }
+    }
+    if errors.is_empty() && !chunk.is_empty() {
+        pending.push(publish_item(lane, batch_id, chunks, chunk).await?);
+        chunks += 1;
+    }
+    settle(&mut pending).await?;
+    if !errors.is_empty() {
+        purge(lane, batch_id).await?;
+        fail(lane, batch_id, errors).await?;
+        return Ok(AckKind::Ack);
+    }
+    let now = unix_now();
+    let total = check.requests;
+    let record = store
+        .update_batch(batch_id, |record| {
+            if record.batch.status != BatchStatus::Validating {
+                return false;
+            }
+            if record.embatch.ending.is_none() {
+                record.batch.status = BatchStatus::InProgress;
+                record.batch.in_progress_at = Some(now);
+            }
+            record.batch.request_counts.total = total;
+            record.embatch.chunks = Some(chunks);
+            true
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    tracing::info!(batch = batch_id, lines = total, chunks, "bulk batch split");
+    if record.embatch.all_done() && record.batch.status == BatchStatus::InProgress {
+        store
+            .publish_job(batch_id, JobKind::Finalize)
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(AckKind::Ack)
+}
+
+type PublishAck = async_nats::jetstream::context::PublishAckFuture;
+
+async fn publish_item(
+    lane: &Lane,
+    batch_id: &str,
+    chunk: u32,
+    lines: Vec<ItemLine>,
+) -> Result<PublishAck, String> {
+    let item = Item {
+        batch_id: batch_id.to_owned(),
+        chunk,
+        lines,
+    };
+    let payload = serde_json::to_vec(&item).map_err(|e| e.to_string())?;
+    let publish = PublishMessage::build()
+        .message_id(item_msg_id(batch_id, chunk))
+        .payload(Bytes::from(payload));
+    lane.store
+        .js
+        .send_publish(items_subject(batch_id), publish)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+async fn settle(pending: &mut Vec<PublishAck>) -> Result<(), String> {
+    for ack in pending.drain(..) {
+        ack.await.map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+async fn fail(
+    lane: &Lane,
+    batch_id: &str,
+    errors: Vec<embatch_protocol::bulk::BatchError>,
+) -> Result<(), String> {
+    let now = unix_now();
+    lane.store
+        .update_batch(batch_id, |record| {
+            if record.batch.status != BatchStatus::Validating {
+                return false;
+            }
+            record.batch.status = BatchStatus::Failed;
+            record.batch.failed_at = Some(now);
+            record.batch.errors = Some(BatchErrors {
+                object: "list".into(),
+                data: errors.clone(),
+            });
+            true
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// Removes the batch's remaining work items from the work queue.
+async fn purge(lane: &Lane, batch_id: &str) -> Result<(), String> {
+    lane.store
+        .work
+        .purge()
+        .filter(items_subject(batch_id))
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// Delivers a batch: waits (NAK, 1 s) until every chunk is done unless the batch is ending
+/// (cancelled or expired: its remaining items are purged first); reads the results back,
+/// keeping each `custom_id` once; for an ending batch adds a `batch_cancelled` /
+/// `batch_expired` error line for each input line never answered; writes the output and error
+/// files; sets the final status with the exact counts; purges the batch's results.
+async fn finalize(lane: &Lane, batch_id: &str) -> Result<AckKind, String> {
+    let store = &lane.store;
+    let Some((record, _)) = store.batch(batch_id).await.map_err(|e| e.to_string())? else {
+        return Ok(AckKind::Ack);
+    };
+    if record.batch.status.is_final() {
+        return Ok(AckKind::Ack);
+    }
+    let mut ending = record.embatch.ending;
+    if ending.is_none() && record.batch.expires_at.is_some_and(|at| unix_now() >= at) {
+        super::items::expire(lane, batch_id).await?;
+        ending = Some(BatchStatus::Expired);
+    }
+    if ending.is_none() && !record.embatch.all_done() {
+        return Ok(AckKind::Nak(Some(Duration::from_secs(1))));
+    }
+    if ending.is_some() {
+        purge(lane, batch_id).await?;
+    } else {
+        let now = unix_now();
+        store
+            .update_batch(batch_id, |record| {
+                if record.batch.status != BatchStatus::InProgress {
+                    return false;
+                }
+                record.batch.status = BatchStatus::Finalizing;
+                record.batch.finalizing_at = Some(now);
+                true
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+
+    let mut seen = HashSet::new();
+    let (mut output, mut errors) = (Vec::new(), Vec::new());
+    let (mut completed, mut failed) = (0u64, 0u64);
+    read_results(lane, batch_id, |result| {
+        for line in result.lines {
+            if !seen.insert(line.custom_id) {
+                continue;
+            }
+            let file = if line.ok {
+                completed += 1;
+                &mut output
+            } else {
+                failed += 1;
+                &mut errors
+            };
+            file.extend_from_slice(line.output.get().as_bytes());
+            file.push(b'\n');
+        }
+    })
+    .await?;
+    if let Some(ending) = ending {
+        let (code, message) = match ending {
+            BatchStatus::Expired => (
+                "batch_expired",
+                "This request could not be executed before the completion window expired.",
+            ),
+            _ => (
+                "batch_cancelled",
+                "This request was not executed because the batch was cancelled.",
+            ),
+        };
+        let unanswered = never_answered(lane, &record.batch.input_file_id, &seen).await?;
+        for custom_id in unanswered {
+            let line = render::unanswered(&custom_id, code, message)?;
+            failed += 1;
+            errors.extend_from_slice(line.output.get().as_bytes());
+            errors.push(b'\n');
+        }
+    }
+
+    let suffix = batch_id.strip_prefix("batch_").unwrap_or(batch_id);
+    let output_file_id = match output.is_empty() {
+        true => None,
+        false => Some(
+            put_file(
+                lane,
+                &format!("file-{suffix}-output"),
+                &format!("{batch_id}_output.jsonl"),
+                output,
+            )
+            .await?,
+        ),
+    };
+    let error_file_id = match errors.is_empty() {
+        true => None,
+        false => Some(
+            put_file(
+                lane,
+                &format!("file-{suffix}-errors"),
+                &format!("{batch_id}_error.jsonl"),
+                errors,
+            )
+            .await?,
+        ),
+    };
+    let now = unix_now();
+    let final_status = ending.unwrap_or(BatchStatus::Completed);
+    store
+        .update_batch(batch_id, |record| {
+            if record.batch.status.is_final() {
+                return false;
+            }
+            record.batch.status = final_status;
+            match final_status {
+                BatchStatus::Expired => record.batch.expired_at = Some(now),
+                BatchStatus::Cancelled => record.batch.cancelled_at = Some(now),
+                _ => record.batch.completed_at = Some(now),
+            }
+            record.batch.output_file_id = output_file_id.clone();
+            record.batch.error_file_id = error_file_id.clone();
+            record.batch.request_counts.completed = completed;
+            record.batch.request_counts.failed = failed;
+            if ending.is_some() && record.batch.request_counts.total == 0 {
+                record.batch.request_counts.total = completed + failed;
+            }
+            true
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    purge(lane, batch_id).await?;
+    store
+        .results
+        .purge()
+        .filter(results_subject(batch_id))
+        .await
+        .map_err(|e| e.to_string())?;
+    tracing::info!(batch = batch_id, completed, failed, status = ?final_status, "bulk batch finalized");
+    Ok(AckKind::Ack)
+}
+
+/// Calls `each` with every chunk result of the batch stored now, in stream order, through an
+/// ordered consumer of the batch's results subject.
+async fn read_results(
+    lane: &Lane,
+    batch_id: &str,
+    mut each: impl FnMut(ChunkResult),
+) -> Result<(), String> {
+    let subject = results_subject(batch_id);
+    let mut info = lane
+        .store
+        .results
+        .info_with_subjects(&subject)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut stored = 0u64;
+    while let Some(entry) = info.next().await {
+        let (_, count) = entry.map_err(|e| e.to_string())?;
+        stored += count as u64;
+    }
+    if stored == 0 {
+        return Ok(());
+    }
+    let consumer = lane
+        .store
+        .results
+        .create_consumer(OrderedConfig {
+            filter_subject: subject,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut messages = consumer.messages().await.map_err(|e| e.to_string())?;
+    while let Some(message) = messages.next().await {
+        let message = message.map_err(|e| e.to_string())?;
+        match serde_json::from_slice::<ChunkResult>(&message.payload) {
+            Ok(result) => each(result),
+            Err(err) => tracing::error!(%err, batch = batch_id, "malformed chunk result; skipped"),
+        }
+        let pending = message.info().map(|i| i.pending).unwrap_or(0);
+        if pending == 0 {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// The `custom_id`s of the input file's lines that have no result in `seen`.
+async fn never_answered(
+    lane: &Lane,
+    input_file_id: &str,
+    seen: &HashSet<String>,
+) -> Result<Vec<String>, String> {
+    let object = lane
+        .store
+        .files
+        .get(input_file_id)
+        .await
+        .map_err(|e| format!("cannot read input file {input_file_id}: {e}"))?;
+    let mut lines = tokio::io::BufReader::new(object).lines();
+    let mut missing = Vec::new();
+    let mut listed = HashSet::new();
+    while let Some(text) = lines
+        .next_line()
+        .await
+        .map_err(|e| format!("cannot read input file {input_file_id}: {e}"))?
+    {
+        if let Some(id) = custom_id_of(&text)
+            && !seen.contains(&id)
+            && listed.insert(id.clone())
+        {
+            missing.push(id);
+        }
+    }
+    Ok(missing)
+}
+
+/// Stores `bytes` as the output file `id` (`purpose: batch_output`); a rerun overwrites it.
+async fn put_file(lane: &Lane, id: &str, filename: &str, bytes: Vec<u8>) -> Result<String, String> {
+    let meta = ObjectMetadata {
+        name: id.to_owned(),
+        metadata: [
+            (META_PURPOSE.to_owned(), "batch_output".to_owned()),
+            (META_FILENAME.to_owned(), filename.to_owned()),
+            (META_CREATED_AT.to_owned(), unix_now().to_string()),
+        ]
+        .into_iter()
+        .collect(),
+        ..Default::default()
+    };
+    lane.store
+        .files
+        .put(meta, &mut bytes.as_slice())
+        .await
+        .map_err(|e| format!("cannot store {id}: {e}"))?;
+    Ok(id.to_owned())
+}

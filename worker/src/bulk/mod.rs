@@ -1,0 +1,188 @@
+//! The bulk lane: OpenAI-style batch jobs read from NATS JetStream, embedded in the capacity
+//! interactive traffic leaves.
+//!
+//! Two loops share the worker's upstream with the interactive batcher:
+//! - [`jobs`]: the durable pull consumer `bulk-jobs` (job messages): `validate` reads a batch's
+//!   input file, checks every line and publishes its work items; `finalize` reads the results
+//!   back, writes the output and error files and sets the final status.
+//! - [`items`]: the durable pull consumer `bulk-items` (work items, one chunk of input lines
+//!   each): each chunk is embedded in as few upstream calls as its lines' options allow, each
+//!   call started only while the batcher's [`BulkGate`] is open (nothing interactive queued, a
+//!   call slot free) and at most `BULK_CALLS` at a time; the chunk's output lines are published
+//!   to the results stream, the batch's progress is updated by compare-and-set, and the message
+//!   is acked.
+//!
+//! Every worker runs both loops on the same two consumers: each message goes to one worker, and
+//! a worker that dies leaves its messages unacked, so JetStream redelivers them to another after
+//! `BULK_ACK_WAIT` (in-progress acks keep a long call's message from being redelivered). The
+//! contract is `embatch_protocol::bulk`; docs/design/bulk-jobs.md explains the choices.
+//!
+//! The lane starts only when JetStream answers; until then (a server without `-js`) it retries
+//! every [`RETRY`] and the interactive path is unaffected.
+
+mod items;
+mod jobs;
+mod lines;
+mod render;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{self, AckPolicy};
+use async_nats::jetstream::{AckKind, Message};
+use embatch_protocol::bulk::{ITEMS_CONSUMER, ITEMS_FILTER, JOBS_CONSUMER, JOBS_FILTER};
+use embatch_runtime::bulk::{BulkError, BulkStore};
+use tokio_util::sync::CancellationToken;
+
+pub use lines::LineLimits;
+
+use crate::batcher::BulkGate;
+use crate::upstream::Upstream;
+
+/// How long the lane waits before asking JetStream again after it did not answer.
+pub const RETRY: Duration = Duration::from_secs(5);
+
+/// The bulk lane's settings (see `crate::Config`'s `BULK_*` flags).
+#[derive(Debug, Clone)]
+pub struct BulkConfig {
+    /// Take bulk work at all.
+    pub enabled: bool,
+    /// Inputs per work item: lines are grouped until a chunk holds at least this many inputs
+    /// (a line is never split), so a chunk fills one upstream call of `MAX_BATCH_SIZE`.
+    pub chunk_inputs: usize,
+    /// Most bytes of input text per work item, so an item and its results stay well under the
+    /// server's `max_payload`.
+    pub chunk_bytes: usize,
+    /// Most bulk upstream calls in flight from this worker.
+    pub calls: usize,
+    /// Deliveries of a work item whose upstream call fails before its lines go to the error
+    /// file (`upstream_failed`).
+    pub max_deliver: i64,
+    /// How long a delivered message may go without an ack or in-progress ack before JetStream
+    /// redelivers it.
+    pub ack_wait: Duration,
+    /// The limits input lines are checked against.
+    pub limits: LineLimits,
+    /// The most inputs one upstream call may carry (the batcher's batch limit).
+    pub max_batch_size: usize,
+}
+
+/// Runs the bulk lane until `stop`: binds the store (retrying every [`RETRY`] while JetStream
+/// does not answer), then runs the jobs and items loops.
+pub async fn run<U: Upstream>(
+    client: async_nats::Client,
+    upstream: Arc<U>,
+    gate: BulkGate,
+    config: BulkConfig,
+    stop: CancellationToken,
+) {
+    if !config.enabled {
+        return;
+    }
+    let store = loop {
+        match BulkStore::open(client.clone()).await {
+            Ok(store) => break store,
+            Err(err) => {
+                tracing::info!(%err, "bulk lane waiting for JetStream");
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(RETRY) => {}
+                }
+            }
+        }
+    };
+    let (jobs, items) = match consumers(&store, &config).await {
+        Ok(consumers) => consumers,
+        Err(err) => {
+            tracing::error!(%err, "cannot create the bulk consumers; bulk lane off");
+            return;
+        }
+    };
+    let max_payload = client.server_info().max_payload;
+    let lane = Arc::new(Lane {
+        store,
+        config,
+        max_payload,
+    });
+    tracing::info!(
+        chunk_inputs = lane.config.chunk_inputs,
+        calls = lane.config.calls,
+        "bulk lane ready"
+    );
+    tokio::join!(
+        jobs::run(Arc::clone(&lane), jobs, stop.clone()),
+        items::run(lane, items, upstream, gate, stop),
+    );
+}
+
+/// What both loops share.
+pub(crate) struct Lane {
+    pub store: BulkStore,
+    pub config: BulkConfig,
+    /// The server's `max_payload` in bytes.
+    pub max_payload: usize,
+}
+
+type PullConsumer = consumer::Consumer<consumer::pull::Config>;
+
+/// The two durable pull consumers all workers share: explicit acks, `ack_wait`, unlimited
+/// deliveries on the server (the worker applies `BULK_MAX_DELIVER` itself, so a message is
+/// never left stuck unacked past the server's limit).
+async fn consumers(
+    store: &BulkStore,
+    config: &BulkConfig,
+) -> Result<(PullConsumer, PullConsumer), BulkError> {
+    let make = |name: &str, filter: &str| consumer::pull::Config {
+        durable_name: Some(name.to_owned()),
+        filter_subject: filter.to_owned(),
+        ack_policy: AckPolicy::Explicit,
+        ack_wait: config.ack_wait,
+        max_deliver: -1,
+        max_ack_pending: 10_000,
+        ..Default::default()
+    };
+    let js = |e: &dyn std::fmt::Display| BulkError::JetStream(e.to_string());
+    let jobs = store
+        .work
+        .get_or_create_consumer(JOBS_CONSUMER, make(JOBS_CONSUMER, JOBS_FILTER))
+        .await
+        .map_err(|e| js(&e))?;
+    let items = store
+        .work
+        .get_or_create_consumer(ITEMS_CONSUMER, make(ITEMS_CONSUMER, ITEMS_FILTER))
+        .await
+        .map_err(|e| js(&e))?;
+    Ok((jobs, items))
+}
+
+/// Runs `work` while sending an in-progress ack for `message` every third of `ack_wait`, so a
+/// long upstream call, split or finalization is not redelivered meanwhile.
+pub(crate) async fn with_progress<T>(
+    message: &Message,
+    ack_wait: Duration,
+    work: impl std::future::Future<Output = T>,
+) -> T {
+    let every = (ack_wait / 3).max(Duration::from_millis(100));
+    tokio::pin!(work);
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    loop {
+        tokio::select! {
+            out = &mut work => return out,
+            _ = ticks.tick() => {
+                if let Err(err) = message.ack_with(AckKind::Progress).await {
+                    tracing::debug!(%err, "cannot send an in-progress ack");
+                }
+            }
+        }
+    }
+}
+
+/// The delivery count of `message` (1 on the first delivery).
+pub(crate) fn delivered(message: &Message) -> i64 {
+    message.info().map(|i| i.delivered).unwrap_or(1)
+}
+
+/// A new id `<prefix><nuid>`, as OpenAI's ids look (`batch_req_...`, `req_...`).
+pub(crate) fn new_id(prefix: &str) -> String {
+    format!("{prefix}{}", nuid::next())
+}

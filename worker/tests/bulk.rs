@@ -1,0 +1,233 @@
+//! Bulk jobs over NATS alone (no gateway), on the worker binary: a service submits a batch by
+//! the documented contract (object store, KV record, `validate` job), and the job completes
+//! with every line exactly once after a worker is `kill -9`ed mid-job and after the NATS server
+//! restarts (its JetStream store kept).
+
+use std::collections::HashMap;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::object_store::ObjectMetadata;
+use embatch_protocol::bulk::{
+    Batch, BatchRecord, BatchStatus, FILES_BUCKET, JobKind, META_CREATED_AT, META_FILENAME,
+    META_PURPOSE, Progress, RequestCounts, events_subject, unix_now,
+};
+use embatch_runtime::bulk::BulkStore;
+use embatch_testkit::{NatsServer, TeiConfig, TeiDouble, start_tei};
+use futures::StreamExt;
+
+/// The worker binary on `nats` and `tei`, one input per bulk item, a 2 s ack wait.
+fn spawn_worker(nats: &NatsServer, tei: &TeiDouble) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_embatch-worker"))
+        .env("NATS_URL", nats.url())
+        .env("TEI_URL", &tei.url)
+        .env("METRICS_ADDR", "")
+        .env("BULK_CHUNK_INPUTS", "1")
+        .env("BULK_ACK_WAIT", "2s")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("worker binary starts")
+}
+
+fn kill_9(worker: &mut Child) {
+    let _ = worker.kill(); // SIGKILL
+    let _ = worker.wait();
+}
+
+/// Submits a batch of `n` `/v1/embeddings` lines the way any NATS client can: the input file
+/// into `EMBATCH_FILES`, the `validating` record into `EMBATCH_BATCHES`, the `validate` job.
+async fn submit(store: &BulkStore, n: usize) -> String {
+    let input: String = (0..n)
+        .map(|i| {
+            format!(
+                r#"{{"custom_id":"k-{i}","method":"POST","url":"/v1/embeddings","body":{{"input":"text {i}"}}}}"#
+            ) + "\n"
+        })
+        .collect();
+    let file_id = format!("file-{}", nuid_like());
+    let meta = ObjectMetadata {
+        name: file_id.clone(),
+        metadata: [
+            (META_PURPOSE.to_owned(), "batch".to_owned()),
+            (META_FILENAME.to_owned(), "in.jsonl".to_owned()),
+            (META_CREATED_AT.to_owned(), unix_now().to_string()),
+        ]
+        .into_iter()
+        .collect(),
+        ..Default::default()
+    };
+    store
+        .files
+        .put(meta, &mut input.as_bytes())
+        .await
+        .expect("input stored");
+    let now = unix_now();
+    let record = BatchRecord {
+        batch: Batch {
+            id: format!("batch_{}", nuid_like()),
+            object: "batch".into(),
+            endpoint: "/v1/embeddings".into(),
+            errors: None,
+            input_file_id: file_id,
+            completion_window: "24h".into(),
+            status: BatchStatus::Validating,
+            output_file_id: None,
+            error_file_id: None,
+            created_at: now,
+            in_progress_at: None,
+            expires_at: Some(now + 86_400),
+            finalizing_at: None,
+            completed_at: None,
+            failed_at: None,
+            expired_at: None,
+            cancelling_at: None,
+            cancelled_at: None,
+            request_counts: RequestCounts::default(),
+            metadata: None,
+        },
+        embatch: Progress::default(),
+    };
+    store.create_batch(&record).await.expect("record created");
+    store
+        .publish_job(&record.batch.id, JobKind::Validate)
+        .await
+        .expect("job published");
+    record.batch.id
+}
+
+fn nuid_like() -> String {
+    format!(
+        "{:x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    )
+}
+
+/// Polls the batch record (through reconnects) until `done`, at most `limit`.
+async fn wait(
+    store: &BulkStore,
+    id: &str,
+    limit: Duration,
+    done: impl Fn(&Batch) -> bool,
+) -> Batch {
+    let started = Instant::now();
+    loop {
+        if let Ok(Some((record, _))) = store.batch(id).await
+            && done(&record.batch)
+        {
+            return record.batch;
+        }
+        assert!(started.elapsed() < limit, "batch {id} never got there");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The output file's lines by `custom_id`; panics on a repeat.
+async fn output(store: &BulkStore, batch: &Batch) -> HashMap<String, serde_json::Value> {
+    let id = batch.output_file_id.as_deref().expect("an output file");
+    let mut object = store.files.get(id).await.expect("output file");
+    let mut text = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut object, &mut text)
+        .await
+        .expect("read");
+    let mut lines = HashMap::new();
+    for line in text.lines() {
+        let value: serde_json::Value = serde_json::from_str(line).expect("JSON line");
+        let custom_id = value["custom_id"].as_str().expect("custom_id").to_owned();
+        assert!(
+            lines.insert(custom_id.clone(), value).is_none(),
+            "{custom_id} twice"
+        );
+    }
+    lines
+}
+
+fn slow_tei() -> TeiConfig {
+    TeiConfig {
+        base: Duration::from_millis(200),
+        concurrency: 1,
+        ..TeiConfig::instant()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_mid_job_leaves_its_items_to_another_and_nothing_is_duplicated() {
+    let nats = NatsServer::start_jetstream();
+    let tei = start_tei(slow_tei()).await;
+    let client = async_nats::connect(nats.url()).await.expect("connect");
+    let store = BulkStore::open(client.clone()).await.expect("JetStream");
+    let mut first = spawn_worker(&nats, &tei);
+    let n = 16;
+    let id = submit(&store, n).await;
+    let mut events = client
+        .subscribe(events_subject(&id))
+        .await
+        .expect("subscribe");
+
+    // Mid-job: some lines done, the worker holding others unacked.
+    wait(&store, &id, Duration::from_secs(30), |b| {
+        b.request_counts.completed >= 3
+    })
+    .await;
+    kill_9(&mut first);
+    let mut second = spawn_worker(&nats, &tei);
+
+    // Told by a message when it is done.
+    let event = tokio::time::timeout(Duration::from_secs(60), events.next())
+        .await
+        .expect("a completion event")
+        .expect("a message");
+    let batch: Batch = serde_json::from_slice(&event.payload).expect("the batch");
+    assert_eq!(batch.status, BatchStatus::Completed, "{batch:?}");
+    assert_eq!(
+        batch.request_counts,
+        RequestCounts {
+            total: n as u64,
+            completed: n as u64,
+            failed: 0
+        }
+    );
+    let lines = output(&store, &batch).await;
+    assert_eq!(lines.len(), n, "every line exactly once");
+    kill_9(&mut second);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nats_server_restart_mid_job_loses_nothing() {
+    let mut nats = NatsServer::start_jetstream();
+    let tei = start_tei(slow_tei()).await;
+    let client = async_nats::connect(nats.url()).await.expect("connect");
+    let store = BulkStore::open(client.clone()).await.expect("JetStream");
+    let mut worker = spawn_worker(&nats, &tei);
+    let n = 16;
+    let id = submit(&store, n).await;
+    wait(&store, &id, Duration::from_secs(30), |b| {
+        b.request_counts.completed >= 3
+    })
+    .await;
+    let nats = tokio::task::spawn_blocking(move || {
+        nats.restart(Duration::from_millis(500));
+        nats
+    })
+    .await
+    .expect("restarted");
+
+    let batch = wait(&store, &id, Duration::from_secs(90), |b| {
+        b.status.is_final()
+    })
+    .await;
+    assert_eq!(batch.status, BatchStatus::Completed, "{batch:?}");
+    assert_eq!(batch.request_counts.completed, n as u64);
+    assert_eq!(
+        output(&store, &batch).await.len(),
+        n,
+        "every line exactly once"
+    );
+    let files = store.js.get_object_store(FILES_BUCKET).await;
+    assert!(files.is_ok(), "the store survived the restart");
+    kill_9(&mut worker);
+    drop(nats);
+}
