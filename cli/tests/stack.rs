@@ -1,6 +1,7 @@
-//! The `embatch` binary against a real stack: `nats-server -js` on a temporary store, the TEI
-//! double behind an in-process worker, an in-process gateway. Each test runs the binary as a
-//! user would and checks what it wrote and what the gateway holds.
+//! The `embatch` binary against a real stack: `nats-server -js` on a temporary store
+//! ([`NatsServer::start_jetstream`]), the TEI double behind an in-process worker, an in-process
+//! gateway. Each test runs the binary as a user would and checks what it wrote and what the
+//! gateway holds.
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -12,7 +13,6 @@ use serde_json::Value;
 
 /// nats-server with JetStream (or without), the double, a worker and a gateway.
 struct BulkStack {
-    _store: tempfile::TempDir,
     _nats: NatsServer,
     _tei: TeiDouble,
     _worker: RunningWorker,
@@ -22,10 +22,8 @@ struct BulkStack {
 
 impl BulkStack {
     async fn start(tei: TeiConfig, jetstream: bool) -> BulkStack {
-        let store = tempfile::tempdir().expect("temp dir");
-        let store_dir = store.path().to_string_lossy().into_owned();
         let nats = if jetstream {
-            NatsServer::start_with_args(&["-js", "-sd", &store_dir])
+            NatsServer::start_jetstream()
         } else {
             NatsServer::start()
         };
@@ -47,7 +45,6 @@ impl BulkStack {
                 .expect("serves");
         });
         BulkStack {
-            _store: store,
             _nats: nats,
             _tei: tei,
             _worker: worker,
@@ -172,15 +169,15 @@ async fn a_text_file_is_embedded_and_a_rerun_does_not_submit_it_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_killed_mid_job_is_resumed_by_the_same_command() {
-    // 5 ms per upstream call of at most 32 inputs: 2,000 lines take a while.
+    // 20 ms per upstream call of at most 32 inputs: 4,000 lines take 2.5 s or more.
     let tei = TeiConfig {
-        base: Duration::from_millis(5),
+        base: Duration::from_millis(20),
         ..TeiConfig::instant()
     };
     let stack = BulkStack::start(tei, true).await;
     let dir = tempfile::tempdir().expect("temp dir");
     let input = dir.path().join("corpus.txt");
-    let texts: Vec<String> = (0..2000).map(|i| format!("input {i}")).collect();
+    let texts: Vec<String> = (0..4000).map(|i| format!("input {i}")).collect();
     std::fs::write(&input, texts.join("\n")).expect("write");
     let output = dir.path().join("out.jsonl");
     let args = vec![
@@ -209,6 +206,11 @@ async fn a_run_killed_mid_job_is_resumed_by_the_same_command() {
     }
     child.kill().expect("kill");
     child.wait().expect("reaped");
+    let status = stack.batches().await[0]["status"].clone();
+    assert!(
+        status == "validating" || status == "in_progress",
+        "killed mid-job, not after: {status}"
+    );
     assert!(!output.exists(), "killed before the results");
 
     let rerun = embatch(
