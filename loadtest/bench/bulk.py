@@ -119,8 +119,8 @@ class Follower:
     passes them. A poll that fails (the gateway or NATS restarting) is counted and retried."""
 
     def __init__(self, gw: Gateway, batch_id: str, total: int,
-                 hooks: list[tuple[float, str, object]] = ()):
-        self.gw, self.batch_id, self.total = gw, batch_id, total
+                 hooks: list[tuple[float, str, object]] = (), poll_s: float = POLL_S):
+        self.gw, self.batch_id, self.total, self.poll_s = gw, batch_id, total, poll_s
         self.hooks = sorted(hooks, key=lambda h: h[0])
         self.timeline: list[tuple[float, str, int, int]] = []
         self.fired: list[dict] = []
@@ -136,7 +136,7 @@ class Follower:
                 b = self.gw.json("GET", f"/v1/batches/{self.batch_id}")
             except (BenchError, OSError, ValueError):
                 self.poll_errors += 1
-                time.sleep(POLL_S)
+                time.sleep(self.poll_s)
                 continue
             c = b.get("request_counts") or {}
             now = time.time()
@@ -155,7 +155,7 @@ class Follower:
                                        "unix_ms": int(time.time() * 1e3), "error": str(e)})
             if b["status"] in FINAL:
                 return
-            time.sleep(POLL_S)
+            time.sleep(self.poll_s)
 
     def wait(self, timeout: float) -> dict:
         self.thread.join(timeout)
@@ -210,7 +210,7 @@ def count_output(data: bytes, ids: list[str], inputs_of: dict[str, int]) -> dict
 
 
 def run_job(gw: Gateway, inputs: int, tag: str, timeout: float,
-            hooks: list = (), before_follow=None) -> dict:
+            hooks: list = (), before_follow=None, poll_s: float = POLL_S) -> dict:
     """Uploads, creates and follows one job to its end; downloads and counts its output."""
     model = gw.model()
     jsonl, ids = job_lines(model, inputs, tag)
@@ -221,7 +221,7 @@ def run_job(gw: Gateway, inputs: int, tag: str, timeout: float,
     t_uploaded = time.time()
     batch = gw.create(file_id)
     t_created = time.time()
-    follower = Follower(gw, batch["id"], len(ids), hooks)
+    follower = Follower(gw, batch["id"], len(ids), hooks, poll_s)
     if before_follow is not None:
         before_follow(follower)
     final = follower.wait(timeout)
@@ -272,6 +272,18 @@ def scenario_bulk_alone(b: Stack) -> dict:
     mark = b.sup.mark()
     try:
         _, _, ws, _, _, gw = bulk_gpu_stack(b)
+        # What one bulk item pays: a one-line job on the idle stack, polled every 10 ms,
+        # against single interactive requests.
+        single = run_job(gw, 1, "single", timeout=60, poll_s=0.01)
+        interactive_ms = []
+        for i in range(50):
+            t = time.perf_counter()
+            status, _ = gw.call("POST", "/embed", json.dumps({"inputs": f"one {i}"}).encode(),
+                                {"content-type": "application/json"})
+            if status != 200:
+                raise BenchError(f"POST /embed answered {status}")
+            interactive_ms.append(1e3 * (time.perf_counter() - t))
+        interactive_ms.sort()
         before = ws[0].totals()
         job = run_job(gw, inputs, "alone", timeout=900)
         after = ws[0].totals()
@@ -285,7 +297,10 @@ def scenario_bulk_alone(b: Stack) -> dict:
     return {"settings": {"upstream": sc.GPU_UPSTREAM, "worker": settings, "gateway": "defaults",
                          "ceiling_inputs_per_s": sc.ceiling(b.defaults.max_batch_size),
                          "max_batch_size": b.defaults.max_batch_size},
-            "runs": [{"label": "bulk alone", "job": public(job)}]}
+            "runs": [{"label": "bulk alone", "job": public(job)}],
+            "one_item": {"job_ms": 1e3 * single["job_s"], "status": single["status"],
+                         "interactive_p50_ms": interactive_ms[len(interactive_ms) // 2],
+                         "interactive_requests": len(interactive_ms)}}
 
 
 def scenario_bulk_interactive(b: Stack) -> dict:
@@ -451,6 +466,13 @@ def render_bulk_alone(res: dict, targets: list) -> list[str]:
            f"{j.get('duplicated_custom_ids', '-')} |"]
     targets.append(("bulk alone: inputs/s >= 90% of the full-batch ceiling", f"{share:.0%}",
                     share >= 0.9))
+    one = res.get("one_item")
+    if one:
+        out += ["", f"What one item pays on the idle stack: a one-line job went from "
+                    f"`POST /v1/batches` to `{one['status']}` in {one['job_ms']:,.0f} ms (polled "
+                    f"every 10 ms: validation, one work item, finalization), against a p50 of "
+                    f"{fmt_ms(one['interactive_p50_ms'])} ms for "
+                    f"{one['interactive_requests']} sequential single-input `POST /embed`."]
     return out
 
 
