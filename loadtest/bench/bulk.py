@@ -442,7 +442,8 @@ def scenario_bulk_sdk(b: Stack) -> dict:
 # Registration: appended after every other scenario, under names of their own.
 sc.SCENARIOS += [
     ("bulk_alone", "B1. Bulk job alone: 100k inputs on the GPU-like upstream"),
-    ("bulk_interactive", "B2. Bulk backlog behind interactive traffic at 50% of capacity"),
+    ("bulk_interactive", "B2. Bulk backlog behind interactive traffic at 50% and 25% of "
+                         "capacity"),
     ("bulk_faults", "B3. Bulk job through a worker kill -9 and a nats-server restart"),
     ("bulk_sdk", "B4. Bulk job through the openai SDK on the built-in model"),
 ]
@@ -481,7 +482,7 @@ def render_bulk_alone(res: dict, targets: list) -> list[str]:
                     share >= 0.9))
     one = res.get("one_item")
     if one:
-        out += ["", f"What one item pays on the idle stack: a one-line job went from "
+        out += ["", f"What one item pays with no other load on the stack: a one-line job went from "
                     f"`POST /v1/batches` to `{one['status']}` in {one['job_ms']:,.0f} ms (polled "
                     f"every 10 ms: validation, one work item, finalization), against a p50 of "
                     f"{fmt_ms(one['interactive_p50_ms'])} ms for "
