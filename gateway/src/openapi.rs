@@ -3,7 +3,8 @@
 //!
 //! It describes every route the router serves: `POST /embed` and `POST /` (TEI's `/embed`),
 //! `POST /v1/embeddings` and `POST /embeddings` (OpenAI's embeddings API), `GET /info`,
-//! `GET /health`, `GET /metrics` and the two document routes, with request bodies, the 200
+//! `GET /health`, `GET /metrics`, the two document routes and the bulk routes (`/v1/files`,
+//! `/v1/batches`, see [`crate::bulk`]), with request bodies, the 200
 //! bodies and headers, and every error status a route answers with its error body (TEI's
 //! `{"error", "error_type"}` or OpenAI's `{"error": {"message", "type", "param", "code"}}`).
 //!
@@ -60,6 +61,15 @@ const ALIASES: [(&str, &str, &str); 3] = [
         crate::routes::health,
         crate::routes::metrics,
         crate::routes::openapi,
+        crate::bulk::files::upload,
+        crate::bulk::files::list,
+        crate::bulk::files::retrieve,
+        crate::bulk::files::content,
+        crate::bulk::files::delete,
+        crate::bulk::batches::create,
+        crate::bulk::batches::list,
+        crate::bulk::batches::retrieve,
+        crate::bulk::batches::cancel,
     ),
     components(schemas(
         EmbedRequest,
@@ -82,6 +92,8 @@ const ALIASES: [(&str, &str, &str); 3] = [
         (name = "tei", description = "Hugging Face text-embeddings-inference 1.9.3's HTTP API."),
         (name = "openai", description = "OpenAI's embeddings API."),
         (name = "operations", description = "Health, metrics and this document."),
+        (name = "batch", description = "OpenAI's Files and Batches APIs: bulk embedding jobs on \
+                                        NATS JetStream (503 without JetStream)."),
     ),
 )]
 struct ApiDoc;

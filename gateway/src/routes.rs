@@ -108,6 +108,7 @@ pub fn served() -> Vec<(&'static str, &'static str)> {
     handlers()
         .into_iter()
         .map(|(method, path, _)| (method, path))
+        .chain(crate::bulk::SERVED)
         .collect()
 }
 

@@ -539,3 +539,103 @@ async fn without_jetstream_the_bulk_routes_answer_503_and_embed_still_works() {
     assert_eq!(embedded.status().as_u16(), 200);
     worker.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_beyond_the_body_limit_upload_whole_and_beyond_the_file_limit_are_413() {
+    let nats = NatsServer::start_jetstream();
+    let gateway = start_gateway_at(
+        &nats.url(),
+        &[
+            "--max-body-bytes",
+            "65536",
+            "--bulk-max-file-bytes",
+            "3000000",
+        ],
+        None,
+    )
+    .await;
+    let api = Api::of(&gateway);
+    // 2.5 MB: far over MAX_BODY_BYTES (an embedding request's limit), under the file limit.
+    let big: String = jsonl((0..25_000).map(|i| format!("{{\"custom_id\":\"{i:080}\"}}")));
+    assert!(big.len() > 2_400_000 && big.len() < 3_000_000);
+    let (status, file) = api.upload(big.clone()).await;
+    assert_eq!(status, 200, "{file}");
+    assert_eq!(file["bytes"].as_u64(), Some(big.len() as u64));
+    let id = file["id"].as_str().expect("id");
+    let content = api
+        .http
+        .get(format!("{}/v1/files/{id}/content", api.url))
+        .send()
+        .await
+        .expect("GET content")
+        .text()
+        .await
+        .expect("text");
+    assert!(content == big, "the content comes back byte for byte");
+
+    // Just over the limit, so the client has sent (nearly) all of it when the 413 comes.
+    let over = big.clone() + &big[..600_000];
+    assert!(over.len() > 3_000_000 && over.len() < 3_200_000);
+    let (status, body) = api.upload(over).await;
+    assert_eq!(status, 413, "{body}");
+    assert_eq!(body["error"]["param"], "file", "{body}");
+    // A fresh client: the gateway closed the connection of the refused upload, whose body it
+    // did not read to the end, and a pooled connection may be that one.
+    let (_, files) = Api::of(&gateway).get("/v1/files").await;
+    assert_eq!(
+        files["data"].as_array().map(Vec::len),
+        Some(1),
+        "nothing kept of it: {files}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_backlog_never_causes_an_interactive_429() {
+    // One call at a time upstream, 100 ms each; 40 bulk chunks of one input: 4 s of backlog.
+    let (nats, _tei, worker) = stack(
+        slow_tei(Duration::from_millis(100)),
+        &["--bulk-chunk-inputs", "1"],
+    )
+    .await;
+    let gateway = start_gateway_at(&nats.url(), &[], None).await;
+    let api = Api::of(&gateway);
+    let file_id = api
+        .upload_ok(jsonl(
+            (0..40).map(|i| openai_line(&format!("p-{i}"), &format!("t{i}"))),
+        ))
+        .await;
+    let id = api.create(&file_id, "24h").await["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    api.wait(&id, Duration::from_secs(30), |b| {
+        b["request_counts"]["completed"].as_u64() >= Some(1)
+    })
+    .await;
+    // Interactive requests, four at a time, during the backlog: every one is served.
+    for round in 0..5 {
+        let requests: Vec<_> = (0..4)
+            .map(|i| {
+                let url = format!("{}/embed", api.url);
+                let http = api.http.clone();
+                tokio::spawn(async move {
+                    common::json_post(&http, &url, format!(r#"{{"inputs":"i {round} {i}"}}"#))
+                        .send()
+                        .await
+                        .map(|r| r.status().as_u16())
+                })
+            })
+            .collect();
+        for request in requests {
+            assert_eq!(request.await.expect("joins").expect("HTTP"), 200);
+        }
+    }
+    let batch = api.batch(&id).await;
+    assert!(
+        batch["request_counts"]["completed"].as_u64() < Some(40),
+        "the bulk backlog was still there: {batch}"
+    );
+    let batch = api.wait_final(&id, Duration::from_secs(30)).await;
+    assert_eq!(batch["status"], "completed", "{batch}");
+    worker.stop().await;
+}

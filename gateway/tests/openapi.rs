@@ -243,6 +243,7 @@ async fn the_document_describes_every_route_the_router_serves() {
                     .send()
                     .await
             }
+            "DELETE" => http.delete(&url).send().await,
             other => panic!("unexpected method {other}"),
         }
         .expect("HTTP response");

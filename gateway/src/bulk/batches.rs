@@ -14,7 +14,7 @@ use embatch_protocol::bulk::{
 use futures::StreamExt;
 use serde::Deserialize;
 
-use super::{ApiError, Bulk, json_ok, new_id};
+use super::{ApiError, Bulk, BulkErrors, json_ok, new_id};
 
 /// The endpoints a batch may name: OpenAI's embeddings route, and TEI's `/embed` for lines with
 /// TEI bodies (a batch of either kind may mix both kinds of line).
@@ -40,6 +40,13 @@ pub struct CreateBatch {
 /// `POST /v1/batches`: checks the request, stores the batch as `validating` and asks a worker
 /// to validate and split its input (a `validate` job). 400 names the field at fault; 404 for a
 /// missing input file; 503 without JetStream.
+#[utoipa::path(post, path = "/v1/batches", tag = "batch",
+    summary = "Create a batch (OpenAI's Batch API)",
+    description = "`{input_file_id, endpoint: \"/v1/embeddings\" | \"/embed\", completion_window, metadata}`: \
+                   the input file's lines are embedded by the workers in the capacity interactive \
+                   requests leave.",
+    request_body(content_type = "application/json", content = Object),
+    responses((status = 200, description = "OpenAI's Batch object, `validating`.", body = Object), BulkErrors))]
 pub async fn create(State(bulk): State<Bulk>, body: axum::body::Bytes) -> Response {
     match create_batch(&bulk, &body).await {
         Ok(batch) => json_ok(&batch),
@@ -150,6 +157,9 @@ async fn create_batch(bulk: &Bulk, body: &[u8]) -> Result<Batch, ApiError> {
 }
 
 /// `GET /v1/batches/{id}`: the batch as stored now (progress included), 404 when there is none.
+#[utoipa::path(get, path = "/v1/batches/{id}", tag = "batch", summary = "A batch, with its progress",
+    params(("id" = String, Path, description = "The batch id, `batch_...`.")),
+    responses((status = 200, description = "OpenAI's Batch object.", body = Object), BulkErrors))]
 pub async fn retrieve(State(bulk): State<Bulk>, Path(id): Path<String>) -> Response {
     match get(&bulk, &id).await {
         Ok(batch) => json_ok(&batch),
@@ -174,6 +184,10 @@ pub struct ListQuery {
 }
 
 /// `GET /v1/batches`: a cursor page of batches, newest first.
+#[utoipa::path(get, path = "/v1/batches", tag = "batch", summary = "List batches",
+    params(("after" = Option<String>, Query, description = "The id after which the page starts."),
+           ("limit" = Option<usize>, Query, description = "Most batches in the page (20; at most 100).")),
+    responses((status = 200, description = "`{\"object\": \"list\", \"data\": [Batch, ...], \"has_more\"}`, newest first.", body = Object), BulkErrors))]
 pub async fn list(State(bulk): State<Bulk>, Query(query): Query<ListQuery>) -> Response {
     let listed = async {
         let store = bulk.store().await?;
@@ -207,6 +221,10 @@ pub async fn list(State(bulk): State<Bulk>, Query(query): Query<ListQuery>) -> R
 /// `POST /v1/batches/{id}/cancel`: a `validating` or `in_progress` batch goes `cancelling` and a
 /// `finalize` job delivers what finished (status `cancelled`); a batch already ending is
 /// answered as it is; 409 for one that already ended otherwise; 404 when there is none.
+#[utoipa::path(post, path = "/v1/batches/{id}/cancel", tag = "batch", summary = "Cancel a batch",
+    description = "What finished is delivered; the status goes `cancelling`, then `cancelled`.",
+    params(("id" = String, Path, description = "The batch id, `batch_...`.")),
+    responses((status = 200, description = "OpenAI's Batch object.", body = Object), BulkErrors))]
 pub async fn cancel(State(bulk): State<Bulk>, Path(id): Path<String>) -> Response {
     match cancel_batch(&bulk, &id).await {
         Ok(batch) => Json(batch).into_response(),

@@ -7,14 +7,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_nats::jetstream::object_store::{InfoErrorKind, ObjectInfo, ObjectMetadata};
 use axum::body::Body;
-use axum::extract::{Multipart, Path, Query, State};
+use axum::extract::{FromRequest, Multipart, Path, Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use embatch_protocol::bulk::{FileObject, META_CREATED_AT, META_FILENAME, META_PURPOSE, unix_now};
 use futures::StreamExt;
 use serde::Deserialize;
 
-use super::{ApiError, Bulk, json_ok, new_id};
+use super::{ApiError, Bulk, BulkErrors, json_ok, new_id};
 
 /// The purposes a file may be uploaded with (OpenAI's `batch`; outputs are `batch_output`).
 pub const UPLOAD_PURPOSES: [&str; 1] = ["batch"];
@@ -65,8 +65,25 @@ fn no_file(id: &str) -> ApiError {
 /// `POST /v1/files`: a multipart form with `purpose` (`batch`) and `file`; the file is streamed
 /// into the object store (never held whole in memory). 400 for another purpose or a missing
 /// field, 413 beyond `BULK_MAX_FILE_BYTES`, 503 without JetStream.
-pub async fn upload(State(bulk): State<Bulk>, mut form: Multipart) -> Response {
-    match upload_form(&bulk, &mut form).await {
+#[utoipa::path(post, path = "/v1/files", tag = "batch",
+    summary = "Upload a file (OpenAI's Files API)",
+    description = "A `multipart/form-data` form with `purpose` (`batch`) and `file` (JSONL, one \
+                   batch request per line), stored in the NATS object store.",
+    request_body(content_type = "multipart/form-data", content = Object),
+    responses((status = 200, description = "OpenAI's File object.", body = Object), BulkErrors))]
+pub async fn upload(State(bulk): State<Bulk>, request: axum::extract::Request) -> Response {
+    let uploaded = async {
+        // JetStream first: without it the answer is 503 whatever the form.
+        bulk.store().await?;
+        let mut form = Multipart::from_request(request, &()).await.map_err(|e| {
+            ApiError::invalid(
+                "file",
+                format!("expected a multipart/form-data body: {}", e.body_text()),
+            )
+        })?;
+        upload_form(&bulk, &mut form).await
+    };
+    match uploaded.await {
         Ok(file) => json_ok(&file),
         Err(err) => err.into_response(),
     }
@@ -94,7 +111,13 @@ async fn upload_form(bulk: &Bulk, form: &mut Multipart) -> Result<FileObject, Ap
                 let flag = Arc::clone(&too_large);
                 let mut seen = 0usize;
                 let bytes = field.map(move |chunk| {
-                    let chunk = chunk.map_err(std::io::Error::other)?;
+                    let chunk = chunk.map_err(|e| {
+                        // The route's body limit (the file limit plus the form's overhead).
+                        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                            flag.store(true, Ordering::Relaxed);
+                        }
+                        std::io::Error::other(e)
+                    })?;
                     seen += chunk.len();
                     if seen > max {
                         flag.store(true, Ordering::Relaxed);
@@ -189,6 +212,11 @@ pub struct ListQuery {
 
 /// `GET /v1/files`: `{"object": "list", "data": [File, ...], "has_more": false, "first_id",
 /// "last_id"}`, newest first.
+#[utoipa::path(get, path = "/v1/files", tag = "batch", summary = "List files",
+    params(("purpose" = Option<String>, Query, description = "Only files of this purpose."),
+           ("after" = Option<String>, Query, description = "The id after which the page starts."),
+           ("limit" = Option<usize>, Query, description = "Most files in the page (10,000).")),
+    responses((status = 200, description = "`{\"object\": \"list\", \"data\": [File, ...], \"has_more\"}`, newest first.", body = Object), BulkErrors))]
 pub async fn list(State(bulk): State<Bulk>, Query(query): Query<ListQuery>) -> Response {
     let listed = async {
         let store = bulk.store().await?;
@@ -240,6 +268,9 @@ pub fn page<T: serde::Serialize>(
 }
 
 /// `GET /v1/files/{id}`: the File object, 404 when there is none.
+#[utoipa::path(get, path = "/v1/files/{id}", tag = "batch", summary = "A file's File object",
+    params(("id" = String, Path, description = "The file id, `file-...`.")),
+    responses((status = 200, description = "OpenAI's File object.", body = Object), BulkErrors))]
 pub async fn retrieve(State(bulk): State<Bulk>, Path(id): Path<String>) -> Response {
     match info(&bulk, &id).await {
         Ok(info) => match file_object(&info) {
@@ -252,6 +283,10 @@ pub async fn retrieve(State(bulk): State<Bulk>, Path(id): Path<String>) -> Respo
 
 /// `GET /v1/files/{id}/content`: the file's bytes, streamed from the object store
 /// (`application/jsonl` for `.jsonl` files, else `application/octet-stream`).
+#[utoipa::path(get, path = "/v1/files/{id}/content", tag = "batch", summary = "A file's content",
+    params(("id" = String, Path, description = "The file id, `file-...`.")),
+    responses((status = 200, description = "The file's bytes (`application/jsonl` for `.jsonl` files).",
+        content((String = "application/jsonl"), (String = "application/octet-stream"))), BulkErrors))]
 pub async fn content(State(bulk): State<Bulk>, Path(id): Path<String>) -> Response {
     let opened = async {
         let info = info(&bulk, &id).await?;
@@ -289,6 +324,9 @@ pub async fn content(State(bulk): State<Bulk>, Path(id): Path<String>) -> Respon
 }
 
 /// `DELETE /v1/files/{id}`: `{"id", "object": "file", "deleted": true}`, 404 when there is none.
+#[utoipa::path(delete, path = "/v1/files/{id}", tag = "batch", summary = "Delete a file",
+    params(("id" = String, Path, description = "The file id, `file-...`.")),
+    responses((status = 200, description = "`{\"id\", \"object\": \"file\", \"deleted\": true}`.", body = Object), BulkErrors))]
 pub async fn delete(State(bulk): State<Bulk>, Path(id): Path<String>) -> Response {
     let deleted = async {
         info(&bulk, &id).await?;

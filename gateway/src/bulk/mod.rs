@@ -68,6 +68,45 @@ impl Bulk {
     }
 }
 
+/// Every bulk route, as `(method, path)`: exactly what [`router`] registers (the OpenAPI document
+/// describes each; `tests/openapi.rs` checks both).
+pub const SERVED: [(&str, &str); 9] = [
+    ("POST", "/v1/files"),
+    ("GET", "/v1/files"),
+    ("GET", "/v1/files/{id}"),
+    ("DELETE", "/v1/files/{id}"),
+    ("GET", "/v1/files/{id}/content"),
+    ("POST", "/v1/batches"),
+    ("GET", "/v1/batches"),
+    ("GET", "/v1/batches/{id}"),
+    ("POST", "/v1/batches/{id}/cancel"),
+];
+
+/// The error statuses of the bulk routes, each with OpenAI's error body: a declaration for the
+/// OpenAPI document, never built (the handlers answer [`ApiError`]s).
+#[derive(utoipa::IntoResponses)]
+pub enum BulkErrors {
+    /// `invalid_request_error`: a malformed body or form, a field with a value not accepted
+    /// (`param` names it), a file uploaded with another purpose than `batch`.
+    #[response(status = 400)]
+    Invalid(crate::openai::ErrorResponse),
+    /// `invalid_request_error`: no file or batch with this id.
+    #[response(status = 404)]
+    NotFound(crate::openai::ErrorResponse),
+    /// `invalid_request_error`: the batch already ended and cannot be cancelled.
+    #[response(status = 409)]
+    Conflict(crate::openai::ErrorResponse),
+    /// `invalid_request_error`: the file is over `BULK_MAX_FILE_BYTES`.
+    #[response(status = 413)]
+    TooLarge(crate::openai::ErrorResponse),
+    /// `server_error`: a stored record could not be read.
+    #[response(status = 500)]
+    Internal(crate::openai::ErrorResponse),
+    /// `server_error`: JetStream is not enabled on the NATS server, or did not answer.
+    #[response(status = 503)]
+    Unavailable(crate::openai::ErrorResponse),
+}
+
 /// The bulk routes, with their own body limits (an input file may be far larger than an
 /// embedding request's `MAX_BODY_BYTES`).
 pub fn router<S>(bulk: Bulk) -> Router<S> {

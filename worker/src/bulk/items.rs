@@ -31,6 +31,11 @@ use super::{Lane, PullConsumer, delivered, render, with_progress};
 use crate::batcher::BulkGate;
 use crate::upstream::{Embedding, Upstream, UpstreamError};
 
+/// Items a worker holds beyond its `BULK_CALLS` calls: pulled and checked while the calls run,
+/// and finishing (results published, progress recorded, acked) after theirs ended, so the next
+/// call starts as soon as the previous one ends.
+const PREFETCH: usize = 3;
+
 /// How long one pull waits for an item before asking again.
 const PULL_EXPIRES: Duration = Duration::from_secs(5);
 
@@ -84,8 +89,8 @@ impl<U: Upstream> Calls<U> {
     }
 }
 
-/// Pulls and processes work items until `stop`; holds at most `BULK_CALLS + 1` items at once (one
-/// waiting while the others' calls run), so no item waits out its ack wait in this worker.
+/// Pulls and processes work items until `stop`; holds at most `BULK_CALLS` + [`PREFETCH`] items at
+/// once, so no item waits out its ack wait in this worker.
 pub(super) async fn run<U: Upstream>(
     lane: Arc<Lane>,
     consumer: PullConsumer,
@@ -99,7 +104,7 @@ pub(super) async fn run<U: Upstream>(
         permits: Arc::new(Semaphore::new(lane.config.calls.max(1))),
         max_batch_size: lane.config.max_batch_size,
     };
-    let held = Arc::new(Semaphore::new(lane.config.calls.max(1) + 1));
+    let held = Arc::new(Semaphore::new(lane.config.calls.max(1) + PREFETCH));
     let tasks = TaskTracker::new();
     loop {
         let permit = tokio::select! {

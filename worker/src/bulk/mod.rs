@@ -79,11 +79,18 @@ pub async fn run<U: Upstream>(
     if !config.enabled {
         return;
     }
+    let mut told = false;
     let store = loop {
         match BulkStore::open(client.clone()).await {
             Ok(store) => break store,
             Err(err) => {
-                tracing::info!(%err, "bulk lane waiting for JetStream");
+                // Once at info (a server without JetStream is a normal set-up), then at debug.
+                if told {
+                    tracing::debug!(%err, "bulk lane still waiting for JetStream");
+                } else {
+                    tracing::info!(%err, "bulk lane waiting for JetStream; interactive requests are served meanwhile");
+                    told = true;
+                }
                 tokio::select! {
                     () = stop.cancelled() => return,
                     () = tokio::time::sleep(RETRY) => {}
