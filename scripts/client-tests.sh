@@ -3,8 +3,10 @@
 # gateway (debug builds, free loopback ports), then calls them through unmodified, pinned client
 # libraries and the examples of docs/nats-contract.md:
 #   - Python (tests/clients/test_clients.py, pins in tests/clients/requirements.txt, venv in
-#     ${XDG_CACHE_HOME:-~/.cache}/embatch/client-venv): huggingface_hub, openai (base64 and float),
-#     llama-index's TEI embeddings, nats-py; every vector is compared with testdata's TEI reference;
+#     ${XDG_CACHE_HOME:-~/.cache}/embatch/client-venv): huggingface_hub, openai (base64 and float,
+#     and a bulk job through files + batches, tests/clients/openai_batch.py), llama-index's TEI
+#     embeddings, nats-py; every vector is compared with testdata's TEI reference (the bulk job's
+#     also with what /v1/embeddings answers for the same input);
 #   - examples/direct_nats.py, examples/go (nats.go), examples/node (nats on npm), run as written:
 #     one vector of 384 floats on `embed`, and exit 3 (not a crash) on a subject nobody serves;
 #   - schemathesis (pinned in the same requirements.txt) fuzzes every operation of the gateway's
@@ -53,8 +55,8 @@ nats_port=$(free_port)
 gateway_port=$(free_port)
 nats_url="nats://127.0.0.1:$nats_port"
 gateway="http://127.0.0.1:$gateway_port"
-step "starting nats-server $nats_url, a worker (built-in model) and the gateway $gateway"
-"$nats_server" -a 127.0.0.1 -p "$nats_port" >"$tmp/nats.log" 2>&1 &
+step "starting nats-server $nats_url (JetStream, store in $tmp), a worker (built-in model) and the gateway $gateway"
+"$nats_server" -a 127.0.0.1 -p "$nats_port" -js -sd "$tmp/nats-store" >"$tmp/nats.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 100); do
   if (exec 3<>"/dev/tcp/127.0.0.1/$nats_port") 2>/dev/null; then break; fi

@@ -33,8 +33,15 @@ fi
 # Gateway and worker first (they drain and flush through NATS), nats-server last.
 trap stop_started EXIT
 
-step "starting nats-server :$nats_port, a worker (built-in model) and the gateway :$gateway_port (logs in $run_dir/)"
-"$nats_server" -c nats/nats.conf -p "$nats_port" >"$run_dir/nats.log" 2>&1 &
+step "starting nats-server :$nats_port (JetStream), a worker (built-in model) and the gateway :$gateway_port (logs in $run_dir/)"
+# nats/nats.conf as compose runs it, with JetStream's store moved from /data (the compose volume)
+# into $run_dir: the jetstream block is restated here, because nats-server refuses a store_dir
+# given both in the file and with -sd.
+cat >"$run_dir/nats.conf" <<EOF
+include "../nats/nats.conf"
+jetstream { store_dir: "$PWD/$run_dir/nats-store", max_memory_store: 256MB, max_file_store: 10GB }
+EOF
+"$nats_server" -c "$run_dir/nats.conf" -p "$nats_port" >"$run_dir/nats.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 100); do
   if (exec 3<>"/dev/tcp/127.0.0.1/$nats_port") 2>/dev/null; then break; fi

@@ -824,3 +824,8 @@ def render_token_batching(res: dict, targets: list) -> list[str]:
 
 
 RENDERERS["token_batching"] = render_token_batching
+# The bulk-job scenarios' tables (loadtest/bench/bulk.py).
+from .bulk import RENDERERS as BULK_RENDERERS, SHOWS as BULK_SHOWS  # noqa: E402
+
+RENDERERS.update(BULK_RENDERERS)
+SHOWS.update(BULK_SHOWS)

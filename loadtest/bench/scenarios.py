@@ -618,14 +618,12 @@ SCENARIO_NAMES += [name for name, _ in SCENARIOS[len(SCENARIO_NAMES):]]
 
 
 def restart_nats(b: Stack, nats, down_s: float) -> None:
-    """Kills nats-server (SIGKILL), waits `down_s`, and starts it again on the same ports."""
+    """Kills nats-server (SIGKILL), waits `down_s`, and starts it again with the same command
+    line: the same ports and the same JetStream store."""
     from .procs import port_open, wait_until
     b.sup.kill(nats.child)
     time.sleep(down_s)
-    nats.child = b.sup.spawn(
-        "nats-server",
-        [b.nats_bin, "-a", "127.0.0.1", "-p", str(nats.port), "-m", str(nats.monitor_port)],
-        b.env())
+    nats.child = b.sup.spawn("nats-server", nats.argv, b.env())
     wait_until("nats-server to come back", lambda: port_open(nats.port), 15, [nats.child])
 
 
@@ -882,3 +880,6 @@ def scenario_token_batching(b: Stack) -> dict:
 
 
 SCENARIO_FUNCS["token_batching"] = scenario_token_batching
+# The bulk-job scenarios (OpenAI's Files + Batches API) live in bulk.py, which appends them to
+# SCENARIOS and SCENARIO_FUNCS; imported last, once everything it uses here is defined.
+from . import bulk  # noqa: E402,F401

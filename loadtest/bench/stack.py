@@ -38,6 +38,8 @@ class Nats:
         self.monitor_port = monitor_port
         self.subject = subject
         self.url = f"nats://127.0.0.1:{port}"
+        # The command line it was started with (restarted with the same one, store included).
+        self.argv: list[str] = []
 
     def subscribers(self) -> int:
         status, body = http_get(
@@ -153,16 +155,22 @@ class Stack:
         return self._model_dir
 
     def nats(self, max_payload: str | None = None) -> Nats:
-        """Starts nats-server on free ports; `max_payload` (e.g. `8MB`, as nats/nats.conf sets
-        it) goes through a config file, since nats-server has no flag for it."""
+        """Starts nats-server with JetStream on free ports; `max_payload` (e.g. `8MB`, as
+        nats/nats.conf sets it) goes through a config file, since nats-server has no flag for
+        it."""
         port, mon = free_port(self.ports), free_port(self.ports)
-        argv = [self.nats_bin, "-a", "127.0.0.1", "-p", str(port), "-m", str(mon)]
+        # JetStream on, as wherever the stack starts, with its store in the run's log directory
+        # (kept across a restart of this server: restart_nats reuses `nats.argv`).
+        store = self.log_dir / f"nats-{port}-store"
+        argv = [self.nats_bin, "-a", "127.0.0.1", "-p", str(port), "-m", str(mon),
+                "-js", "-sd", str(store)]
         if max_payload is not None:
             conf = self.log_dir / f"nats-{port}.conf"
             conf.write_text(f"max_payload: {max_payload}\n")
             argv += ["-c", str(conf)]
         child = self.sup.spawn("nats-server", argv, self.env())
         nats = Nats(child, port, mon, self.subject)
+        nats.argv = argv
         wait_until("nats-server", lambda: port_open(port) and nats.subscribers() >= 0, 15,
                    [child])
         return nats

@@ -2,7 +2,9 @@
 """Checks the NATS server configs with the nats-server that will run them:
 
 - nats/nats.conf and nats/cluster/*.conf pass `nats-server -c FILE -t`;
-- each one, started on its own on free loopback ports, reports the expected max_payload in /varz.
+- each one, started on its own on free loopback ports, reports the expected max_payload in /varz,
+  and JetStream enabled with the expected file store limit (a cluster node gets its store
+  directory with -sd, as nats/README.md says).
 
 Whether n1..n3 form a cluster is not checked here: gateway/tests/cluster.rs starts that cluster
 from nats/cluster/*.conf (via testkit) and runs the gateway and workers across it.
@@ -21,6 +23,7 @@ import urllib.request
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 EXPECTED_MAX_PAYLOAD = 8 * 1024 * 1024  # 8 MiB, see the arithmetic in nats/nats.conf
+EXPECTED_MAX_FILE_STORE = 10 * 1024 ** 3  # jetstream.max_file_store: 10GB in every config
 failures = 0
 
 
@@ -75,7 +78,8 @@ def start_alone(server, conf, tmp):
                 f"listen: 127.0.0.1:{client}\nhttp: 127.0.0.1:{monitor}\n")
     args = [server, "-c", wrapper]
     if conf.startswith("nats/cluster/"):
-        args += ["--cluster", f"nats://127.0.0.1:{route}", "--routes", f"nats://127.0.0.1:{route}"]
+        args += ["--cluster", f"nats://127.0.0.1:{route}", "--routes", f"nats://127.0.0.1:{route}",
+                 "-sd", os.path.join(tmp, os.path.basename(conf) + ".store")]
     log = open(wrapper + ".log", "w")
     return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT), client, monitor
 
@@ -88,6 +92,10 @@ def max_payload_ok(server, conf, tmp):
         proc.terminate()
         proc.wait(timeout=10)
     got = (v.get("port"), v.get("max_payload"))
+    js = (v.get("jetstream") or {}).get("config") or {}
+    check(js.get("max_storage") == EXPECTED_MAX_FILE_STORE,
+          f"{conf}: JetStream on, max_file_store={js.get('max_storage')} "
+          f"(want {EXPECTED_MAX_FILE_STORE}), store {js.get('store_dir')}")
     if got == (client, EXPECTED_MAX_PAYLOAD):
         check(True, f"{conf}: starts (on 127.0.0.1:{client}); max_payload={EXPECTED_MAX_PAYLOAD}")
     else:

@@ -1,10 +1,13 @@
 //! A three-node NATS cluster of real `nats-server` processes on loopback, started from the
 //! repository's own configs (`nats/cluster/n{1,2,3}.conf`) with every port overridden.
 //!
-//! Nodes are numbered 0, 1, 2 here (servers `n1`, `n2`, `n3` in the configs).
+//! Nodes are numbered 0, 1, 2 here (servers `n1`, `n2`, `n3` in the configs). The configs enable
+//! JetStream; each node gets its own store directory (`-sd`) in a temporary directory removed
+//! when the cluster is dropped.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -50,6 +53,8 @@ impl ClusterNode {
 /// Three `nats-server` processes forming the cluster `embatch`, all killed when dropped.
 pub struct NatsCluster {
     nodes: Vec<ClusterNode>,
+    /// The nodes' JetStream stores (`<store>/n1`, ...), removed on drop.
+    store: PathBuf,
 }
 
 impl NatsCluster {
@@ -60,8 +65,14 @@ impl NatsCluster {
     /// When a node does not start or the mesh does not form in time.
     pub fn start() -> NatsCluster {
         let ports = free_ports(NODES * 3);
+        let store = std::env::temp_dir().join(format!(
+            "embatch-cluster-{}-{}",
+            std::process::id(),
+            ports[0]
+        ));
         let mut cluster = NatsCluster {
             nodes: Vec::with_capacity(NODES),
+            store,
         };
         for i in 0..NODES {
             let (port, monitor_port, route_port) =
@@ -82,6 +93,8 @@ impl NatsCluster {
                 .args(["-m", &monitor_port.to_string()])
                 .args(["--cluster", &format!("nats://127.0.0.1:{route_port}")])
                 .args(["--routes", &routes])
+                .arg("-sd")
+                .arg(cluster.store.join(format!("n{}", i + 1)))
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
@@ -213,6 +226,7 @@ impl Drop for NatsCluster {
         for node in &mut self.nodes {
             node.kill();
         }
+        let _ = std::fs::remove_dir_all(&self.store);
     }
 }
 

@@ -87,6 +87,17 @@ def check_openai_float(gateway: str, nats_url: str) -> str:
     return compare([d.embedding for d in response.data])
 
 
+def check_openai_batch(gateway: str, nats_url: str) -> str:
+    import openai_batch
+
+    # The reference inputs (also checked against TEI's vectors) and 44 more.
+    texts = TEXTS + openai_batch.synthetic_texts(44)
+    result = openai_batch.run(gateway, texts, timeout_s=120)
+    compare(result["vectors"][:len(TEXTS)])
+    return (f"{result['inputs']} inputs, each custom_id once, min cosine "
+            f"{result['min_cosine']:.6f} against /v1/embeddings; the reference inputs match TEI")
+
+
 def check_llama_index(gateway: str, nats_url: str) -> str:
     from llama_index.embeddings.text_embeddings_inference import TextEmbeddingsInference
 
@@ -136,6 +147,8 @@ CHECKS = [
     ("huggingface_hub", "InferenceClient(base_url).feature_extraction(text)", check_huggingface_hub),
     ("openai", "embeddings.create(), SDK default (base64)", check_openai_base64),
     ("openai", "embeddings.create(encoding_format='float')", check_openai_float),
+    ("openai", "files.create, batches.create, batches.retrieve until done, files.content "
+               "(tests/clients/openai_batch.py)", check_openai_batch),
     ("llama-index-embeddings-text-embeddings-inference",
      "TextEmbeddingsInference.get_text_embedding(s)", check_llama_index),
     ("nats-py", "nc.request('embed', ...) (README snippet)", check_nats_py),

@@ -1,0 +1,36 @@
+//! `embatch`: bulk embedding jobs against an embatch gateway; see `embatch --help` and
+//! docs/bulk.md.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use embatch_cli::cli::{Cli, Command};
+use embatch_cli::job;
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Batch(args) => job::batch(&cli.url, args).await.map(|s| {
+            println!(
+                "batch {} completed{}: {} output lines in {}, {} error lines in {}",
+                s.batch_id,
+                if s.resumed { " (resumed)" } else { "" },
+                s.output_lines,
+                s.output.display(),
+                s.error_lines,
+                s.errors.display()
+            );
+        }),
+        Command::Cancel(args) => job::cancel(&cli.url, args).await.map(|b| {
+            println!("batch {}: {}", b.id, b.status.as_str());
+        }),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err}");
+            ExitCode::from(err.exit_code())
+        }
+    }
+}
