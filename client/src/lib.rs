@@ -239,11 +239,13 @@ impl EmbedClient {
     /// for the reply. Whatever happens to NATS or to a worker, the request is resent (with the
     /// same [`headers::REQUEST_ID`] and the deadline left) as long as the budget allows:
     ///
-    /// - every request asks for an acknowledgement ([`headers::ACK`]); with none within the
-    ///   acknowledgement wait (10 × the smoothed acknowledgement round trip, 100 ms to 1 s,
-    ///   doubled at each resend) it is resent: nats-server delivers at most once, and drops
-    ///   messages around a queue member's unsubscribe, a worker killed before reading it, or a
-    ///   server restart;
+    /// - every request asks for an acknowledgement ([`headers::ACK`]), which a worker sends
+    ///   only for a request it still holds after [`headers::ACK_DELAY`] (20 ms; a faster reply
+    ///   is its own proof of receipt); with neither within the acknowledgement wait (the
+    ///   workers' delay + 10 × the smoothed acknowledgement round trip, that part at least
+    ///   100 ms, 120 ms to 1 s in all, doubled at each resend) it is resent: nats-server
+    ///   delivers at most once, and drops messages around a queue member's unsubscribe, a
+    ///   worker killed before reading it, or a server restart;
     /// - when every worker that acknowledged it stops its heartbeat
     ///   ([`headers::HEARTBEAT_EXPIRY`]), it is resent: the worker was killed or cut off;
     /// - after a reconnect of this client, every request in flight is resent: replies
@@ -297,8 +299,12 @@ impl EmbedClient {
         // Whether any copy was ever acknowledged. `holders` is cleared when a holder's heartbeat
         // stops (or on a 503), so it cannot tell a worker that predates acknowledgements from one
         // whose heartbeat was merely late (a starved process): only a success with no
-        // acknowledgement at all turns acknowledgement waits off.
+        // acknowledgement at all, and without the acknowledgement delay a worker that answered
+        // before its acknowledgement was due puts on its reply, turns acknowledgement waits off.
         let mut acknowledged = false;
+        // One timer per request: the acknowledgement wait while one runs, else the deadline.
+        let wake = tokio::time::sleep_until(deadline);
+        tokio::pin!(wake);
         'send: loop {
             if self.wait_connected(deadline).await? {
                 reconnect_grace_until = Instant::now() + RECONNECT_GRACE;
@@ -314,7 +320,8 @@ impl EmbedClient {
                 })?;
             sends += 1;
             let sent = Instant::now();
-            let mut ack_by = ack_wait.map(|wait| sent + wait);
+            let mut ack_by = ack_wait.map(|wait| sent + wait).filter(|at| *at < deadline);
+            wake.as_mut().reset(ack_by.unwrap_or(deadline));
             let reason = loop {
                 tokio::select! {
                     message = replies.recv() => {
@@ -349,9 +356,14 @@ impl EmbedClient {
                             if !holders.iter().any(|h| h == worker) {
                                 holders.push(worker.to_owned());
                             }
-                            ack_by = None;
+                            if ack_by.take().is_some() {
+                                wake.as_mut().reset(deadline);
+                            }
                             continue;
                         }
+                        // A worker that answered before its acknowledgement was due says so.
+                        let ack_delay_ms =
+                            headers::parse_millis(header(&message, headers::ACK_DELAY_MS));
                         let outcome = decode(message);
                         if let Err(RequestError::Reply(err)) = &outcome
                             && err.status() == 503
@@ -366,7 +378,9 @@ impl EmbedClient {
                                 break "unavailable";
                             }
                         }
-                        if outcome.is_ok() && !acknowledged {
+                        if let Some(delay_ms) = ack_delay_ms {
+                            inbox.acknowledges_after(delay_ms);
+                        } else if outcome.is_ok() && !acknowledged {
                             inbox.unacknowledged_success();
                         }
                         cancel.disarm();
@@ -375,8 +389,11 @@ impl EmbedClient {
                         }
                         return outcome;
                     }
-                    () = sleep_until(ack_by) => {
-                        ack_by = None;
+                    () = &mut wake => {
+                        if ack_by.take().is_none() {
+                            return Err(timed_out);
+                        }
+                        wake.as_mut().reset(deadline);
                         if resend_in_time(deadline) {
                             ack_wait = ack_wait.map(|wait| (wait * 2).min(ACK_TIMEOUT_MAX));
                             break "no_ack";
@@ -402,7 +419,6 @@ impl EmbedClient {
                             break if reconnected { "reconnect" } else { "worker_lost" };
                         }
                     }
-                    () = tokio::time::sleep_until(deadline) => return Err(timed_out),
                 }
             };
             metrics::counter!(RETRIES, "reason" => reason).increment(1);
@@ -501,14 +517,6 @@ fn header<'a>(message: &'a async_nats::Message, name: &str) -> Option<&'a str> {
         .as_ref()
         .and_then(|h| h.get(name))
         .map(|v| v.as_str())
-}
-
-/// Sleeps until `at`, or forever when `None`.
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
 }
 
 /// A reply message as the contract defines it: the payload, or the error its headers carry.
