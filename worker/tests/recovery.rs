@@ -222,6 +222,58 @@ async fn a_nats_server_restart_mid_load_loses_none() {
     );
 }
 
+/// Requests made while nats-server is down wait for it in the client, and reach the workers
+/// together when it is back: 600 at once, about 100 ms of upstream work for the two workers
+/// (20 ms per call of up to 32 inputs, 2 calls at a time each), while `MAX_QUEUE_DELAY=auto`
+/// (2 calls + `MAX_WAIT_TIME` = 42 ms) would refuse most of them 429. After its reconnect a
+/// worker admits that backlog by deadline, so every request is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_backlog_of_a_nats_server_restart_is_served_not_refused() {
+    let server = NatsServer::start();
+    let tei = start_tei(TeiConfig {
+        base: Duration::from_millis(20),
+        ..TeiConfig::instant()
+    })
+    .await;
+    let nats_client = connect(&server).await;
+    let settings = [("MAX_WAIT_TIME", "2ms")];
+    let _a = spawn_worker(&server, &tei, &settings, &nats_client, 1).await;
+    let _b = spawn_worker(&server, &tei, &settings, &nats_client, 2).await;
+    let nats = Arc::new(std::sync::Mutex::new(server));
+    let client = EmbedClient::new(nats_client, "embed");
+    // Measured call times, so MAX_QUEUE_DELAY=auto is in force.
+    for i in 0..20 {
+        embed_checked(&client, &format!("warm-up {i}"), Duration::from_secs(5)).await;
+    }
+    let restarted = Arc::clone(&nats);
+    let restart = tokio::task::spawn_blocking(move || {
+        restarted
+            .lock()
+            .expect("server")
+            .restart(Duration::from_secs(1));
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        client.nats().connection_state() != async_nats::connection::State::Connected,
+        "the server is not down yet"
+    );
+    let took =
+        futures::future::join_all(
+            (0..600).map(|i| {
+                let client = client.clone();
+                async move {
+                    embed_checked(&client, &format!("backlog {i}"), Duration::from_secs(10)).await
+                }
+            }),
+        )
+        .await;
+    restart.await.expect("restarted");
+    eprintln!(
+        "600 requests made during a 1 s outage answered; max latency {:?}",
+        max(&took)
+    );
+}
+
 /// One of two workers' upstream fails (503) while it holds requests, for 300 ms of every
 /// second: that worker answers 503 for what it held (then leaves the queue group, and rejoins
 /// when its upstream's `/health` recovers), the client resends it to the group, and the healthy

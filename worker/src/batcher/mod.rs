@@ -214,6 +214,8 @@ struct Shared {
     /// Upstream calls that failed as an unhealthy upstream fails, in a row (reset by a success
     /// or by [`BatcherHandle::reset_failures`]); watched by the queue-group membership.
     failed_calls: watch::Sender<u32>,
+    /// Set by [`BatcherHandle::absorb_backlog`], taken by the actor at its next admission.
+    backlog_until: std::sync::Mutex<Option<Instant>>,
 }
 
 /// A request on its way to the actor, which admits or refuses it.
@@ -232,6 +234,19 @@ struct Job {
 }
 
 impl BatcherHandle {
+    /// Admits by deadline, without `MAX_QUEUE_DELAY`, for `window` from now: after a NATS
+    /// reconnect, the requests clients held through the outage arrive at once (see
+    /// `Ledger::absorb_backlog_until`). `QUEUE_CAP`, `MAX_QUEUE_BYTES` and each request's
+    /// deadline still bound what is admitted.
+    pub fn absorb_backlog(&self, window: Duration) {
+        let until = Instant::now() + window;
+        *self
+            .shared
+            .backlog_until
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(until);
+    }
+
     /// Submits one request: its inputs, options and absolute deadline, without waiting for the
     /// actor. Returns the receiver of its [`Outcome`]; dropping it cancels the request.
     ///
@@ -405,6 +420,7 @@ pub fn spawn<U: Upstream>(
         ledger: watch::Sender::new(Ledger::default()),
         in_transit: AtomicUsize::new(0),
         failed_calls: watch::Sender::new(0),
+        backlog_until: std::sync::Mutex::new(None),
     });
     let (tx, rx) = mpsc::unbounded_channel();
     let task = tokio::spawn(actor::Actor::new(upstream, Arc::clone(&shared), rx).run());
