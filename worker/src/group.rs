@@ -220,6 +220,12 @@ impl Group {
         self.decide(load).await;
     }
 
+    /// The membership state now: [`MemberState::Full`] means this worker left the queue group
+    /// for a peer with room (a full worker leaves only then).
+    pub fn state(&self) -> MemberState {
+        self.membership.state()
+    }
+
     /// Re-decides from the load now (a re-check while full, a peer's change), and tells the
     /// peers when this worker's state or room changed.
     pub async fn observe(&mut self) {

@@ -30,6 +30,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::batcher::{BatcherHandle, Outcome};
 use crate::group::{Event, Group};
+use crate::membership::MemberState;
 use crate::micro::EndpointStats;
 use crate::respond::Answer;
 
@@ -321,6 +322,10 @@ impl Intake {
         let client = self.client.clone();
         let stats = self.stats.clone();
         let ack_id = wants_ack.then(|| (Arc::clone(&acks.worker_id), Arc::clone(&acks.delay_ms)));
+        // Out of the queue group for a peer with room (it left while this request was on its
+        // way): a 429 would fail the request only because of where it was routed, so a client
+        // that resends gets a 503 to resend on instead.
+        let hand_back = wants_ack && self.group.state() == MemberState::Full;
         self.replies.spawn(async move {
             let mut receiver = receiver;
             let mut ack_at = ack_id.as_ref().map(|_| received + headers::ACK_DELAY);
@@ -346,6 +351,16 @@ impl Intake {
             if let Some((registry, id)) = registered {
                 registry.remove(&id);
             }
+            let outcome = match outcome {
+                Err(EmbedError::Overloaded(why)) if hand_back => {
+                    metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => "handed_back")
+                        .increment(1);
+                    Err(EmbedError::Unavailable(format!(
+                        "this worker left the queue group for a peer with room ({why}); resend"
+                    )))
+                }
+                outcome => outcome,
+            };
             let outcome = outcome.and_then(|reply| {
                 reply_limit.observe(inputs, reply.payload.len())?;
                 Ok(reply)
