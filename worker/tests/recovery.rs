@@ -337,6 +337,56 @@ async fn a_worker_whose_upstream_fails_hands_what_it_holds_to_another() {
     );
 }
 
+/// One of two workers' upstream hangs mid-load (its calls take 5 s from then on), while the
+/// requests have a 3 s budget: that worker sees its calls stall, leaves the queue group and
+/// goes silent on the heartbeat subject; the client resends what it held to the group, and the
+/// other worker answers all of it within the budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_upstream_hangs_hands_what_it_holds_to_another() {
+    const TOTAL: usize = 600;
+    let nats = NatsServer::start();
+    let hung = Arc::new(
+        start_tei(TeiConfig {
+            base: Duration::from_millis(5),
+            ..TeiConfig::instant()
+        })
+        .await,
+    );
+    let healthy = start_tei(TeiConfig {
+        base: Duration::from_millis(5),
+        ..TeiConfig::instant()
+    })
+    .await;
+    let nats_client = connect(&nats).await;
+    let settings = [("MAX_WAIT_TIME", "1ms")];
+    let _a = spawn_worker(&nats, &hung, &settings, &nats_client, 1).await;
+    let _b = spawn_worker(&nats, &healthy, &settings, &nats_client, 2).await;
+    let client = EmbedClient::new(nats_client, "embed");
+    for i in 0..20 {
+        embed_checked(&client, &format!("warm-up {i}"), Duration::from_secs(5)).await;
+    }
+    let hang = Arc::clone(&hung);
+    let took = load(
+        &client,
+        TOTAL,
+        Duration::from_millis(5),
+        Duration::from_secs(3),
+        move || {
+            hang.set_faults(Faults {
+                delay: Duration::from_secs(5),
+                ..Faults::default()
+            });
+        },
+    )
+    .await;
+    eprintln!(
+        "{} answered within 3 s through a 5 s upstream hang; max latency {:?}",
+        took.len(),
+        max(&took)
+    );
+    assert_eq!(took.len(), TOTAL);
+}
+
 /// 20,000 requests, 200 in flight, to two workers (whose `MAX_QUEUE_DELAY` lets them queue
 /// that many); one leaves the queue group (SIGTERM: it
 /// drains its subscription, answers what it read and exits) after 2,500 have been sent. Messages

@@ -423,6 +423,23 @@ impl Ledger {
         self.backlog_until = Some(until);
     }
 
+    /// Whether the upstream looks stalled at `now`: calls are in flight and none started or
+    /// ended for `calls` × the call time last measured (undiscounted), and at least `floor`.
+    /// `false` before the first measurement.
+    pub fn stalled(&self, now: Instant, calls: u32, floor: Duration) -> bool {
+        let Some((call, sampled)) = self.estimate.last else {
+            return false;
+        };
+        let quiet_since = self
+            .last_launch
+            .map_or(sampled, |launch| launch.max(sampled));
+        self.in_flight > 0
+            && now.saturating_duration_since(quiet_since)
+                > Duration::from_secs_f64(call)
+                    .saturating_mul(calls)
+                    .max(floor)
+    }
+
     /// Whether `MAX_QUEUE_DELAY` is set aside at `now` ([`Ledger::absorb_backlog_until`]).
     fn absorbing_backlog(&self, now: Instant) -> bool {
         self.backlog_until.is_some_and(|until| now < until)

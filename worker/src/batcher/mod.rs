@@ -363,6 +363,11 @@ impl BatcherHandle {
             bound: call.map(|call| Ledger::delay_bound(&self.shared.limits, call)),
             failed_calls: *self.shared.failed_calls.borrow(),
             peer_has_room: false, // the batcher knows no peers; see `crate::group`
+            stalled: ledger.stalled(
+                now,
+                crate::membership::STALL_CALLS,
+                crate::membership::STALL_MIN,
+            ),
         }
     }
 
