@@ -220,8 +220,8 @@ impl Group {
         self.decide(load).await;
     }
 
-    /// The membership state now: [`MemberState::Full`] means this worker left the queue group
-    /// for a peer with room (a full worker leaves only then).
+    /// The membership state now (a member, or out: full, which a worker leaves only for a peer
+    /// with room; upstream unhealthy; stopping).
     pub fn state(&self) -> MemberState {
         self.membership.state()
     }

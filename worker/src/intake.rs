@@ -30,7 +30,6 @@ use tokio_util::task::TaskTracker;
 
 use crate::batcher::{BatcherHandle, Outcome};
 use crate::group::{Event, Group};
-use crate::membership::MemberState;
 use crate::micro::EndpointStats;
 use crate::respond::Answer;
 
@@ -322,10 +321,11 @@ impl Intake {
         let client = self.client.clone();
         let stats = self.stats.clone();
         let ack_id = wants_ack.then(|| (Arc::clone(&acks.worker_id), Arc::clone(&acks.delay_ms)));
-        // Out of the queue group for a peer with room (it left while this request was on its
-        // way): a 429 would fail the request only because of where it was routed, so a client
-        // that resends gets a 503 to resend on instead.
-        let hand_back = wants_ack && self.group.state() == MemberState::Full;
+        // Out of the queue group (full, which it leaves only for a peer with room; its
+        // upstream failing or stalled; stopping), and this request was on its way: a 429 would
+        // fail it only because of where it was routed, so a client that resends gets a 503 to
+        // resend on instead.
+        let hand_back = wants_ack && !self.group.state().is_member();
         self.replies.spawn(async move {
             let mut receiver = receiver;
             let mut ack_at = ack_id.as_ref().map(|_| received + headers::ACK_DELAY);
