@@ -216,9 +216,9 @@ impl Inbox {
         self.shared.ack_rtt_us.store(new.max(1), Ordering::Relaxed);
     }
 
-    /// A reply came before its acknowledgement was due, carrying the worker's acknowledgement
-    /// delay ([`headers::ACK_DELAY_MS`], whole ms): the worker acknowledges, and waits this long
-    /// before it does (taken at most at [`ACK_DELAY_MAX`]).
+    /// A reply came carrying the worker's acknowledgement delay ([`headers::ACK_DELAY_MS`], whole
+    /// ms): the worker acknowledges, and waits this long before it does (taken at most at
+    /// [`ACK_DELAY_MAX`]).
     pub(crate) fn acknowledges_after(&self, delay_ms: u64) {
         self.shared.acking.store(true, Ordering::Relaxed);
         let delay = Duration::from_millis(delay_ms).min(ACK_DELAY_MAX);

@@ -299,8 +299,8 @@ impl EmbedClient {
         // Whether any copy was ever acknowledged. `holders` is cleared when a holder's heartbeat
         // stops (or on a 503), so it cannot tell a worker that predates acknowledgements from one
         // whose heartbeat was merely late (a starved process): only a success with no
-        // acknowledgement at all, and without the acknowledgement delay a worker that answered
-        // before its acknowledgement was due puts on its reply, turns acknowledgement waits off.
+        // acknowledgement at all, and without the acknowledgement delay that an acknowledging
+        // worker puts on every reply, turns acknowledgement waits off.
         let mut acknowledged = false;
         // One timer per request: the acknowledgement wait while one runs, else the deadline.
         let wake = tokio::time::sleep_until(deadline);
@@ -361,7 +361,7 @@ impl EmbedClient {
                             }
                             continue;
                         }
-                        // A worker that answered before its acknowledgement was due says so.
+                        // An acknowledging worker says so on its reply, acknowledged or not.
                         let ack_delay_ms =
                             headers::parse_millis(header(&message, headers::ACK_DELAY_MS));
                         let outcome = decode(message);

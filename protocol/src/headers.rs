@@ -43,8 +43,8 @@ pub fn members_subject(subject: &str) -> String {
 /// when it still holds it [`ACK_DELAY`] after reading it: a message on the request's reply
 /// subject with [`ACCEPTED_BY`] set to the worker's service id and an empty body, then the final
 /// reply as usual (two messages in all). A request answered within [`ACK_DELAY`] gets only its
-/// reply, which then carries [`ACK_DELAY_MS`]: either message tells the client that a worker
-/// read the request. A client that sends it can tell a request that reached a worker from one
+/// reply; either message tells the client that a worker read the request, and the reply
+/// carries [`ACK_DELAY_MS`] in both cases. A client that sends it can tell a request that reached a worker from one
 /// lost on the way (nats-server delivers at most once), and resend the request when the worker
 /// holding it stops publishing on [`heartbeat_subject`]. A copy of a request the worker already
 /// holds (a client's resend) is acknowledged at once. Without this header the worker sends
@@ -63,11 +63,12 @@ pub const ACK_DELAY: Duration = Duration::from_millis(20);
 /// body and is not the reply; the final reply follows on the same subject.
 pub const ACCEPTED_BY: &str = "Embatch-Accepted-By";
 
-/// Reply header on a final reply to a request that asked for an acknowledgement ([`ACK`]) and
-/// was answered before the worker acknowledged it: the worker's acknowledgement delay in whole
-/// ms ([`ACK_DELAY`]). It tells the client that the worker acknowledges (it merely answered
-/// first) and how long it waits before it does; a worker that predates acknowledgements sends
-/// neither this nor [`ACCEPTED_BY`].
+/// Reply header on every final reply to a request that asked for an acknowledgement ([`ACK`]):
+/// the worker's acknowledgement delay in whole ms ([`ACK_DELAY`]). It tells the client that the
+/// worker acknowledges (a reply without an acknowledgement merely came first, or the
+/// acknowledgement was lost, e.g. while the client was disconnected) and how long it waits
+/// before it does; a worker that predates acknowledgements sends neither this nor
+/// [`ACCEPTED_BY`].
 pub const ACK_DELAY_MS: &str = "Embatch-Ack-Delay-Ms";
 
 /// `<subject>.alive`: where every worker publishes its service id (the body, UTF-8) every

@@ -268,8 +268,8 @@ impl Intake {
     /// Admits one request into the batcher, or answers its error at once; its reply will be
     /// checked against (and teach) `reply_limit`. A request that asks for an acknowledgement
     /// ([`headers::ACK`]) gets one when it is still held [`headers::ACK_DELAY`] after
-    /// `received` (at once for a copy of a request held already); a reply sent before that
-    /// carries [`headers::ACK_DELAY_MS`] instead.
+    /// `received` (at once for a copy of a request held already); its reply carries
+    /// [`headers::ACK_DELAY_MS`].
     async fn admit(&self, request: Message, reply_limit: &Arc<ReplyLimit>, acks: &Acks) {
         let received = Instant::now();
         if request.reply.is_none() {
@@ -366,8 +366,9 @@ impl Intake {
                 Ok(reply)
             });
             let mut reply = answer(outcome);
-            if let (Some((_, delay_ms)), Some(_)) = (&ack_id, ack_at) {
-                // Answered before the acknowledgement was due: say that one would have come.
+            if let Some((_, delay_ms)) = &ack_id {
+                // Whether acknowledged or not (an acknowledgement can be lost, e.g. while the
+                // client was disconnected): this worker acknowledges.
                 reply = reply.header(headers::ACK_DELAY_MS, delay_ms);
             }
             reply.send(&client, &request, &stats, received).await;
