@@ -311,7 +311,7 @@ impl EmbedClient {
             }
             let mut seen = *events.borrow_and_update();
             let remaining = deadline.saturating_duration_since(Instant::now());
-            self.publish(&slot.subject, &body, remaining)
+            self.publish(&slot.subject, &body, remaining, sends + 1)
                 .await
                 .inspect_err(|_| {
                     if sends == 0 {
@@ -426,12 +426,14 @@ impl EmbedClient {
         }
     }
 
-    /// Publishes one copy of a request: `body` with its headers, replies to `reply`.
+    /// Publishes copy `attempt` (1-based) of a request: `body` with its headers, replies to
+    /// `reply`; a resent copy says which it is ([`headers::ATTEMPT`]).
     async fn publish(
         &self,
         reply: &str,
         body: &Bytes,
         remaining: Duration,
+        attempt: u32,
     ) -> Result<(), RequestError> {
         let mut request_headers = async_nats::HeaderMap::new();
         request_headers.insert(
@@ -441,6 +443,9 @@ impl EmbedClient {
         request_headers.insert(headers::VERSION, PROTOCOL_VERSION);
         request_headers.insert(headers::REQUEST_ID, reply);
         request_headers.insert(headers::ACK, "1");
+        if attempt > 1 {
+            request_headers.insert(headers::ATTEMPT, attempt.to_string().as_str());
+        }
         self.nats
             .publish_with_reply_and_headers(
                 self.subject.clone(),

@@ -86,6 +86,17 @@ pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(100);
 /// process stalled for a few hundred ms on a loaded host is not taken for dead).
 pub const HEARTBEAT_EXPIRY: Duration = Duration::from_millis(500);
 
+/// Request header (optional): on a copy of a request that its client resends (the same
+/// [`REQUEST_ID`]), the number of this copy, `2` and up. A worker that does not hold the request
+/// yet admits by deadline alone for [`RESEND_BACKLOG_WINDOW`]: resends come in bursts (the
+/// requests a lost worker held, all at once), and a queue-delay bound would refuse part of a
+/// burst whose callers' deadlines allow it to drain.
+pub const ATTEMPT: &str = "Embatch-Attempt";
+
+/// How long a worker admits by deadline alone after a resent copy ([`ATTEMPT`]) reached it:
+/// 1 s.
+pub const RESEND_BACKLOG_WINDOW: Duration = Duration::from_secs(1);
+
 /// Request header (optional): the contract version the client speaks, e.g. `1`.
 pub const VERSION: &str = "Embatch-Version";
 

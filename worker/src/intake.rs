@@ -297,6 +297,15 @@ impl Intake {
                 .increment(1);
             return;
         }
+        if request
+            .headers
+            .as_ref()
+            .is_some_and(|h| h.get(headers::ATTEMPT).is_some())
+        {
+            // A copy resent after a loss: more of its burst may follow (see
+            // `headers::ATTEMPT`).
+            self.batcher.absorb_backlog(headers::RESEND_BACKLOG_WINDOW);
+        }
         let (receiver, inputs) = match self.submit(&request, received, reply_limit) {
             Ok(accepted) => accepted,
             Err(err) => {

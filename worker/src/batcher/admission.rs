@@ -418,9 +418,10 @@ impl Ledger {
     /// each request, `MAX_QUEUE_DELAY` does not) until `until`: the requests clients held while
     /// NATS was away arrive together after a reconnect, as a backlog whose callers already
     /// waited, and a bound of a few call times would answer most of them 429 (benchmark 16: 717
-    /// of 14,000 for a 1 s restart). A later call replaces an earlier one.
+    /// of 14,000 for a 1 s restart); so do resent copies after a worker was lost. The later of
+    /// two ends holds.
     pub fn absorb_backlog_until(&mut self, until: Instant) {
-        self.backlog_until = Some(until);
+        self.backlog_until = Some(self.backlog_until.map_or(until, |end| end.max(until)));
     }
 
     /// Whether the upstream looks stalled at `now`: calls are in flight and none started or

@@ -234,17 +234,19 @@ struct Job {
 }
 
 impl BatcherHandle {
-    /// Admits by deadline, without `MAX_QUEUE_DELAY`, for `window` from now: after a NATS
-    /// reconnect, the requests clients held through the outage arrive at once (see
+    /// Admits by deadline, without `MAX_QUEUE_DELAY`, for `window` from now (or longer, if an
+    /// earlier call asked for longer): after a NATS reconnect, the requests clients held
+    /// through the outage arrive at once, as do resent copies after a worker was lost (see
     /// `Ledger::absorb_backlog_until`). `QUEUE_CAP`, `MAX_QUEUE_BYTES` and each request's
     /// deadline still bound what is admitted.
     pub fn absorb_backlog(&self, window: Duration) {
         let until = Instant::now() + window;
-        *self
+        let mut pending = self
             .shared
             .backlog_until
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(until);
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *pending = Some(pending.map_or(until, |earlier| earlier.max(until)));
     }
 
     /// Submits one request: its inputs, options and absolute deadline, without waiting for the
