@@ -656,6 +656,17 @@ def counters(url: str) -> dict[str, float] | None:
     return out
 
 
+def peak_rss_mb(pid: int) -> float | None:
+    """The peak resident memory of process `pid` so far (VmHWM), in MiB; None when gone."""
+    try:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
 def recovery_runs(b: Stack, cases: list[tuple[str, float, float, object]]) -> dict:
     """For each `(label, warmup_s, duration_s, events_of)`: a stack of its own (nats-server, two
     GPU-like upstreams, workers A and B with the defaults, the gateway with its defaults), open
@@ -672,7 +683,7 @@ def recovery_runs(b: Stack, cases: list[tuple[str, float, float, object]]) -> di
                 upstreams.append(up_child)
                 workers.append(b.worker(nats, tei_url=up, name=f"worker-{name}"))
             b.wait_workers(nats, workers)
-            _, gw = b.gateway(nats, None)
+            gw_child, gw = b.gateway(nats, None)
             gw_metrics = gw.args[1].removesuffix("/embed") + "/metrics"
             events = events_of(nats, upstreams, workers)
             r = b.load(f"{label} @ {RECOVERY_RATE} req/s", gw, rate=RECOVERY_RATE,
@@ -687,6 +698,7 @@ def recovery_runs(b: Stack, cases: list[tuple[str, float, float, object]]) -> di
             # and its client's resends by reason.
             r["counters"] = {
                 "gateway": counters(gw_metrics),
+                "gateway_peak_rss_mb": peak_rss_mb(gw_child.popen.pid),
                 "workers": [counters(f"http://127.0.0.1:{w.metrics_port}/metrics")
                             for w in workers]}
             log(f"  counters: {r['counters']}")
