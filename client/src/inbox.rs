@@ -54,6 +54,8 @@ pub(crate) struct Generation {
     pub lost: u64,
     /// Reconnects of the NATS connection so far.
     pub reconnects: u64,
+    /// When the last reconnect was seen (checked every 50 ms).
+    pub reconnected_at: Option<Instant>,
 }
 
 /// What the client heard of one worker.
@@ -323,6 +325,9 @@ impl Shared {
             self.events.send_modify(|generation| {
                 generation.lost += lost;
                 generation.reconnects += u64::from(reconnected);
+                if reconnected {
+                    generation.reconnected_at = Some(now);
+                }
             });
         }
     }
@@ -376,7 +381,8 @@ mod tests {
             *events.borrow_and_update(),
             Generation {
                 lost: 0,
-                reconnects: 1
+                reconnects: 1,
+                reconnected_at: Some(later),
             }
         );
     }

@@ -243,7 +243,9 @@ impl EmbedClient {
     ///   only for a request it still holds after [`headers::ACK_DELAY`] (20 ms; a faster reply
     ///   is its own proof of receipt); with neither within the acknowledgement wait (the
     ///   workers' delay + 10 × the smoothed acknowledgement round trip, that part at least
-    ///   100 ms, 120 ms to 1 s in all, doubled at each resend) it is resent: nats-server
+    ///   100 ms, 120 ms to 1 s in all, doubled at each resend; 1 s for a copy sent within
+    ///   [`RECONNECT_GRACE`] of a reconnect, when the backlog of the outage reaches the workers
+    ///   at once) it is resent: nats-server
     ///   delivers at most once, and drops messages around a queue member's unsubscribe, a
     ///   worker killed before reading it, or a server restart;
     /// - when every worker that acknowledged it stops its heartbeat
@@ -320,7 +322,24 @@ impl EmbedClient {
                 })?;
             sends += 1;
             let sent = Instant::now();
-            let mut ack_by = ack_wait.map(|wait| sent + wait).filter(|at| *at < deadline);
+            // Within RECONNECT_GRACE of a reconnect, the requests clients held reach the workers
+            // together, and acknowledging them all takes the workers longer than a round trip:
+            // a copy sent then waits the longest acknowledgement wait, not a few round trips,
+            // before it is resent (a burst of spurious resends filled a worker's QUEUE_CAP,
+            // benchmark 16).
+            let after_reconnect = sent < reconnect_grace_until
+                || seen
+                    .reconnected_at
+                    .is_some_and(|at| sent < at + RECONNECT_GRACE);
+            let mut ack_by = ack_wait
+                .map(|wait| {
+                    sent + if after_reconnect {
+                        wait.max(ACK_TIMEOUT_MAX)
+                    } else {
+                        wait
+                    }
+                })
+                .filter(|at| *at < deadline);
             wake.as_mut().reset(ack_by.unwrap_or(deadline));
             let reason = loop {
                 tokio::select! {
