@@ -197,6 +197,14 @@ impl EmbedClient {
         &self.subject
     }
 
+    /// How many times the connection was made so far (reconnects included).
+    fn connects(&self) -> u64 {
+        self.nats
+            .statistics()
+            .connects
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// [`RequestError::Disconnected`] unless the connection is up.
     fn connected(&self) -> Result<(), RequestError> {
         match self.nats.connection_state() {
@@ -322,6 +330,9 @@ impl EmbedClient {
                 })?;
             sends += 1;
             let sent = Instant::now();
+            // The connection this copy went out on: a reconnect announced later that this copy
+            // was sent after (the announcement lags by up to 50 ms) lost nothing of it.
+            let connects_at_send = self.connects();
             // Within RECONNECT_GRACE of a reconnect, the requests clients held reach the workers
             // together, and acknowledging them all takes the workers longer than a round trip:
             // a copy sent then waits the longest acknowledgement wait, not a few round trips,
@@ -423,7 +434,8 @@ impl EmbedClient {
                             return Err(RequestError::Transport("the reply inbox closed".into()));
                         }
                         let now = *events.borrow_and_update();
-                        let reconnected = now.reconnects != seen.reconnects;
+                        let reconnected = now.reconnects != seen.reconnects
+                            && self.connects() != connects_at_send;
                         let lost = now.lost != seen.lost
                             && !holders.is_empty()
                             && holders.iter().all(|h| inbox.is_lost(h));

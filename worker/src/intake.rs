@@ -174,6 +174,7 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// Also ends, at once, when the connection closes.
 pub(crate) async fn run(mut intake: Intake, stop: CancellationToken) {
     let reply_limit = Arc::new(ReplyLimit::new(intake.config.max_payload));
+    let mut reconnects = crate::reconnect::Reconnects::new(&intake.client);
     let acks = Acks {
         worker_id: Arc::from(intake.config.worker_id.as_str()),
         delay_ms: headers::ACK_DELAY.as_millis().to_string().into(),
@@ -185,6 +186,7 @@ pub(crate) async fn run(mut intake: Intake, stop: CancellationToken) {
         };
         match event {
             Event::Request(request) => {
+                reconnects.check(&intake.batcher);
                 intake.admit(request, &reply_limit, &acks).await;
                 intake.group.admitted().await;
             }

@@ -3,18 +3,20 @@
 //! While nats-server is away, clients hold their requests (an `embatch-client` waits for the
 //! reconnect within each request's deadline rather than fail it) and resend what was in flight.
 //! When the server is back, that backlog (the outage × the request rate) reaches the workers
-//! within a few ms. `MAX_QUEUE_DELAY` (`auto`: 2 upstream calls + `MAX_WAIT_TIME`) would answer
-//! most of it 429, though its callers' deadlines allow the queue to drain (benchmark 16 before
-//! this: 717 × 429 of 14,000 requests for a 1 s restart at 1,000 req/s, 2,255 for 5 s). So for
-//! [`BACKLOG_WINDOW`] after each reconnect the batcher admits by deadline alone
-//! ([`crate::batcher::BatcherHandle::absorb_backlog`]): `QUEUE_CAP`, `MAX_QUEUE_BYTES` and
-//! each request's deadline still bound what it takes.
+//! within a few ms of their re-subscribing. `MAX_QUEUE_DELAY` (`auto`: 2 upstream calls +
+//! `MAX_WAIT_TIME`) would answer most of it 429, though its callers' deadlines allow the queue
+//! to drain (benchmark 16 before this: 717 × 429 of 14,000 requests for a 1 s restart at 1,000
+//! req/s, 2,255 for 5 s). So for [`BACKLOG_WINDOW`] after each reconnect the batcher admits by
+//! deadline alone ([`crate::batcher::BatcherHandle::absorb_backlog`]): `QUEUE_CAP`,
+//! `MAX_QUEUE_BYTES` and each request's deadline still bound what it takes.
+//!
+//! The intake checks the connection's connect count before it admits each request (one atomic
+//! load), so the window is open before the first request of the backlog is admitted: a task
+//! polling the count would let the first milliseconds of the burst through unabsorbed.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
-
-use tokio::time::MissedTickBehavior;
-use tokio_util::sync::CancellationToken;
 
 use crate::batcher::BatcherHandle;
 
@@ -24,29 +26,25 @@ use crate::batcher::BatcherHandle;
 /// outage's length × the load's share of capacity (≈ 0.5 s for 5 s down, benchmark 16).
 pub const BACKLOG_WINDOW: Duration = Duration::from_secs(3);
 
-/// How often the connection's reconnect count is read: 20 ms.
-const CHECK_EVERY: Duration = Duration::from_millis(20);
+/// The connect count of a NATS connection as last seen.
+pub(crate) struct Reconnects {
+    statistics: Arc<async_nats::Statistics>,
+    seen: u64,
+}
 
-/// Watches `client`'s connects count until `stop` is cancelled (with the intake: the batcher
-/// ends only once every handle is dropped) and opens a backlog window on `batcher` at each
-/// reconnect.
-pub(crate) async fn run(
-    client: async_nats::Client,
-    batcher: BatcherHandle,
-    stop: CancellationToken,
-) {
-    let statistics = client.statistics();
-    let mut connects = statistics.connects.load(Ordering::Relaxed);
-    let mut tick = tokio::time::interval(CHECK_EVERY);
-    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            () = stop.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        let now = statistics.connects.load(Ordering::Relaxed);
-        if now != connects {
-            connects = now;
+impl Reconnects {
+    /// Starts from `client`'s current count.
+    pub(crate) fn new(client: &async_nats::Client) -> Reconnects {
+        let statistics = client.statistics();
+        let seen = statistics.connects.load(Ordering::Relaxed);
+        Reconnects { statistics, seen }
+    }
+
+    /// Opens a backlog window on `batcher` when the connection came back since the last call.
+    pub(crate) fn check(&mut self, batcher: &BatcherHandle) {
+        let now = self.statistics.connects.load(Ordering::Relaxed);
+        if now != self.seen {
+            self.seen = now;
             tracing::info!(
                 window = ?BACKLOG_WINDOW,
                 "reconnected to NATS: admitting the clients' backlog by deadline alone"

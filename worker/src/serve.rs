@@ -9,9 +9,7 @@
 //!   the metrics recorder's upkeep, [`crate::http`]);
 //! - `intake` (a child of `stop`: cancelling the root cancels it too) ends what takes messages:
 //!   the intake, which holds the queue-group membership ([`crate::group`]) and drains its
-//!   subscription, the `info` endpoint ([`crate::info`]), the upstream `/health` probes and
-//!   the reconnect watch ([`crate::reconnect`]; it holds a batcher handle, so it must end with
-//!   the intake for the batcher to end).
+//!   subscription, the `info` endpoint ([`crate::info`]) and the upstream `/health` probes.
 //!
 //! Two kinds of task are not long-lived and are waited on by the sequence instead: the
 //! batcher's actor, which ends when the intake drops the last [`crate::batcher::BatcherHandle`]
@@ -30,7 +28,6 @@ use tokio_util::task::TaskTracker;
 use crate::upstream::Upstream;
 use crate::{
     Config, WorkerError, batcher, group, heartbeat, http, info, intake, membership, micro,
-    reconnect,
 };
 
 /// Longest the tasks of the tree may take to stop once cancelled (the admin server's open
@@ -157,11 +154,6 @@ pub(crate) async fn start<U: Upstream>(
     if let Some(probes) = probes {
         tasks.spawn(probes.run(intake_stop.clone()));
     }
-    tasks.spawn(reconnect::run(
-        client.clone(),
-        batcher.clone(),
-        intake_stop.clone(),
-    ));
     let intake = tasks.spawn(intake::run(
         intake::Intake {
             group,
