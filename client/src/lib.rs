@@ -320,6 +320,11 @@ impl EmbedClient {
                 reconnect_grace_until = Instant::now() + RECONNECT_GRACE;
             }
             let mut seen = *events.borrow_and_update();
+            // Sent within RECONNECT_GRACE of a reconnect of this client, even one this request
+            // did not wait through: workers may not have re-subscribed yet.
+            if let Some(at) = seen.reconnected_at {
+                reconnect_grace_until = reconnect_grace_until.max(at + RECONNECT_GRACE);
+            }
             let remaining = deadline.saturating_duration_since(Instant::now());
             self.publish(&slot.subject, &body, remaining, sends + 1)
                 .await
@@ -338,10 +343,7 @@ impl EmbedClient {
             // a copy sent then waits the longest acknowledgement wait, not a few round trips,
             // before it is resent (a burst of spurious resends filled a worker's QUEUE_CAP,
             // benchmark 16).
-            let after_reconnect = sent < reconnect_grace_until
-                || seen
-                    .reconnected_at
-                    .is_some_and(|at| sent < at + RECONNECT_GRACE);
+            let after_reconnect = sent < reconnect_grace_until;
             let mut ack_by = ack_wait
                 .map(|wait| {
                     sent + if after_reconnect {
@@ -612,8 +614,9 @@ fn retry_pause(n: u32) -> Duration {
 /// request's budget) before it reports [`RequestError::NoResponders`]: 150 ms.
 pub const NO_RESPONDERS_RETRY: Duration = Duration::from_millis(150);
 
-/// After a reconnect that a request waited through, "no responders" is retried for this long
-/// instead of [`NO_RESPONDERS_RETRY`] (within the budget): workers re-subscribe when they have
+/// After a reconnect that a request waited through, or for a request sent within this long of
+/// a reconnect, "no responders" is retried until this long after the reconnect instead of for
+/// [`NO_RESPONDERS_RETRY`] (within the budget): workers re-subscribe when they have
 /// reconnected too, up to a reconnect pause ([`RECONNECT_DELAY_MAX`]) after the server is
 /// back: 1 s.
 pub const RECONNECT_GRACE: Duration = Duration::from_secs(1);
