@@ -30,16 +30,22 @@ const CHECK_EVERY: Duration = Duration::from_millis(50);
 /// A lost worker is forgotten this long after its last heartbeat: 60 s.
 const FORGET_AFTER: Duration = Duration::from_secs(60);
 
-/// Shortest wait for an acknowledgement before a request is resent: 100 ms (a loaded host
-/// stalls processes for tens of ms; each spurious resend is upstream work twice).
+/// Shortest wait for an acknowledgement beyond the workers' acknowledgement delay
+/// ([`headers::ACK_DELAY`]) before a request is resent: 100 ms (a loaded host stalls processes
+/// for tens of ms; each spurious resend is upstream work twice).
 pub const ACK_TIMEOUT_MIN: Duration = Duration::from_millis(100);
 
 /// Longest wait for an acknowledgement before a request is resent: 1 s. Each further resend of
 /// the same request doubles its wait, up to this.
 pub const ACK_TIMEOUT_MAX: Duration = Duration::from_secs(1);
 
-/// The acknowledgement wait is this many times the smoothed acknowledgement round trip.
+/// The acknowledgement wait is the workers' acknowledgement delay plus this many times the
+/// smoothed round trip of an acknowledgement (its arrival less that delay).
 const ACK_TIMEOUT_FACTOR: u32 = 10;
+
+/// The longest acknowledgement delay a worker's [`headers::ACK_DELAY_MS`] is taken at: half of
+/// [`ACK_TIMEOUT_MAX`], so a wrong header cannot put off resends for long.
+const ACK_DELAY_MAX: Duration = Duration::from_millis(500);
 
 /// What changed since a request last looked: counters, so a request compares its own copy.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -48,6 +54,8 @@ pub(crate) struct Generation {
     pub lost: u64,
     /// Reconnects of the NATS connection so far.
     pub reconnects: u64,
+    /// When the last reconnect was seen (checked every 50 ms).
+    pub reconnected_at: Option<Instant>,
 }
 
 /// What the client heard of one worker.
@@ -65,10 +73,15 @@ struct Shared {
     routes: Mutex<HashMap<u64, mpsc::UnboundedSender<Message>>>,
     workers: Mutex<HashMap<String, Heard>>,
     events: watch::Sender<Generation>,
-    /// Smoothed acknowledgement round trip, µs (0: none measured yet).
+    /// Smoothed acknowledgement round trip less the acknowledgement delay, µs (0: none measured
+    /// yet).
     ack_rtt_us: AtomicU64,
-    /// `false` after a success came without an acknowledgement (a worker that predates them):
-    /// requests are then not resent for want of one. `true` again at the next acknowledgement.
+    /// The workers' acknowledgement delay, µs: [`headers::ACK_DELAY`] until a reply says
+    /// otherwise ([`headers::ACK_DELAY_MS`]).
+    ack_delay_us: AtomicU64,
+    /// `false` after a success came with neither an acknowledgement nor
+    /// [`headers::ACK_DELAY_MS`] (a worker that predates acknowledgements): requests are then not
+    /// resent for want of one. `true` again at the next sign of an acknowledging worker.
     acking: AtomicBool,
 }
 
@@ -125,6 +138,7 @@ impl Inbox {
             workers: Mutex::new(HashMap::new()),
             events,
             ack_rtt_us: AtomicU64::new(0),
+            ack_delay_us: AtomicU64::new(micros(headers::ACK_DELAY)),
             acking: AtomicBool::new(true),
         });
         let statistics = nats.statistics();
@@ -176,8 +190,8 @@ impl Inbox {
     }
 
     /// Takes an acknowledgement from worker `id`, `rtt` after the request was sent: the worker
-    /// is watched from now on (if no heartbeat came yet), and the round trip smooths the
-    /// acknowledgement wait.
+    /// is watched from now on (if no heartbeat came yet), and the round trip less the
+    /// acknowledgement delay smooths the acknowledgement wait.
     pub(crate) fn acknowledged(&self, id: &str, rtt: Duration) {
         self.shared.acking.store(true, Ordering::Relaxed);
         {
@@ -192,7 +206,8 @@ impl Inbox {
                 );
             }
         }
-        let sample = u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX);
+        let delay = self.shared.ack_delay_us.load(Ordering::Relaxed);
+        let sample = micros(rtt).saturating_sub(delay);
         let old = self.shared.ack_rtt_us.load(Ordering::Relaxed);
         // EWMA with weight 1/8; races between requests lose a sample, which is harmless.
         let new = if old == 0 {
@@ -203,22 +218,40 @@ impl Inbox {
         self.shared.ack_rtt_us.store(new.max(1), Ordering::Relaxed);
     }
 
-    /// A success came without an acknowledgement: a worker that does not send them serves this
-    /// subject, so waiting for one says nothing.
+    /// A reply came carrying the worker's acknowledgement delay ([`headers::ACK_DELAY_MS`], whole
+    /// ms): the worker acknowledges, and waits this long before it does (taken at most at
+    /// [`ACK_DELAY_MAX`]).
+    pub(crate) fn acknowledges_after(&self, delay_ms: u64) {
+        self.shared.acking.store(true, Ordering::Relaxed);
+        let delay = Duration::from_millis(delay_ms).min(ACK_DELAY_MAX);
+        self.shared
+            .ack_delay_us
+            .store(micros(delay), Ordering::Relaxed);
+    }
+
+    /// A success came with neither an acknowledgement nor [`headers::ACK_DELAY_MS`]: a worker
+    /// that predates acknowledgements serves this subject, so waiting for one says nothing.
     pub(crate) fn unacknowledged_success(&self) {
         self.shared.acking.store(false, Ordering::Relaxed);
     }
 
-    /// How long to wait for an acknowledgement before resending: `ACK_TIMEOUT_FACTOR` × the
-    /// smoothed round trip, within [`ACK_TIMEOUT_MIN`]..=[`ACK_TIMEOUT_MAX`]; `None` while the
-    /// workers do not acknowledge.
+    /// How long to wait for an acknowledgement before resending: the workers' acknowledgement
+    /// delay plus `ACK_TIMEOUT_FACTOR` × the smoothed round trip (at least
+    /// [`ACK_TIMEOUT_MIN`]), at most [`ACK_TIMEOUT_MAX`] in all; `None` while the workers do
+    /// not acknowledge.
     pub(crate) fn ack_timeout(&self) -> Option<Duration> {
         if !self.shared.acking.load(Ordering::Relaxed) {
             return None;
         }
         let rtt = Duration::from_micros(self.shared.ack_rtt_us.load(Ordering::Relaxed));
-        Some((rtt * ACK_TIMEOUT_FACTOR).clamp(ACK_TIMEOUT_MIN, ACK_TIMEOUT_MAX))
+        let delay = Duration::from_micros(self.shared.ack_delay_us.load(Ordering::Relaxed));
+        Some((delay + (rtt * ACK_TIMEOUT_FACTOR).max(ACK_TIMEOUT_MIN)).min(ACK_TIMEOUT_MAX))
     }
+}
+
+/// `d` in whole µs (saturating).
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 impl Shared {
@@ -292,6 +325,9 @@ impl Shared {
             self.events.send_modify(|generation| {
                 generation.lost += lost;
                 generation.reconnects += u64::from(reconnected);
+                if reconnected {
+                    generation.reconnected_at = Some(now);
+                }
             });
         }
     }
@@ -309,6 +345,7 @@ mod tests {
             workers: Mutex::new(HashMap::new()),
             events: watch::channel(Generation::default()).0,
             ack_rtt_us: AtomicU64::new(0),
+            ack_delay_us: AtomicU64::new(micros(headers::ACK_DELAY)),
             acking: AtomicBool::new(true),
         }
     }
@@ -344,7 +381,8 @@ mod tests {
             *events.borrow_and_update(),
             Generation {
                 lost: 0,
-                reconnects: 1
+                reconnects: 1,
+                reconnected_at: Some(later),
             }
         );
     }

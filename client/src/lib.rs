@@ -200,6 +200,14 @@ impl EmbedClient {
         &self.subject
     }
 
+    /// How many times the connection was made so far (reconnects included).
+    fn connects(&self) -> u64 {
+        self.nats
+            .statistics()
+            .connects
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// [`RequestError::Disconnected`] unless the connection is up.
     fn connected(&self) -> Result<(), RequestError> {
         match self.nats.connection_state() {
@@ -242,11 +250,15 @@ impl EmbedClient {
     /// for the reply. Whatever happens to NATS or to a worker, the request is resent (with the
     /// same [`headers::REQUEST_ID`] and the deadline left) as long as the budget allows:
     ///
-    /// - every request asks for an acknowledgement ([`headers::ACK`]); with none within the
-    ///   acknowledgement wait (10 × the smoothed acknowledgement round trip, 100 ms to 1 s,
-    ///   doubled at each resend) it is resent: nats-server delivers at most once, and drops
-    ///   messages around a queue member's unsubscribe, a worker killed before reading it, or a
-    ///   server restart;
+    /// - every request asks for an acknowledgement ([`headers::ACK`]), which a worker sends
+    ///   only for a request it still holds after [`headers::ACK_DELAY`] (20 ms; a faster reply
+    ///   is its own proof of receipt); with neither within the acknowledgement wait (the
+    ///   workers' delay + 10 × the smoothed acknowledgement round trip, that part at least
+    ///   100 ms, 120 ms to 1 s in all, doubled at each resend; 1 s for a copy sent within
+    ///   [`RECONNECT_GRACE`] of a reconnect, when the backlog of the outage reaches the workers
+    ///   at once) it is resent: nats-server
+    ///   delivers at most once, and drops messages around a queue member's unsubscribe, a
+    ///   worker killed before reading it, or a server restart;
     /// - when every worker that acknowledged it stops its heartbeat
     ///   ([`headers::HEARTBEAT_EXPIRY`]), it is resent: the worker was killed or cut off;
     /// - after a reconnect of this client, every request in flight is resent: replies
@@ -300,15 +312,24 @@ impl EmbedClient {
         // Whether any copy was ever acknowledged. `holders` is cleared when a holder's heartbeat
         // stops (or on a 503), so it cannot tell a worker that predates acknowledgements from one
         // whose heartbeat was merely late (a starved process): only a success with no
-        // acknowledgement at all turns acknowledgement waits off.
+        // acknowledgement at all, and without the acknowledgement delay that an acknowledging
+        // worker puts on every reply, turns acknowledgement waits off.
         let mut acknowledged = false;
+        // One timer per request: the acknowledgement wait while one runs, else the deadline.
+        let wake = tokio::time::sleep_until(deadline);
+        tokio::pin!(wake);
         'send: loop {
             if self.wait_connected(deadline).await? {
                 reconnect_grace_until = Instant::now() + RECONNECT_GRACE;
             }
             let mut seen = *events.borrow_and_update();
+            // Sent within RECONNECT_GRACE of a reconnect of this client, even one this request
+            // did not wait through: workers may not have re-subscribed yet.
+            if let Some(at) = seen.reconnected_at {
+                reconnect_grace_until = reconnect_grace_until.max(at + RECONNECT_GRACE);
+            }
             let remaining = deadline.saturating_duration_since(Instant::now());
-            self.publish(&slot.subject, &body, remaining)
+            self.publish(&slot.subject, &body, remaining, sends + 1)
                 .await
                 .inspect_err(|_| {
                     if sends == 0 {
@@ -317,7 +338,25 @@ impl EmbedClient {
                 })?;
             sends += 1;
             let sent = Instant::now();
-            let mut ack_by = ack_wait.map(|wait| sent + wait);
+            // The connection this copy went out on: a reconnect announced later that this copy
+            // was sent after (the announcement lags by up to 50 ms) lost nothing of it.
+            let connects_at_send = self.connects();
+            // Within RECONNECT_GRACE of a reconnect, the requests clients held reach the workers
+            // together, and acknowledging them all takes the workers longer than a round trip:
+            // a copy sent then waits the longest acknowledgement wait, not a few round trips,
+            // before it is resent (a burst of spurious resends filled a worker's QUEUE_CAP,
+            // benchmark 16).
+            let after_reconnect = sent < reconnect_grace_until;
+            let mut ack_by = ack_wait
+                .map(|wait| {
+                    sent + if after_reconnect {
+                        wait.max(ACK_TIMEOUT_MAX)
+                    } else {
+                        wait
+                    }
+                })
+                .filter(|at| *at < deadline);
+            wake.as_mut().reset(ack_by.unwrap_or(deadline));
             let reason = loop {
                 tokio::select! {
                     message = replies.recv() => {
@@ -352,9 +391,14 @@ impl EmbedClient {
                             if !holders.iter().any(|h| h == worker) {
                                 holders.push(worker.to_owned());
                             }
-                            ack_by = None;
+                            if ack_by.take().is_some() {
+                                wake.as_mut().reset(deadline);
+                            }
                             continue;
                         }
+                        // An acknowledging worker says so on its reply, acknowledged or not.
+                        let ack_delay_ms =
+                            headers::parse_millis(header(&message, headers::ACK_DELAY_MS));
                         let outcome = decode(message);
                         if let Err(RequestError::Reply(err)) = &outcome
                             && err.status() == 503
@@ -369,7 +413,9 @@ impl EmbedClient {
                                 break "unavailable";
                             }
                         }
-                        if outcome.is_ok() && !acknowledged {
+                        if let Some(delay_ms) = ack_delay_ms {
+                            inbox.acknowledges_after(delay_ms);
+                        } else if outcome.is_ok() && !acknowledged {
                             inbox.unacknowledged_success();
                         }
                         cancel.disarm();
@@ -378,8 +424,11 @@ impl EmbedClient {
                         }
                         return outcome;
                     }
-                    () = sleep_until(ack_by) => {
-                        ack_by = None;
+                    () = &mut wake => {
+                        if ack_by.take().is_none() {
+                            return Err(timed_out);
+                        }
+                        wake.as_mut().reset(deadline);
                         if resend_in_time(deadline) {
                             ack_wait = ack_wait.map(|wait| (wait * 2).min(ACK_TIMEOUT_MAX));
                             break "no_ack";
@@ -390,7 +439,8 @@ impl EmbedClient {
                             return Err(RequestError::Transport("the reply inbox closed".into()));
                         }
                         let now = *events.borrow_and_update();
-                        let reconnected = now.reconnects != seen.reconnects;
+                        let reconnected = now.reconnects != seen.reconnects
+                            && self.connects() != connects_at_send;
                         let lost = now.lost != seen.lost
                             && !holders.is_empty()
                             && holders.iter().all(|h| inbox.is_lost(h));
@@ -405,7 +455,6 @@ impl EmbedClient {
                             break if reconnected { "reconnect" } else { "worker_lost" };
                         }
                     }
-                    () = tokio::time::sleep_until(deadline) => return Err(timed_out),
                 }
             };
             metrics::counter!(RETRIES, "reason" => reason).increment(1);
@@ -413,12 +462,14 @@ impl EmbedClient {
         }
     }
 
-    /// Publishes one copy of a request: `body` with its headers, replies to `reply`.
+    /// Publishes copy `attempt` (1-based) of a request: `body` with its headers, replies to
+    /// `reply`; a resent copy says which it is ([`headers::ATTEMPT`]).
     async fn publish(
         &self,
         reply: &str,
         body: &Bytes,
         remaining: Duration,
+        attempt: u32,
     ) -> Result<(), RequestError> {
         let mut request_headers = async_nats::HeaderMap::new();
         request_headers.insert(
@@ -428,6 +479,9 @@ impl EmbedClient {
         request_headers.insert(headers::VERSION, PROTOCOL_VERSION);
         request_headers.insert(headers::REQUEST_ID, reply);
         request_headers.insert(headers::ACK, "1");
+        if attempt > 1 {
+            request_headers.insert(headers::ATTEMPT, attempt.to_string().as_str());
+        }
         self.nats
             .publish_with_reply_and_headers(
                 self.subject.clone(),
@@ -506,14 +560,6 @@ fn header<'a>(message: &'a async_nats::Message, name: &str) -> Option<&'a str> {
         .map(|v| v.as_str())
 }
 
-/// Sleeps until `at`, or forever when `None`.
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
 /// A reply message as the contract defines it: the payload, or the error its headers carry.
 fn decode(message: async_nats::Message) -> Result<Reply, RequestError> {
     let header = |name: &str| {
@@ -573,8 +619,9 @@ fn retry_pause(n: u32) -> Duration {
 /// request's budget) before it reports [`RequestError::NoResponders`]: 150 ms.
 pub const NO_RESPONDERS_RETRY: Duration = Duration::from_millis(150);
 
-/// After a reconnect that a request waited through, "no responders" is retried for this long
-/// instead of [`NO_RESPONDERS_RETRY`] (within the budget): workers re-subscribe when they have
+/// After a reconnect that a request waited through, or for a request sent within this long of
+/// a reconnect, "no responders" is retried until this long after the reconnect instead of for
+/// [`NO_RESPONDERS_RETRY`] (within the budget): workers re-subscribe when they have
 /// reconnected too, up to a reconnect pause ([`RECONNECT_DELAY_MAX`]) after the server is
 /// back: 1 s.
 pub const RECONNECT_GRACE: Duration = Duration::from_secs(1);

@@ -1,8 +1,10 @@
 //! The acknowledgement contract over a real nats-server and worker: a plain request gets
-//! exactly one reply, a request with `Embatch-Ack: 1` an acknowledgement naming the worker
-//! then the reply; `EmbedClient` resends a request that no worker acknowledged (here: a queue
-//! member that swallows every message, as nats-server drops one around an UNSUB), and does not
-//! keep resending to workers that never acknowledge.
+//! exactly one reply; a request with `Embatch-Ack: 1` answered within the acknowledgement delay
+//! gets one reply that says the worker acknowledges (`Embatch-Ack-Delay-Ms`), one held longer an
+//! acknowledgement naming the worker then the reply; `EmbedClient` resends a request that no
+//! worker acknowledged or answered (here: a queue member that swallows messages, as nats-server
+//! drops one around an UNSUB), does not keep resending to workers that never acknowledge, and
+//! does not take a worker that answers before acknowledging for one of those.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -11,8 +13,17 @@ use std::time::Duration;
 use bytes::Bytes;
 use embatch_client::EmbedClient;
 use embatch_protocol::{DEFAULT_QUEUE_GROUP, headers};
-use embatch_testkit::{NatsServer, Stack, TeiConfig};
+use embatch_testkit::{Faults, NatsServer, Stack, TeiConfig};
 use futures::StreamExt;
+
+/// The value of header `name` of `message`.
+fn header(message: &async_nats::Message, name: &str) -> Option<String> {
+    message
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(name))
+        .map(|v| v.as_str().to_owned())
+}
 
 /// Every message on `inbox` within `quiet` of the previous one.
 async fn messages(sub: &mut async_nats::Subscriber, quiet: Duration) -> Vec<async_nats::Message> {
@@ -38,14 +49,44 @@ async fn a_plain_request_gets_one_reply_and_an_acked_one_an_acknowledgement_firs
         .expect("publish");
     let plain = messages(&mut sub, Duration::from_millis(300)).await;
     assert_eq!(plain.len(), 1, "a plain request gets exactly one reply");
-    assert!(
-        plain[0]
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(headers::ACCEPTED_BY))
-            .is_none()
-    );
+    assert_eq!(header(&plain[0], headers::ACCEPTED_BY), None);
+    assert_eq!(header(&plain[0], headers::ACK_DELAY_MS), None);
 
+    // Answered within the acknowledgement delay: the reply alone, saying that an
+    // acknowledgement would have come. A stalled test process can hold one past the delay;
+    // then it gets the acknowledgement first, so a few tries show the fast form.
+    let mut fast_replies = 0;
+    for _ in 0..5 {
+        let inbox = nats.new_inbox();
+        let mut sub = nats.subscribe(inbox.clone()).await.expect("subscribe");
+        let mut ack = async_nats::HeaderMap::new();
+        ack.insert(headers::ACK, "1");
+        nats.publish_with_reply_and_headers("embed", inbox, ack, body.clone())
+            .await
+            .expect("publish");
+        let got = messages(&mut sub, Duration::from_millis(300)).await;
+        let reply = got.last().expect("a reply");
+        let vectors: Vec<Vec<f32>> = serde_json::from_slice(&reply.payload).expect("vectors");
+        assert_eq!(vectors, vec![embatch_testkit::double_vector("hello")]);
+        assert_eq!(header(reply, headers::ACCEPTED_BY), None);
+        assert_eq!(
+            header(reply, headers::ACK_DELAY_MS),
+            Some(headers::ACK_DELAY.as_millis().to_string())
+        );
+        if got.len() == 1 {
+            fast_replies += 1;
+        } else {
+            assert_eq!(got.len(), 2, "at most an acknowledgement and the reply");
+            assert!(header(&got[0], headers::ACCEPTED_BY).is_some());
+        }
+    }
+    assert!(fast_replies > 0, "no reply came before its acknowledgement");
+
+    // Held beyond the delay (the upstream takes 200 ms): the acknowledgement, then the reply.
+    stack.tei.set_faults(Faults {
+        delay: Duration::from_millis(200),
+        ..Faults::default()
+    });
     let inbox = nats.new_inbox();
     let mut sub = nats.subscribe(inbox.clone()).await.expect("subscribe");
     let mut ack = async_nats::HeaderMap::new();
@@ -53,16 +94,18 @@ async fn a_plain_request_gets_one_reply_and_an_acked_one_an_acknowledgement_firs
     nats.publish_with_reply_and_headers("embed", inbox, ack, body)
         .await
         .expect("publish");
-    let acked = messages(&mut sub, Duration::from_millis(300)).await;
+    let acked = messages(&mut sub, Duration::from_millis(500)).await;
     assert_eq!(acked.len(), 2, "an acknowledgement, then the reply");
-    let worker = acked[0]
-        .headers
-        .as_ref()
-        .and_then(|h| h.get(headers::ACCEPTED_BY))
-        .map(|v| v.as_str().to_owned())
-        .expect("the first message names the worker");
+    let worker =
+        header(&acked[0], headers::ACCEPTED_BY).expect("the first message names the worker");
     assert!(acked[0].payload.is_empty());
     assert!(!worker.is_empty());
+    assert_eq!(header(&acked[1], headers::ACCEPTED_BY), None);
+    assert_eq!(
+        header(&acked[1], headers::ACK_DELAY_MS),
+        Some(headers::ACK_DELAY.as_millis().to_string()),
+        "on every reply to a request that asked for an acknowledgement"
+    );
     let vectors: Vec<Vec<f32>> = serde_json::from_slice(&acked[1].payload).expect("vectors");
     assert_eq!(vectors, vec![embatch_testkit::double_vector("hello")]);
 
@@ -89,6 +132,7 @@ async fn a_request_no_worker_acknowledged_is_resent_until_one_does() {
         .await
         .expect("connects");
     let swallowed = Arc::new(AtomicUsize::new(0));
+    let swallowed_resends = Arc::new(AtomicUsize::new(0));
     let mut hole = raw
         .queue_subscribe("embed", DEFAULT_QUEUE_GROUP.to_owned())
         .await
@@ -96,9 +140,15 @@ async fn a_request_no_worker_acknowledged_is_resent_until_one_does() {
     raw.flush().await.expect("flush");
     let hole_task = tokio::spawn({
         let swallowed = Arc::clone(&swallowed);
+        let swallowed_resends = Arc::clone(&swallowed_resends);
         async move {
-            while hole.next().await.is_some() {
+            while let Some(copy) = hole.next().await {
                 swallowed.fetch_add(1, Ordering::Relaxed);
+                // A resent copy says which copy it is: 2 and up.
+                if let Some(attempt) = header(&copy, headers::ATTEMPT) {
+                    assert!(attempt.parse::<u32>().is_ok_and(|n| n >= 2), "{attempt}");
+                    swallowed_resends.fetch_add(1, Ordering::Relaxed);
+                }
             }
         }
     });
@@ -136,6 +186,11 @@ async fn a_request_no_worker_acknowledged_is_resent_until_one_does() {
         lost > 0,
         "the queue group never routed to the swallowing member"
     );
+    assert!(
+        swallowed_resends.load(Ordering::Relaxed) > 0,
+        "no resent copy carried its attempt number"
+    );
+    assert!(!hole_task.is_finished(), "the swallowing member failed");
     hole_task.abort();
     stack.worker.stop().await;
 }
@@ -190,6 +245,70 @@ async fn workers_that_never_acknowledge_get_each_request_once() {
     assert!(
         (5..=8).contains(&copies),
         "{copies} copies of 5 requests reached the responder"
+    );
+    responder.abort();
+}
+
+/// A responder that answers at once, before an acknowledgement would be due, with the
+/// acknowledgement delay on its reply (as a worker does), and swallows the first copy of every
+/// request whose body says `lost`. After many fast unacknowledged successes the client still
+/// expects acknowledgements, so the swallowed request is resent and answered; a client that
+/// took the responder for one that never acknowledges would wait for it until its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_answers_before_acknowledging_still_gets_lost_requests_resent() {
+    let nats = NatsServer::start();
+    let raw = async_nats::connect(nats.url()).await.expect("connects");
+    let lost_copies = Arc::new(AtomicUsize::new(0));
+    let mut requests = raw
+        .queue_subscribe("embed", DEFAULT_QUEUE_GROUP.to_owned())
+        .await
+        .expect("subscribe");
+    raw.flush().await.expect("flush");
+    let responder = tokio::spawn({
+        let lost_copies = Arc::clone(&lost_copies);
+        let raw = raw.clone();
+        async move {
+            while let Some(request) = requests.next().await {
+                let Some(reply) = request.reply else { continue };
+                if request.payload.windows(4).any(|w| w == b"lost")
+                    && lost_copies.fetch_add(1, Ordering::Relaxed) == 0
+                {
+                    continue;
+                }
+                let mut reply_headers = async_nats::HeaderMap::new();
+                reply_headers.insert(headers::ACK_DELAY_MS, "20");
+                let _ = raw
+                    .publish_with_headers(reply, reply_headers, Bytes::from_static(b"[[0.5]]"))
+                    .await;
+            }
+        }
+    });
+    let client = EmbedClient::new(
+        async_nats::connect(nats.url()).await.expect("connects"),
+        "embed",
+    );
+    for i in 0..20 {
+        let reply = client
+            .embed(
+                Bytes::from(format!(r#"{{"inputs":"text {i}"}}"#)),
+                Duration::from_secs(5),
+            )
+            .await
+            .expect("answered");
+        assert_eq!(reply.payload, Bytes::from_static(b"[[0.5]]"));
+    }
+    let reply = client
+        .embed(
+            Bytes::from_static(br#"{"inputs":"lost"}"#),
+            Duration::from_secs(5),
+        )
+        .await
+        .expect("the swallowed request is resent and answered");
+    assert_eq!(reply.payload, Bytes::from_static(b"[[0.5]]"));
+    assert_eq!(
+        lost_copies.load(Ordering::Relaxed),
+        2,
+        "the swallowed copy and one resend"
     );
     responder.abort();
 }

@@ -47,8 +47,12 @@ pub struct Config {
     /// gateway raises its soft open-file limit (`ulimit -Sn`) to the hard one (`ulimit -Hn`);
     /// when this setting is above that limit less 64 descriptors of headroom (NATS, the
     /// listener, files), the limit's cap is in effect instead. The log line `connection cap`
-    /// says which.
-    #[arg(long, env = "MAX_CONNECTIONS", default_value_t = 4096)]
+    /// says which. The default is twice `MAX_IN_FLIGHT`'s, so that with one request per
+    /// HTTP/1.1 connection the in-flight bound (a 429 with `Retry-After`) binds before a
+    /// closed connection does, with room for idle keep-alive connections: requests held
+    /// through a NATS outage (5 s at 1,000 req/s is 5,000 open requests) wait instead of
+    /// being refused.
+    #[arg(long, env = "MAX_CONNECTIONS", default_value_t = 16384)]
     pub max_connections: usize,
 
     /// Most `/embed` requests in flight; beyond it a request is answered 429 `Overloaded` at

@@ -219,7 +219,7 @@ async fn under_a_low_open_file_limit_the_gateway_raises_it_or_caps_connections_b
     let hard = hard_open_file_limit();
     let gateway = GatewayProcess::start(&nats, "ulimit -Sn 256");
     assert_eq!(openapi_status(&gateway.addr).await, 200);
-    let expected = 4096.min(hard.saturating_sub(64)).max(1);
+    let expected = 16384.min(hard.saturating_sub(64)).max(1);
     let line = gateway.lines_with("connection cap");
     assert_eq!(line.len(), 1, "one `connection cap` line: {line:?}");
     assert!(
@@ -229,13 +229,13 @@ async fn under_a_low_open_file_limit_the_gateway_raises_it_or_caps_connections_b
     );
     drop(gateway);
 
-    // Soft and hard limit 256: MAX_CONNECTIONS (4096) is capped at 256 - 64 = 192.
+    // Soft and hard limit 256: MAX_CONNECTIONS (16384) is capped at 256 - 64 = 192.
     let gateway = GatewayProcess::start(&nats, "ulimit -n 256");
     let line = gateway.lines_with("connection cap");
     assert!(
         line.len() == 1
             && line[0].contains("connection_cap=192")
-            && line[0].contains("max_connections=4096")
+            && line[0].contains("max_connections=16384")
             && line[0].contains("WARN"),
         "{line:?}"
     );

@@ -627,6 +627,44 @@ def restart_nats(b: Stack, nats, down_s: float) -> None:
     wait_until("nats-server to come back", lambda: port_open(nats.port), 15, [nats.child])
 
 
+COUNTERS = ("embatch_worker_requests_shed_total", "embatch_worker_requests_total",
+            "embatch_gateway_connections_refused_total", "embatch_client_retries_total",
+            "embatch_worker_membership_changes_total")
+
+
+def counters(url: str) -> dict[str, float] | None:
+    """The non-zero samples of COUNTERS on the Prometheus page at `url`, by series
+    (`name{labels}`); None when it does not answer (a killed process)."""
+    from .procs import http_get
+    try:
+        status, body = http_get(url)
+    except OSError:
+        return None
+    if status != 200:
+        return None
+    out = {}
+    for line in body.decode(errors="replace").splitlines():
+        series, _, value = line.rpartition(" ")
+        if series.startswith(COUNTERS):
+            try:
+                if float(value):
+                    out[series] = float(value)
+            except ValueError:
+                pass
+    return out
+
+
+def peak_rss_mb(pid: int) -> float | None:
+    """The peak resident memory of process `pid` so far (VmHWM), in MiB; None when gone."""
+    try:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
 def recovery_runs(b: Stack, cases: list[tuple[str, float, float, object]]) -> dict:
     """For each `(label, warmup_s, duration_s, events_of)`: a stack of its own (nats-server, two
     GPU-like upstreams, workers A and B with the defaults, the gateway with its defaults), open
@@ -643,7 +681,8 @@ def recovery_runs(b: Stack, cases: list[tuple[str, float, float, object]]) -> di
                 upstreams.append(up_child)
                 workers.append(b.worker(nats, tei_url=up, name=f"worker-{name}"))
             b.wait_workers(nats, workers)
-            _, gw = b.gateway(nats, None)
+            gw_child, gw = b.gateway(nats, None)
+            gw_metrics = gw.args[1].removesuffix("/embed") + "/metrics"
             events = events_of(nats, upstreams, workers)
             r = b.load(f"{label} @ {RECOVERY_RATE} req/s", gw, rate=RECOVERY_RATE,
                        warmup=warmup, duration=duration, timeout=RECOVERY_TIMEOUT_S,
@@ -652,6 +691,15 @@ def recovery_runs(b: Stack, cases: list[tuple[str, float, float, object]]) -> di
             if any(e["error"] for e in fired):
                 raise BenchError(f"{label}: an event failed: {fired}")
             worker_settings.update(workers[0].settings)
+            # Why requests failed or were resent, from the processes' own counters (whole run,
+            # warm-up included): sheds by reason per worker, the gateway's refused connections
+            # and its client's resends by reason.
+            r["counters"] = {
+                "gateway": counters(gw_metrics),
+                "gateway_peak_rss_mb": peak_rss_mb(gw_child.popen.pid),
+                "workers": [counters(f"http://127.0.0.1:{w.metrics_port}/metrics")
+                            for w in workers]}
+            log(f"  counters: {r['counters']}")
             runs.append(run_entry("gateway", {"path": "gateway", "case": label,
                                               "rate": RECOVERY_RATE, "events": fired}, r))
         finally:

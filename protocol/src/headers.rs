@@ -39,19 +39,37 @@ pub fn members_subject(subject: &str) -> String {
     format!("{subject}.members")
 }
 
-/// Request header (optional): `1` asks the worker that receives the request to acknowledge it at
-/// once, before any batching: a message on the request's reply subject with
-/// [`ACCEPTED_BY`] set to the worker's service id and an empty body, then the final reply as
-/// usual (two messages in all). A client that sends it can tell a request that reached a worker
-/// from one lost on the way (nats-server delivers at most once), and resend the request when the
-/// worker holding it stops publishing on [`heartbeat_subject`]. Without this header the worker
-/// sends exactly one reply, so a plain `request` of any NATS client works unchanged.
+/// Request header (optional): `1` asks the worker that receives the request to acknowledge it
+/// when it still holds it [`ACK_DELAY`] after reading it: a message on the request's reply
+/// subject with [`ACCEPTED_BY`] set to the worker's service id and an empty body, then the final
+/// reply as usual (two messages in all). A request answered within [`ACK_DELAY`] gets only its
+/// reply; either message tells the client that a worker read the request, and the reply
+/// carries [`ACK_DELAY_MS`] in both cases. A client that sends it can tell a request that reached a worker from one
+/// lost on the way (nats-server delivers at most once), and resend the request when the worker
+/// holding it stops publishing on [`heartbeat_subject`]. A copy of a request the worker already
+/// holds (a client's resend) is acknowledged at once. Without this header the worker sends
+/// exactly one reply, so a plain `request` of any NATS client works unchanged.
 pub const ACK: &str = "Embatch-Ack";
+
+/// How long a worker holds a request that asked for an acknowledgement ([`ACK`]) before it sends
+/// one: 20 ms. Most requests are answered sooner at light and moderate load, so they cost no
+/// extra message (the acknowledgement was +5 to +20 µs of CPU per request in each process when
+/// sent at once, benchmark 4's setup). A client must wait longer than this plus a round trip
+/// before it takes a request for lost.
+pub const ACK_DELAY: Duration = Duration::from_millis(20);
 
 /// Reply header of the acknowledgement a request carrying [`ACK`] gets: the service id (a NUID,
 /// as `$SRV.INFO` reports it) of the worker that holds the request. The message has an empty
 /// body and is not the reply; the final reply follows on the same subject.
 pub const ACCEPTED_BY: &str = "Embatch-Accepted-By";
+
+/// Reply header on every final reply to a request that asked for an acknowledgement ([`ACK`]):
+/// the worker's acknowledgement delay in whole ms ([`ACK_DELAY`]). It tells the client that the
+/// worker acknowledges (a reply without an acknowledgement merely came first, or the
+/// acknowledgement was lost, e.g. while the client was disconnected) and how long it waits
+/// before it does; a worker that predates acknowledgements sends neither this nor
+/// [`ACCEPTED_BY`].
+pub const ACK_DELAY_MS: &str = "Embatch-Ack-Delay-Ms";
 
 /// `<subject>.alive`: where every worker publishes its service id (the body, UTF-8) every
 /// [`HEARTBEAT_INTERVAL`] while it runs, so a client knows that the worker holding its request
@@ -67,6 +85,17 @@ pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(100);
 /// How long after its last heartbeat a worker counts as gone: 500 ms (five intervals, so a
 /// process stalled for a few hundred ms on a loaded host is not taken for dead).
 pub const HEARTBEAT_EXPIRY: Duration = Duration::from_millis(500);
+
+/// Request header (optional): on a copy of a request that its client resends (the same
+/// [`REQUEST_ID`]), the number of this copy, `2` and up. A worker that does not hold the request
+/// yet admits by deadline alone for [`RESEND_BACKLOG_WINDOW`]: resends come in bursts (the
+/// requests a lost worker held, all at once), and a queue-delay bound would refuse part of a
+/// burst whose callers' deadlines allow it to drain.
+pub const ATTEMPT: &str = "Embatch-Attempt";
+
+/// How long a worker admits by deadline alone after a resent copy ([`ATTEMPT`]) reached it:
+/// 1 s.
+pub const RESEND_BACKLOG_WINDOW: Duration = Duration::from_secs(1);
 
 /// Request header (optional): the contract version the client speaks, e.g. `1`.
 pub const VERSION: &str = "Embatch-Version";

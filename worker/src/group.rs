@@ -220,6 +220,12 @@ impl Group {
         self.decide(load).await;
     }
 
+    /// The membership state now (a member, or out: full, which a worker leaves only for a peer
+    /// with room; upstream unhealthy; stopping).
+    pub fn state(&self) -> MemberState {
+        self.membership.state()
+    }
+
     /// Re-decides from the load now (a re-check while full, a peer's change), and tells the
     /// peers when this worker's state or room changed.
     pub async fn observe(&mut self) {

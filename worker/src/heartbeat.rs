@@ -8,21 +8,37 @@
 //! client resends the request to the queue group. The heartbeat runs from start until the worker
 //! has answered everything it holds, so a graceful stop never looks like a death.
 //!
+//! It is silent while the worker is out of the queue group because its upstream fails or
+//! hangs ([`MemberState::UpstreamUnhealthy`], see [`crate::membership`]): a call that hangs in
+//! the upstream would hold its requests until `UPSTREAM_TIMEOUT`, so the clients resend them to
+//! the other workers after [`embatch_protocol::headers::HEARTBEAT_EXPIRY`], and the first reply
+//! wins. (A worker whose upstream fails answers 503 for what it holds anyway.)
+//!
 //! Cost: one message of ~22 bytes per interval per worker (10 per second), fanned out by the
 //! NATS server to every client that listens.
 
 use async_nats::Client;
 use bytes::Bytes;
 use embatch_protocol::headers::{HEARTBEAT_INTERVAL, heartbeat_subject};
+use tokio::sync::watch;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
+use crate::membership::MemberState;
+
 /// Publishes `id` on the heartbeat subject of `subject` every interval until `stop` is
-/// cancelled (the last step of the worker's shutdown, after it answered what it held). A failed
+/// cancelled (the last step of the worker's shutdown, after it answered what it held), except
+/// while `state` is [`MemberState::UpstreamUnhealthy`]. A failed
 /// publish (the connection is closed) is logged at debug and retried at the next tick; while
 /// disconnected the client does not send (async-nats would buffer the beats and flush them,
 /// stale, at the reconnect).
-pub(crate) async fn run(client: Client, subject: String, id: String, stop: CancellationToken) {
+pub(crate) async fn run(
+    client: Client,
+    subject: String,
+    id: String,
+    state: watch::Receiver<MemberState>,
+    stop: CancellationToken,
+) {
     let subject = heartbeat_subject(&subject);
     let payload = Bytes::from(id.into_bytes());
     let mut tick = tokio::time::interval(HEARTBEAT_INTERVAL);
@@ -32,7 +48,9 @@ pub(crate) async fn run(client: Client, subject: String, id: String, stop: Cance
             () = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
-        if client.connection_state() != async_nats::connection::State::Connected {
+        if client.connection_state() != async_nats::connection::State::Connected
+            || *state.borrow() == MemberState::UpstreamUnhealthy
+        {
             continue;
         }
         if let Err(err) = client.publish(subject.clone(), payload.clone()).await {

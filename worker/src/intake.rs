@@ -179,6 +179,11 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// Also ends, at once, when the connection closes.
 pub(crate) async fn run(mut intake: Intake, stop: CancellationToken) {
     let reply_limit = Arc::new(ReplyLimit::new(intake.config.max_payload));
+    let mut reconnects = crate::reconnect::Reconnects::new(&intake.client);
+    let acks = Acks {
+        worker_id: Arc::from(intake.config.worker_id.as_str()),
+        delay_ms: headers::ACK_DELAY.as_millis().to_string().into(),
+    };
     loop {
         let event = tokio::select! {
             event = intake.group.next() => event,
@@ -186,7 +191,8 @@ pub(crate) async fn run(mut intake: Intake, stop: CancellationToken) {
         };
         match event {
             Event::Request(request) => {
-                intake.admit(request, &reply_limit).await;
+                reconnects.check(&intake.batcher);
+                intake.admit(request, &reply_limit, &acks).await;
                 intake.group.admitted().await;
             }
             Event::Control(control) => intake.group.control(control).await,
@@ -199,7 +205,7 @@ pub(crate) async fn run(mut intake: Intake, stop: CancellationToken) {
     // acknowledged, and acknowledging clients resend it (see `crate::group`).
     while let Ok(event) = tokio::time::timeout(DRAIN_TIMEOUT, intake.group.next()).await {
         match event {
-            Event::Request(request) => intake.admit(request, &reply_limit).await,
+            Event::Request(request) => intake.admit(request, &reply_limit, &acks).await,
             Event::Ended => break,
             Event::Control(_) => {}
         }
@@ -224,10 +230,54 @@ pub(crate) async fn withdraw(
     }
 }
 
+/// What this worker puts in acknowledgements: its id ([`headers::ACCEPTED_BY`]) and its delay
+/// ([`headers::ACK_DELAY_MS`]), shared by the reply tasks.
+struct Acks {
+    worker_id: Arc<str>,
+    delay_ms: Arc<str>,
+}
+
+/// Whether `request` asks for an acknowledgement ([`headers::ACK`]).
+fn wants_ack(request: &Message) -> bool {
+    request
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(headers::ACK))
+        .is_some_and(|v| v.as_str() == "1")
+}
+
+/// Sleeps until `at`, or forever when `None`.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Tells the client of `request` that worker `worker_id` holds it: an empty message with
+/// [`headers::ACCEPTED_BY`] on its reply subject, so the client can resend what it never saw
+/// acknowledged or answered, or what a worker that went silent held.
+async fn acknowledge(client: &async_nats::Client, request: &Message, worker_id: &str) {
+    let Some(inbox) = request.reply.clone() else {
+        return;
+    };
+    let mut ack = HeaderMap::new();
+    ack.insert(headers::ACCEPTED_BY, worker_id);
+    if let Err(err) = client
+        .publish_with_headers(inbox, ack, bytes::Bytes::new())
+        .await
+    {
+        tracing::debug!(%err, "cannot acknowledge a request");
+    }
+}
+
 impl Intake {
     /// Admits one request into the batcher, or answers its error at once; its reply will be
-    /// checked against (and teach) `reply_limit`.
-    async fn admit(&self, request: Message, reply_limit: &Arc<ReplyLimit>) {
+    /// checked against (and teach) `reply_limit`. A request that asks for an acknowledgement
+    /// ([`headers::ACK`]) gets one when it is still held [`headers::ACK_DELAY`] after
+    /// `received` (at once for a copy of a request held already); its reply carries
+    /// [`headers::ACK_DELAY_MS`].
+    async fn admit(&self, request: Message, reply_limit: &Arc<ReplyLimit>, acks: &Acks) {
         let received = Instant::now();
         if request.reply.is_none() {
             metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => "no_reply_subject")
@@ -237,7 +287,7 @@ impl Intake {
             );
             return;
         }
-        self.acknowledge(&request).await;
+        let wants_ack = wants_ack(&request);
         let id = request
             .headers
             .as_ref()
@@ -245,10 +295,23 @@ impl Intake {
             .map(|v| v.as_str().to_owned());
         if id.as_deref().is_some_and(|id| self.withdrawable.holds(id)) {
             // A copy its client resent (see `embatch_client::EmbedClient::embed`) of a request
-            // this worker already holds: that one answers on the same reply subject.
+            // this worker already holds: that one answers on the same reply subject. The
+            // client resent it for want of an acknowledgement, so it gets one now.
+            if wants_ack {
+                acknowledge(&self.client, &request, &acks.worker_id).await;
+            }
             metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => "duplicate")
                 .increment(1);
             return;
+        }
+        if request
+            .headers
+            .as_ref()
+            .is_some_and(|h| h.get(headers::ATTEMPT).is_some())
+        {
+            // A copy resent after a loss: more of its burst may follow (see
+            // `headers::ATTEMPT`).
+            self.batcher.absorb_backlog(headers::RESEND_BACKLOG_WINDOW);
         }
         let submission = match self
             .parse(&request, received, reply_limit)
@@ -258,7 +321,13 @@ impl Intake {
             Err(err) => {
                 metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => err.kind())
                     .increment(1);
-                self.respond(&request, Err(err), received).await;
+                let mut reply = answer(Err(err), None);
+                if wants_ack {
+                    reply = reply.header(headers::ACK_DELAY_MS, &acks.delay_ms);
+                }
+                reply
+                    .send(&self.client, &request, &self.stats, received)
+                    .await;
                 return;
             }
         };
@@ -270,22 +339,51 @@ impl Intake {
         let reply_limit = Arc::clone(reply_limit);
         let client = self.client.clone();
         let stats = self.stats.clone();
+        let ack_id = wants_ack.then(|| (Arc::clone(&acks.worker_id), Arc::clone(&acks.delay_ms)));
+        // Out of the queue group (full, which it leaves only for a peer with room; its
+        // upstream failing or stalled; stopping), and this request was on its way: a 429 would
+        // fail it only because of where it was routed, so a client that resends gets a 503 to
+        // resend on instead.
+        let hand_back = wants_ack && !self.group.state().is_member();
         self.replies.spawn(async move {
             let inputs = submission.inputs();
-            // Withdrawn by its caller: dropping the receiver (or the count) tells the batcher.
-            let submitted = tokio::select! {
-                submitted = submission.submit() => submitted,
-                () = cancelled.cancelled() => return,
+            let mut ack_at = ack_id.as_ref().map(|_| received + headers::ACK_DELAY);
+            // Counted (when a tokenizer counts off the intake) and submitted; withdrawn by its
+            // caller: dropping the count or the receiver tells the batcher.
+            let submit = submission.submit();
+            tokio::pin!(submit);
+            let submitted = loop {
+                tokio::select! {
+                    biased;
+                    submitted = &mut submit => break submitted,
+                    () = cancelled.cancelled() => return,
+                    () = sleep_until(ack_at) => {
+                        ack_at = None;
+                        if let Some((worker_id, _)) = &ack_id {
+                            acknowledge(&client, &request, worker_id).await;
+                        }
+                    }
+                }
             };
             let (outcome, tokens) = match submitted {
-                Ok((receiver, tokens)) => {
-                    let outcome = tokio::select! {
-                        outcome = receiver => outcome.unwrap_or_else(|_| {
-                            Err(EmbedError::Unavailable(
-                                "the worker stopped before answering".into(),
-                            ))
-                        }),
-                        () = cancelled.cancelled() => return,
+                Ok((mut receiver, tokens)) => {
+                    let outcome = loop {
+                        tokio::select! {
+                            // An outcome ready with the acknowledgement due makes it unnecessary.
+                            biased;
+                            outcome = &mut receiver => break outcome.unwrap_or_else(|_| {
+                                Err(EmbedError::Unavailable(
+                                    "the worker stopped before answering".into(),
+                                ))
+                            }),
+                            () = cancelled.cancelled() => return,
+                            () = sleep_until(ack_at) => {
+                                ack_at = None;
+                                if let Some((worker_id, _)) = &ack_id {
+                                    acknowledge(&client, &request, worker_id).await;
+                                }
+                            }
+                        }
                     };
                     (outcome, tokens)
                 }
@@ -298,38 +396,28 @@ impl Intake {
             if let Some((registry, id)) = registered {
                 registry.remove(&id);
             }
+            let outcome = match outcome {
+                Err(EmbedError::Overloaded(why)) if hand_back => {
+                    metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => "handed_back")
+                        .increment(1);
+                    Err(EmbedError::Unavailable(format!(
+                        "this worker left the queue group for a peer with room ({why}); resend"
+                    )))
+                }
+                outcome => outcome,
+            };
             let outcome = outcome.and_then(|reply| {
                 reply_limit.observe(inputs, reply.payload.len())?;
                 Ok(reply)
             });
-            answer(outcome, tokens)
-                .send(&client, &request, &stats, received)
-                .await;
+            let mut reply = answer(outcome, tokens);
+            if let Some((_, delay_ms)) = &ack_id {
+                // Whether acknowledged or not (an acknowledgement can be lost, e.g. while the
+                // client was disconnected): this worker acknowledges.
+                reply = reply.header(headers::ACK_DELAY_MS, delay_ms);
+            }
+            reply.send(&client, &request, &stats, received).await;
         });
-    }
-
-    /// Tells a client that asked ([`headers::ACK`]) that this worker holds its request: an empty
-    /// message with [`headers::ACCEPTED_BY`] on the reply subject, before any other reply, so a
-    /// client can resend what it never saw acknowledged, or what a worker that went silent
-    /// held. Requests without the header get nothing extra.
-    async fn acknowledge(&self, request: &Message) {
-        let wants_ack = request
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(headers::ACK))
-            .is_some_and(|v| v.as_str() == "1");
-        let Some(inbox) = request.reply.clone().filter(|_| wants_ack) else {
-            return;
-        };
-        let mut ack = HeaderMap::new();
-        ack.insert(headers::ACCEPTED_BY, self.config.worker_id.as_str());
-        if let Err(err) = self
-            .client
-            .publish_with_headers(inbox, ack, bytes::Bytes::new())
-            .await
-        {
-            tracing::debug!(%err, "cannot acknowledge a request");
-        }
     }
 
     /// Submits `parsed` to the batcher now when counting its tokens is immediate (no
@@ -358,13 +446,6 @@ impl Intake {
             self.batcher.clone(),
             reservation,
         ))
-    }
-
-    /// Answers `request` at once (an error found before the batcher).
-    async fn respond(&self, request: &Message, outcome: Outcome, received: Instant) {
-        answer(outcome, None)
-            .send(&self.client, request, &self.stats, received)
-            .await;
     }
 
     /// Parses and validates a request received at `received` whose reply must fit

@@ -33,6 +33,7 @@ mod intake;
 pub mod membership;
 mod micro;
 mod peers;
+mod reconnect;
 mod respond;
 mod serve;
 pub mod telemetry;

@@ -9,7 +9,10 @@
 //!   its queue is empty (with every upstream slot busy, the next batch leaves as a slot frees);
 //! - **upstream unhealthy**: after [`FAILURES_TO_LEAVE`] failed upstream calls in a row
 //!   (refused, 5xx, timeouts, malformed replies; an upstream's 429 or an input it rejects does not
-//!   count) or as many failed `/health` probes in a row; it rejoins when a probe succeeds.
+//!   count) or as many failed `/health` probes in a row, or while its calls stall (in flight, and
+//!   none started or ended for [`STALL_CALLS`] call times, at least [`STALL_MIN`]: a hung
+//!   upstream); it rejoins when a probe succeeds and no call stalls. While out for this reason
+//!   its heartbeat is silent, so clients resend what it holds (see `crate::heartbeat`).
 //!   Probes run every [`PROBE_INTERVAL_UNHEALTHY`] while the worker is out for this reason, every
 //!   [`PROBE_INTERVAL`] otherwise, each bounded by [`PROBE_TIMEOUT`].
 //!
@@ -39,6 +42,11 @@ pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 pub const PROBE_INTERVAL_UNHEALTHY: Duration = Duration::from_millis(250);
 /// Longest a probe may take before it counts as failed.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// An upstream with calls in flight that started or finished none for this many of its
+/// measured call times is stalled ([`Load::stalled`]).
+pub const STALL_CALLS: u32 = 10;
+/// ... and for at least this long: 250 ms.
+pub const STALL_MIN: Duration = Duration::from_millis(250);
 
 /// `MEMBERSHIP`: whether a worker leaves the queue group while it cannot serve in time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -132,6 +140,9 @@ pub struct Load {
     /// queue wait under half its bound), from the workers' announcements (see `crate::peers`): a full
     /// worker leaves only then, and rejoins when it is no longer so.
     pub peer_has_room: bool,
+    /// Upstream calls are in flight and none started or ended for [`STALL_CALLS`] call times
+    /// (at least [`STALL_MIN`]): the upstream hangs.
+    pub stalled: bool,
 }
 
 /// A change of membership: the intake subscribes (`joined`) or drains its subscription.
@@ -184,8 +195,9 @@ impl Membership {
         if self.mode == Mode::Static || self.state == MemberState::Stopping {
             return None;
         }
-        let unhealthy =
-            load.failed_calls >= FAILURES_TO_LEAVE || self.failed_probes >= FAILURES_TO_LEAVE;
+        let unhealthy = load.failed_calls >= FAILURES_TO_LEAVE
+            || self.failed_probes >= FAILURES_TO_LEAVE
+            || load.stalled;
         let next = match self.state {
             _ if unhealthy => MemberState::UpstreamUnhealthy,
             // Only a successful probe brings an unhealthy worker back (it resets the counts).
@@ -212,6 +224,10 @@ impl Membership {
         self.failed_probes = 0;
         if self.state != MemberState::UpstreamUnhealthy || self.mode == Mode::Static {
             return (self.observe(load), false);
+        }
+        if load.stalled {
+            // `/health` answers, but the calls in flight still hang.
+            return (None, false);
         }
         let next = if self.over_high_water(load) && load.peer_has_room {
             MemberState::Full
@@ -261,6 +277,7 @@ mod tests {
             bound: Some(BOUND),
             failed_calls,
             peer_has_room: true,
+            stalled: false,
         }
     }
 
@@ -330,9 +347,29 @@ mod tests {
             bound: None,
             failed_calls: 0,
             peer_has_room: true,
+            stalled: false,
         };
         assert_eq!(m.observe(unmeasured), None);
         assert_eq!(m.state(), MemberState::Joined);
+    }
+
+    #[test]
+    fn a_stalled_upstream_leaves_and_a_good_probe_rejoins_only_once_calls_move() {
+        let mut m = adaptive();
+        let stalled = Load {
+            stalled: true,
+            ..load(0, 0)
+        };
+        let left = m.observe(stalled).expect("stalled: leaves");
+        assert_eq!(left.to, MemberState::UpstreamUnhealthy);
+        assert_eq!(
+            m.probed(true, stalled),
+            (None, false),
+            "/health answers, calls still hang"
+        );
+        let (back, recovered) = m.probed(true, load(0, 0));
+        assert_eq!(back.map(|t| t.to), Some(MemberState::Joined));
+        assert!(recovered);
     }
 
     #[test]

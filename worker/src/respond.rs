@@ -47,6 +47,12 @@ impl Answer {
         }
     }
 
+    /// The same reply with header `name: value` added (e.g. [`embatch_protocol::headers::ACK_DELAY_MS`]).
+    pub(crate) fn header(mut self, name: &'static str, value: &str) -> Answer {
+        self.headers.insert(name, value);
+        self
+    }
+
     /// Counts the reply in `stats`, with the time since `received`, then publishes it to
     /// `request`'s inbox on `client`: counted first, so a caller that asks `$SRV.STATS` right
     /// after its reply sees it counted. A request without a reply subject (published, not

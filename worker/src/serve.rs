@@ -86,6 +86,7 @@ pub(crate) async fn start<U: Upstream>(
     let info_stats = micro::EndpointStats::new(info::ENDPOINT, &info_subject, &config.queue_group);
     let membership = membership::Membership::new(config.membership);
     let (state, state_rx) = tokio::sync::watch::channel(membership.state());
+    let heartbeat_state = state_rx.clone();
     let id = service_id(&client);
     let discovery = micro::Discovery::subscribe(
         client.clone(),
@@ -153,6 +154,7 @@ pub(crate) async fn start<U: Upstream>(
         client.clone(),
         config.subject.clone(),
         id.clone(),
+        heartbeat_state,
         stop.clone(),
     ));
     tasks.spawn(intake::withdraw(

@@ -222,6 +222,58 @@ async fn a_nats_server_restart_mid_load_loses_none() {
     );
 }
 
+/// Requests made while nats-server is down wait for it in the client, and reach the workers
+/// together when it is back: 600 at once, about 100 ms of upstream work for the two workers
+/// (20 ms per call of up to 32 inputs, 2 calls at a time each), while `MAX_QUEUE_DELAY=auto`
+/// (2 calls + `MAX_WAIT_TIME` = 42 ms) would refuse most of them 429. After its reconnect a
+/// worker admits that backlog by deadline, so every request is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_backlog_of_a_nats_server_restart_is_served_not_refused() {
+    let server = NatsServer::start();
+    let tei = start_tei(TeiConfig {
+        base: Duration::from_millis(20),
+        ..TeiConfig::instant()
+    })
+    .await;
+    let nats_client = connect(&server).await;
+    let settings = [("MAX_WAIT_TIME", "2ms")];
+    let _a = spawn_worker(&server, &tei, &settings, &nats_client, 1).await;
+    let _b = spawn_worker(&server, &tei, &settings, &nats_client, 2).await;
+    let nats = Arc::new(std::sync::Mutex::new(server));
+    let client = EmbedClient::new(nats_client, "embed");
+    // Measured call times, so MAX_QUEUE_DELAY=auto is in force.
+    for i in 0..20 {
+        embed_checked(&client, &format!("warm-up {i}"), Duration::from_secs(5)).await;
+    }
+    let restarted = Arc::clone(&nats);
+    let restart = tokio::task::spawn_blocking(move || {
+        restarted
+            .lock()
+            .expect("server")
+            .restart(Duration::from_secs(1));
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        client.nats().connection_state() != async_nats::connection::State::Connected,
+        "the server is not down yet"
+    );
+    let took =
+        futures::future::join_all(
+            (0..600).map(|i| {
+                let client = client.clone();
+                async move {
+                    embed_checked(&client, &format!("backlog {i}"), Duration::from_secs(10)).await
+                }
+            }),
+        )
+        .await;
+    restart.await.expect("restarted");
+    eprintln!(
+        "600 requests made during a 1 s outage answered; max latency {:?}",
+        max(&took)
+    );
+}
+
 /// One of two workers' upstream fails (503) while it holds requests, for 300 ms of every
 /// second: that worker answers 503 for what it held (then leaves the queue group, and rejoins
 /// when its upstream's `/health` recovers), the client resends it to the group, and the healthy
@@ -283,6 +335,56 @@ async fn a_worker_whose_upstream_fails_hands_what_it_holds_to_another() {
         cycles >= 2 && failed_calls > 0,
         "the upstream failed too rarely to test anything: {cycles} spells, {failed_calls} calls"
     );
+}
+
+/// One of two workers' upstream hangs mid-load (its calls take 5 s from then on), while the
+/// requests have a 3 s budget: that worker sees its calls stall, leaves the queue group and
+/// goes silent on the heartbeat subject; the client resends what it held to the group, and the
+/// other worker answers all of it within the budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_upstream_hangs_hands_what_it_holds_to_another() {
+    const TOTAL: usize = 600;
+    let nats = NatsServer::start();
+    let hung = Arc::new(
+        start_tei(TeiConfig {
+            base: Duration::from_millis(5),
+            ..TeiConfig::instant()
+        })
+        .await,
+    );
+    let healthy = start_tei(TeiConfig {
+        base: Duration::from_millis(5),
+        ..TeiConfig::instant()
+    })
+    .await;
+    let nats_client = connect(&nats).await;
+    let settings = [("MAX_WAIT_TIME", "1ms")];
+    let _a = spawn_worker(&nats, &hung, &settings, &nats_client, 1).await;
+    let _b = spawn_worker(&nats, &healthy, &settings, &nats_client, 2).await;
+    let client = EmbedClient::new(nats_client, "embed");
+    for i in 0..20 {
+        embed_checked(&client, &format!("warm-up {i}"), Duration::from_secs(5)).await;
+    }
+    let hang = Arc::clone(&hung);
+    let took = load(
+        &client,
+        TOTAL,
+        Duration::from_millis(5),
+        Duration::from_secs(3),
+        move || {
+            hang.set_faults(Faults {
+                delay: Duration::from_secs(5),
+                ..Faults::default()
+            });
+        },
+    )
+    .await;
+    eprintln!(
+        "{} answered within 3 s through a 5 s upstream hang; max latency {:?}",
+        took.len(),
+        max(&took)
+    );
+    assert_eq!(took.len(), TOTAL);
 }
 
 /// 20,000 requests, 200 in flight, to two workers (whose `MAX_QUEUE_DELAY` lets them queue

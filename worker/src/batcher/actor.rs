@@ -186,6 +186,15 @@ impl<U: Upstream> Actor<U> {
             deadline,
         };
         self.received += ask.inputs;
+        if let Some(until) = self
+            .shared
+            .backlog_until
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+        {
+            self.ledger.absorb_backlog_until(until);
+        }
         let admitted = self
             .ledger
             .admit(&self.shared.limits, ask, Instant::now())

@@ -236,6 +236,8 @@ struct Shared {
     /// Upstream calls that failed as an unhealthy upstream fails, in a row (reset by a success
     /// or by [`BatcherHandle::reset_failures`]); watched by the queue-group membership.
     failed_calls: watch::Sender<u32>,
+    /// Set by [`BatcherHandle::absorb_backlog`], taken by the actor at its next admission.
+    backlog_until: std::sync::Mutex<Option<Instant>>,
 }
 
 /// A request on its way to the actor, which admits or refuses it.
@@ -256,6 +258,21 @@ struct Job {
 }
 
 impl BatcherHandle {
+    /// Admits by deadline, without `MAX_QUEUE_DELAY`, for `window` from now (or longer, if an
+    /// earlier call asked for longer): after a NATS reconnect, the requests clients held
+    /// through the outage arrive at once, as do resent copies after a worker was lost (see
+    /// `Ledger::absorb_backlog_until`). `QUEUE_CAP`, `MAX_QUEUE_BYTES` and each request's
+    /// deadline still bound what is admitted.
+    pub fn absorb_backlog(&self, window: Duration) {
+        let until = Instant::now() + window;
+        let mut pending = self
+            .shared
+            .backlog_until
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *pending = Some(pending.map_or(until, |earlier| earlier.max(until)));
+    }
+
     /// Submits one request: its inputs, the token count of each (after truncation, special
     /// tokens included; from the model's tokenizer, or [`estimate_lengths`], or all equal to
     /// count inputs only), its options and absolute deadline, without waiting for the actor.
@@ -384,6 +401,11 @@ impl BatcherHandle {
             bound: call.map(|call| Ledger::delay_bound(&self.shared.limits, call)),
             failed_calls: *self.shared.failed_calls.borrow(),
             peer_has_room: false, // the batcher knows no peers; see `crate::group`
+            stalled: ledger.stalled(
+                now,
+                crate::membership::STALL_CALLS,
+                crate::membership::STALL_MIN,
+            ),
         }
     }
 
@@ -501,6 +523,7 @@ pub fn spawn<U: Upstream>(
         ledger: watch::Sender::new(Ledger::default()),
         in_transit: AtomicUsize::new(0),
         failed_calls: watch::Sender::new(0),
+        backlog_until: std::sync::Mutex::new(None),
     });
     let (tx, rx) = mpsc::unbounded_channel();
     let task = tokio::spawn(actor::Actor::new(upstream, Arc::clone(&shared), rx).run());
