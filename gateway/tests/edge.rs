@@ -175,10 +175,19 @@ async fn every_worker_full_is_429_with_retry_after_and_no_worker_is_503() {
     // One input per call, one call at a time, 600 ms each: a few queued requests put the worker
     // over its admission bound. Alone, it stays a member (it would leave only while another
     // worker serves) and sheds with 429 itself; several full workers answer the same, whichever
-    // of them is a member, and when none is, the gateway answers 429 from discovery.
+    // of them is a member, and when none is, the gateway answers 429 from discovery. A queue
+    // delay bound well under one call makes "over the bound" hold however late (on a loaded
+    // machine) the last request arrives during the running call.
     let Stack { nats, tei, worker } = Stack::start(
         tei_taking(Duration::from_millis(600)),
-        &["--max-batch-size", "1", "--max-concurrent-batches", "1"],
+        &[
+            "--max-batch-size",
+            "1",
+            "--max-concurrent-batches",
+            "1",
+            "--max-queue-delay",
+            "100ms",
+        ],
     )
     .await;
     let gateway = start_gateway_at(&nats.url(), &[], None).await;
