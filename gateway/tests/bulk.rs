@@ -639,3 +639,62 @@ async fn a_bulk_backlog_never_causes_an_interactive_429() {
     assert_eq!(batch["status"], "completed", "{batch}");
     worker.stop().await;
 }
+
+/// What schemathesis found: a `limit` out of range and an id no KV key or object name can be
+/// are answered in OpenAI's JSON error shape (400 naming `limit`, 404), never axum's plain-text
+/// rejection nor a 503 from JetStream's key check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_limit_is_400_and_an_impossible_id_is_404_in_openai_shape() {
+    let nats = NatsServer::start_jetstream();
+    let gateway = start_gateway_at(&nats.url(), &[], None).await;
+    let api = Api::of(&gateway);
+    let error_of = |response: reqwest::Response| async move {
+        let status = response.status().as_u16();
+        let kind = response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        assert_eq!(kind, "application/json", "status {status}");
+        let body: Value = response.json().await.expect("JSON");
+        assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+        (status, body)
+    };
+    for (path, max) in [("/v1/batches", 100), ("/v1/files", 10_000)] {
+        for limit in ["-1", "0", "abc", &(max + 1).to_string()] {
+            let response = api
+                .http
+                .get(format!("{}{path}?limit={limit}", api.url))
+                .send()
+                .await
+                .expect("GET");
+            let (status, body) = error_of(response).await;
+            assert_eq!(status, 400, "{path}?limit={limit}: {body}");
+            assert_eq!(body["error"]["param"], "limit", "{body}");
+            let message = body["error"]["message"].as_str().unwrap_or_default();
+            assert!(message.contains(&max.to_string()), "{message}");
+        }
+        let (status, page) = api.get(&format!("{path}?limit={max}")).await;
+        assert_eq!(status, 200, "{page}");
+    }
+    for id in ["bad.", ".bad", "a%2Ab", "a%20b", "%FF", "a..b%3E"] {
+        for (method, path) in [
+            (reqwest::Method::GET, format!("/v1/batches/{id}")),
+            (reqwest::Method::POST, format!("/v1/batches/{id}/cancel")),
+            (reqwest::Method::GET, format!("/v1/files/{id}")),
+            (reqwest::Method::GET, format!("/v1/files/{id}/content")),
+            (reqwest::Method::DELETE, format!("/v1/files/{id}")),
+        ] {
+            let response = api
+                .http
+                .request(method.clone(), format!("{}{path}", api.url))
+                .send()
+                .await
+                .expect("request");
+            let (status, body) = error_of(response).await;
+            assert_eq!(status, 404, "{method} {path}: {body}");
+            assert_eq!(body["error"]["code"], "not_found", "{body}");
+        }
+    }
+}

@@ -145,6 +145,10 @@ impl BulkStore {
     /// # Errors
     /// [`BulkError::JetStream`], [`BulkError::Malformed`].
     pub async fn batch(&self, id: &str) -> Result<Option<(BatchRecord, u64)>, BulkError> {
+        if !is_valid_key(id) {
+            // No record can have this key: no such batch (not a JetStream error).
+            return Ok(None);
+        }
         let Some(entry) = self.batches.entry(id).await.map_err(js_err)? else {
             return Ok(None);
         };
@@ -240,6 +244,18 @@ impl BulkStore {
             tracing::warn!(%err, batch = %batch.id, "cannot publish the batch event");
         }
     }
+}
+
+/// Whether `key` can name a KV entry or an object: JetStream's rule, as async-nats checks it
+/// before asking the server (`[-/_=.a-zA-Z0-9]+`, not starting or ending with `.`). A batch or
+/// file id that breaks it names nothing stored (the ids embatch makes always keep it).
+pub fn is_valid_key(key: &str) -> bool {
+    !key.is_empty()
+        && !key.starts_with('.')
+        && !key.ends_with('.')
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'/' | b'_' | b'=' | b'.'))
 }
 
 fn status_name(batch: &Batch) -> String {
