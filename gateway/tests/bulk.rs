@@ -698,3 +698,107 @@ async fn a_bad_limit_is_400_and_an_impossible_id_is_404_in_openai_shape() {
         }
     }
 }
+
+/// Work items stranded below their consumer's ack floor (stored, never delivered again: what a
+/// nats-server restart left once after a worker's `kill -9`) are given back by the workers'
+/// sweep, and the batch completes. The stranded state is made exactly: the `bulk-items`
+/// consumer is created first with a filter that misses the batch's items, moves its ack floor
+/// past them on another message, and only then gets the items filter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn items_stranded_below_the_ack_floor_are_swept_back() {
+    use async_nats::jetstream::consumer::{AckPolicy, pull};
+    use embatch_protocol::bulk::{ITEMS_CONSUMER, ITEMS_FILTER, items_subject};
+
+    let nats = NatsServer::start_jetstream();
+    let client = async_nats::connect(nats.url()).await.expect("connect");
+    let store = embatch_runtime::bulk::BulkStore::open(client)
+        .await
+        .expect("JetStream");
+    let config = |filter: String| pull::Config {
+        durable_name: Some(ITEMS_CONSUMER.to_owned()),
+        filter_subject: filter,
+        ack_policy: AckPolicy::Explicit,
+        ack_wait: Duration::from_secs(1),
+        max_deliver: -1,
+        ..Default::default()
+    };
+    let elsewhere = items_subject("batch_elsewhere");
+    store
+        .work
+        .create_consumer(config(elsewhere.clone()))
+        .await
+        .expect("consumer");
+    let (_tei, worker) = {
+        let tei = start_tei(TeiConfig::instant()).await;
+        let args = [
+            "--tei-url",
+            tei.url.as_str(),
+            "--bulk-chunk-inputs",
+            "1",
+            "--bulk-ack-wait",
+            "1s",
+        ];
+        let worker = RunningWorker::start(&nats, &args).await;
+        (tei, worker)
+    };
+    let gateway = start_gateway_at(&nats.url(), &[], None).await;
+    let api = Api::of(&gateway);
+    let lines = (0..3).map(|i| openai_line(&format!("req-{i}"), &format!("text {i}")));
+    let file_id = api.upload_ok(jsonl(lines)).await;
+    let id = api.create(&file_id, "24h").await["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    api.wait(&id, Duration::from_secs(30), |b| {
+        b["status"] == "in_progress"
+    })
+    .await;
+    // An item of a batch that does not exist: the worker acks it, the floor passes the batch's.
+    let ack = store
+        .js
+        .publish(
+            elsewhere,
+            json!({"batch_id": "batch_elsewhere", "chunk": 0, "lines": []})
+                .to_string()
+                .into(),
+        )
+        .await
+        .expect("publish")
+        .await
+        .expect("stored");
+    let mut consumer = store
+        .work
+        .get_consumer::<pull::Config>(ITEMS_CONSUMER)
+        .await
+        .expect("consumer");
+    let started = std::time::Instant::now();
+    while consumer
+        .info()
+        .await
+        .expect("info")
+        .ack_floor
+        .stream_sequence
+        < ack.sequence
+    {
+        assert!(started.elapsed() < Duration::from_secs(10), "never acked");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    store
+        .work
+        .update_consumer(config(ITEMS_FILTER.to_owned()))
+        .await
+        .expect("update the filter");
+    let info = consumer.info().await.expect("info");
+    assert_eq!(
+        (info.num_pending, info.num_ack_pending),
+        (0, 0),
+        "the items must be stranded: {info:?}"
+    );
+    let batch = api.wait_final(&id, Duration::from_secs(30)).await;
+    assert_eq!(batch["status"], "completed", "{batch}");
+    assert_eq!(
+        batch["request_counts"],
+        json!({"total": 3, "completed": 3, "failed": 0})
+    );
+    worker.stop().await;
+}
