@@ -271,3 +271,18 @@ fn decode(key: &str, value: &[u8]) -> Result<BatchRecord, BulkError> {
         reason: e.to_string(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::is_valid_key;
+
+    #[test]
+    fn keys_follow_jetstreams_rule() {
+        for ok in ["batch_abc123", "file-x-output", "a.b", "a/b=c"] {
+            assert!(is_valid_key(ok), "{ok}");
+        }
+        for bad in ["", ".a", "a.", "a*b", "a>b", "a b", "é"] {
+            assert!(!is_valid_key(bad), "{bad:?}");
+        }
+    }
+}

@@ -281,3 +281,20 @@ pub fn parse_windows(s: &str) -> Result<Vec<(String, Duration)>, String> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::parse_limit;
+
+    #[test]
+    fn a_limit_is_an_integer_in_its_range() {
+        assert_eq!(parse_limit(None, 20, 100), Ok(20));
+        assert_eq!(parse_limit(Some("1"), 20, 100), Ok(1));
+        assert_eq!(parse_limit(Some("100"), 20, 100), Ok(100));
+        for bad in ["0", "-1", "101", "abc", ""] {
+            let err = parse_limit(Some(bad), 20, 100).expect_err(bad);
+            assert_eq!((err.status, err.param.as_deref()), (400, Some("limit")));
+            assert!(err.message.contains("100"), "{}", err.message);
+        }
+    }
+}
