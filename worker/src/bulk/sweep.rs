@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Lane, PullConsumer};
 
-/// Most stranded messages looked at per consumer and sweep (the rest wait for the next sweep).
+/// Most stored messages looked at per consumer and sweep (the rest wait for the next sweep).
 const MAX_PER_SWEEP: usize = 1000;
 
 /// Sweeps every `BULK_ACK_WAIT` until `stop`.
@@ -85,7 +85,10 @@ async fn sweep(
     let mut stranded = HashSet::new();
     let mut swept = 0;
     let mut next = 1;
-    while next <= floor && stranded.len() < MAX_PER_SWEEP {
+    for _ in 0..MAX_PER_SWEEP {
+        if next > floor {
+            break;
+        }
         let message = match lane
             .store
             .work
