@@ -678,7 +678,7 @@ async fn a_bad_limit_is_400_and_an_impossible_id_is_404_in_openai_shape() {
         let (status, page) = api.get(&format!("{path}?limit={max}")).await;
         assert_eq!(status, 200, "{page}");
     }
-    for id in ["bad.", ".bad", "a%2Ab", "a%20b", "%FF", "a..b%3E"] {
+    for id in ["bad.", ".bad", "0..0", "a%2Ab", "a%20b", "%FF", "a..b%3E"] {
         for (method, path) in [
             (reqwest::Method::GET, format!("/v1/batches/{id}")),
             (reqwest::Method::POST, format!("/v1/batches/{id}/cancel")),

@@ -247,12 +247,12 @@ impl BulkStore {
 }
 
 /// Whether `key` can name a KV entry or an object: JetStream's rule, as async-nats checks it
-/// before asking the server (`[-/_=.a-zA-Z0-9]+`, not starting or ending with `.`). A batch or
-/// file id that breaks it names nothing stored (the ids embatch makes always keep it).
+/// before asking the server (`[-/_=.a-zA-Z0-9]+`, not starting or ending with `.`), and no empty
+/// token (`a..b`: the KV subject `$KV.<bucket>.a..b` is no valid subject, and the server answers
+/// no responders). A batch or file id that breaks it names nothing stored (the ids embatch
+/// makes always keep it).
 pub fn is_valid_key(key: &str) -> bool {
-    !key.is_empty()
-        && !key.starts_with('.')
-        && !key.ends_with('.')
+    !key.split('.').any(str::is_empty)
         && key
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'/' | b'_' | b'=' | b'.'))
@@ -281,7 +281,7 @@ mod tests {
         for ok in ["batch_abc123", "file-x-output", "a.b", "a/b=c"] {
             assert!(is_valid_key(ok), "{ok}");
         }
-        for bad in ["", ".a", "a.", "a*b", "a>b", "a b", "é"] {
+        for bad in ["", ".a", "a.", "0..0", "a*b", "a>b", "a b", "é"] {
             assert!(!is_valid_key(bad), "{bad:?}");
         }
     }
