@@ -5,8 +5,9 @@
 //! yet acked). After a worker is killed (`kill -9`) while nats-server restarts, a message was
 //! seen left behind *below* the `bulk-items` ack floor: nothing pending, nothing redelivered,
 //! its chunk never done, the batch `in_progress` forever. The consumer's state (ack floor,
-//! pending set) is written apart from the stream's messages, and a restart may restore a state
-//! in which a delivered, never acked message counts as acknowledged.
+//! pending set) is written apart from the stream's messages; what was seen fits a restart that
+//! restored a state in which a delivered, never acked message counts as acknowledged. Whatever
+//! the server's cause, a message stored below the floor is one nobody will deliver.
 //!
 //! Every `BULK_ACK_WAIT` each worker looks, for the `bulk-jobs` and `bulk-items` consumers, at
 //! the stored messages of the consumer's filter at or below its ack floor. One seen there on two
