@@ -639,3 +639,166 @@ async fn a_bulk_backlog_never_causes_an_interactive_429() {
     assert_eq!(batch["status"], "completed", "{batch}");
     worker.stop().await;
 }
+
+/// What schemathesis found: a `limit` out of range and an id no KV key or object name can be
+/// are answered in OpenAI's JSON error shape (400 naming `limit`, 404), never axum's plain-text
+/// rejection nor a 503 from JetStream's key check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_limit_is_400_and_an_impossible_id_is_404_in_openai_shape() {
+    let nats = NatsServer::start_jetstream();
+    let gateway = start_gateway_at(&nats.url(), &[], None).await;
+    let api = Api::of(&gateway);
+    let error_of = |response: reqwest::Response| async move {
+        let status = response.status().as_u16();
+        let kind = response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        assert_eq!(kind, "application/json", "status {status}");
+        let body: Value = response.json().await.expect("JSON");
+        assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+        (status, body)
+    };
+    for (path, max) in [("/v1/batches", 100), ("/v1/files", 10_000)] {
+        for limit in ["-1", "0", "abc", &(max + 1).to_string()] {
+            let response = api
+                .http
+                .get(format!("{}{path}?limit={limit}", api.url))
+                .send()
+                .await
+                .expect("GET");
+            let (status, body) = error_of(response).await;
+            assert_eq!(status, 400, "{path}?limit={limit}: {body}");
+            assert_eq!(body["error"]["param"], "limit", "{body}");
+            let message = body["error"]["message"].as_str().unwrap_or_default();
+            assert!(message.contains(&max.to_string()), "{message}");
+        }
+        let (status, page) = api.get(&format!("{path}?limit={max}")).await;
+        assert_eq!(status, 200, "{page}");
+    }
+    for id in ["bad.", ".bad", "0..0", "a%2Ab", "a%20b", "%FF", "a..b%3E"] {
+        for (method, path) in [
+            (reqwest::Method::GET, format!("/v1/batches/{id}")),
+            (reqwest::Method::POST, format!("/v1/batches/{id}/cancel")),
+            (reqwest::Method::GET, format!("/v1/files/{id}")),
+            (reqwest::Method::GET, format!("/v1/files/{id}/content")),
+            (reqwest::Method::DELETE, format!("/v1/files/{id}")),
+        ] {
+            let response = api
+                .http
+                .request(method.clone(), format!("{}{path}", api.url))
+                .send()
+                .await
+                .expect("request");
+            let (status, body) = error_of(response).await;
+            assert_eq!(status, 404, "{method} {path}: {body}");
+            assert_eq!(body["error"]["code"], "not_found", "{body}");
+        }
+    }
+}
+
+/// Work items stranded below their consumer's ack floor (stored, never delivered again: what a
+/// nats-server restart left once after a worker's `kill -9`) are given back by the workers'
+/// sweep, and the batch completes. The stranded state is made exactly: the `bulk-items`
+/// consumer is created first with a filter that misses the batch's items, moves its ack floor
+/// past them on another message, and only then gets the items filter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn items_stranded_below_the_ack_floor_are_swept_back() {
+    use async_nats::jetstream::consumer::{AckPolicy, pull};
+    use embatch_protocol::bulk::{ITEMS_CONSUMER, ITEMS_FILTER, items_subject};
+
+    let nats = NatsServer::start_jetstream();
+    let client = async_nats::connect(nats.url()).await.expect("connect");
+    let store = embatch_runtime::bulk::BulkStore::open(client)
+        .await
+        .expect("JetStream");
+    let config = |filter: String| pull::Config {
+        durable_name: Some(ITEMS_CONSUMER.to_owned()),
+        filter_subject: filter,
+        ack_policy: AckPolicy::Explicit,
+        ack_wait: Duration::from_secs(1),
+        max_deliver: -1,
+        ..Default::default()
+    };
+    let elsewhere = items_subject("batch_elsewhere");
+    store
+        .work
+        .create_consumer(config(elsewhere.clone()))
+        .await
+        .expect("consumer");
+    let (_tei, worker) = {
+        let tei = start_tei(TeiConfig::instant()).await;
+        let args = [
+            "--tei-url",
+            tei.url.as_str(),
+            "--bulk-chunk-inputs",
+            "1",
+            "--bulk-ack-wait",
+            "1s",
+        ];
+        let worker = RunningWorker::start(&nats, &args).await;
+        (tei, worker)
+    };
+    let gateway = start_gateway_at(&nats.url(), &[], None).await;
+    let api = Api::of(&gateway);
+    let lines = (0..3).map(|i| openai_line(&format!("req-{i}"), &format!("text {i}")));
+    let file_id = api.upload_ok(jsonl(lines)).await;
+    let id = api.create(&file_id, "24h").await["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    api.wait(&id, Duration::from_secs(30), |b| {
+        b["status"] == "in_progress"
+    })
+    .await;
+    // An item of a batch that does not exist: the worker acks it, the floor passes the batch's.
+    let ack = store
+        .js
+        .publish(
+            elsewhere,
+            json!({"batch_id": "batch_elsewhere", "chunk": 0, "lines": []})
+                .to_string()
+                .into(),
+        )
+        .await
+        .expect("publish")
+        .await
+        .expect("stored");
+    let mut consumer = store
+        .work
+        .get_consumer::<pull::Config>(ITEMS_CONSUMER)
+        .await
+        .expect("consumer");
+    let started = std::time::Instant::now();
+    while consumer
+        .info()
+        .await
+        .expect("info")
+        .ack_floor
+        .stream_sequence
+        < ack.sequence
+    {
+        assert!(started.elapsed() < Duration::from_secs(10), "never acked");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    store
+        .work
+        .update_consumer(config(ITEMS_FILTER.to_owned()))
+        .await
+        .expect("update the filter");
+    let info = consumer.info().await.expect("info");
+    assert_eq!(
+        (info.num_pending, info.num_ack_pending),
+        (0, 0),
+        "the items must be stranded: {info:?}"
+    );
+    let batch = api.wait_final(&id, Duration::from_secs(30)).await;
+    assert_eq!(batch["status"], "completed", "{batch}");
+    assert_eq!(
+        batch["request_counts"],
+        json!({"total": 3, "completed": 3, "failed": 0})
+    );
+    worker.stop().await;
+}

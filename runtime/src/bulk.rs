@@ -145,6 +145,10 @@ impl BulkStore {
     /// # Errors
     /// [`BulkError::JetStream`], [`BulkError::Malformed`].
     pub async fn batch(&self, id: &str) -> Result<Option<(BatchRecord, u64)>, BulkError> {
+        if !is_valid_key(id) {
+            // No record can have this key: no such batch (not a JetStream error).
+            return Ok(None);
+        }
         let Some(entry) = self.batches.entry(id).await.map_err(js_err)? else {
             return Ok(None);
         };
@@ -242,6 +246,18 @@ impl BulkStore {
     }
 }
 
+/// Whether `key` can name a KV entry or an object: JetStream's rule, as async-nats checks it
+/// before asking the server (`[-/_=.a-zA-Z0-9]+`, not starting or ending with `.`), and no empty
+/// token (`a..b`: the KV subject `$KV.<bucket>.a..b` is no valid subject, and the server answers
+/// no responders). A batch or file id that breaks it names nothing stored (the ids embatch
+/// makes always keep it).
+pub fn is_valid_key(key: &str) -> bool {
+    !key.split('.').any(str::is_empty)
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'/' | b'_' | b'=' | b'.'))
+}
+
 fn status_name(batch: &Batch) -> String {
     serde_json::to_value(batch.status)
         .ok()
@@ -254,4 +270,19 @@ fn decode(key: &str, value: &[u8]) -> Result<BatchRecord, BulkError> {
         key: key.to_owned(),
         reason: e.to_string(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_valid_key;
+
+    #[test]
+    fn keys_follow_jetstreams_rule() {
+        for ok in ["batch_abc123", "file-x-output", "a.b", "a/b=c"] {
+            assert!(is_valid_key(ok), "{ok}");
+        }
+        for bad in ["", ".a", "a.", "0..0", "a*b", "a>b", "a b", "é"] {
+            assert!(!is_valid_key(bad), "{bad:?}");
+        }
+    }
 }

@@ -42,6 +42,19 @@ pub mod names {
     /// `state` (the new state: `joined`, `full`, `upstream_unhealthy`, `stopping`): changes of
     /// queue-group membership.
     pub const MEMBERSHIP_CHANGES: &str = "embatch_worker_membership_changes_total";
+    /// Counter, label `outcome` (`ok`, `rejected` when the upstream blamed an input, `failed`):
+    /// upstream calls of the bulk lane (not in [`UPSTREAM_CALLS`], which counts the batcher's).
+    pub const BULK_CALLS: &str = "embatch_worker_bulk_upstream_calls_total";
+    /// Counter: inputs embedded by the bulk lane's successful upstream calls.
+    pub const BULK_INPUTS: &str = "embatch_worker_bulk_inputs_total";
+    /// Histogram: seconds per upstream call of the bulk lane.
+    pub const BULK_UPSTREAM_TIME: &str = "embatch_worker_bulk_upstream_seconds";
+    /// Counter, label `outcome` (`ack` done, `term` done with a line the upstream refused, `nak`
+    /// given back for redelivery): work items (chunks of input lines) this worker handled.
+    pub const BULK_ITEMS: &str = "embatch_worker_bulk_items_total";
+    /// Counter: work-stream messages given back by the sweep (found below a consumer's ack
+    /// floor).
+    pub const BULK_SWEPT: &str = "embatch_worker_bulk_swept_total";
 }
 
 pub use embatch_runtime::{LogFormat, init_logging};
@@ -119,6 +132,27 @@ fn describe() {
     describe_counter!(
         names::MEMBERSHIP_CHANGES,
         "Queue-group membership changes, by event (joined, left) and new state (full, upstream_unhealthy, ...)."
+    );
+    describe_counter!(
+        names::BULK_CALLS,
+        "Upstream calls of the bulk lane, by outcome (ok, rejected, failed)."
+    );
+    describe_counter!(
+        names::BULK_INPUTS,
+        "Inputs embedded by the bulk lane's successful upstream calls."
+    );
+    describe_histogram!(
+        names::BULK_UPSTREAM_TIME,
+        metrics::Unit::Seconds,
+        "Duration of one upstream call of the bulk lane."
+    );
+    describe_counter!(
+        names::BULK_ITEMS,
+        "Bulk work items handled, by outcome (ack, term, nak)."
+    );
+    describe_counter!(
+        names::BULK_SWEPT,
+        "Bulk work-stream messages given back from below a consumer's ack floor."
     );
     for reason in crate::batcher::SHED_REASONS {
         metrics::counter!(names::SHED, "reason" => reason).absolute(0);

@@ -231,3 +231,68 @@ async fn a_nats_server_restart_mid_job_loses_nothing() {
     kill_9(&mut worker);
     drop(nats);
 }
+
+/// The bulk lane's work shows in the worker's `/metrics`: one successful upstream call and one
+/// acked item per line (one input per item), and every input counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_job_shows_in_the_worker_metrics() {
+    let nats = NatsServer::start_jetstream();
+    let tei = start_tei(TeiConfig::instant()).await;
+    let client = async_nats::connect(nats.url()).await.expect("connect");
+    let store = BulkStore::open(client.clone()).await.expect("JetStream");
+    let admin = format!("127.0.0.1:{}", embatch_testkit::free_port());
+    let mut worker = Command::new(env!("CARGO_BIN_EXE_embatch-worker"))
+        .env("NATS_URL", nats.url())
+        .env("TEI_URL", &tei.url)
+        .env("METRICS_ADDR", &admin)
+        .env("BULK_CHUNK_INPUTS", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("worker binary starts");
+    let n = 5;
+    let id = submit(&store, n).await;
+    let batch = wait(&store, &id, Duration::from_secs(30), |b| {
+        b.status.is_final()
+    })
+    .await;
+    assert_eq!(batch.status, BatchStatus::Completed, "{batch:?}");
+    let value = |metrics: &str, series: &str| {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+    };
+    // The last item's counters are bumped just after its chunk was recorded: poll briefly.
+    let acked = r#"embatch_worker_bulk_items_total{outcome="ack"}"#;
+    let started = Instant::now();
+    let metrics = loop {
+        let metrics = reqwest::get(format!("http://{admin}/metrics"))
+            .await
+            .expect("/metrics answers")
+            .text()
+            .await
+            .expect("a text body");
+        if value(&metrics, acked) == Some(n as f64) || started.elapsed() > Duration::from_secs(5) {
+            break metrics;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    kill_9(&mut worker);
+    let value = |series: &str| value(&metrics, series);
+    assert_eq!(
+        value("embatch_worker_bulk_inputs_total"),
+        Some(n as f64),
+        "{metrics}"
+    );
+    assert_eq!(
+        value(r#"embatch_worker_bulk_upstream_calls_total{outcome="ok"}"#),
+        Some(n as f64),
+        "{metrics}"
+    );
+    assert_eq!(value(acked), Some(n as f64), "{metrics}");
+    assert!(
+        metrics.contains("embatch_worker_bulk_upstream_seconds_count"),
+        "{metrics}"
+    );
+}

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 
 use axum::Json;
+use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use embatch_protocol::bulk::{
@@ -14,7 +15,10 @@ use embatch_protocol::bulk::{
 use futures::StreamExt;
 use serde::Deserialize;
 
-use super::{ApiError, Bulk, BulkErrors, json_ok, new_id};
+use super::{ApiError, Bulk, BulkErrors, json_ok, new_id, parse_limit, path_id};
+
+/// Most batches in a page, and the default (OpenAI's).
+pub const LIST_LIMIT: (usize, usize) = (100, 20);
 
 /// The endpoints a batch may name: OpenAI's embeddings route, and TEI's `/embed` for lines with
 /// TEI bodies (a batch of either kind may mix both kinds of line).
@@ -47,7 +51,24 @@ pub struct CreateBatch {
                    requests leave.",
     request_body(content_type = "application/json", content = Object),
     responses((status = 200, description = "OpenAI's Batch object, `validating`.", body = Object), BulkErrors))]
-pub async fn create(State(bulk): State<Bulk>, body: axum::body::Bytes) -> Response {
+pub async fn create(
+    State(bulk): State<Bulk>,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+) -> Response {
+    let body = match body {
+        Ok(body) => body,
+        // Over the route's 1 MiB body limit (413), or a body that could not be read (400).
+        Err(e) => {
+            return ApiError {
+                status: e.status().as_u16(),
+                kind: "invalid_request_error",
+                message: format!("cannot read the request body: {}", e.body_text()),
+                param: None,
+                code: None,
+            }
+            .into_response();
+        }
+    };
     match create_batch(&bulk, &body).await {
         Ok(batch) => json_ok(&batch),
         Err(err) => err.into_response(),
@@ -156,11 +177,18 @@ async fn create_batch(bulk: &Bulk, body: &[u8]) -> Result<Batch, ApiError> {
     Ok(record.batch)
 }
 
-/// `GET /v1/batches/{id}`: the batch as stored now (progress included), 404 when there is none.
+/// `GET /v1/batches/{id}`: the batch as stored now (progress included), 404 when there is none
+/// (also for an id no record can have, such as one with `*` or a leading `.`).
 #[utoipa::path(get, path = "/v1/batches/{id}", operation_id = "retrieve_batch", tag = "batch", summary = "A batch, with its progress",
     params(("id" = String, Path, description = "The batch id, `batch_...`.")),
     responses((status = 200, description = "OpenAI's Batch object.", body = Object), BulkErrors))]
-pub async fn retrieve(State(bulk): State<Bulk>, Path(id): Path<String>) -> Response {
+pub async fn retrieve(
+    State(bulk): State<Bulk>,
+    id: Result<Path<String>, PathRejection>,
+) -> Response {
+    let Some(id) = path_id(id) else {
+        return no_batch("?").into_response();
+    };
     match get(&bulk, &id).await {
         Ok(batch) => json_ok(&batch),
         Err(err) => err.into_response(),
@@ -170,8 +198,12 @@ pub async fn retrieve(State(bulk): State<Bulk>, Path(id): Path<String>) -> Respo
 async fn get(bulk: &Bulk, id: &str) -> Result<Batch, ApiError> {
     match bulk.store().await?.batch(id).await? {
         Some((record, _)) => Ok(record.batch),
-        None => Err(ApiError::not_found(format!("No such Batch object: {id}"))),
+        None => Err(no_batch(id)),
     }
+}
+
+fn no_batch(id: &str) -> ApiError {
+    ApiError::not_found(format!("No such Batch object: {id}"))
 }
 
 /// `GET /v1/batches` query: OpenAI's `after` and `limit` (default 20, at most 100).
@@ -179,17 +211,24 @@ async fn get(bulk: &Bulk, id: &str) -> Result<Batch, ApiError> {
 pub struct ListQuery {
     /// The id after which the page starts (newest first).
     pub after: Option<String>,
-    /// Most batches in the page.
-    pub limit: Option<usize>,
+    /// Most batches in the page: an integer from 1 to 100 (checked by [`parse_limit`], so that
+    /// a bad value is answered in OpenAI's shape).
+    pub limit: Option<String>,
 }
 
 /// `GET /v1/batches`: a cursor page of batches, newest first.
 #[utoipa::path(get, path = "/v1/batches", operation_id = "list_batches", tag = "batch", summary = "List batches",
     params(("after" = Option<String>, Query, description = "The id after which the page starts."),
-           ("limit" = Option<usize>, Query, description = "Most batches in the page (20; at most 100).")),
+           ("limit" = Option<usize>, Query, description = "Most batches in the page: 1 to 100 (20); 400 otherwise.")),
     responses((status = 200, description = "`{\"object\": \"list\", \"data\": [Batch, ...], \"has_more\"}`, newest first.", body = Object), BulkErrors))]
-pub async fn list(State(bulk): State<Bulk>, Query(query): Query<ListQuery>) -> Response {
+pub async fn list(
+    State(bulk): State<Bulk>,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> Response {
     let listed = async {
+        let query = super::query(query)?;
+        let (max, default) = LIST_LIMIT;
+        let limit = parse_limit(query.limit.as_deref(), default, max)?;
         let store = bulk.store().await?;
         let keys = store
             .batches
@@ -204,7 +243,6 @@ pub async fn list(State(bulk): State<Bulk>, Query(query): Query<ListQuery>) -> R
             }
         }
         batches.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(b.id.cmp(&a.id)));
-        let limit = query.limit.unwrap_or(20).clamp(1, 100);
         Ok::<_, ApiError>(super::files::page(
             batches,
             query.after.as_deref(),
@@ -225,7 +263,10 @@ pub async fn list(State(bulk): State<Bulk>, Query(query): Query<ListQuery>) -> R
     description = "What finished is delivered; the status goes `cancelling`, then `cancelled`.",
     params(("id" = String, Path, description = "The batch id, `batch_...`.")),
     responses((status = 200, description = "OpenAI's Batch object.", body = Object), BulkErrors))]
-pub async fn cancel(State(bulk): State<Bulk>, Path(id): Path<String>) -> Response {
+pub async fn cancel(State(bulk): State<Bulk>, id: Result<Path<String>, PathRejection>) -> Response {
+    let Some(id) = path_id(id) else {
+        return no_batch("?").into_response();
+    };
     match cancel_batch(&bulk, &id).await {
         Ok(batch) => Json(batch).into_response(),
         Err(err) => err.into_response(),
@@ -247,9 +288,7 @@ async fn cancel_batch(bulk: &Bulk, id: &str) -> Result<Batch, ApiError> {
         })
         .await
         .map_err(|err| match err {
-            embatch_runtime::bulk::BulkError::NotFound(_) => {
-                ApiError::not_found(format!("No such Batch object: {id}"))
-            }
+            embatch_runtime::bulk::BulkError::NotFound(_) => no_batch(id),
             other => other.into(),
         })?;
     match record.batch.status {

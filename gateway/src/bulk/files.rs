@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_nats::jetstream::object_store::{InfoErrorKind, ObjectInfo, ObjectMetadata};
 use axum::body::Body;
+use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{FromRequest, Multipart, Path, Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -14,7 +15,10 @@ use embatch_protocol::bulk::{FileObject, META_CREATED_AT, META_FILENAME, META_PU
 use futures::StreamExt;
 use serde::Deserialize;
 
-use super::{ApiError, Bulk, BulkErrors, json_ok, new_id};
+use super::{ApiError, Bulk, BulkErrors, json_ok, new_id, parse_limit, path_id};
+
+/// Most files in a page, and the default (OpenAI's).
+pub const LIST_LIMIT: (usize, usize) = (10_000, 10_000);
 
 /// The purposes a file may be uploaded with (OpenAI's `batch`; outputs are `batch_output`).
 pub const UPLOAD_PURPOSES: [&str; 1] = ["batch"];
@@ -37,9 +41,13 @@ pub fn file_object(info: &ObjectInfo) -> Option<FileObject> {
     })
 }
 
-/// The stored object `id`, or 404.
+/// The stored object `id`, or 404 (also for an id no object can have, such as one with `*` or a
+/// leading `.`).
 pub async fn info(bulk: &Bulk, id: &str) -> Result<ObjectInfo, ApiError> {
     let store = bulk.store().await?;
+    if !embatch_runtime::bulk::is_valid_key(id) {
+        return Err(no_file(id));
+    }
     match store.files.info(id).await {
         Ok(info) if !info.deleted => Ok(info),
         Ok(_) => Err(no_file(id)),
@@ -206,8 +214,9 @@ pub struct ListQuery {
     pub purpose: Option<String>,
     /// The id after which the page starts (files are listed newest first).
     pub after: Option<String>,
-    /// Most files in the page (default 10,000, OpenAI's).
-    pub limit: Option<usize>,
+    /// Most files in the page: an integer from 1 to 10,000 (the default; checked by
+    /// [`parse_limit`], so that a bad value is answered in OpenAI's shape).
+    pub limit: Option<String>,
 }
 
 /// `GET /v1/files`: `{"object": "list", "data": [File, ...], "has_more": false, "first_id",
@@ -215,10 +224,16 @@ pub struct ListQuery {
 #[utoipa::path(get, path = "/v1/files", operation_id = "list_files", tag = "batch", summary = "List files",
     params(("purpose" = Option<String>, Query, description = "Only files of this purpose."),
            ("after" = Option<String>, Query, description = "The id after which the page starts."),
-           ("limit" = Option<usize>, Query, description = "Most files in the page (10,000).")),
+           ("limit" = Option<usize>, Query, description = "Most files in the page: 1 to 10,000 (10,000); 400 otherwise.")),
     responses((status = 200, description = "`{\"object\": \"list\", \"data\": [File, ...], \"has_more\"}`, newest first.", body = Object), BulkErrors))]
-pub async fn list(State(bulk): State<Bulk>, Query(query): Query<ListQuery>) -> Response {
+pub async fn list(
+    State(bulk): State<Bulk>,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> Response {
     let listed = async {
+        let query = super::query(query)?;
+        let (max, default) = LIST_LIMIT;
+        let limit = parse_limit(query.limit.as_deref(), default, max)?;
         let store = bulk.store().await?;
         let mut objects = store
             .files
@@ -236,7 +251,7 @@ pub async fn list(State(bulk): State<Bulk>, Query(query): Query<ListQuery>) -> R
             }
         }
         files.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(b.id.cmp(&a.id)));
-        Ok::<_, ApiError>(page(files, query.after.as_deref(), query.limit, |f| &f.id))
+        Ok::<_, ApiError>(page(files, query.after.as_deref(), Some(limit), |f| &f.id))
     };
     match listed.await {
         Ok(page) => json_ok(&page),
@@ -271,7 +286,13 @@ pub fn page<T: serde::Serialize>(
 #[utoipa::path(get, path = "/v1/files/{id}", operation_id = "retrieve_file", tag = "batch", summary = "A file's File object",
     params(("id" = String, Path, description = "The file id, `file-...`.")),
     responses((status = 200, description = "OpenAI's File object.", body = Object), BulkErrors))]
-pub async fn retrieve(State(bulk): State<Bulk>, Path(id): Path<String>) -> Response {
+pub async fn retrieve(
+    State(bulk): State<Bulk>,
+    id: Result<Path<String>, PathRejection>,
+) -> Response {
+    let Some(id) = path_id(id) else {
+        return no_file("?").into_response();
+    };
     match info(&bulk, &id).await {
         Ok(info) => match file_object(&info) {
             Some(file) => json_ok(&file),
@@ -287,7 +308,13 @@ pub async fn retrieve(State(bulk): State<Bulk>, Path(id): Path<String>) -> Respo
     params(("id" = String, Path, description = "The file id, `file-...`.")),
     responses((status = 200, description = "The file's bytes (`application/jsonl` for `.jsonl` files).",
         content((String = "application/jsonl"), (String = "application/octet-stream"))), BulkErrors))]
-pub async fn content(State(bulk): State<Bulk>, Path(id): Path<String>) -> Response {
+pub async fn content(
+    State(bulk): State<Bulk>,
+    id: Result<Path<String>, PathRejection>,
+) -> Response {
+    let Some(id) = path_id(id) else {
+        return no_file("?").into_response();
+    };
     let opened = async {
         let info = info(&bulk, &id).await?;
         let store = bulk.store().await?;
@@ -327,7 +354,10 @@ pub async fn content(State(bulk): State<Bulk>, Path(id): Path<String>) -> Respon
 #[utoipa::path(delete, path = "/v1/files/{id}", operation_id = "delete_file", tag = "batch", summary = "Delete a file",
     params(("id" = String, Path, description = "The file id, `file-...`.")),
     responses((status = 200, description = "`{\"id\", \"object\": \"file\", \"deleted\": true}`.", body = Object), BulkErrors))]
-pub async fn delete(State(bulk): State<Bulk>, Path(id): Path<String>) -> Response {
+pub async fn delete(State(bulk): State<Bulk>, id: Result<Path<String>, PathRejection>) -> Response {
+    let Some(id) = path_id(id) else {
+        return no_file("?").into_response();
+    };
     let deleted = async {
         info(&bulk, &id).await?;
         bulk.store()

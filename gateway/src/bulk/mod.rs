@@ -206,6 +206,42 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// The `limit` query parameter of a list route: an integer from 1 to `max`, `default` when
+/// absent (OpenAI's ranges: 1 to 100 batches, 1 to 10,000 files).
+///
+/// # Errors
+/// 400 `invalid_request_error` with `param: "limit"`, naming the range.
+pub fn parse_limit(raw: Option<&str>, default: usize, max: usize) -> Result<usize, ApiError> {
+    let Some(raw) = raw else {
+        return Ok(default);
+    };
+    match raw.trim().parse::<usize>() {
+        Ok(limit) if (1..=max).contains(&limit) => Ok(limit),
+        _ => Err(ApiError::invalid(
+            "limit",
+            format!("`limit` must be an integer from 1 to {max}, got {raw:?}"),
+        )),
+    }
+}
+
+/// A list route's query string, or 400 in OpenAI's shape (axum's own rejection is plain text,
+/// which the OpenAPI document does not promise).
+pub fn query<T>(
+    query: Result<axum::extract::Query<T>, axum::extract::rejection::QueryRejection>,
+) -> Result<T, ApiError> {
+    query
+        .map(|axum::extract::Query(q)| q)
+        .map_err(|e| ApiError::invalid("query", format!("invalid query string: {}", e.body_text())))
+}
+
+/// The `{id}` of a path, or `None` when it cannot be one (not UTF-8 once percent-decoded): such an
+/// id names nothing, so the route answers its 404.
+pub fn path_id(
+    id: Result<axum::extract::Path<String>, axum::extract::rejection::PathRejection>,
+) -> Option<String> {
+    id.ok().map(|axum::extract::Path(id)| id)
+}
+
 /// A 200 JSON response of `value`.
 fn json_ok(value: &impl serde::Serialize) -> Response {
     match serde_json::to_vec(value) {
@@ -244,4 +280,21 @@ pub fn parse_windows(s: &str) -> Result<Vec<(String, Duration)>, String> {
                 .map_err(|e| format!("{w:?} is not a duration: {e}"))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_limit;
+
+    #[test]
+    fn a_limit_is_an_integer_in_its_range() {
+        assert_eq!(parse_limit(None, 20, 100), Ok(20));
+        assert_eq!(parse_limit(Some("1"), 20, 100), Ok(1));
+        assert_eq!(parse_limit(Some("100"), 20, 100), Ok(100));
+        for bad in ["0", "-1", "101", "abc", ""] {
+            let err = parse_limit(Some(bad), 20, 100).expect_err(bad);
+            assert_eq!((err.status, err.param.as_deref()), (400, Some("limit")));
+            assert!(err.message.contains("100"), "{}", err.message);
+        }
+    }
 }

@@ -29,6 +29,7 @@ use tokio_util::task::TaskTracker;
 
 use super::{Lane, PullConsumer, delivered, render, with_progress};
 use crate::batcher::BulkGate;
+use crate::telemetry::names;
 use crate::upstream::{Embedding, Upstream, UpstreamError};
 
 /// Items a worker holds beyond its `BULK_CALLS` calls: pulled and checked while the calls run,
@@ -83,7 +84,19 @@ impl<U: Upstream> Calls<U> {
                 .await
                 .map_err(|_| UpstreamError::Crashed("the bulk lane stopped".into()))?;
             self.gate.opened().await;
-            out.extend(self.upstream.embed(part, options).await?);
+            let started = std::time::Instant::now();
+            let called = self.upstream.embed(part, options).await;
+            let outcome = match &called {
+                Ok(_) => {
+                    metrics::counter!(names::BULK_INPUTS).increment(part.len() as u64);
+                    "ok"
+                }
+                Err(err) if err.blames_input() => "rejected",
+                Err(_) => "failed",
+            };
+            metrics::counter!(names::BULK_CALLS, "outcome" => outcome).increment(1);
+            metrics::histogram!(names::BULK_UPSTREAM_TIME).record(started.elapsed().as_secs_f64());
+            out.extend(called?);
         }
         Ok(out)
     }
@@ -182,11 +195,12 @@ async fn process<U: Upstream>(lane: &Lane, message: &Message, calls: &Calls<U>) 
             Disposition::Term
         }
     };
-    let kind = match disposition {
-        Disposition::Ack => AckKind::Ack,
-        Disposition::Term => AckKind::Term,
-        Disposition::Nak(delay) => AckKind::Nak(Some(delay)),
+    let (kind, outcome) = match disposition {
+        Disposition::Ack => (AckKind::Ack, "ack"),
+        Disposition::Term => (AckKind::Term, "term"),
+        Disposition::Nak(delay) => (AckKind::Nak(Some(delay)), "nak"),
     };
+    metrics::counter!(names::BULK_ITEMS, "outcome" => outcome).increment(1);
     if let Err(err) = message.ack_with(kind).await {
         tracing::warn!(%err, "cannot acknowledge a bulk item; it will be redelivered");
     }

@@ -12,6 +12,9 @@
 //!   to the results stream, the batch's progress is updated by compare-and-set, and the message
 //!   is acked.
 //!
+//! A third, [`sweep`], gives back messages stranded below a consumer's ack floor (seen after a
+//! nats-server restart), so no batch can stay `in_progress` for want of a delivery.
+//!
 //! Every worker runs both loops on the same two consumers: each message goes to one worker, and
 //! a worker that dies leaves its messages unacked, so JetStream redelivers them to another after
 //! `BULK_ACK_WAIT` (in-progress acks keep a long call's message from being redelivered). The
@@ -24,6 +27,7 @@ mod items;
 mod jobs;
 mod lines;
 mod render;
+mod sweep;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -117,6 +121,7 @@ pub async fn run<U: Upstream>(
         "bulk lane ready"
     );
     tokio::join!(
+        sweep::run(Arc::clone(&lane), jobs.clone(), items.clone(), stop.clone()),
         jobs::run(Arc::clone(&lane), jobs, stop.clone()),
         items::run(lane, items, upstream, gate, stop),
     );
