@@ -96,6 +96,22 @@ fn lines_by_id(path: &Path) -> std::collections::BTreeMap<String, Value> {
     out
 }
 
+/// Starts a stack (JetStream or not), runs `embatch batch` on an input file `name` holding
+/// `content`, asserts it exits 1, and returns the stack and the run's stderr.
+async fn refused(jetstream: bool, name: &str, content: &str) -> (BulkStack, String) {
+    let stack = BulkStack::start(TeiConfig::instant(), jetstream).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let input = dir.path().join(name);
+    std::fs::write(&input, content).expect("write");
+    let out = embatch(
+        &stack.gateway,
+        &["batch", input.to_str().expect("utf8"), "-o", "unused.jsonl"],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    (stack, text(&out.stderr))
+}
+
 fn assert_close(got: &Value, want: &[f32], what: &str) {
     let got: Vec<f32> = serde_json::from_value(got.clone()).expect("a float vector");
     assert_eq!(got.len(), want.len(), "{what}: dims");
@@ -267,17 +283,12 @@ async fn a_line_the_gateway_rejects_is_reported_with_its_line_number() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_input_file_is_refused_before_anything_is_sent() {
-    let stack = BulkStack::start(TeiConfig::instant(), true).await;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let input = dir.path().join("requests.jsonl");
-    std::fs::write(&input, "{\"custom_id\":\"a\"}\n{\"custom_id\":\"a\"}\n").expect("write");
-    let out = embatch(
-        &stack.gateway,
-        &["batch", input.to_str().expect("utf8"), "-o", "unused.jsonl"],
+    let (stack, stderr) = refused(
+        true,
+        "requests.jsonl",
+        "{\"custom_id\":\"a\"}\n{\"custom_id\":\"a\"}\n",
     )
     .await;
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = text(&out.stderr);
     assert!(
         stderr.contains("line 2") && stderr.contains("repeats line 1"),
         "{stderr}"
@@ -287,17 +298,7 @@ async fn a_bad_input_file_is_refused_before_anything_is_sent() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_jetstream_the_error_says_so() {
-    let stack = BulkStack::start(TeiConfig::instant(), false).await;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let input = dir.path().join("corpus.txt");
-    std::fs::write(&input, "hello\n").expect("write");
-    let out = embatch(
-        &stack.gateway,
-        &["batch", input.to_str().expect("utf8"), "-o", "unused.jsonl"],
-    )
-    .await;
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = text(&out.stderr);
+    let (stack, stderr) = refused(false, "corpus.txt", "hello\n").await;
     assert!(
         stderr.contains("503") && stderr.contains("JetStream"),
         "{stderr}"
