@@ -66,9 +66,9 @@ impl BulkStack {
 }
 
 /// `embatch --url GATEWAY ARGS...` in a blocking thread (the stack runs on this runtime).
-async fn embatch(gateway: &str, args: &[&str]) -> Output {
+async fn embatch(gateway: &str, args: &[impl AsRef<str>]) -> Output {
     let mut argv = vec!["--url".to_owned(), gateway.to_owned()];
-    argv.extend(args.iter().map(|a| (*a).to_owned()));
+    argv.extend(args.iter().map(|a| a.as_ref().to_owned()));
     tokio::task::spawn_blocking(move || {
         Command::new(env!("CARGO_BIN_EXE_embatch"))
             .args(&argv)
@@ -78,6 +78,16 @@ async fn embatch(gateway: &str, args: &[&str]) -> Output {
     })
     .await
     .expect("joins")
+}
+
+/// `batch INPUT -o OUTPUT --poll-interval 100ms -q`.
+fn batch_args(input: &Path, output: &Path) -> Vec<String> {
+    let path = |p: &Path| p.to_str().expect("utf8 path").to_owned();
+    ["batch", &path(input), "-o", &path(output)]
+        .into_iter()
+        .chain(["--poll-interval", "100ms", "-q"])
+        .map(str::to_owned)
+        .collect()
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -133,15 +143,7 @@ async fn a_text_file_is_embedded_and_a_rerun_does_not_submit_it_again() {
     )
     .expect("write");
     let output = dir.path().join("out.jsonl");
-    let args = [
-        "batch",
-        input.to_str().expect("utf8 path"),
-        "-o",
-        output.to_str().expect("utf8 path"),
-        "--poll-interval",
-        "100ms",
-        "-q",
-    ];
+    let args = batch_args(&input, &output);
 
     let first = embatch(&stack.gateway, &args).await;
     assert!(first.status.success(), "{}", text(&first.stderr));
@@ -196,18 +198,9 @@ async fn a_run_killed_mid_job_is_resumed_by_the_same_command() {
     let texts: Vec<String> = (0..4000).map(|i| format!("input {i}")).collect();
     std::fs::write(&input, texts.join("\n")).expect("write");
     let output = dir.path().join("out.jsonl");
-    let args = vec![
-        "--url".to_owned(),
-        stack.gateway.clone(),
-        "batch".to_owned(),
-        input.to_string_lossy().into_owned(),
-        "-o".to_owned(),
-        output.to_string_lossy().into_owned(),
-        "--poll-interval".to_owned(),
-        "100ms".to_owned(),
-        "-q".to_owned(),
-    ];
+    let args = batch_args(&input, &output);
     let mut child = Command::new(env!("CARGO_BIN_EXE_embatch"))
+        .args(["--url", &stack.gateway])
         .args(&args)
         .env_remove("EMBATCH_URL")
         .stdout(Stdio::null())
@@ -229,11 +222,7 @@ async fn a_run_killed_mid_job_is_resumed_by_the_same_command() {
     );
     assert!(!output.exists(), "killed before the results");
 
-    let rerun = embatch(
-        &stack.gateway,
-        &args[2..].iter().map(String::as_str).collect::<Vec<_>>(),
-    )
-    .await;
+    let rerun = embatch(&stack.gateway, &args).await;
     assert!(rerun.status.success(), "{}", text(&rerun.stderr));
     assert!(
         text(&rerun.stdout).contains("(resumed)"),
@@ -260,19 +249,7 @@ async fn a_line_the_gateway_rejects_is_reported_with_its_line_number() {
     )
     .expect("write");
     let output = dir.path().join("out.jsonl");
-    let out = embatch(
-        &stack.gateway,
-        &[
-            "batch",
-            input.to_str().expect("utf8"),
-            "-o",
-            output.to_str().expect("utf8"),
-            "--poll-interval",
-            "100ms",
-            "-q",
-        ],
-    )
-    .await;
+    let out = embatch(&stack.gateway, &batch_args(&input, &output)).await;
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     let stderr = text(&out.stderr);
     assert!(
