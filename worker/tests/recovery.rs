@@ -60,10 +60,19 @@ fn called_twice(doubles: &[&TeiDouble]) -> usize {
     seen.values().filter(|&&n| n > 1).count()
 }
 
-async fn connect(nats: &NatsServer) -> async_nats::Client {
-    embatch_client::connect(&nats.url(), "recovery-test")
+/// Two worker processes with `settings`, on `upstreams[0]` and `upstreams[1]`, both ready, and
+/// a client of theirs on `nats`.
+async fn two_workers(
+    nats: &NatsServer,
+    upstreams: [&TeiDouble; 2],
+    settings: &[(&str, &str)],
+) -> ([Worker; 2], EmbedClient) {
+    let nats_client = embatch_client::connect(&nats.url(), "recovery-test")
         .await
-        .expect("client connects")
+        .expect("client connects");
+    let first = spawn_worker(nats, upstreams[0], settings, &nats_client, 1).await;
+    let second = spawn_worker(nats, upstreams[1], settings, &nats_client, 2).await;
+    ([first, second], EmbedClient::new(nats_client, "embed"))
 }
 
 /// `n` requests at one per `every`, with `budget` each; `at_half` runs when half are sent.
@@ -114,15 +123,13 @@ impl RestartStack {
             ..TeiConfig::instant()
         })
         .await;
-        let nats_client = connect(&server).await;
-        let settings = [("MAX_WAIT_TIME", "2ms")];
-        let a = spawn_worker(&server, &tei, &settings, &nats_client, 1).await;
-        let b = spawn_worker(&server, &tei, &settings, &nats_client, 2).await;
+        let (workers, client) =
+            two_workers(&server, [&tei, &tei], &[("MAX_WAIT_TIME", "2ms")]).await;
         RestartStack {
-            _workers: [a, b],
+            _workers: workers,
             _tei: tei,
             nats: Arc::new(Mutex::new(server)),
-            client: EmbedClient::new(nats_client, "embed"),
+            client,
         }
     }
 
@@ -151,11 +158,8 @@ async fn a_worker_killed_with_sigkill_loses_none_of_what_it_held() {
         ..TeiConfig::instant()
     })
     .await;
-    let nats_client = connect(&nats).await;
-    let settings = [("MAX_WAIT_TIME", "2ms")];
-    let mut killed = spawn_worker(&nats, &tei, &settings, &nats_client, 1).await;
-    let _staying = spawn_worker(&nats, &tei, &settings, &nats_client, 2).await;
-    let client = EmbedClient::new(nats_client, "embed");
+    let ([mut killed, _staying], client) =
+        two_workers(&nats, [&tei, &tei], &[("MAX_WAIT_TIME", "2ms")]).await;
     // Warm up: the client has heard both workers' heartbeats.
     embed_checked(&client, "warm-up", Duration::from_secs(5)).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -257,11 +261,8 @@ async fn a_worker_whose_upstream_fails_hands_what_it_holds_to_another() {
     let nats = NatsServer::start();
     let sick = Arc::new(start_tei(TeiConfig::instant()).await);
     let healthy = start_tei(TeiConfig::instant()).await;
-    let nats_client = connect(&nats).await;
-    let settings = [("MAX_WAIT_TIME", "1ms")];
-    let _a = spawn_worker(&nats, &sick, &settings, &nats_client, 1).await;
-    let _b = spawn_worker(&nats, &healthy, &settings, &nats_client, 2).await;
-    let client = EmbedClient::new(nats_client, "embed");
+    let (_workers, client) =
+        two_workers(&nats, [&sick, &healthy], &[("MAX_WAIT_TIME", "1ms")]).await;
     embed_checked(&client, "warm-up", Duration::from_secs(5)).await;
 
     let (done_tx, mut done) = tokio::sync::watch::channel(false);
@@ -330,11 +331,8 @@ async fn a_worker_whose_upstream_hangs_hands_what_it_holds_to_another() {
         ..TeiConfig::instant()
     })
     .await;
-    let nats_client = connect(&nats).await;
-    let settings = [("MAX_WAIT_TIME", "1ms")];
-    let _a = spawn_worker(&nats, &hung, &settings, &nats_client, 1).await;
-    let _b = spawn_worker(&nats, &healthy, &settings, &nats_client, 2).await;
-    let client = EmbedClient::new(nats_client, "embed");
+    let (_workers, client) =
+        two_workers(&nats, [&hung, &healthy], &[("MAX_WAIT_TIME", "1ms")]).await;
     for i in 0..20 {
         embed_checked(&client, &format!("warm-up {i}"), Duration::from_secs(5)).await;
     }
@@ -371,11 +369,8 @@ async fn a_queue_group_leave_in_the_middle_of_20000_requests_loses_none() {
     const TOTAL: usize = 20_000;
     let nats = NatsServer::start();
     let tei = start_tei(TeiConfig::instant()).await;
-    let nats_client = connect(&nats).await;
     let settings = [("MAX_WAIT_TIME", "1ms"), ("MAX_QUEUE_DELAY", "10s")];
-    let leaving = spawn_worker(&nats, &tei, &settings, &nats_client, 1).await;
-    let _staying = spawn_worker(&nats, &tei, &settings, &nats_client, 2).await;
-    let client = EmbedClient::new(nats_client, "embed");
+    let ([leaving, _staying], client) = two_workers(&nats, [&tei, &tei], &settings).await;
     embed_checked(&client, "warm-up", Duration::from_secs(5)).await;
 
     let pid = leaving.0.id().to_string();
