@@ -90,6 +90,21 @@ fn batch_args(input: &Path, output: &Path) -> Vec<String> {
         .collect()
 }
 
+/// Runs `embatch ARGS` again on a stack holding one batch, this input's, and checks that it
+/// resumes that batch (succeeds, says `(resumed)`, submits no second batch) and writes the
+/// results of all `lines` requests to `output`.
+async fn assert_resumes(stack: &BulkStack, args: &[String], output: &Path, lines: usize) {
+    let rerun = embatch(&stack.gateway, args).await;
+    assert!(rerun.status.success(), "{}", text(&rerun.stderr));
+    assert!(
+        text(&rerun.stdout).contains("(resumed)"),
+        "{}",
+        text(&rerun.stdout)
+    );
+    assert_eq!(stack.batches().await.len(), 1, "not submitted twice");
+    assert_eq!(lines_by_id(output).len(), lines, "results written again");
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -170,19 +185,7 @@ async fn a_text_file_is_embedded_and_a_rerun_does_not_submit_it_again() {
     assert_eq!(sha.len(), 64);
 
     std::fs::remove_file(&output).expect("rm");
-    let again = embatch(&stack.gateway, &args).await;
-    assert!(again.status.success(), "{}", text(&again.stderr));
-    assert!(
-        text(&again.stdout).contains("(resumed)"),
-        "{}",
-        text(&again.stdout)
-    );
-    assert_eq!(stack.batches().await.len(), 1, "not submitted twice");
-    assert_eq!(
-        lines_by_id(&output).len(),
-        texts.len(),
-        "results written again"
-    );
+    assert_resumes(&stack, &args, &output, texts.len()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -222,15 +225,7 @@ async fn a_run_killed_mid_job_is_resumed_by_the_same_command() {
     );
     assert!(!output.exists(), "killed before the results");
 
-    let rerun = embatch(&stack.gateway, &args).await;
-    assert!(rerun.status.success(), "{}", text(&rerun.stderr));
-    assert!(
-        text(&rerun.stdout).contains("(resumed)"),
-        "{}",
-        text(&rerun.stdout)
-    );
-    assert_eq!(stack.batches().await.len(), 1, "not submitted twice");
-    assert_eq!(lines_by_id(&output).len(), texts.len());
+    assert_resumes(&stack, &args, &output, texts.len()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
