@@ -1,7 +1,6 @@
-//! OpenAI's Files and Batches API as the gateway serves it: the wire types this tool reads and a
-//! small reqwest client. Shapes follow OpenAI's API reference (the `Batch` and `File` objects);
-//! fields this tool does not use are not declared, and optional ones default, so a server that
-//! adds fields is still understood.
+//! OpenAI's Files and Batches API as the gateway serves it: a small reqwest client. The `Batch`
+//! and `File` objects are the workspace's wire types ([`embatch_protocol::bulk`]); only the list
+//! pages, which the protocol crate does not define, are declared here.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -13,131 +12,16 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
+pub use embatch_protocol::bulk::{
+    Batch, BatchError, BatchErrors, BatchStatus, FileObject, RequestCounts,
+};
+
 use crate::error::CliError;
 
 /// Timeout of one small call (everything but the file upload and download).
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Timeout of connecting to the gateway.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// A batch's status, OpenAI's names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Status {
-    /// The input file is being checked.
-    Validating,
-    /// The input file was rejected; see [`Batch::errors`].
-    Failed,
-    /// Requests are being embedded.
-    InProgress,
-    /// All requests are done; the output files are being written.
-    Finalizing,
-    /// Done; `output_file_id` (and `error_file_id` when some failed) are set.
-    Completed,
-    /// The completion window passed; what finished was delivered.
-    Expired,
-    /// A cancel was asked; requests in flight are finishing.
-    Cancelling,
-    /// Cancelled; what finished was delivered.
-    Cancelled,
-    /// A status this tool does not know (a newer server).
-    #[serde(other)]
-    Unknown,
-}
-
-impl Status {
-    /// Whether the batch will not change any more.
-    pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            Status::Failed | Status::Completed | Status::Expired | Status::Cancelled
-        )
-    }
-
-    /// OpenAI's name of the status.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Validating => "validating",
-            Status::Failed => "failed",
-            Status::InProgress => "in_progress",
-            Status::Finalizing => "finalizing",
-            Status::Completed => "completed",
-            Status::Expired => "expired",
-            Status::Cancelling => "cancelling",
-            Status::Cancelled => "cancelled",
-            Status::Unknown => "unknown",
-        }
-    }
-}
-
-/// `request_counts` of a batch, in requests (input file lines).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-pub struct RequestCounts {
-    /// Requests in the input file.
-    #[serde(default)]
-    pub total: u64,
-    /// Requests answered 2xx.
-    #[serde(default)]
-    pub completed: u64,
-    /// Requests that went to the error file.
-    #[serde(default)]
-    pub failed: u64,
-}
-
-/// One entry of a failed batch's `errors.data`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-pub struct BatchError {
-    /// A machine-readable code, e.g. `invalid_json_line`.
-    #[serde(default)]
-    pub code: Option<String>,
-    /// What is wrong.
-    #[serde(default)]
-    pub message: Option<String>,
-    /// The field at fault.
-    #[serde(default)]
-    pub param: Option<String>,
-    /// The input file's line (1-based).
-    #[serde(default)]
-    pub line: Option<u64>,
-}
-
-/// `errors` of a batch: `{"object": "list", "data": [...]}`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-pub struct BatchErrors {
-    /// The entries.
-    #[serde(default)]
-    pub data: Vec<BatchError>,
-}
-
-/// OpenAI's `Batch` object (the fields this tool reads).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct Batch {
-    /// `batch_...`.
-    pub id: String,
-    /// The status.
-    pub status: Status,
-    /// The uploaded input file.
-    #[serde(default)]
-    pub input_file_id: Option<String>,
-    /// Successful output lines, once finalized.
-    #[serde(default)]
-    pub output_file_id: Option<String>,
-    /// Failed request lines, once finalized (absent when none failed).
-    #[serde(default)]
-    pub error_file_id: Option<String>,
-    /// Progress in requests.
-    #[serde(default)]
-    pub request_counts: Option<RequestCounts>,
-    /// Why a `failed` batch was rejected.
-    #[serde(default)]
-    pub errors: Option<BatchErrors>,
-    /// The caller's key/value pairs (this tool's `embatch_input_sha256`).
-    #[serde(default)]
-    pub metadata: Option<BTreeMap<String, String>>,
-    /// Unix seconds.
-    #[serde(default)]
-    pub created_at: Option<u64>,
-}
 
 /// A page of `GET /v1/batches`.
 #[derive(Debug, Clone, Deserialize)]
@@ -147,22 +31,6 @@ pub struct BatchList {
     /// Whether `after=<last id>` gives more.
     #[serde(default)]
     pub has_more: bool,
-}
-
-/// OpenAI's `File` object (the fields this tool reads).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct FileObject {
-    /// `file-...`.
-    pub id: String,
-    /// Size in bytes.
-    #[serde(default)]
-    pub bytes: u64,
-    /// The name given at upload.
-    #[serde(default)]
-    pub filename: String,
-    /// `batch`, `batch_output`, ...
-    #[serde(default)]
-    pub purpose: String,
 }
 
 /// A page of `GET /v1/files`.
@@ -239,14 +107,7 @@ impl Api {
         request: reqwest::RequestBuilder,
     ) -> Result<T, CliError> {
         let response = self.send(what, request.timeout(CALL_TIMEOUT)).await?;
-        let bytes = response.bytes().await.map_err(|source| CliError::Network {
-            what: what.to_owned(),
-            source,
-        })?;
-        serde_json::from_slice(&bytes).map_err(|e| CliError::Decode {
-            what: what.to_owned(),
-            detail: e.to_string(),
-        })
+        decode(what, response).await
     }
 
     /// `GET /info`: the served model's `model_id` (the default `model` of converted text lines).
@@ -284,14 +145,7 @@ impl Api {
         let response = self
             .send(what, self.http.post(self.url("v1/files")?).multipart(form))
             .await?;
-        let bytes = response.bytes().await.map_err(|source| CliError::Network {
-            what: what.to_owned(),
-            source,
-        })?;
-        serde_json::from_slice(&bytes).map_err(|e| CliError::Decode {
-            what: what.to_owned(),
-            detail: e.to_string(),
-        })
+        decode(what, response).await
     }
 
     /// `GET /v1/files?purpose=batch` (all pages): the uploaded input files.
@@ -427,6 +281,32 @@ impl Api {
     }
 }
 
+/// Reads a successful response's body as JSON `T`.
+async fn decode<T: DeserializeOwned>(
+    what: &str,
+    response: reqwest::Response,
+) -> Result<T, CliError> {
+    let bytes = response.bytes().await.map_err(|source| CliError::Network {
+        what: what.to_owned(),
+        source,
+    })?;
+    serde_json::from_slice(&bytes).map_err(|e| CliError::Decode {
+        what: what.to_owned(),
+        detail: e.to_string(),
+    })
+}
+
+/// A batch with `id` and `status` and only the required fields besides, for unit tests.
+#[cfg(test)]
+pub(crate) fn test_batch(id: &str, status: BatchStatus) -> Batch {
+    serde_json::from_value(json!({
+        "id": id, "object": "batch", "endpoint": "/v1/embeddings", "input_file_id": "file-in",
+        "completion_window": "24h", "status": status, "created_at": 0,
+        "request_counts": RequestCounts::default(),
+    }))
+    .expect("a batch")
+}
+
 /// OpenAI's `{"error": {"message": ...}}`, TEI's `{"error": "..."}`, or the body's start.
 fn error_message(body: &str) -> String {
     let value: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
@@ -461,7 +341,7 @@ mod tests {
 
     #[test]
     fn a_batch_object_from_openais_reference_decodes() {
-        // The example of OpenAI's "The batch object", plus one status this tool does not know.
+        // The example of OpenAI's "The batch object".
         let batch: Batch = serde_json::from_str(
             r#"{"id": "batch_abc123", "object": "batch", "endpoint": "/v1/embeddings",
                 "errors": null, "input_file_id": "file-abc123", "completion_window": "24h",
@@ -474,32 +354,32 @@ mod tests {
                 "metadata": {"customer_id": "user_123456789"}}"#,
         )
         .expect("decodes");
-        assert_eq!(batch.status, Status::Completed);
+        assert_eq!(batch.status, BatchStatus::Completed);
         assert_eq!(
             batch.request_counts,
-            Some(RequestCounts {
+            RequestCounts {
                 total: 100,
                 completed: 95,
                 failed: 5
-            })
+            }
         );
         assert_eq!(batch.error_file_id.as_deref(), Some("file-HOWS94"));
-        let odd: Batch =
-            serde_json::from_str(r#"{"id": "b", "status": "paused"}"#).expect("decodes");
-        assert_eq!(odd.status, Status::Unknown);
-        assert!(!odd.status.is_terminal());
+        assert!(batch.status.is_final());
     }
 
     #[test]
     fn failed_batch_errors_decode() {
         let batch: Batch = serde_json::from_str(
-            r#"{"id": "b", "status": "failed", "errors": {"object": "list", "data": [
+            r#"{"id": "b", "object": "batch", "endpoint": "/v1/embeddings",
+                "input_file_id": "f", "completion_window": "24h", "created_at": 1,
+                "request_counts": {"total": 0, "completed": 0, "failed": 0},
+                "status": "failed", "errors": {"object": "list", "data": [
                 {"code": "invalid_json_line", "message": "not JSON", "param": null, "line": 3}]}}"#,
         )
         .expect("decodes");
         let errors = batch.errors.expect("errors").data;
         assert_eq!(errors[0].line, Some(3));
-        assert_eq!(errors[0].code.as_deref(), Some("invalid_json_line"));
+        assert_eq!(errors[0].code, "invalid_json_line");
     }
 
     #[test]

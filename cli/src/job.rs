@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::api::{self, Api, Batch, Status};
+use crate::api::{self, Api, Batch, BatchStatus};
 use crate::cli::{BatchArgs, InputArgs};
 use crate::error::CliError;
 use crate::input::{self, Prepared};
@@ -144,8 +144,8 @@ async fn follow(
 ) -> Result<Batch, CliError> {
     let mut last_ok = Instant::now();
     loop {
-        progress.update(batch.status, batch.request_counts.unwrap_or_default());
-        if batch.status.is_terminal() {
+        progress.update(batch.status, batch.request_counts);
+        if batch.status.is_final() {
             return Ok(batch);
         }
         tokio::select! {
@@ -176,7 +176,7 @@ async fn deliver(
     args: &BatchArgs,
     resumed: bool,
 ) -> Result<Summary, CliError> {
-    if batch.status == Status::Failed {
+    if batch.status == BatchStatus::Failed {
         let errors = failed_errors(&batch);
         return Err(CliError::BatchFailed {
             id: batch.id,
@@ -186,8 +186,8 @@ async fn deliver(
     let errors = args.errors_path();
     let output_lines = fetch(api, batch.output_file_id.as_deref(), &args.output).await?;
     let error_lines = fetch(api, batch.error_file_id.as_deref(), &errors).await?;
-    let counts = batch.request_counts.unwrap_or_default();
-    if batch.status != Status::Completed {
+    let counts = batch.request_counts;
+    if batch.status != BatchStatus::Completed {
         return Err(CliError::Incomplete {
             id: batch.id,
             status: batch.status.as_str().to_owned(),
@@ -234,16 +234,12 @@ pub fn failed_errors(batch: &Batch) -> String {
         .iter()
         .map(|e| {
             let line = e.line.map(|l| format!("line {l}: ")).unwrap_or_default();
-            let code = e.code.as_deref().unwrap_or("error");
             let param = e
                 .param
                 .as_deref()
                 .map(|p| format!(" ({p})"))
                 .unwrap_or_default();
-            format!(
-                "  {line}[{code}] {}{param}",
-                e.message.as_deref().unwrap_or("")
-            )
+            format!("  {line}[{}] {}{param}", e.code, e.message)
         })
         .collect::<Vec<_>>()
         .join("\n")
@@ -269,28 +265,20 @@ pub async fn cancel(url: &str, args: &InputArgs) -> Result<Batch, CliError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{BatchError, BatchErrors};
+    use crate::api::{BatchError, BatchErrors, test_batch};
 
     #[test]
     fn failed_batch_errors_name_line_code_and_field() {
-        let batch = Batch {
-            id: "b".into(),
-            status: Status::Failed,
-            input_file_id: None,
-            output_file_id: None,
-            error_file_id: None,
-            request_counts: None,
-            errors: Some(BatchErrors {
-                data: vec![BatchError {
-                    code: Some("duplicate_custom_id".into()),
-                    message: Some("custom_id \"a\" repeats line 1".into()),
-                    param: Some("custom_id".into()),
-                    line: Some(2),
-                }],
-            }),
-            metadata: None,
-            created_at: None,
-        };
+        let mut batch = test_batch("b", BatchStatus::Failed);
+        batch.errors = Some(BatchErrors {
+            object: "list".into(),
+            data: vec![BatchError {
+                code: "duplicate_custom_id".into(),
+                message: "custom_id \"a\" repeats line 1".into(),
+                param: Some("custom_id".into()),
+                line: Some(2),
+            }],
+        });
         assert_eq!(
             failed_errors(&batch),
             "  line 2: [duplicate_custom_id] custom_id \"a\" repeats line 1 (custom_id)"

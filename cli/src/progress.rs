@@ -6,7 +6,7 @@ use std::io::IsTerminal;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::api::{RequestCounts, Status};
+use crate::api::{BatchStatus, RequestCounts};
 
 /// The bar's template: `[00:01:02] ####---- 61,440/100,000 inputs  2,048/s  ETA 19s  in_progress`.
 const TEMPLATE: &str = "[{elapsed_precise}] {wide_bar} {human_pos}/{human_len} inputs  \
@@ -30,7 +30,7 @@ pub struct Progress {
     total_requests: u64,
     total_inputs: u64,
     visible: bool,
-    last_status: Option<Status>,
+    last_status: Option<BatchStatus>,
 }
 
 impl Progress {
@@ -56,7 +56,7 @@ impl Progress {
 
     /// Shows the batch's latest state. On a resumed job the first update jumps to what is
     /// already done; indicatif's rate counts from there.
-    pub fn update(&mut self, status: Status, counts: RequestCounts) {
+    pub fn update(&mut self, status: BatchStatus, counts: RequestCounts) {
         let done = inputs_done(counts, self.total_requests, self.total_inputs);
         if self.last_status.is_none() && done > 0 {
             self.bar.reset_elapsed();

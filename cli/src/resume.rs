@@ -74,29 +74,21 @@ pub async fn find_file(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::Status;
+    use crate::api::{BatchStatus, test_batch};
 
-    fn batch(id: &str, sha: Option<&str>, status: Status) -> Batch {
-        Batch {
-            id: id.into(),
-            status,
-            input_file_id: None,
-            output_file_id: None,
-            error_file_id: None,
-            request_counts: None,
-            errors: None,
-            metadata: sha.map(|s| [(METADATA_KEY.to_owned(), s.to_owned())].into()),
-            created_at: None,
-        }
+    fn batch(id: &str, sha: Option<&str>, status: BatchStatus) -> Batch {
+        let mut batch = test_batch(id, status);
+        batch.metadata = sha.map(|s| [(METADATA_KEY.to_owned(), s.to_owned())].into());
+        batch
     }
 
     #[test]
     fn the_newest_batch_with_the_fingerprint_is_found_whatever_its_status() {
         let page = [
-            batch("b4", None, Status::InProgress),
-            batch("b3", Some("other"), Status::InProgress),
-            batch("b2", Some("abc"), Status::Cancelled),
-            batch("b1", Some("abc"), Status::Completed),
+            batch("b4", None, BatchStatus::InProgress),
+            batch("b3", Some("other"), BatchStatus::InProgress),
+            batch("b2", Some("abc"), BatchStatus::Cancelled),
+            batch("b1", Some("abc"), BatchStatus::Completed),
         ];
         assert_eq!(pick(&page, "abc").map(|b| b.id.as_str()), Some("b2"));
         assert!(pick(&page, "nope").is_none());
@@ -106,9 +98,13 @@ mod tests {
     fn an_uploaded_file_is_reused_only_with_its_name_purpose_and_size() {
         let file = |id: &str, name: &str, purpose: &str, bytes| FileObject {
             id: id.into(),
+            object: "file".into(),
             bytes,
+            created_at: 0,
             filename: name.into(),
             purpose: purpose.into(),
+            status: "processed".into(),
+            expires_at: None,
         };
         let name = upload_name("abc");
         let files = [

@@ -66,9 +66,9 @@ impl BulkStack {
 }
 
 /// `embatch --url GATEWAY ARGS...` in a blocking thread (the stack runs on this runtime).
-async fn embatch(gateway: &str, args: &[&str]) -> Output {
+async fn embatch(gateway: &str, args: &[impl AsRef<str>]) -> Output {
     let mut argv = vec!["--url".to_owned(), gateway.to_owned()];
-    argv.extend(args.iter().map(|a| (*a).to_owned()));
+    argv.extend(args.iter().map(|a| a.as_ref().to_owned()));
     tokio::task::spawn_blocking(move || {
         Command::new(env!("CARGO_BIN_EXE_embatch"))
             .args(&argv)
@@ -78,6 +78,31 @@ async fn embatch(gateway: &str, args: &[&str]) -> Output {
     })
     .await
     .expect("joins")
+}
+
+/// `batch INPUT -o OUTPUT --poll-interval 100ms -q`.
+fn batch_args(input: &Path, output: &Path) -> Vec<String> {
+    let path = |p: &Path| p.to_str().expect("utf8 path").to_owned();
+    ["batch", &path(input), "-o", &path(output)]
+        .into_iter()
+        .chain(["--poll-interval", "100ms", "-q"])
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Runs `embatch ARGS` again on a stack holding one batch, this input's, and checks that it
+/// resumes that batch (succeeds, says `(resumed)`, submits no second batch) and writes the
+/// results of all `lines` requests to `output`.
+async fn assert_resumes(stack: &BulkStack, args: &[String], output: &Path, lines: usize) {
+    let rerun = embatch(&stack.gateway, args).await;
+    assert!(rerun.status.success(), "{}", text(&rerun.stderr));
+    assert!(
+        text(&rerun.stdout).contains("(resumed)"),
+        "{}",
+        text(&rerun.stdout)
+    );
+    assert_eq!(stack.batches().await.len(), 1, "not submitted twice");
+    assert_eq!(lines_by_id(output).len(), lines, "results written again");
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -94,6 +119,22 @@ fn lines_by_id(path: &Path) -> std::collections::BTreeMap<String, Value> {
         assert!(out.insert(id.clone(), value).is_none(), "{id} twice");
     }
     out
+}
+
+/// Starts a stack (JetStream or not), runs `embatch batch` on an input file `name` holding
+/// `content`, asserts it exits 1, and returns the stack and the run's stderr.
+async fn refused(jetstream: bool, name: &str, content: &str) -> (BulkStack, String) {
+    let stack = BulkStack::start(TeiConfig::instant(), jetstream).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let input = dir.path().join(name);
+    std::fs::write(&input, content).expect("write");
+    let out = embatch(
+        &stack.gateway,
+        &["batch", input.to_str().expect("utf8"), "-o", "unused.jsonl"],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    (stack, text(&out.stderr))
 }
 
 fn assert_close(got: &Value, want: &[f32], what: &str) {
@@ -117,15 +158,7 @@ async fn a_text_file_is_embedded_and_a_rerun_does_not_submit_it_again() {
     )
     .expect("write");
     let output = dir.path().join("out.jsonl");
-    let args = [
-        "batch",
-        input.to_str().expect("utf8 path"),
-        "-o",
-        output.to_str().expect("utf8 path"),
-        "--poll-interval",
-        "100ms",
-        "-q",
-    ];
+    let args = batch_args(&input, &output);
 
     let first = embatch(&stack.gateway, &args).await;
     assert!(first.status.success(), "{}", text(&first.stderr));
@@ -152,19 +185,7 @@ async fn a_text_file_is_embedded_and_a_rerun_does_not_submit_it_again() {
     assert_eq!(sha.len(), 64);
 
     std::fs::remove_file(&output).expect("rm");
-    let again = embatch(&stack.gateway, &args).await;
-    assert!(again.status.success(), "{}", text(&again.stderr));
-    assert!(
-        text(&again.stdout).contains("(resumed)"),
-        "{}",
-        text(&again.stdout)
-    );
-    assert_eq!(stack.batches().await.len(), 1, "not submitted twice");
-    assert_eq!(
-        lines_by_id(&output).len(),
-        texts.len(),
-        "results written again"
-    );
+    assert_resumes(&stack, &args, &output, texts.len()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -180,18 +201,9 @@ async fn a_run_killed_mid_job_is_resumed_by_the_same_command() {
     let texts: Vec<String> = (0..4000).map(|i| format!("input {i}")).collect();
     std::fs::write(&input, texts.join("\n")).expect("write");
     let output = dir.path().join("out.jsonl");
-    let args = vec![
-        "--url".to_owned(),
-        stack.gateway.clone(),
-        "batch".to_owned(),
-        input.to_string_lossy().into_owned(),
-        "-o".to_owned(),
-        output.to_string_lossy().into_owned(),
-        "--poll-interval".to_owned(),
-        "100ms".to_owned(),
-        "-q".to_owned(),
-    ];
+    let args = batch_args(&input, &output);
     let mut child = Command::new(env!("CARGO_BIN_EXE_embatch"))
+        .args(["--url", &stack.gateway])
         .args(&args)
         .env_remove("EMBATCH_URL")
         .stdout(Stdio::null())
@@ -213,19 +225,7 @@ async fn a_run_killed_mid_job_is_resumed_by_the_same_command() {
     );
     assert!(!output.exists(), "killed before the results");
 
-    let rerun = embatch(
-        &stack.gateway,
-        &args[2..].iter().map(String::as_str).collect::<Vec<_>>(),
-    )
-    .await;
-    assert!(rerun.status.success(), "{}", text(&rerun.stderr));
-    assert!(
-        text(&rerun.stdout).contains("(resumed)"),
-        "{}",
-        text(&rerun.stdout)
-    );
-    assert_eq!(stack.batches().await.len(), 1, "not submitted twice");
-    assert_eq!(lines_by_id(&output).len(), texts.len());
+    assert_resumes(&stack, &args, &output, texts.len()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -244,19 +244,7 @@ async fn a_line_the_gateway_rejects_is_reported_with_its_line_number() {
     )
     .expect("write");
     let output = dir.path().join("out.jsonl");
-    let out = embatch(
-        &stack.gateway,
-        &[
-            "batch",
-            input.to_str().expect("utf8"),
-            "-o",
-            output.to_str().expect("utf8"),
-            "--poll-interval",
-            "100ms",
-            "-q",
-        ],
-    )
-    .await;
+    let out = embatch(&stack.gateway, &batch_args(&input, &output)).await;
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     let stderr = text(&out.stderr);
     assert!(
@@ -267,17 +255,12 @@ async fn a_line_the_gateway_rejects_is_reported_with_its_line_number() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_input_file_is_refused_before_anything_is_sent() {
-    let stack = BulkStack::start(TeiConfig::instant(), true).await;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let input = dir.path().join("requests.jsonl");
-    std::fs::write(&input, "{\"custom_id\":\"a\"}\n{\"custom_id\":\"a\"}\n").expect("write");
-    let out = embatch(
-        &stack.gateway,
-        &["batch", input.to_str().expect("utf8"), "-o", "unused.jsonl"],
+    let (stack, stderr) = refused(
+        true,
+        "requests.jsonl",
+        "{\"custom_id\":\"a\"}\n{\"custom_id\":\"a\"}\n",
     )
     .await;
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = text(&out.stderr);
     assert!(
         stderr.contains("line 2") && stderr.contains("repeats line 1"),
         "{stderr}"
@@ -287,17 +270,7 @@ async fn a_bad_input_file_is_refused_before_anything_is_sent() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_jetstream_the_error_says_so() {
-    let stack = BulkStack::start(TeiConfig::instant(), false).await;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let input = dir.path().join("corpus.txt");
-    std::fs::write(&input, "hello\n").expect("write");
-    let out = embatch(
-        &stack.gateway,
-        &["batch", input.to_str().expect("utf8"), "-o", "unused.jsonl"],
-    )
-    .await;
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = text(&out.stderr);
+    let (stack, stderr) = refused(false, "corpus.txt", "hello\n").await;
     assert!(
         stderr.contains("503") && stderr.contains("JetStream"),
         "{stderr}"

@@ -34,6 +34,41 @@ async fn messages(sub: &mut async_nats::Subscriber, quiet: Duration) -> Vec<asyn
     got
 }
 
+/// A raw connection to `nats` and its member of `embed`'s queue group, flushed so the server
+/// routes requests to it from now on: a stand-in worker.
+async fn queue_member(nats: &NatsServer) -> (async_nats::Client, async_nats::Subscriber) {
+    let raw = async_nats::connect(nats.url()).await.expect("connects");
+    let member = raw
+        .queue_subscribe("embed", DEFAULT_QUEUE_GROUP.to_owned())
+        .await
+        .expect("subscribe");
+    raw.flush().await.expect("flush");
+    (raw, member)
+}
+
+/// An `EmbedClient` of subject `embed` on its own connection to `nats`.
+async fn embed_client(nats: &NatsServer) -> EmbedClient {
+    EmbedClient::new(
+        async_nats::connect(nats.url()).await.expect("connects"),
+        "embed",
+    )
+}
+
+/// Sends `{"inputs":"text <i>"}` for `i` in `0..n`, one after another, each within 5 s, and
+/// checks that each is answered `[[0.5]]` (the stand-in responders' answer).
+async fn embed_texts(client: &EmbedClient, n: usize) {
+    for i in 0..n {
+        let reply = client
+            .embed(
+                Bytes::from(format!(r#"{{"inputs":"text {i}"}}"#)),
+                Duration::from_secs(5),
+            )
+            .await
+            .expect("answered");
+        assert_eq!(reply.payload, Bytes::from_static(b"[[0.5]]"));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plain_request_gets_one_reply_and_an_acked_one_an_acknowledgement_first() {
     let stack = Stack::start(TeiConfig::instant(), &["--max-wait-time", "1ms"]).await;
@@ -128,16 +163,9 @@ async fn a_plain_request_gets_one_reply_and_an_acked_one_an_acknowledgement_firs
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_no_worker_acknowledged_is_resent_until_one_does() {
     let stack = Stack::start(TeiConfig::instant(), &["--max-wait-time", "1ms"]).await;
-    let raw = async_nats::connect(stack.nats.url())
-        .await
-        .expect("connects");
+    let (_raw, mut hole) = queue_member(&stack.nats).await;
     let swallowed = Arc::new(AtomicUsize::new(0));
     let swallowed_resends = Arc::new(AtomicUsize::new(0));
-    let mut hole = raw
-        .queue_subscribe("embed", DEFAULT_QUEUE_GROUP.to_owned())
-        .await
-        .expect("subscribe");
-    raw.flush().await.expect("flush");
     let hole_task = tokio::spawn({
         let swallowed = Arc::clone(&swallowed);
         let swallowed_resends = Arc::clone(&swallowed_resends);
@@ -152,12 +180,7 @@ async fn a_request_no_worker_acknowledged_is_resent_until_one_does() {
             }
         }
     });
-    let client = EmbedClient::new(
-        async_nats::connect(stack.nats.url())
-            .await
-            .expect("connects"),
-        "embed",
-    );
+    let client = embed_client(&stack.nats).await;
     let results = futures::future::join_all((0..40).map(|i| {
         let client = client.clone();
         async move {
@@ -201,13 +224,8 @@ async fn a_request_no_worker_acknowledged_is_resent_until_one_does() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_that_never_acknowledge_get_each_request_once() {
     let nats = NatsServer::start();
-    let raw = async_nats::connect(nats.url()).await.expect("connects");
+    let (raw, mut requests) = queue_member(&nats).await;
     let received = Arc::new(AtomicUsize::new(0));
-    let mut requests = raw
-        .queue_subscribe("embed", DEFAULT_QUEUE_GROUP.to_owned())
-        .await
-        .expect("subscribe");
-    raw.flush().await.expect("flush");
     let responder = tokio::spawn({
         let received = Arc::clone(&received);
         let raw = raw.clone();
@@ -225,20 +243,8 @@ async fn workers_that_never_acknowledge_get_each_request_once() {
             }
         }
     });
-    let client = EmbedClient::new(
-        async_nats::connect(nats.url()).await.expect("connects"),
-        "embed",
-    );
-    for i in 0..5 {
-        let reply = client
-            .embed(
-                Bytes::from(format!(r#"{{"inputs":"text {i}"}}"#)),
-                Duration::from_secs(5),
-            )
-            .await
-            .expect("answered");
-        assert_eq!(reply.payload, Bytes::from_static(b"[[0.5]]"));
-    }
+    let client = embed_client(&nats).await;
+    embed_texts(&client, 5).await;
     let copies = received.load(Ordering::Relaxed);
     // The first request is resent while the client still expects acknowledgements (after 100
     // and 300 ms of waiting: 2 copies before its answer); the other four are sent once.
@@ -257,13 +263,8 @@ async fn workers_that_never_acknowledge_get_each_request_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_that_answers_before_acknowledging_still_gets_lost_requests_resent() {
     let nats = NatsServer::start();
-    let raw = async_nats::connect(nats.url()).await.expect("connects");
+    let (raw, mut requests) = queue_member(&nats).await;
     let lost_copies = Arc::new(AtomicUsize::new(0));
-    let mut requests = raw
-        .queue_subscribe("embed", DEFAULT_QUEUE_GROUP.to_owned())
-        .await
-        .expect("subscribe");
-    raw.flush().await.expect("flush");
     let responder = tokio::spawn({
         let lost_copies = Arc::clone(&lost_copies);
         let raw = raw.clone();
@@ -283,20 +284,8 @@ async fn a_worker_that_answers_before_acknowledging_still_gets_lost_requests_res
             }
         }
     });
-    let client = EmbedClient::new(
-        async_nats::connect(nats.url()).await.expect("connects"),
-        "embed",
-    );
-    for i in 0..20 {
-        let reply = client
-            .embed(
-                Bytes::from(format!(r#"{{"inputs":"text {i}"}}"#)),
-                Duration::from_secs(5),
-            )
-            .await
-            .expect("answered");
-        assert_eq!(reply.payload, Bytes::from_static(b"[[0.5]]"));
-    }
+    let client = embed_client(&nats).await;
+    embed_texts(&client, 20).await;
     let reply = client
         .embed(
             Bytes::from_static(br#"{"inputs":"lost"}"#),

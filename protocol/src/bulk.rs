@@ -174,6 +174,20 @@ impl BatchStatus {
                 | BatchStatus::Cancelled
         )
     }
+
+    /// OpenAI's name of the status, as serialized: `validating`, `in_progress`, ...
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BatchStatus::Validating => "validating",
+            BatchStatus::Failed => "failed",
+            BatchStatus::InProgress => "in_progress",
+            BatchStatus::Finalizing => "finalizing",
+            BatchStatus::Completed => "completed",
+            BatchStatus::Expired => "expired",
+            BatchStatus::Cancelling => "cancelling",
+            BatchStatus::Cancelled => "cancelled",
+        }
+    }
 }
 
 /// OpenAI's `request_counts`: requests (input lines), not inputs.

@@ -4,9 +4,11 @@
 //! through `EmbedClient` (which asks for acknowledgements and resends) is answered, with its own
 //! vectors, within its deadline.
 
+mod process;
+
 use std::collections::HashMap;
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -16,43 +18,7 @@ use embatch_testkit::{Faults, NatsServer, TeiConfig, TeiDouble, start_tei};
 use futures::StreamExt;
 use tokio::time::Instant;
 
-/// A worker process, killed (SIGKILL) when dropped.
-struct Worker(Child);
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts the worker binary on `nats` and `tei` with `env` settings, and waits until
-/// `expected` workers (this one included) answer a NATS micro ping.
-async fn spawn_worker(
-    nats: &NatsServer,
-    tei: &TeiDouble,
-    env: &[(&str, &str)],
-    client: &async_nats::Client,
-    expected: usize,
-) -> Worker {
-    let worker = Worker(
-        Command::new(env!("CARGO_BIN_EXE_embatch-worker"))
-            .env("NATS_URL", nats.url())
-            .env("TEI_URL", &tei.url)
-            .env("METRICS_ADDR", "")
-            .env("RUST_LOG", "warn")
-            .envs(env.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("worker binary starts"),
-    );
-    assert!(
-        embatch_testkit::wait_for_workers(client, expected).await,
-        "worker never became ready"
-    );
-    worker
-}
+use process::{Worker, spawn_worker};
 
 fn body(text: &str) -> Bytes {
     Bytes::from(serde_json::json!({ "inputs": text }).to_string())
@@ -94,10 +60,19 @@ fn called_twice(doubles: &[&TeiDouble]) -> usize {
     seen.values().filter(|&&n| n > 1).count()
 }
 
-async fn connect(nats: &NatsServer) -> async_nats::Client {
-    embatch_client::connect(&nats.url(), "recovery-test")
+/// Two worker processes with `settings`, on `upstreams[0]` and `upstreams[1]`, both ready, and
+/// a client of theirs on `nats`.
+async fn two_workers(
+    nats: &NatsServer,
+    upstreams: [&TeiDouble; 2],
+    settings: &[(&str, &str)],
+) -> ([Worker; 2], EmbedClient) {
+    let nats_client = embatch_client::connect(&nats.url(), "recovery-test")
         .await
-        .expect("client connects")
+        .expect("client connects");
+    let first = spawn_worker(nats, upstreams[0], settings, &nats_client, 1).await;
+    let second = spawn_worker(nats, upstreams[1], settings, &nats_client, 2).await;
+    ([first, second], EmbedClient::new(nats_client, "embed"))
 }
 
 /// `n` requests at one per `every`, with `budget` each; `at_half` runs when half are sent.
@@ -131,6 +106,43 @@ async fn load(
     took
 }
 
+/// Two workers (`MAX_WAIT_TIME=2ms`) on a TEI double taking 20 ms per call, and a client, on
+/// a nats-server that [`RestartStack::restart`] kills and restarts on the same port.
+struct RestartStack {
+    _workers: [Worker; 2],
+    _tei: TeiDouble,
+    nats: Arc<Mutex<NatsServer>>,
+    client: EmbedClient,
+}
+
+impl RestartStack {
+    async fn start() -> RestartStack {
+        let server = NatsServer::start();
+        let tei = start_tei(TeiConfig {
+            base: Duration::from_millis(20),
+            ..TeiConfig::instant()
+        })
+        .await;
+        let (workers, client) =
+            two_workers(&server, [&tei, &tei], &[("MAX_WAIT_TIME", "2ms")]).await;
+        RestartStack {
+            _workers: workers,
+            _tei: tei,
+            nats: Arc::new(Mutex::new(server)),
+            client,
+        }
+    }
+
+    /// Kills the nats-server and starts it again on the same port 1 s later, in a blocking
+    /// task.
+    fn restart(&self) -> tokio::task::JoinHandle<()> {
+        let nats = Arc::clone(&self.nats);
+        tokio::task::spawn_blocking(move || {
+            nats.lock().expect("server").restart(Duration::from_secs(1));
+        })
+    }
+}
+
 fn max(took: &[Duration]) -> Duration {
     took.iter().copied().max().unwrap_or_default()
 }
@@ -146,11 +158,8 @@ async fn a_worker_killed_with_sigkill_loses_none_of_what_it_held() {
         ..TeiConfig::instant()
     })
     .await;
-    let nats_client = connect(&nats).await;
-    let settings = [("MAX_WAIT_TIME", "2ms")];
-    let mut killed = spawn_worker(&nats, &tei, &settings, &nats_client, 1).await;
-    let _staying = spawn_worker(&nats, &tei, &settings, &nats_client, 2).await;
-    let client = EmbedClient::new(nats_client, "embed");
+    let ([mut killed, _staying], client) =
+        two_workers(&nats, [&tei, &tei], &[("MAX_WAIT_TIME", "2ms")]).await;
     // Warm up: the client has heard both workers' heartbeats.
     embed_checked(&client, "warm-up", Duration::from_secs(5)).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -182,33 +191,17 @@ async fn a_worker_killed_with_sigkill_loses_none_of_what_it_held() {
 /// it, and all are answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nats_server_restart_mid_load_loses_none() {
-    let server = NatsServer::start();
-    let tei = start_tei(TeiConfig {
-        base: Duration::from_millis(20),
-        ..TeiConfig::instant()
-    })
-    .await;
-    let nats_client = connect(&server).await;
-    let settings = [("MAX_WAIT_TIME", "2ms")];
-    let _a = spawn_worker(&server, &tei, &settings, &nats_client, 1).await;
-    let _b = spawn_worker(&server, &tei, &settings, &nats_client, 2).await;
-    let nats = Arc::new(std::sync::Mutex::new(server));
-    let client = EmbedClient::new(nats_client, "embed");
+    let stack = RestartStack::start().await;
+    let client = stack.client.clone();
     embed_checked(&client, "warm-up", Duration::from_secs(5)).await;
 
-    let restarted = Arc::clone(&nats);
     let took = load(
         &client,
         400,
         Duration::from_millis(10),
         Duration::from_secs(15),
-        move || {
-            tokio::task::spawn_blocking(move || {
-                restarted
-                    .lock()
-                    .expect("server")
-                    .restart(Duration::from_secs(1));
-            });
+        || {
+            stack.restart();
         },
     )
     .await;
@@ -229,29 +222,13 @@ async fn a_nats_server_restart_mid_load_loses_none() {
 /// worker admits that backlog by deadline, so every request is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_backlog_of_a_nats_server_restart_is_served_not_refused() {
-    let server = NatsServer::start();
-    let tei = start_tei(TeiConfig {
-        base: Duration::from_millis(20),
-        ..TeiConfig::instant()
-    })
-    .await;
-    let nats_client = connect(&server).await;
-    let settings = [("MAX_WAIT_TIME", "2ms")];
-    let _a = spawn_worker(&server, &tei, &settings, &nats_client, 1).await;
-    let _b = spawn_worker(&server, &tei, &settings, &nats_client, 2).await;
-    let nats = Arc::new(std::sync::Mutex::new(server));
-    let client = EmbedClient::new(nats_client, "embed");
+    let stack = RestartStack::start().await;
+    let client = stack.client.clone();
     // Measured call times, so MAX_QUEUE_DELAY=auto is in force.
     for i in 0..20 {
         embed_checked(&client, &format!("warm-up {i}"), Duration::from_secs(5)).await;
     }
-    let restarted = Arc::clone(&nats);
-    let restart = tokio::task::spawn_blocking(move || {
-        restarted
-            .lock()
-            .expect("server")
-            .restart(Duration::from_secs(1));
-    });
+    let restart = stack.restart();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         client.nats().connection_state() != async_nats::connection::State::Connected,
@@ -284,11 +261,8 @@ async fn a_worker_whose_upstream_fails_hands_what_it_holds_to_another() {
     let nats = NatsServer::start();
     let sick = Arc::new(start_tei(TeiConfig::instant()).await);
     let healthy = start_tei(TeiConfig::instant()).await;
-    let nats_client = connect(&nats).await;
-    let settings = [("MAX_WAIT_TIME", "1ms")];
-    let _a = spawn_worker(&nats, &sick, &settings, &nats_client, 1).await;
-    let _b = spawn_worker(&nats, &healthy, &settings, &nats_client, 2).await;
-    let client = EmbedClient::new(nats_client, "embed");
+    let (_workers, client) =
+        two_workers(&nats, [&sick, &healthy], &[("MAX_WAIT_TIME", "1ms")]).await;
     embed_checked(&client, "warm-up", Duration::from_secs(5)).await;
 
     let (done_tx, mut done) = tokio::sync::watch::channel(false);
@@ -357,11 +331,8 @@ async fn a_worker_whose_upstream_hangs_hands_what_it_holds_to_another() {
         ..TeiConfig::instant()
     })
     .await;
-    let nats_client = connect(&nats).await;
-    let settings = [("MAX_WAIT_TIME", "1ms")];
-    let _a = spawn_worker(&nats, &hung, &settings, &nats_client, 1).await;
-    let _b = spawn_worker(&nats, &healthy, &settings, &nats_client, 2).await;
-    let client = EmbedClient::new(nats_client, "embed");
+    let (_workers, client) =
+        two_workers(&nats, [&hung, &healthy], &[("MAX_WAIT_TIME", "1ms")]).await;
     for i in 0..20 {
         embed_checked(&client, &format!("warm-up {i}"), Duration::from_secs(5)).await;
     }
@@ -398,11 +369,8 @@ async fn a_queue_group_leave_in_the_middle_of_20000_requests_loses_none() {
     const TOTAL: usize = 20_000;
     let nats = NatsServer::start();
     let tei = start_tei(TeiConfig::instant()).await;
-    let nats_client = connect(&nats).await;
     let settings = [("MAX_WAIT_TIME", "1ms"), ("MAX_QUEUE_DELAY", "10s")];
-    let leaving = spawn_worker(&nats, &tei, &settings, &nats_client, 1).await;
-    let _staying = spawn_worker(&nats, &tei, &settings, &nats_client, 2).await;
-    let client = EmbedClient::new(nats_client, "embed");
+    let ([leaving, _staying], client) = two_workers(&nats, [&tei, &tei], &settings).await;
     embed_checked(&client, "warm-up", Duration::from_secs(5)).await;
 
     let pid = leaving.0.id().to_string();

@@ -2,7 +2,9 @@
 //! accepted, and exits 0; with a second worker, a client that keeps sending through the SIGTERM
 //! loses nothing.
 
-use std::process::{Child, Command, Stdio};
+mod process;
+
+use std::process::Command;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -10,31 +12,7 @@ use embatch_client::EmbedClient;
 use embatch_protocol::headers;
 use embatch_testkit::{NatsServer, TeiConfig, TeiDouble, start_tei};
 
-/// Starts the worker binary on `nats` and `tei` with `env` settings, and waits until
-/// `expected` workers (this one included) answer a NATS micro ping.
-async fn spawn_worker(
-    nats: &NatsServer,
-    tei: &TeiDouble,
-    env: &[(&str, &str)],
-    client: &async_nats::Client,
-    expected: usize,
-) -> Child {
-    let mut worker = Command::new(env!("CARGO_BIN_EXE_embatch-worker"))
-        .env("NATS_URL", nats.url())
-        .env("TEI_URL", &tei.url)
-        .env("METRICS_ADDR", "")
-        .envs(env.iter().copied())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("worker binary starts");
-    if embatch_testkit::wait_for_workers(client, expected).await {
-        return worker;
-    }
-    let _ = worker.kill();
-    let _ = worker.wait();
-    panic!("worker never became ready");
-}
+use process::{Worker, spawn_worker};
 
 /// A nats-server, the TEI double taking `upstream_time` per call, and a client on the server.
 async fn nats_tei_and_client(
@@ -52,19 +30,22 @@ async fn nats_tei_and_client(
     (nats, tei, client)
 }
 
-fn sigterm(worker: &Child) {
+fn sigterm(worker: &Worker) {
     let killed = Command::new("kill")
-        .args(["-TERM", &worker.id().to_string()])
+        .args(["-TERM", &worker.0.id().to_string()])
         .status()
         .expect("kill runs");
     assert!(killed.success());
 }
 
-async fn exit_status(mut worker: Child) -> std::process::ExitStatus {
-    tokio::task::spawn_blocking(move || worker.wait())
-        .await
-        .expect("join")
-        .expect("worker exits")
+async fn exit_status(worker: Worker) -> std::process::ExitStatus {
+    tokio::task::spawn_blocking(move || {
+        let mut worker = worker;
+        worker.0.wait()
+    })
+    .await
+    .expect("join")
+    .expect("worker exits")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
