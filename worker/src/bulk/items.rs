@@ -22,7 +22,6 @@ use embatch_protocol::bulk::{
     BatchStatus, ChunkResult, Item, JobKind, LineResult, result_msg_id, results_subject, unix_now,
 };
 use embatch_protocol::{EmbedError, EmbedOptions, Input};
-use futures::StreamExt;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -36,9 +35,6 @@ use crate::upstream::{Embedding, Upstream, UpstreamError};
 /// and finishing (results published, progress recorded, acked) after theirs ended, so the next
 /// call starts as soon as the previous one ends.
 const PREFETCH: usize = 3;
-
-/// How long one pull waits for an item before asking again.
-const PULL_EXPIRES: Duration = Duration::from_secs(5);
 
 /// What becomes of a message.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -127,20 +123,8 @@ pub(super) async fn run<U: Upstream>(
                 Err(_) => break,
             },
         };
-        let pulled = tokio::select! {
-            () = stop.cancelled() => break,
-            pulled = pull(&consumer) => pulled,
-        };
-        let message = match pulled {
-            Ok(Some(message)) => message,
-            Ok(None) => continue,
-            Err(err) => {
-                tracing::warn!(%err, "cannot pull bulk items");
-                tokio::select! {
-                    () = stop.cancelled() => break,
-                    () = tokio::time::sleep(Duration::from_secs(1)) => continue,
-                }
-            }
+        let Some(message) = super::next_message(&consumer, &stop, "bulk items").await else {
+            break;
         };
         let lane = Arc::clone(&lane);
         let calls = calls.clone();
@@ -158,20 +142,6 @@ pub(super) async fn run<U: Upstream>(
     }
     tasks.close();
     tasks.wait().await;
-}
-
-async fn pull(consumer: &PullConsumer) -> Result<Option<Message>, async_nats::Error> {
-    let mut batch = consumer
-        .batch()
-        .max_messages(1)
-        .expires(PULL_EXPIRES)
-        .messages()
-        .await?;
-    match batch.next().await {
-        Some(Ok(message)) => Ok(Some(message)),
-        Some(Err(err)) => Err(err),
-        None => Ok(None),
-    }
 }
 
 async fn process<U: Upstream>(lane: &Lane, message: &Message, calls: &Calls<U>) {

@@ -34,20 +34,8 @@ const PUBLISH_WINDOW: usize = 256;
 /// Pulls and runs job messages until `stop`.
 pub(super) async fn run(lane: Arc<Lane>, consumer: PullConsumer, stop: CancellationToken) {
     loop {
-        let pulled = tokio::select! {
-            () = stop.cancelled() => return,
-            pulled = pull(&consumer) => pulled,
-        };
-        let message = match pulled {
-            Ok(Some(message)) => message,
-            Ok(None) => continue,
-            Err(err) => {
-                tracing::warn!(%err, "cannot pull bulk jobs");
-                tokio::select! {
-                    () = stop.cancelled() => return,
-                    () = tokio::time::sleep(Duration::from_secs(1)) => continue,
-                }
-            }
+        let Some(message) = super::next_message(&consumer, &stop, "bulk jobs").await else {
+            return;
         };
         let kind = tokio::select! {
             kind = with_progress(&message, lane.config.ack_wait, job(&lane, &message)) => kind,
@@ -66,20 +54,6 @@ pub(super) async fn run(lane: Arc<Lane>, consumer: PullConsumer, stop: Cancellat
         if let Err(err) = message.ack_with(ack).await {
             tracing::warn!(%err, "cannot acknowledge a bulk job; it will be redelivered");
         }
-    }
-}
-
-async fn pull(consumer: &PullConsumer) -> Result<Option<Message>, async_nats::Error> {
-    let mut batch = consumer
-        .batch()
-        .max_messages(1)
-        .expires(Duration::from_secs(5))
-        .messages()
-        .await?;
-    match batch.next().await {
-        Some(Ok(message)) => Ok(Some(message)),
-        Some(Err(err)) => Err(err),
-        None => Ok(None),
     }
 }
 

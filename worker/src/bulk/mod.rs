@@ -198,3 +198,41 @@ pub(crate) fn delivered(message: &Message) -> i64 {
 pub(crate) fn new_id(prefix: &str) -> String {
     format!("{prefix}{}", nuid::next())
 }
+
+/// How long one pull request waits on the server for a message before it is renewed.
+const PULL_EXPIRES: Duration = Duration::from_secs(5);
+
+/// The next message of `consumer` (one per pull request), or `None` once `stop` is cancelled. A
+/// failed pull is logged (naming `what`) and retried after 1 s; an empty pull is renewed.
+async fn next_message(
+    consumer: &consumer::PullConsumer,
+    stop: &CancellationToken,
+    what: &str,
+) -> Option<Message> {
+    use futures::StreamExt;
+    loop {
+        let pulled = tokio::select! {
+            () = stop.cancelled() => return None,
+            pulled = async {
+                let mut batch = consumer
+                    .batch()
+                    .max_messages(1)
+                    .expires(PULL_EXPIRES)
+                    .messages()
+                    .await?;
+                batch.next().await.transpose()
+            } => pulled,
+        };
+        match pulled {
+            Ok(Some(message)) => return Some(message),
+            Ok(None) => {}
+            Err::<_, async_nats::Error>(err) => {
+                tracing::warn!(%err, "cannot pull {what}");
+                tokio::select! {
+                    () = stop.cancelled() => return None,
+                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+            }
+        }
+    }
+}
