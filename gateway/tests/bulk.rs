@@ -48,6 +48,15 @@ impl Api {
         file["id"].as_str().expect("file id").to_owned()
     }
 
+    /// Uploads `jsonl` and creates a batch of it with the 24h window; the batch id.
+    async fn submit(&self, jsonl: String) -> String {
+        let file_id = self.upload_ok(jsonl).await;
+        self.create(&file_id, "24h").await["id"]
+            .as_str()
+            .expect("id")
+            .to_owned()
+    }
+
     async fn create(&self, file_id: &str, window: &str) -> Value {
         let response = self
             .http
@@ -278,11 +287,7 @@ async fn an_input_the_model_rejects_goes_to_the_error_file_and_its_mates_succeed
         openai_line("bad", &format!("a {POISON} here")),
         openai_line("good-1", "also fine"),
     ];
-    let file_id = api.upload_ok(jsonl(lines)).await;
-    let id = api.create(&file_id, "24h").await["id"]
-        .as_str()
-        .expect("id")
-        .to_owned();
+    let id = api.submit(jsonl(lines)).await;
     let batch = api.wait_final(&id, Duration::from_secs(30)).await;
     assert_eq!(batch["status"], "completed", "{batch}");
     assert_eq!(
@@ -313,15 +318,11 @@ async fn a_cancelled_batch_delivers_what_finished_and_each_line_once() {
     let gateway = start_gateway_at(&nats.url(), &[], None).await;
     let api = Api::of(&gateway);
     let n = 40;
-    let file_id = api
-        .upload_ok(jsonl(
+    let id = api
+        .submit(jsonl(
             (0..n).map(|i| openai_line(&format!("c-{i}"), &format!("t{i}"))),
         ))
         .await;
-    let id = api.create(&file_id, "24h").await["id"]
-        .as_str()
-        .expect("id")
-        .to_owned();
     api.wait(&id, Duration::from_secs(30), |b| {
         b["request_counts"]["completed"].as_u64() >= Some(2)
     })
@@ -427,15 +428,11 @@ async fn a_gateway_restart_mid_job_loses_nothing() {
     let first = start_gateway_at(&nats.url(), &[], None).await;
     let api = Api::of(&first);
     let n = 30;
-    let file_id = api
-        .upload_ok(jsonl(
+    let id = api
+        .submit(jsonl(
             (0..n).map(|i| openai_line(&format!("g-{i}"), &format!("t{i}"))),
         ))
         .await;
-    let id = api.create(&file_id, "24h").await["id"]
-        .as_str()
-        .expect("id")
-        .to_owned();
     api.wait(&id, Duration::from_secs(30), |b| {
         b["status"] == "in_progress"
     })
@@ -464,11 +461,7 @@ async fn bad_lines_fail_the_batch_with_openais_errors_list() {
         json!({"custom_id": "d", "url": "/v1/embeddings", "body": {"model": "other", "input": "x"}})
             .to_string(),
     ];
-    let file_id = api.upload_ok(jsonl(lines)).await;
-    let id = api.create(&file_id, "24h").await["id"]
-        .as_str()
-        .expect("id")
-        .to_owned();
+    let id = api.submit(jsonl(lines)).await;
     let batch = api.wait_final(&id, Duration::from_secs(30)).await;
     assert_eq!(batch["status"], "failed", "{batch}");
     assert!(batch["failed_at"].is_u64());
@@ -599,15 +592,11 @@ async fn a_bulk_backlog_never_causes_an_interactive_429() {
     .await;
     let gateway = start_gateway_at(&nats.url(), &[], None).await;
     let api = Api::of(&gateway);
-    let file_id = api
-        .upload_ok(jsonl(
+    let id = api
+        .submit(jsonl(
             (0..40).map(|i| openai_line(&format!("p-{i}"), &format!("t{i}"))),
         ))
         .await;
-    let id = api.create(&file_id, "24h").await["id"]
-        .as_str()
-        .expect("id")
-        .to_owned();
     api.wait(&id, Duration::from_secs(30), |b| {
         b["request_counts"]["completed"].as_u64() >= Some(1)
     })
@@ -744,11 +733,7 @@ async fn items_stranded_below_the_ack_floor_are_swept_back() {
     let gateway = start_gateway_at(&nats.url(), &[], None).await;
     let api = Api::of(&gateway);
     let lines = (0..3).map(|i| openai_line(&format!("req-{i}"), &format!("text {i}")));
-    let file_id = api.upload_ok(jsonl(lines)).await;
-    let id = api.create(&file_id, "24h").await["id"]
-        .as_str()
-        .expect("id")
-        .to_owned();
+    let id = api.submit(jsonl(lines)).await;
     api.wait(&id, Duration::from_secs(30), |b| {
         b["status"] == "in_progress"
     })
