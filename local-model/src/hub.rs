@@ -18,16 +18,8 @@ impl LocalModel {
     /// [`LoadError::Hub`] naming the file that could not be fetched (network, authentication or
     /// a required file missing from the repository), or any error of [`LocalModel::load`].
     pub fn from_hub(model_id: &str) -> Result<LocalModel, LoadError> {
-        let hub_error = |file: &str, source| LoadError::Hub {
-            model_id: model_id.to_string(),
-            file: file.to_string(),
-            source,
-        };
-        let api = ApiBuilder::from_env()
-            .with_progress(false)
-            .build()
-            .map_err(|source| hub_error("(hub client setup)", source))?;
-        let repo = api.model(model_id.to_string());
+        let hub_error = |file: &str, source| hub_error(model_id, file, source);
+        let repo = hub_repo(model_id)?;
 
         let config = repo
             .get(CONFIG)
@@ -71,21 +63,34 @@ pub fn tokenizer_path(model_id: &str) -> Result<std::path::PathBuf, LoadError> {
             path: format!("(Hugging Face cache) {model_id}/{TOKENIZER}").into(),
         });
     }
-    let hub_error = |file: &str, source| LoadError::Hub {
-        model_id: model_id.to_string(),
-        file: file.to_string(),
-        source,
-    };
-    let api = ApiBuilder::from_env()
-        .with_progress(false)
-        .build()
-        .map_err(|source| hub_error("(hub client setup)", source))?;
-    let repo = api.model(model_id.to_string());
+    let repo = hub_repo(model_id)?;
     let path = repo
         .get(TOKENIZER)
-        .map_err(|source| hub_error(TOKENIZER, source))?;
+        .map_err(|source| hub_error(model_id, TOKENIZER, source))?;
     if let Err(err) = repo.get(SENTENCE_TRANSFORMERS) {
         tracing::debug!(model_id, %err, "no {SENTENCE_TRANSFORMERS} (no prompts)");
     }
     Ok(path)
+}
+
+/// The Hugging Face Hub repository of `model_id` (honouring `HF_HOME`, `HF_ENDPOINT` and the
+/// cached token), files cached on first fetch.
+///
+/// # Errors
+/// [`LoadError::Hub`] when the hub client cannot be set up.
+fn hub_repo(model_id: &str) -> Result<hf_hub::api::sync::ApiRepo, LoadError> {
+    let api = ApiBuilder::from_env()
+        .with_progress(false)
+        .build()
+        .map_err(|source| hub_error(model_id, "(hub client setup)", source))?;
+    Ok(api.model(model_id.to_string()))
+}
+
+/// [`LoadError::Hub`] for `file` of `model_id`.
+fn hub_error(model_id: &str, file: &str, source: ApiError) -> LoadError {
+    LoadError::Hub {
+        model_id: model_id.to_string(),
+        file: file.to_string(),
+        source,
+    }
 }
