@@ -19,9 +19,13 @@
 //! println!("{}", String::from_utf8_lossy(&reply.payload)); // [[0.01, ...]]
 //! # Ok(()) }
 //! ```
+//!
+//! A fleet that serves several models (contract v1.1) is reached per model with
+//! [`EmbedClient::for_model`]; [`models::discover`] lists the models served.
 
 pub mod fleet;
 mod inbox;
+pub mod models;
 mod servers;
 
 use std::sync::Arc;
@@ -188,6 +192,15 @@ impl EmbedClient {
             discovery: fleet::Discovery::default(),
             inbox: Arc::new(tokio::sync::OnceCell::new()),
         }
+    }
+
+    /// A client for model `model` of the fleet under `subject` (contract v1.1): requests go to
+    /// the model subject [`embatch_protocol::model::model_subject`] (`<subject>.<token>`, e.g.
+    /// `embed.BAAI/bge-small-en-v1%2E5`), answered only by the workers of that model; cancels,
+    /// heartbeats and `info` use that subject's derived subjects. [`EmbedClient::new`] on the
+    /// plain subject reaches the default model.
+    pub fn for_model(nats: async_nats::Client, subject: &str, model: &str) -> EmbedClient {
+        EmbedClient::new(nats, embatch_protocol::model::model_subject(subject, model))
     }
 
     /// The NATS connection.

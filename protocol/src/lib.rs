@@ -17,6 +17,8 @@
 //! - [`error`]: the one error type ([`EmbedError`]) and its single mapping to HTTP status codes,
 //!   TEI error bodies and NATS error headers.
 //! - [`headers`]: header names, and the deadline header's encoding.
+//! - [`model`]: many models under one subject (contract v1.1): model names, their subject
+//!   tokens and the discovery metadata keys.
 //! - [`reply`]: the reply codec (success and error headers, decoding a reply into a result).
 //! - `openapi` (feature `openapi`): the OpenAPI schemas of [`request::Inputs`] and
 //!   [`request::Input`]; with the feature, the wire types also derive `utoipa::ToSchema`.
@@ -24,6 +26,7 @@
 pub mod bulk;
 pub mod error;
 pub mod headers;
+pub mod model;
 #[cfg(feature = "openapi")]
 mod openapi;
 pub mod reply;
@@ -45,3 +48,8 @@ pub const SERVICE_NAME: &str = "embatch";
 /// by workers as service metadata. A worker rejects a request whose major version it does not know
 /// with a 422 `Validation` error.
 pub const PROTOCOL_VERSION: &str = "1";
+
+/// The contract's full version, `<major>.<minor>`: a minor version only adds to the contract
+/// (v1.1 added model subjects, see [`model`]), so a client of any `1.x` talks to any `1.y`
+/// worker. Announced by workers as the `contract_version` metadata of `$SRV.INFO`.
+pub const CONTRACT_VERSION: &str = "1.1";

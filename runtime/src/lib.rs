@@ -68,10 +68,25 @@ pub fn install_metrics(buckets: &[(&str, &[f64])]) -> Result<PrometheusHandle, B
 pub fn install_metrics_recorder(
     buckets: &[(&str, &[f64])],
 ) -> Result<PrometheusHandle, BuildError> {
+    install_labelled_metrics_recorder(buckets, &[])
+}
+
+/// [`install_metrics_recorder`] with `labels` (`(name, value)`) added to every metric, e.g. the
+/// worker's `model`.
+///
+/// # Errors
+/// When a recorder is already installed or a bucket list is empty.
+pub fn install_labelled_metrics_recorder(
+    buckets: &[(&str, &[f64])],
+    labels: &[(&str, &str)],
+) -> Result<PrometheusHandle, BuildError> {
     let mut builder = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)?;
     for (name, values) in buckets {
         builder = builder.set_buckets_for_metric(Matcher::Full((*name).to_string()), values)?;
+    }
+    for (name, value) in labels {
+        builder = builder.add_global_label(*name, *value);
     }
     builder.install_recorder()
 }

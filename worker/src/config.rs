@@ -208,6 +208,19 @@ pub struct Config {
     /// Log format.
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
+
+    /// The name this worker's model is served and routed by (the OpenAI `model` field, the
+    /// model subject `<subject>.<name>`, `/v1/models`). Unset: the model id, TEI's `/info`
+    /// `model_id` or the built-in model's (e.g. sentence-transformers/all-MiniLM-L6-v2).
+    #[arg(long, env = "MODEL_ALIAS")]
+    pub model_alias: Option<String>,
+
+    /// The stack's default model: the one that answers the plain subject (TEI's routes and v1
+    /// NATS clients, which name no model). Same setting on the gateway. Unset: every worker
+    /// also answers the plain subject (a single-model fleet, as before models were named); set:
+    /// only the workers whose model name is this one do.
+    #[arg(long, env = "EMBATCH_DEFAULT_MODEL")]
+    pub default_model: Option<String>,
 }
 
 /// `BATCH_COST`: a [`BatchCost`], or `auto` (from the upstream).

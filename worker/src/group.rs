@@ -37,15 +37,19 @@ use crate::upstream::Upstream;
 /// How often a full worker re-checks whether its queue has drained enough to rejoin.
 pub const FULL_RECHECK: Duration = Duration::from_millis(2);
 
-/// Where the worker subscribes: the request subject and the shared queue group, and who it is.
+/// Where the worker subscribes: the request subjects and the shared queue group name, and who
+/// it is.
 #[derive(Debug, Clone)]
 pub(crate) struct Address {
-    /// `EMBATCH_SUBJECT`.
+    /// `EMBATCH_SUBJECT`: the prefix, whose `.members` subject carries the announcements.
     pub subject: String,
-    /// `QUEUE_GROUP`.
+    /// The subjects served, joined and left together: the model subject, and the plain subject
+    /// when this worker serves the default model (see [`crate::model::Served`]).
+    pub subjects: Vec<String>,
+    /// `QUEUE_GROUP`: the queue group's name on each subject (NATS keeps one group per subject).
     pub queue_group: String,
-    /// The worker's service id (as discovery reports it), in its announcements.
-    pub id: String,
+    /// The worker's service id and model, in its announcements.
+    pub speaker: peers::Speaker,
 }
 
 /// What [`Group::next`] yields.
@@ -76,7 +80,8 @@ pub(crate) enum Control {
 pub(crate) struct Group {
     client: Client,
     address: Address,
-    current: Option<Subscriber>,
+    /// One queue subscription per subject of [`Address::subjects`], held or drained together.
+    current: Option<SelectAll<Subscriber>>,
     draining: SelectAll<Subscriber>,
     membership: Membership,
     state: watch::Sender<MemberState>,
@@ -114,9 +119,7 @@ impl Group {
         let announcements = client
             .subscribe(peers::members_subject(&address.subject))
             .await?;
-        let current = client
-            .queue_subscribe(address.subject.clone(), address.queue_group.clone())
-            .await?;
+        let current = subscribe_all(&client, &address).await?;
         metrics::gauge!(names::MEMBER).set(1.0);
         let mut heartbeat = tokio::time::interval(HEARTBEAT);
         heartbeat.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -125,7 +128,11 @@ impl Group {
         recheck.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let failures = batcher.failures();
         Ok(Group {
-            peers: Peers::new(address.id.clone()),
+            peers: Peers::new(
+                address.speaker.id.clone(),
+                address.speaker.model.name.clone(),
+                address.speaker.plain,
+            ),
             announced: (MemberState::Stopping, false),
             typical_wait: Duration::ZERO,
             announcements,
@@ -262,7 +269,7 @@ impl Group {
         let state = self.membership.state();
         let room = self.has_room(self.batcher.load());
         self.announced = (state, room);
-        let payload = peers::announcement(&self.address.id, state, room);
+        let payload = peers::announcement(&self.address.speaker, state, room);
         let subject = peers::members_subject(&self.address.subject);
         if let Err(err) = self.client.publish(subject, payload).await {
             tracing::debug!(%err, "cannot announce the membership");
@@ -302,23 +309,18 @@ impl Group {
         );
         match event {
             Some("left") => {
-                if let Some(mut subscriber) = self.current.take() {
-                    if let Err(err) = subscriber.drain().await {
-                        tracing::warn!(%err, "cannot drain the request subscription");
+                if let Some(subscribers) = self.current.take() {
+                    for mut subscriber in subscribers {
+                        if let Err(err) = subscriber.drain().await {
+                            tracing::warn!(%err, "cannot drain the request subscription");
+                        }
+                        self.draining.push(subscriber);
                     }
-                    self.draining.push(subscriber);
                 }
                 metrics::gauge!(names::MEMBER).set(0.0);
             }
             Some(_) => {
-                match self
-                    .client
-                    .queue_subscribe(
-                        self.address.subject.clone(),
-                        self.address.queue_group.clone(),
-                    )
-                    .await
-                {
+                match subscribe_all(&self.client, &self.address).await {
                     Ok(subscriber) => {
                         self.current = Some(subscriber);
                         metrics::gauge!(names::MEMBER).set(1.0);
@@ -332,7 +334,23 @@ impl Group {
     }
 }
 
-async fn next_of(subscriber: &mut Option<Subscriber>) -> Option<Message> {
+/// Queue subscriptions to every subject of `address`, in its queue group.
+async fn subscribe_all(
+    client: &Client,
+    address: &Address,
+) -> Result<SelectAll<Subscriber>, async_nats::SubscribeError> {
+    let mut all = SelectAll::new();
+    for subject in &address.subjects {
+        all.push(
+            client
+                .queue_subscribe(subject.clone(), address.queue_group.clone())
+                .await?,
+        );
+    }
+    Ok(all)
+}
+
+async fn next_of(subscriber: &mut Option<SelectAll<Subscriber>>) -> Option<Message> {
     match subscriber {
         Some(subscriber) => subscriber.next().await,
         None => std::future::pending().await,

@@ -14,7 +14,8 @@
 //! the other workers after [`embatch_protocol::headers::HEARTBEAT_EXPIRY`], and the first reply
 //! wins. (A worker whose upstream fails answers 503 for what it holds anyway.)
 //!
-//! Cost: one message of ~22 bytes per interval per worker (10 per second), fanned out by the
+//! Cost: one message of ~22 bytes per interval per subject served (10 per second; 20 for a
+//! worker of the default model, which serves two subjects), fanned out by the
 //! NATS server to every client that listens.
 
 use async_nats::Client;
@@ -26,7 +27,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::membership::MemberState;
 
-/// Publishes `id` on the heartbeat subject of `subject` every interval until `stop` is
+/// Publishes `id` on the heartbeat subject of each of `subjects` (every subject the worker
+/// serves: clients watch the one they sent to) every interval until `stop` is
 /// cancelled (the last step of the worker's shutdown, after it answered what it held), except
 /// while `state` is [`MemberState::UpstreamUnhealthy`]. A failed
 /// publish (the connection is closed) is logged at debug and retried at the next tick; while
@@ -34,12 +36,12 @@ use crate::membership::MemberState;
 /// stale, at the reconnect).
 pub(crate) async fn run(
     client: Client,
-    subject: String,
+    subjects: Vec<String>,
     id: String,
     state: watch::Receiver<MemberState>,
     stop: CancellationToken,
 ) {
-    let subject = heartbeat_subject(&subject);
+    let subjects: Vec<String> = subjects.iter().map(|s| heartbeat_subject(s)).collect();
     let payload = Bytes::from(id.into_bytes());
     let mut tick = tokio::time::interval(HEARTBEAT_INTERVAL);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -53,8 +55,10 @@ pub(crate) async fn run(
         {
             continue;
         }
-        if let Err(err) = client.publish(subject.clone(), payload.clone()).await {
-            tracing::debug!(%err, "cannot publish the heartbeat");
+        for subject in &subjects {
+            if let Err(err) = client.publish(subject.clone(), payload.clone()).await {
+                tracing::debug!(%err, "cannot publish the heartbeat");
+            }
         }
     }
 }

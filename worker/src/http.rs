@@ -26,7 +26,8 @@ pub struct AdminServer {
 }
 
 impl AdminServer {
-    /// Installs the metrics recorder and binds `addr`.
+    /// Installs the metrics recorder (every metric labelled `model="<model>"`) and binds
+    /// `addr`.
     ///
     /// # Errors
     /// [`crate::WorkerError::Metrics`] when a recorder is already installed,
@@ -34,8 +35,9 @@ impl AdminServer {
     pub async fn bind(
         addr: SocketAddr,
         client: async_nats::Client,
+        model: &str,
     ) -> Result<AdminServer, crate::WorkerError> {
-        let metrics = crate::telemetry::init_metrics()?;
+        let metrics = crate::telemetry::init_model_metrics(Some(model))?;
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|source| crate::WorkerError::Http { addr, source })?;

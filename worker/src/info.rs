@@ -4,7 +4,8 @@
 //! the gateway's `GET /info` (and any NATS client, in any language) can ask a worker what model
 //! it serves and what it accepts.
 //!
-//! - Request: any payload (ignored) on `<subject>.info`, e.g. `nats req embed.info ''`.
+//! - Request: any payload (ignored) on `<subject>.info`, e.g. `nats req embed.info ''`, or on
+//!   a model subject's, `<subject>.<model token>.info` (see [`embatch_protocol::model`]).
 //! - Reply: TEI's `/info` JSON object. For a TEI upstream it is TEI's own document (read at
 //!   start-up); for the built-in model a TEI-shaped document built from the model (see
 //!   `LocalUpstream::info`). `max_client_batch_size` is replaced by the worker's own
@@ -37,7 +38,7 @@ const UPSTREAM_INFO_WAIT: Duration = Duration::from_millis(500);
 
 /// The `info` endpoint: its queue subscription and what it answers from.
 pub(crate) struct Endpoint<U> {
-    requests: async_nats::Subscriber,
+    requests: futures::stream::SelectAll<async_nats::Subscriber>,
     client: async_nats::Client,
     upstream: Arc<U>,
     max_client_batch_size: usize,
@@ -45,20 +46,24 @@ pub(crate) struct Endpoint<U> {
 }
 
 impl<U: Upstream + 'static> Endpoint<U> {
-    /// Subscribes to `subject` (`<subject>.info`) in `queue_group`; answers will describe
+    /// Subscribes to each of `subjects` (`<subject>.info` of every subject the worker serves) in
+    /// `queue_group`; answers will describe
     /// `upstream` with the worker's `max_client_batch_size` and be counted in `stats`.
     ///
     /// # Errors
     /// When the subscription cannot be made (the connection is closed).
     pub(crate) async fn subscribe(
         client: async_nats::Client,
-        subject: String,
+        subjects: Vec<String>,
         queue_group: String,
         upstream: Arc<U>,
         max_client_batch_size: usize,
         stats: EndpointStats,
     ) -> Result<Endpoint<U>, async_nats::SubscribeError> {
-        let requests = client.queue_subscribe(subject, queue_group).await?;
+        let mut requests = futures::stream::SelectAll::new();
+        for subject in subjects {
+            requests.push(client.queue_subscribe(subject, queue_group.clone()).await?);
+        }
         Ok(Endpoint {
             requests,
             client,

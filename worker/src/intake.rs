@@ -215,7 +215,7 @@ pub(crate) async fn run(mut intake: Intake, stop: CancellationToken) {
 /// Withdraws the requests named on `cancels` (the [`headers::cancel_subject`]) until `stop` is
 /// cancelled or the subscription ends.
 pub(crate) async fn withdraw(
-    mut cancels: async_nats::Subscriber,
+    mut cancels: impl futures::Stream<Item = async_nats::Message> + Unpin,
     withdrawable: Arc<Withdrawable>,
     stop: CancellationToken,
 ) {

@@ -32,6 +32,7 @@ mod info;
 mod intake;
 pub mod membership;
 mod micro;
+mod model;
 mod peers;
 mod reconnect;
 mod respond;
@@ -73,6 +74,10 @@ pub enum WorkerError {
         /// What went wrong.
         source: ModelError,
     },
+    /// The model's name cannot be served: empty, or it collides with a subject the workers
+    /// already use (`MODEL_ALIAS` picks another).
+    #[error("cannot serve the model: {0}")]
+    ModelName(#[from] embatch_protocol::model::ModelNameError),
     /// The upstream client could not be built.
     #[error("cannot set up the upstream: {0}")]
     Upstream(#[from] embatch_protocol::EmbedError),
@@ -159,7 +164,11 @@ fn load_from_hub(_model_id: &str) -> Result<embatch_local_model::LocalModel, Mod
 /// stops its other tasks, flushes the connection and returns. Serves `/metrics` and `/health`
 /// on `--metrics-addr` meanwhile, when set. The tasks and the order they stop in: `serve`.
 ///
+/// First it learns its model's name (`MODEL_ALIAS`, else the upstream's `/info`, read every
+/// second until it answers): the name decides the subjects it answers (see `model`).
+///
 /// # Errors
+/// [`WorkerError::ModelName`] when the model's name cannot be served;
 /// [`WorkerError::Service`] when the NATS service cannot be registered;
 /// [`WorkerError::Metrics`] or [`WorkerError::Http`] when the admin server cannot start.
 pub async fn run<U: Upstream>(
@@ -168,7 +177,14 @@ pub async fn run<U: Upstream>(
     config: &Config,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), WorkerError> {
-    serve::start(client, upstream, config)
+    let mut shutdown = std::pin::pin!(shutdown);
+    // The model's name decides the subjects: read it before joining anything.
+    let model = tokio::select! {
+        model = model::resolve(&upstream, config) => model,
+        () = &mut shutdown => return Ok(()),
+    };
+    let served = model::Served::new(model, config)?;
+    serve::start(client, upstream, config, served)
         .await?
         .serve_until(shutdown)
         .await;

@@ -38,7 +38,8 @@ pub(crate) struct EndpointStats(Arc<Endpoint>);
 
 struct Endpoint {
     info: endpoint::Info,
-    counters: Mutex<Counters>,
+    /// Shared with the other endpoints of [`EndpointStats::also_on`].
+    counters: Arc<Mutex<Counters>>,
 }
 
 #[derive(Default)]
@@ -59,7 +60,20 @@ impl EndpointStats {
                 queue_group: queue_group.to_owned(),
                 metadata: HashMap::new(),
             },
-            counters: Mutex::default(),
+            counters: Arc::default(),
+        }))
+    }
+
+    /// The same endpoint on another `subject` (the plain subject of a worker that serves the
+    /// default model): listed apart by `$SRV.INFO`, counted together (one queue serves both,
+    /// so `$SRV.STATS` reports the same counts for each).
+    pub(crate) fn also_on(&self, subject: &str) -> EndpointStats {
+        EndpointStats(Arc::new(Endpoint {
+            info: endpoint::Info {
+                subject: subject.to_owned(),
+                ..self.0.info.clone()
+            },
+            counters: Arc::clone(&self.0.counters),
         }))
     }
 

@@ -1,8 +1,11 @@
 //! What a worker knows of its peers' queue-group membership, from their announcements on
 //! [`embatch_protocol::headers::members_subject`].
 //!
-//! Every worker publishes `{"id": "<its service id>", "membership": "<state>", "room": <bool>}`
-//! there when its state or its room changes and every [`HEARTBEAT`]; every worker listens.
+//! Every worker publishes `{"id": "<its service id>", "membership": "<state>", "room": <bool>,
+//! "model": "<name>", "model_revision": "<sha>", "default_model": <bool>}`
+//! ([`embatch_protocol::model::Announcement`]) there when its state or its room changes and
+//! every [`HEARTBEAT`]; every worker listens, and counts only the peers of its own model: each
+//! model has its own queue group.
 //! `room` says the worker is a member whose typical queue wait (smoothed over its recent
 //! requests) is under half its bound. A full worker leaves
 //! the queue group only while a peer has room, and a full worker that is out rejoins when no
@@ -16,7 +19,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use embatch_protocol::headers::membership;
-use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::membership::MemberState;
@@ -28,24 +30,31 @@ pub const HEARTBEAT: Duration = Duration::from_millis(500);
 /// may leave the group for it.
 pub const EXPIRY: Duration = Duration::from_millis(1500);
 
-/// One announcement (`membership` is the key discovery uses too).
-#[derive(Debug, Serialize, Deserialize)]
-struct Announcement<'a> {
-    id: &'a str,
-    #[serde(rename = "membership")]
-    state: &'a str,
-    #[serde(default)]
-    room: bool,
+pub(crate) use embatch_protocol::headers::members_subject;
+use embatch_protocol::model::Announcement;
+
+/// Who announces: the worker's service id, the model it serves and whether it also answers the
+/// plain subject (the default model).
+#[derive(Debug, Clone)]
+pub(crate) struct Speaker {
+    /// The service id.
+    pub id: String,
+    /// The model served.
+    pub model: embatch_protocol::model::ModelId,
+    /// Whether it answers the plain subject too.
+    pub plain: bool,
 }
 
-pub(crate) use embatch_protocol::headers::members_subject;
-
-/// The announcement of worker `id` in `state`, with or without `room`, as JSON bytes.
-pub(crate) fn announcement(id: &str, state: MemberState, room: bool) -> Bytes {
+/// The announcement of `speaker` in `state`, with or without `room`, as JSON bytes
+/// ([`Announcement`]).
+pub(crate) fn announcement(speaker: &Speaker, state: MemberState, room: bool) -> Bytes {
     serde_json::to_vec(&Announcement {
-        id,
-        state: state.label(),
+        id: speaker.id.clone(),
+        membership: state.label().to_owned(),
         room,
+        model: Some(speaker.model.name.clone()),
+        model_revision: speaker.model.revision.clone(),
+        default_model: Some(speaker.plain),
     })
     .map(Bytes::from)
     .unwrap_or_default()
@@ -56,14 +65,22 @@ pub(crate) fn announcement(id: &str, state: MemberState, room: bool) -> Bytes {
 #[derive(Debug)]
 pub(crate) struct Peers {
     me: String,
+    /// The model this worker serves: only peers of the same model share its queue group.
+    model: String,
+    /// Whether this worker answers the plain subject: v1 peers (no model announced) serve it.
+    plain: bool,
     seen: HashMap<String, (bool, Instant)>,
 }
 
 impl Peers {
-    /// The view of worker `me` (its own announcements are ignored).
-    pub(crate) fn new(me: String) -> Peers {
+    /// The view of worker `me` (its own announcements are ignored), serving `model` (and the
+    /// plain subject when `plain`): announcements of workers of another model are ignored, as
+    /// their queue group is another one.
+    pub(crate) fn new(me: String, model: String, plain: bool) -> Peers {
         Peers {
             me,
+            model,
+            plain,
             seen: HashMap::new(),
         }
     }
@@ -71,17 +88,24 @@ impl Peers {
     /// Takes an announcement received at `now`; `true` when it changed whether that peer has
     /// room. Malformed payloads are ignored.
     pub(crate) fn record(&mut self, payload: &[u8], now: Instant) -> bool {
-        let Ok(heard) = serde_json::from_slice::<Announcement<'_>>(payload) else {
+        let Ok(heard) = serde_json::from_slice::<Announcement>(payload) else {
             return false;
         };
         if heard.id == self.me {
             return false;
         }
-        let member = heard.state == membership::JOINED && heard.room;
-        if heard.state == membership::STOPPING {
-            return self.seen.remove(heard.id).is_some_and(|(was, _)| was);
+        let same_model = match &heard.model {
+            Some(model) => *model == self.model,
+            None => self.plain,
+        };
+        if !same_model {
+            return false;
         }
-        let before = self.seen.insert(heard.id.to_owned(), (member, now));
+        let member = heard.membership == membership::JOINED && heard.room;
+        if heard.membership == membership::STOPPING {
+            return self.seen.remove(&heard.id).is_some_and(|(was, _)| was);
+        }
+        let before = self.seen.insert(heard.id, (member, now));
         before.is_none_or(|(was, _)| was != member)
     }
 
@@ -107,7 +131,8 @@ mod tests {
     #[test]
     fn members_with_room_are_tracked_until_they_fill_leave_stop_or_expire() {
         let start = Instant::now();
-        let mut peers = Peers::new("me".into());
+        let mut peers = Peers::new("me".into(), "m".into(), true);
+        let announcement = |id: &str, state, room| announcement(&speaker(id, "m"), state, room);
         assert!(!peers.any_room(start));
         assert!(!peers.record(&announcement("me", MemberState::Joined, true), start));
         assert!(!peers.any_room(start), "its own announcement is not a peer");
@@ -124,5 +149,41 @@ mod tests {
         assert!(peers.any_room(start + EXPIRY));
         assert!(!peers.any_room(start + EXPIRY + Duration::from_millis(1)));
         assert!(!peers.record(b"not json", start));
+    }
+
+    fn speaker(id: &str, model: &str) -> Speaker {
+        Speaker {
+            id: id.into(),
+            model: embatch_protocol::model::ModelId {
+                name: model.into(),
+                revision: None,
+            },
+            plain: false,
+        }
+    }
+
+    #[test]
+    fn only_peers_of_the_same_model_count() {
+        let now = Instant::now();
+        let mut peers = Peers::new("me".into(), "a".into(), false);
+        let other = announcement(&speaker("x", "b"), MemberState::Joined, true);
+        assert!(
+            !peers.record(&other, now),
+            "model b has its own queue group"
+        );
+        assert!(!peers.any_room(now));
+        let v1 = br#"{"id":"y","membership":"joined","room":true}"#;
+        assert!(
+            !peers.record(v1, now),
+            "a v1 worker serves the plain subject only"
+        );
+        let mut plain = Peers::new("me".into(), "a".into(), true);
+        assert!(
+            plain.record(v1, now),
+            "... which a default-model worker shares"
+        );
+        let same = announcement(&speaker("z", "a"), MemberState::Joined, true);
+        assert!(peers.record(&same, now));
+        assert!(peers.any_room(now));
     }
 }

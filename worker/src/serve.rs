@@ -21,7 +21,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use embatch_protocol::{PROTOCOL_VERSION, SERVICE_NAME, headers};
+use embatch_protocol::model as model_keys;
+use embatch_protocol::{CONTRACT_VERSION, PROTOCOL_VERSION, SERVICE_NAME, headers};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -29,7 +30,7 @@ use tokio_util::task::TaskTracker;
 use crate::upstream::Upstream;
 use crate::{
     Config, WorkerError, batcher, bulk, group, heartbeat, http, info, intake, membership, micro,
-    tokens,
+    model, tokens,
 };
 
 /// Longest the tasks of the tree may take to stop once cancelled (the admin server's open
@@ -65,6 +66,7 @@ pub(crate) async fn start<U: Upstream>(
     client: async_nats::Client,
     upstream: U,
     config: &Config,
+    served: model::Served,
 ) -> Result<Running, WorkerError> {
     let stop = CancellationToken::new();
     let intake_stop = stop.child_token();
@@ -77,13 +79,26 @@ pub(crate) async fn start<U: Upstream>(
         }
     };
     let admin = match config.metrics_addr.0 {
-        Some(addr) => Some(http::AdminServer::bind(addr, client.clone()).await?),
+        Some(addr) => {
+            Some(http::AdminServer::bind(addr, client.clone(), &served.model.name).await?)
+        }
         None => None,
     };
 
-    let info_subject = headers::info_subject(&config.subject);
-    let embed_stats = micro::EndpointStats::new("embed", &config.subject, &config.queue_group);
-    let info_stats = micro::EndpointStats::new(info::ENDPOINT, &info_subject, &config.queue_group);
+    // The model subject first, then the plain subject when this worker serves the default model.
+    let info_subjects: Vec<String> = served
+        .subjects
+        .iter()
+        .map(|s| headers::info_subject(s))
+        .collect();
+    let embed_stats = micro::EndpointStats::new("embed", &served.subjects[0], &config.queue_group);
+    let info_stats =
+        micro::EndpointStats::new(info::ENDPOINT, &info_subjects[0], &config.queue_group);
+    let mut endpoints = vec![embed_stats.clone(), info_stats.clone()];
+    for (subject, info_subject) in served.subjects.iter().zip(&info_subjects).skip(1) {
+        endpoints.push(embed_stats.also_on(subject));
+        endpoints.push(info_stats.also_on(info_subject));
+    }
     let membership = membership::Membership::new(config.membership);
     let (state, state_rx) = tokio::sync::watch::channel(membership.state());
     let heartbeat_state = state_rx.clone();
@@ -91,15 +106,15 @@ pub(crate) async fn start<U: Upstream>(
     let discovery = micro::Discovery::subscribe(
         client.clone(),
         id.clone(),
-        identity(),
-        vec![embed_stats.clone(), info_stats.clone()],
+        identity(&served),
+        endpoints,
         state_rx.clone(),
     )
     .await
     .map_err(service_error("service discovery"))?;
     let info = info::Endpoint::subscribe(
         client.clone(),
-        info_subject,
+        info_subjects,
         config.queue_group.clone(),
         Arc::clone(&upstream),
         config.max_client_batch_size,
@@ -132,8 +147,13 @@ pub(crate) async fn start<U: Upstream>(
         client.clone(),
         group::Address {
             subject: config.subject.clone(),
+            subjects: served.subjects.clone(),
             queue_group: config.queue_group.clone(),
-            id: id.clone(),
+            speaker: crate::peers::Speaker {
+                id: id.clone(),
+                model: served.model.clone(),
+                plain: served.plain,
+            },
         },
         membership,
         state,
@@ -142,17 +162,23 @@ pub(crate) async fn start<U: Upstream>(
     )
     .await
     .map_err(service_error("endpoint embed"))?;
-    let cancels = client
-        .subscribe(headers::cancel_subject(&config.subject))
-        .await
-        .map_err(service_error("cancel subscription"))?;
+    // Requests sent on either subject are withdrawn on that subject's cancel subject.
+    let mut cancels = futures::stream::SelectAll::new();
+    for subject in &served.subjects {
+        cancels.push(
+            client
+                .subscribe(headers::cancel_subject(subject))
+                .await
+                .map_err(service_error("cancel subscription"))?,
+        );
+    }
 
     let replies = TaskTracker::new();
     let withdrawable = Arc::new(intake::Withdrawable::default());
     tasks.spawn(discovery.run(stop.clone()));
     tasks.spawn(heartbeat::run(
         client.clone(),
-        config.subject.clone(),
+        served.subjects.clone(),
         id.clone(),
         heartbeat_state,
         stop.clone(),
@@ -195,7 +221,8 @@ pub(crate) async fn start<U: Upstream>(
         intake_stop.clone(),
     ));
     tracing::info!(
-        subject = %config.subject,
+        model = %served.model,
+        subjects = ?served.subjects,
         queue_group = %config.queue_group,
         membership = %config.membership,
         upstream_max_batch = upstream.max_batch_size(),
@@ -294,14 +321,31 @@ fn service_id(client: &async_nats::Client) -> String {
     inbox.rsplit('.').next().unwrap_or(&inbox).to_owned()
 }
 
-/// The service's identity as discovery reports it.
-fn identity() -> micro::Identity {
+/// The service's identity as discovery reports it: the contract version and the model served
+/// (`model`, `model_revision` when known, `default_model`: whether it answers the plain subject).
+fn identity(served: &model::Served) -> micro::Identity {
+    let mut metadata: std::collections::HashMap<String, String> = [
+        ("protocol_version", PROTOCOL_VERSION),
+        ("contract_version", CONTRACT_VERSION),
+        (model_keys::MODEL_METADATA, served.model.name.as_str()),
+        (
+            model_keys::DEFAULT_METADATA,
+            if served.plain { "true" } else { "false" },
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    if let Some(revision) = &served.model.revision {
+        metadata.insert(
+            model_keys::MODEL_REVISION_METADATA.to_owned(),
+            revision.clone(),
+        );
+    }
     micro::Identity {
         name: SERVICE_NAME.to_owned(),
         version: env!("CARGO_PKG_VERSION").to_owned(),
         description: "embatch: batches embedding requests for an upstream model".to_owned(),
-        metadata: [("protocol_version".to_owned(), PROTOCOL_VERSION.to_owned())]
-            .into_iter()
-            .collect(),
+        metadata,
     }
 }

@@ -66,18 +66,33 @@ pub use embatch_runtime::{LogFormat, init_logging};
 /// # Errors
 /// When a recorder is already installed.
 pub fn init_metrics() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildError> {
+    init_model_metrics(None)
+}
+
+/// [`init_metrics`] with the global label `model="<name>"` on every metric when `model` is
+/// set (the model this worker serves: a fleet of several models is told apart by it).
+///
+/// # Errors
+/// When a recorder is already installed.
+pub fn init_model_metrics(
+    model: Option<&str>,
+) -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildError> {
     const COUNTS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0];
     const TOKENS: &[f64] = &[
         16.0, 64.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0, 32768.0, 65536.0,
     ];
     const RATIOS: &[f64] = &[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0];
-    let handle = embatch_runtime::install_metrics_recorder(&[
-        (names::BATCH_INPUTS, COUNTS),
-        (names::BATCH_REQUESTS, COUNTS),
-        (names::BATCH_TOKENS, TOKENS),
-        (names::BATCH_PADDED_TOKENS, TOKENS),
-        (names::BATCH_PADDING_RATIO, RATIOS),
-    ])?;
+    let labels: Vec<(&str, &str)> = model.map(|m| ("model", m)).into_iter().collect();
+    let handle = embatch_runtime::install_labelled_metrics_recorder(
+        &[
+            (names::BATCH_INPUTS, COUNTS),
+            (names::BATCH_REQUESTS, COUNTS),
+            (names::BATCH_TOKENS, TOKENS),
+            (names::BATCH_PADDED_TOKENS, TOKENS),
+            (names::BATCH_PADDING_RATIO, RATIOS),
+        ],
+        &labels,
+    )?;
     describe();
     Ok(handle)
 }

@@ -173,8 +173,16 @@ async fn token_id_inputs_reach_tei_as_sent_and_share_a_batch_with_texts() {
 async fn upstream_down_answers_503_fast_and_upstream_5xx_answers_424() {
     let nats = NatsServer::start();
     let closed = format!("http://127.0.0.1:{}", embatch_testkit::free_port());
-    let worker =
-        RunningWorker::start(&nats, &["--tei-url", &closed, "--max-wait-time", "1ms"]).await;
+    // With MODEL_ALIAS the worker needs no /info to name its model, so it starts without TEI.
+    let args = [
+        "--tei-url",
+        &closed,
+        "--max-wait-time",
+        "1ms",
+        "--model-alias",
+        "m",
+    ];
+    let worker = RunningWorker::start(&nats, &args).await;
     let client = connect(&nats).await;
     let started = std::time::Instant::now();
     let (code, body) = request(&client, r#"{"inputs":"x"}"#).await;
@@ -355,13 +363,22 @@ async fn the_worker_registers_as_a_nats_micro_service() {
         info["metadata"]["protocol_version"],
         embatch_protocol::PROTOCOL_VERSION
     );
+    assert_eq!(info["metadata"]["model"], "embatch/tei-double");
+    assert_eq!(info["metadata"]["default_model"], "true");
     let endpoints = info["endpoints"].as_array().expect("endpoints");
-    let embed = endpoints
+    let embed: Vec<_> = endpoints
         .iter()
-        .find(|e| e["name"] == "embed")
-        .expect("an `embed` endpoint");
-    assert_eq!(embed["subject"], "embed");
-    assert_eq!(embed["queue_group"], "embatch");
+        .filter(|e| e["name"] == "embed")
+        .map(|e| (e["subject"].as_str(), e["queue_group"].as_str()))
+        .collect();
+    // Its model subject, and the plain subject (no EMBATCH_DEFAULT_MODEL: it serves both).
+    assert_eq!(
+        embed,
+        [
+            (Some("embed.embatch/tei-double"), Some("embatch")),
+            (Some("embed"), Some("embatch"))
+        ]
+    );
 
     // Two good requests and one bad: `$SRV.STATS` counts the error (with its code and message)
     // while the error reply itself still carries TEI's error body.
