@@ -94,4 +94,11 @@ pub struct Config {
     /// Log format.
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
+
+    /// The stack's default model (same setting as the workers'): where TEI's routes and OpenAI
+    /// requests without a `model` go, on its model subject. Unset: the plain subject, answered
+    /// by every worker that serves the default model (all of them when the workers leave it
+    /// unset too).
+    #[arg(long, env = "EMBATCH_DEFAULT_MODEL")]
+    pub default_model: Option<String>,
 }

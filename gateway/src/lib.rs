@@ -10,6 +10,8 @@
 //!   jobs on NATS JetStream.
 //! - [`openai`]: OpenAI's embeddings shapes and their translation to and from TEI's.
 //! - [`info`]: `GET /info`, asked of the workers over NATS.
+//! - [`models`]: the models served, live from NATS discovery (`GET /v1/models`), and the route
+//!   of each request to its model's subject.
 //! - [`openapi`]: the OpenAPI 3.1 document of these routes, served at `GET /openapi.json` and
 //!   `GET /api-doc/openapi.json`.
 //! - [`serve`]: the HTTP server loop: listen backlog, connection limit, header-read timeout.
@@ -21,6 +23,7 @@ pub mod bulk;
 pub mod config;
 pub mod fd_limit;
 pub mod info;
+pub mod models;
 pub mod openai;
 pub mod openapi;
 pub mod routes;

@@ -22,7 +22,8 @@ use utoipa::openapi::schema::{
 /// {"input": "one text" | ["text", ...] | [101, 7592, 102] | [[101, 102], ...],
 ///  "model": "name", "encoding_format": "float", "dimensions": 256, "user": "ignored"}
 /// ```
-/// Only `input` is required (OpenAI requires `model` too; here it is only echoed back). Token
+/// Only `input` is required (OpenAI requires `model` too; here an absent one means the default
+/// model). Token
 /// ids (an array of numbers is one input, an array of such arrays several) are accepted as
 /// OpenAI accepts them, and must be ids of the workers' model's vocabulary, as with TEI.
 /// Unknown fields are ignored.
@@ -31,8 +32,10 @@ pub struct EmbeddingsRequest {
     /// One input or an array of inputs (texts or arrays of token ids); one embedding each, in
     /// order.
     pub input: Inputs,
-    /// The model name, echoed in the response's `model` (the workers' model is used whatever it
-    /// says).
+    /// The model to use: routed to the workers that serve a model of this name (see
+    /// [`crate::models`]); absent or `""`: the default model (`EMBATCH_DEFAULT_MODEL`, else
+    /// the plain subject's workers). A name no worker serves is answered 404 `model_not_found`.
+    /// Echoed in the response's `model`.
     #[serde(default)]
     pub model: Option<String>,
     /// How embeddings are encoded in the response (absent or `null`: `float`).
@@ -317,7 +320,7 @@ pub struct ErrorBody {
     /// The request field at fault (`input`, `dimensions`, `encoding_format`, ...) or `null`.
     #[schema(required = true)]
     pub param: Option<String>,
-    /// Always `null`.
+    /// `model_not_found` when the request names a model no worker serves (404); else `null`.
     #[schema(required = true)]
     pub code: Option<String>,
 }
@@ -329,12 +332,15 @@ impl From<EmbedError> for OpenAiError {
 }
 
 impl OpenAiError {
-    /// Wraps `error`, guessing `param` from it: `input` for an empty request or one with too
+    /// Wraps `error`, guessing `param` from it: `model` for an unknown model, `input` for an
+    /// empty request or one with too
     /// many inputs (messages naming `` `inputs` ``), `dimensions` for messages naming
     /// `` `dimensions` ``, else none.
     pub fn new(error: EmbedError) -> OpenAiError {
         let message = error.to_string();
-        let param = if matches!(error, EmbedError::Empty(_)) || message.contains("`inputs`") {
+        let param = if matches!(error, EmbedError::ModelNotFound { .. }) {
+            Some("model".to_owned())
+        } else if matches!(error, EmbedError::Empty(_)) || message.contains("`inputs`") {
             Some("input".to_owned())
         } else if message.contains("`dimensions`") {
             Some("dimensions".to_owned())
@@ -367,7 +373,8 @@ impl OpenAiError {
                 message: self.error.to_string(),
                 kind: self.error_type().to_owned(),
                 param: self.param.clone(),
-                code: None,
+                code: matches!(self.error, EmbedError::ModelNotFound { .. })
+                    .then(|| "model_not_found".to_owned()),
             },
         }
     }

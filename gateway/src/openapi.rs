@@ -35,7 +35,12 @@ pub const DOCUMENT_PATHS: [&str; 2] = ["/openapi.json", "/api-doc/openapi.json"]
 
 /// Paths served by the same handler as another path: `(alias, original, alias's operationId)`.
 /// The alias gets a copy of the original's operations (operationIds must be unique).
-const ALIASES: [(&str, &str, &str); 3] = [
+const ALIASES: [(&str, &str, &str); 4] = [
+    (
+        "/models/{model}",
+        "/models/{model}/embed",
+        "model_embed_root",
+    ),
     ("/", "/embed", "embed_root"),
     (
         "/embeddings",
@@ -60,6 +65,10 @@ const ALIASES: [(&str, &str, &str); 3] = [
         crate::routes::info,
         crate::routes::health,
         crate::routes::metrics,
+        crate::routes::model_embed,
+        crate::routes::model_info,
+        crate::routes::model_health,
+        crate::routes::list_models,
         crate::routes::openapi,
         crate::bulk::files::upload,
         crate::bulk::files::list,
@@ -87,6 +96,8 @@ const ALIASES: [(&str, &str, &str); 3] = [
         OpenAiErrorResponse,
         OpenAiErrorBody,
         Info,
+        crate::models::ModelList,
+        crate::models::ModelObject,
     )),
     tags(
         (name = "tei", description = "Hugging Face text-embeddings-inference 1.9.3's HTTP API."),

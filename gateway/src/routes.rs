@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
@@ -23,19 +23,27 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::body::{BodyError, TimedBody};
+use crate::models::{Models, Route};
 use crate::openai::{EmbeddingsRequest, OpenAiError};
 use crate::serve::ServeLimits;
-use crate::telemetry::RequestMetrics;
 
 /// HTTP request header with which a client shortens its own timeout, in whole milliseconds
 /// (never lengthens it beyond `--request-timeout`).
 pub const TIMEOUT_HEADER: &str = "x-embatch-timeout-ms";
 
+/// HTTP request header with which a TEI client picks a model without changing its body
+/// (`Embatch-Model: BAAI/bge-small-en-v1.5`): TEI's routes (`/embed`, `/`, `/info`, `/health`)
+/// then go to that model instead of the default one. On the OpenAI route the body's `model`
+/// wins; the header applies when the body names none. A model no worker serves: 404.
+pub const MODEL_HEADER: &str = "embatch-model";
+
 /// What the routes share.
 #[derive(Clone)]
 pub struct AppState {
-    /// Sends requests on the configured subject over the NATS connection.
+    /// Sends requests of the default route (no model named) over the NATS connection.
     pub client: EmbedClient,
+    /// The models served, live, and the route of each (see [`crate::models`]).
+    pub models: Models,
     /// Longest end-to-end time of a request.
     pub request_timeout: Duration,
     /// Most inputs in one request (413 beyond).
@@ -57,8 +65,6 @@ pub struct AppState {
     pub in_flight: Arc<Semaphore>,
     /// The body of `GET /openapi.json`: [`crate::openapi::document`], serialized.
     pub openapi: Bytes,
-    /// The per-request metric handles of the embedding routes.
-    pub request_metrics: RequestMetrics,
     /// The Files and Batches routes' state (see [`crate::bulk`]).
     pub bulk: crate::bulk::Bulk,
 }
@@ -78,9 +84,15 @@ impl AppState {
                 completion_windows: config.bulk_completion_windows.clone(),
             },
         );
+        let models = Models::start(
+            client.clone(),
+            &config.subject,
+            config.default_model.as_deref(),
+        );
         AppState {
             bulk,
-            client: EmbedClient::new(client, config.subject.clone()),
+            client: models.default_route().client.clone(),
+            models,
             request_timeout: config.request_timeout,
             max_client_batch_size: config.max_client_batch_size,
             max_body_bytes: config.max_body_bytes,
@@ -97,7 +109,6 @@ impl AppState {
                 config.max_in_flight.clamp(1, Semaphore::MAX_PERMITS),
             )),
             openapi: crate::openapi::document_json(),
-            request_metrics: RequestMetrics::register(),
         }
     }
 }
@@ -113,7 +124,7 @@ pub fn served() -> Vec<(&'static str, &'static str)> {
 }
 
 /// The routes: method (for [`served`]), path and handler.
-fn handlers() -> [(&'static str, &'static str, MethodRouter<Arc<AppState>>); 9] {
+fn handlers() -> [(&'static str, &'static str, MethodRouter<Arc<AppState>>); 14] {
     [
         ("POST", "/embed", post(embed)),
         // TEI's compat route (`huggingface_hub`'s `InferenceClient(base_url=...)` posts here).
@@ -123,6 +134,13 @@ fn handlers() -> [(&'static str, &'static str, MethodRouter<Arc<AppState>>); 9] 
         ("GET", "/info", get(info)),
         ("GET", "/health", get(health)),
         ("GET", "/metrics", get(metrics)),
+        ("GET", "/v1/models", get(list_models)),
+        // TEI's routes under a model's path prefix, for clients that can only set a base URL
+        // (`/` in a model name percent-encoded: `/models/BAAI%2Fbge-small-en-v1.5/embed`).
+        ("POST", "/models/{model}/embed", post(model_embed)),
+        ("POST", "/models/{model}", post(model_embed)),
+        ("GET", "/models/{model}/info", get(model_info)),
+        ("GET", "/models/{model}/health", get(model_health)),
         ("GET", crate::openapi::DOCUMENT_PATHS[0], get(openapi)),
         ("GET", crate::openapi::DOCUMENT_PATHS[1], get(openapi)),
     ]
@@ -187,29 +205,51 @@ fn json_response(status: StatusCode, body: Bytes) -> Response {
 }
 
 /// Counts a `/embed` request in flight and records how it ended, also when the client hung up
-/// and the handler was dropped before answering (status `499`, as nginx logs it).
-struct InFlight<'a> {
-    metrics: &'a RequestMetrics,
+/// and the handler was dropped before answering (status `499`, as nginx logs it), under the
+/// metrics of the model it was routed to (the default route's until then).
+struct InFlight {
+    route: Arc<Route>,
     started: Instant,
     status: Option<StatusCode>,
 }
 
-impl InFlight<'_> {
-    fn start(metrics: &RequestMetrics) -> InFlight<'_> {
-        metrics.started();
+impl InFlight {
+    fn start(route: Arc<Route>) -> InFlight {
+        route.metrics.started();
         InFlight {
-            metrics,
+            route,
             started: Instant::now(),
             status: None,
         }
     }
 }
 
-impl Drop for InFlight<'_> {
+impl Drop for InFlight {
     fn drop(&mut self) {
         let status = self.status.map_or(499, |s| s.as_u16());
-        self.metrics.ended(status, self.started.elapsed());
+        self.route.metrics.ended(status, self.started.elapsed());
     }
+}
+
+/// A response extension naming the route a request took, so its metrics are counted under its
+/// model ([`counted`] reads it).
+#[derive(Clone)]
+struct Routed(Arc<Route>);
+
+/// `response` with the [`Routed`] extension of `route`, when it is known.
+fn routed(mut response: Response, route: Option<Arc<Route>>) -> Response {
+    if let Some(route) = route {
+        response.extensions_mut().insert(Routed(route));
+    }
+    response
+}
+
+/// The model a TEI route's request names: its [`MODEL_HEADER`], if any.
+fn header_model(request_headers: &HeaderMap) -> Option<&str> {
+    request_headers
+        .get(MODEL_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
 }
 
 /// `POST /embed` and `POST /`: one NATS request per HTTP request; the worker's reply payload
@@ -233,29 +273,75 @@ pub(crate) async fn embed(
     request_headers: HeaderMap,
     TimedBody(body): TimedBody,
 ) -> Response {
+    let model = header_model(&request_headers).map(str::to_owned);
+    embed_model(state, model, request_headers, body).await
+}
+
+/// `POST /models/{model}/embed` and `POST /models/{model}`: `POST /embed` for `model`.
+#[utoipa::path(
+    post,
+    path = "/models/{model}/embed",
+    tag = "tei",
+    summary = "Embed texts with a named model (TEI's /embed)",
+    description = "`POST /embed` for the model named in the path (percent-encode a `/` in its \
+                   name: `/models/BAAI%2Fbge-small-en-v1.5/embed`), for TEI clients that can \
+                   only set a base URL. `POST /models/{model}` is the same route (TEI's compat \
+                   route under the prefix). A model no worker serves: 404.",
+    params(
+        ("model" = String, Path, description = "The model's name, as `GET /v1/models` lists it."),
+        crate::openapi::TimeoutHeader,
+    ),
+    request_body(content = EmbedRequest, content_type = "application/json"),
+    responses(crate::openapi::EmbedOk, crate::openapi::TeiErrors),
+)]
+pub(crate) async fn model_embed(
+    State(state): State<Arc<AppState>>,
+    Path(model): Path<String>,
+    request_headers: HeaderMap,
+    TimedBody(body): TimedBody,
+) -> Response {
+    embed_model(state, Some(model), request_headers, body).await
+}
+
+/// The TEI embedding routes' common path: routes the request to `model` (`None`: the default
+/// route) and forwards it.
+async fn embed_model(
+    state: Arc<AppState>,
+    model: Option<String>,
+    request_headers: HeaderMap,
+    body: Result<Bytes, BodyError>,
+) -> Response {
     let shared = Arc::clone(&state);
-    counted(&shared.request_metrics, |started| async move {
+    counted(shared.models.default_route(), |started| async move {
+        let route = match state.models.route(model.as_deref()).await {
+            Ok(route) => route,
+            Err(err) => return ApiError(err).into_response(),
+        };
         let forwarded = async {
             let body = read_body(&state, &request_headers, body)?;
-            forward(&state, &request_headers, body, started).await
+            forward(&state, &route, &request_headers, body, started).await
         };
-        match forwarded.await {
+        let response = match forwarded.await {
             Ok(reply) => reply_response(reply.payload, &reply.timings, started),
             Err(err) => ApiError(err).into_response(),
-        }
+        };
+        routed(response, Some(route))
     })
     .await
 }
 
 /// Runs one embedding request's handler under the in-flight gauge and the request metrics
 /// ([`InFlight`], which also counts a client hang-up); the handler gets the request's start.
-async fn counted<F, Fut>(metrics: &RequestMetrics, handle: F) -> Response
+async fn counted<F, Fut>(default: &Arc<Route>, handle: F) -> Response
 where
     F: FnOnce(Instant) -> Fut,
     Fut: std::future::Future<Output = Response>,
 {
-    let mut in_flight = InFlight::start(metrics);
-    let response = handle(in_flight.started).await;
+    let mut in_flight = InFlight::start(Arc::clone(default));
+    let mut response = handle(in_flight.started).await;
+    if let Some(Routed(route)) = response.extensions_mut().remove::<Routed>() {
+        in_flight.route = route;
+    }
     in_flight.status = Some(response.status());
     response
 }
@@ -284,23 +370,30 @@ pub(crate) async fn openai_embeddings(
     TimedBody(body): TimedBody,
 ) -> Response {
     let shared = Arc::clone(&state);
-    counted(&shared.request_metrics, |started| async move {
+    counted(shared.models.default_route(), |started| async move {
+        let mut taken = None;
         let forwarded = async {
             let body = read_body(&state, &request_headers, body)?;
             let (request, shape) = EmbeddingsRequest::from_slice(&body)?.into_embed_request();
+            let model = Some(shape.model.as_str())
+                .filter(|m| !m.is_empty())
+                .or_else(|| header_model(&request_headers));
+            let route = state.models.route(model).await?;
+            taken = Some(Arc::clone(&route));
             let timeout = client_timeout(&request_headers, state.request_timeout)?;
             request.validate(state.max_client_batch_size)?;
             let body = serde_json::to_vec(&request).map_err(|e| {
                 EmbedError::Validation(format!("cannot translate the request: {e}"))
             })?;
-            let reply = send(&state, Bytes::from(body), timeout, started).await?;
+            let reply = send(&state, &route, Bytes::from(body), timeout, started).await?;
             let body = crate::openai::response_body(&reply.payload, shape, reply.tokens)?;
             Ok::<_, OpenAiError>(reply_response(Bytes::from(body), &reply.timings, started))
         };
-        match forwarded.await {
+        let response = match forwarded.await {
             Ok(response) => response,
             Err(err) => openai_error_response(&err),
-        }
+        };
+        routed(response, taken)
     })
     .await
 }
@@ -355,13 +448,14 @@ fn read_body(
 /// `POST /embed`'s path: validates `body` (TEI's `/embed` JSON), then [`send`]s it as it is.
 async fn forward(
     state: &AppState,
+    route: &Route,
     request_headers: &HeaderMap,
     body: Bytes,
     started: Instant,
 ) -> Result<Reply, EmbedError> {
     let timeout = client_timeout(request_headers, state.request_timeout)?;
     EmbedRequest::from_slice(&body)?.validate(state.max_client_batch_size)?;
-    send(state, body, timeout, started).await
+    send(state, route, body, timeout, started).await
 }
 
 /// The path every embedding route shares once its body is a validated TEI `/embed` JSON: takes
@@ -369,6 +463,7 @@ async fn forward(
 /// request's, see [`client_timeout`]) as its deadline.
 async fn send(
     state: &AppState,
+    route: &Route,
     body: Bytes,
     timeout: Duration,
     started: Instant,
@@ -380,7 +475,7 @@ async fn send(
         )));
     };
     let remaining = timeout.saturating_sub(started.elapsed());
-    state
+    route
         .client
         .embed(body, remaining)
         .await
@@ -405,6 +500,15 @@ fn client_timeout(request_headers: &HeaderMap, default: Duration) -> Result<Dura
     Ok(Duration::from_millis(millis).min(default))
 }
 
+/// The `?model=` of `GET /info` and `GET /health`.
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ModelQuery {
+    /// The model to ask about, as `GET /v1/models` lists it (also the `Embatch-Model` header);
+    /// absent: the default model. A model no worker serves: 404.
+    pub model: Option<String>,
+}
+
 /// `GET /info`: TEI's `/info` document from one worker (see [`crate::info`]), waiting at most
 /// `--health-timeout`; 503 in TEI's error shape when no worker answers.
 #[utoipa::path(
@@ -412,9 +516,14 @@ fn client_timeout(request_headers: &HeaderMap, default: Duration) -> Result<Dura
     path = "/info",
     tag = "tei",
     summary = "The model served (TEI's /info)",
-    description = "TEI's `/info` document, answered by one worker over NATS.",
+    description = "TEI's `/info` document, answered by one worker of the model over NATS: the \
+                   default model's, or the one `?model=` (or the `Embatch-Model` header) \
+                   names.",
+    params(ModelQuery),
     responses(
         (status = 200, description = "TEI's `/info` document.", body = crate::openapi::Info),
+        (status = 404, description = "`Validation`: no worker serves the model named.",
+            body = ErrorResponse),
         (status = 424, description = "`Backend`: the worker's upstream answered a malformed \
                                       `/info`.", body = ErrorResponse),
         (status = 503, description = "`Unhealthy`: no worker answered within \
@@ -422,9 +531,46 @@ fn client_timeout(request_headers: &HeaderMap, default: Duration) -> Result<Dura
                                       unreachable.", body = ErrorResponse),
     ),
 )]
-pub(crate) async fn info(State(state): State<Arc<AppState>>) -> Response {
+pub(crate) async fn info(
+    State(state): State<Arc<AppState>>,
+    Query(query): Query<ModelQuery>,
+    request_headers: HeaderMap,
+) -> Response {
+    let model = query
+        .model
+        .or_else(|| header_model(&request_headers).map(str::to_owned));
+    model_info_of(&state, model.as_deref()).await
+}
+
+/// `GET /models/{model}/info`: `GET /info` for `model`.
+#[utoipa::path(
+    get,
+    path = "/models/{model}/info",
+    tag = "tei",
+    summary = "A named model's TEI /info",
+    params(("model" = String, Path, description = "The model's name (`/` percent-encoded).")),
+    responses(
+        (status = 200, description = "TEI's `/info` document.", body = crate::openapi::Info),
+        (status = 404, description = "`Validation`: no worker serves the model.",
+            body = ErrorResponse),
+        (status = 424, description = "`Backend`: a malformed `/info`.", body = ErrorResponse),
+        (status = 503, description = "`Unhealthy`: no worker answered.", body = ErrorResponse),
+    ),
+)]
+pub(crate) async fn model_info(
+    State(state): State<Arc<AppState>>,
+    Path(model): Path<String>,
+) -> Response {
+    model_info_of(&state, Some(&model)).await
+}
+
+async fn model_info_of(state: &AppState, model: Option<&str>) -> Response {
+    let route = match state.models.route(model).await {
+        Ok(route) => route,
+        Err(err) => return ApiError(err).into_response(),
+    };
     match crate::info::fetch(
-        &state.client,
+        &route.client,
         state.health_timeout,
         state.max_client_batch_size,
     )
@@ -435,26 +581,93 @@ pub(crate) async fn info(State(state): State<Arc<AppState>>) -> Response {
     }
 }
 
-/// `GET /health`: 200 only while connected to NATS and a worker serving the configured subject
-/// answers its `info` endpoint ([`embatch_protocol::headers::info_subject`]) within
-/// `--health-timeout` (an error reply counts: a worker is there); else 503. A worker of another
-/// subject does not make the gateway healthy.
+/// `GET /health`: 200 only while connected to NATS and a worker of the model (the default one,
+/// or the one `?model=` or the `Embatch-Model` header names) answers its `info` endpoint
+/// ([`embatch_protocol::headers::info_subject`] of the model's subject) within
+/// `--health-timeout` (an error reply counts: a worker is there); else 503; 404 for a model no
+/// worker serves. A worker of another subject or model does not make the gateway healthy.
 #[utoipa::path(
     get,
     path = "/health",
     tag = "operations",
     summary = "Readiness",
+    params(ModelQuery),
     responses(
-        (status = 200, description = "Connected to NATS and a worker of the gateway's subject \
-                                      answered within `HEALTH_TIMEOUT`. Empty body."),
+        (status = 200, description = "Connected to NATS and a worker of the model answered \
+                                      within `HEALTH_TIMEOUT`. Empty body."),
+        (status = 404, description = "No worker serves the model named. Empty body."),
         (status = 503, description = "Not connected to NATS, or no worker answered. Empty \
                                       body."),
     ),
 )]
-pub(crate) async fn health(State(state): State<Arc<AppState>>) -> StatusCode {
-    match state.client.info(state.health_timeout).await {
+pub(crate) async fn health(
+    State(state): State<Arc<AppState>>,
+    Query(query): Query<ModelQuery>,
+    request_headers: HeaderMap,
+) -> StatusCode {
+    let model = query
+        .model
+        .or_else(|| header_model(&request_headers).map(str::to_owned));
+    model_health_of(&state, model.as_deref()).await
+}
+
+/// `GET /models/{model}/health`: `GET /health` for `model`.
+#[utoipa::path(
+    get,
+    path = "/models/{model}/health",
+    tag = "operations",
+    summary = "A named model's readiness",
+    params(("model" = String, Path, description = "The model's name (`/` percent-encoded).")),
+    responses(
+        (status = 200, description = "A worker of the model answered. Empty body."),
+        (status = 404, description = "No worker serves the model. Empty body."),
+        (status = 503, description = "Not connected to NATS, or no worker answered. Empty \
+                                      body."),
+    ),
+)]
+pub(crate) async fn model_health(
+    State(state): State<Arc<AppState>>,
+    Path(model): Path<String>,
+) -> StatusCode {
+    model_health_of(&state, Some(&model)).await
+}
+
+async fn model_health_of(state: &AppState, model: Option<&str>) -> StatusCode {
+    let route = match state.models.route(model).await {
+        Ok(route) => route,
+        Err(_) => return StatusCode::NOT_FOUND,
+    };
+    match route.client.info(state.health_timeout).await {
         Ok(_) | Err(embatch_client::RequestError::Reply(_)) => StatusCode::OK,
         Err(_) => StatusCode::SERVICE_UNAVAILABLE,
+    }
+}
+
+/// `GET /v1/models`: the models served now, in OpenAI's list shape, from NATS discovery (see
+/// [`crate::models`]): a model is listed from its first worker's announcement until its last
+/// worker leaves (or is not heard for 1.5 s).
+#[utoipa::path(
+    get,
+    path = "/v1/models",
+    tag = "openai",
+    summary = "The models served (OpenAI's models API)",
+    description = "OpenAI's `GET /v1/models`: one entry per model a worker serves now. \
+                   `created` is when the gateway first saw a worker of it (Unix seconds); \
+                   `owned_by` is `embatch`. Extra fields: `revision` (the weights' revision, \
+                   when known), `default` (it answers requests that name no model) and \
+                   `workers` (how many serve it).",
+    responses(
+        (status = 200, description = "OpenAI's list of models.",
+            body = crate::models::ModelList),
+    ),
+)]
+pub(crate) async fn list_models(State(state): State<Arc<AppState>>) -> Response {
+    match serde_json::to_vec(&state.models.list()) {
+        Ok(body) => json_response(StatusCode::OK, Bytes::from(body)),
+        Err(err) => ApiError(EmbedError::Backend(format!(
+            "cannot encode the models: {err}"
+        )))
+        .into_response(),
     }
 }
 

@@ -4,9 +4,10 @@ use metrics_exporter_prometheus::PrometheusHandle;
 
 /// Metric names (prefix `embatch_gateway_`, Prometheus unit suffixes).
 pub mod names {
-    /// Counter, label `status` (HTTP status code): `/embed` requests answered.
+    /// Counter, labels `status` (HTTP status code) and `model` (the model routed to; absent for
+    /// the plain subject when no default model is configured): `/embed` requests answered.
     pub const REQUESTS: &str = "embatch_gateway_requests_total";
-    /// Histogram: seconds per `/embed` request, as the gateway sees it.
+    /// Histogram, label `model`: seconds per `/embed` request, as the gateway sees it.
     pub const REQUEST_TIME: &str = "embatch_gateway_request_seconds";
     /// Gauge: `/embed` requests in flight.
     pub const IN_FLIGHT: &str = "embatch_gateway_requests_in_flight";
@@ -26,29 +27,32 @@ const COUNTED_STATUSES: [u16; 13] = [
     200, 400, 408, 413, 415, 422, 424, 429, 499, 500, 502, 503, 504,
 ];
 
-/// The handles of the per-request metrics ([`names::IN_FLIGHT`], [`names::REQUEST_TIME`],
-/// [`names::REQUESTS`] by status), registered once with the process's recorder: looking a
-/// metric up by name (and by label) hashes its key on every call, and the embedding routes
+/// The handles of one model's per-request metrics ([`names::IN_FLIGHT`], shared by every
+/// model: the in-flight cap is the gateway's; [`names::REQUEST_TIME`] and [`names::REQUESTS`]
+/// by status, labelled `model`), registered once per model with the process's recorder: looking
+/// a metric up by name (and by label) hashes its key on every call, and the embedding routes
 /// record four per request. Without a recorder (tests) every handle is a no-op.
 #[derive(Clone)]
 pub struct RequestMetrics {
     in_flight: metrics::Gauge,
     time: metrics::Histogram,
     by_status: [(u16, metrics::Counter); COUNTED_STATUSES.len()],
+    model: String,
 }
 
 impl RequestMetrics {
-    /// Registers the handles with the recorder installed now (install it first).
-    pub fn register() -> RequestMetrics {
+    /// Registers the handles of `model` with the recorder installed now (install it first).
+    pub fn register(model: &str) -> RequestMetrics {
         RequestMetrics {
             in_flight: metrics::gauge!(names::IN_FLIGHT),
-            time: metrics::histogram!(names::REQUEST_TIME),
+            time: metrics::histogram!(names::REQUEST_TIME, model_label(model, None)),
             by_status: COUNTED_STATUSES.map(|status| {
                 (
                     status,
-                    metrics::counter!(names::REQUESTS, "status" => status.to_string()),
+                    metrics::counter!(names::REQUESTS, model_label(model, Some(status))),
                 )
             }),
+            model: model.to_owned(),
         }
     }
 
@@ -62,10 +66,26 @@ impl RequestMetrics {
         self.in_flight.decrement(1.0);
         match self.by_status.iter().find(|(s, _)| *s == status) {
             Some((_, counter)) => counter.increment(1),
-            None => metrics::counter!(names::REQUESTS, "status" => status.to_string()).increment(1),
+            None => {
+                metrics::counter!(names::REQUESTS, model_label(&self.model, Some(status)))
+                    .increment(1);
+            }
         }
         self.time.record(elapsed.as_secs_f64());
     }
+}
+
+/// The labels `status` (when given) and `model` (left out when `""`: the plain subject without a
+/// default model keeps the series a single-model gateway always had).
+fn model_label(model: &str, status: Option<u16>) -> Vec<metrics::Label> {
+    let mut labels = Vec::with_capacity(2);
+    if let Some(status) = status {
+        labels.push(metrics::Label::new("status", status.to_string()));
+    }
+    if !model.is_empty() {
+        labels.push(metrics::Label::new("model", model.to_owned()));
+    }
+    labels
 }
 
 /// Installs the process's Prometheus recorder (upkeep every 5 s) and returns the handle that

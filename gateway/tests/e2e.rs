@@ -9,6 +9,14 @@ use common::start_gateway;
 use embatch_testkit::{NatsServer, RunningWorker, model_dir, testdata};
 use serde::Deserialize;
 
+/// The built-in model's name: its directory's (what `GET /v1/models` lists for it).
+fn built_in() -> String {
+    model_dir()
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .expect("a model directory")
+}
+
 #[derive(Deserialize)]
 struct Reference {
     cases: Vec<Case>,
@@ -101,7 +109,7 @@ async fn the_real_model_through_gateway_and_direct_nats_matches_tei() {
     assert_matches(&hello, &got, "token ids on /embed");
     let response = http
         .post(format!("{}/v1/embeddings", gateway.url))
-        .json(&serde_json::json!({ "input": [hello_ids, hello_ids], "model": "m" }))
+        .json(&serde_json::json!({ "input": [hello_ids, hello_ids], "model": built_in() }))
         .send()
         .await
         .expect("HTTP response");
@@ -175,7 +183,7 @@ async fn the_real_model_through_gateway_and_direct_nats_matches_tei() {
         .sum();
     let response = http
         .post(format!("{}/v1/embeddings", gateway.url))
-        .json(&serde_json::json!({ "input": inputs, "model": "m" }))
+        .json(&serde_json::json!({ "input": inputs, "model": built_in() }))
         .send()
         .await
         .expect("HTTP response");

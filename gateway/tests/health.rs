@@ -43,7 +43,12 @@ async fn a_worker_whose_tei_hangs_still_counts() {
     });
     let nats = NatsServer::start();
     let worker =
-        RunningWorker::start(&nats, &["--tei-url", &tei_url, "--upstream-timeout", "5s"]).await;
+        // MODEL_ALIAS: the worker needs no /info to name its model, so it starts while TEI hangs.
+        RunningWorker::start(
+            &nats,
+            &["--tei-url", &tei_url, "--upstream-timeout", "5s", "--model-alias", "m"],
+        )
+        .await;
     let gateway = start_gateway_at(&nats.url(), &[], None).await;
     // Each probe waits for the worker's bounded /info attempt (500 ms), not TEI's 5 s timeout.
     for _ in 0..3 {

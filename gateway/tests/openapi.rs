@@ -235,7 +235,12 @@ async fn the_document_describes_every_route_the_router_serves() {
     // Each route answers its method (not 404 or 405), so the table matches the router.
     let http = reqwest::Client::new();
     for (method, path) in &served {
-        let url = format!("{}{path}", gateway.url);
+        // A model's path prefix names the model served (its `/` percent-encoded).
+        let url = format!(
+            "{}{}",
+            gateway.url,
+            path.replace("{model}", "embatch%2Ftei-double")
+        );
         let response = match *method {
             "GET" => http.get(&url).send().await,
             "POST" => {

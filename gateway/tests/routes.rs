@@ -89,12 +89,12 @@ async fn openai_embeddings_float_and_base64_match_embed() {
     for path in ["/v1/embeddings", "/embeddings"] {
         for format in ["float", "base64"] {
             let request = format!(
-                r#"{{"input":["alpha","beta"],"model":"my-model","encoding_format":"{format}","user":"u1"}}"#
+                r#"{{"input":["alpha","beta"],"model":"embatch/tei-double","encoding_format":"{format}","user":"u1"}}"#
             );
             let (status, body) = post_json(&gateway.url, path, &request).await;
             assert_eq!(status, 200, "{path} {format}: {body}");
             assert_eq!(body["object"], "list");
-            assert_eq!(body["model"], "my-model");
+            assert_eq!(body["model"], "embatch/tei-double");
             assert_eq!(body["usage"]["prompt_tokens"], 0);
             assert_eq!(body["usage"]["total_tokens"], 0);
             assert_eq!(openai_vectors(&body), expected, "{path} {format}");

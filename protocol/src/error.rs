@@ -104,6 +104,18 @@ pub enum EmbedError {
     /// Timeout, RFC 9110; `Timeout`). TEI 1.9.3 has no body timeout to mirror.
     #[error("Request timeout: {0}")]
     BodyTimeout(String),
+    /// The request names a model no worker serves (404, `Validation`; mirrors OpenAI's 404
+    /// `model_not_found`, whose message this is: "The model `x` does not exist or you do not
+    /// have access to it.", followed by the models served). See [`crate::model`].
+    #[error(
+        "The model `{model}` does not exist or you do not have access to it. Models served: {served}"
+    )]
+    ModelNotFound {
+        /// The model asked for.
+        model: String,
+        /// The models served, comma-separated (`none` when none is).
+        served: String,
+    },
     /// An error another party answered (a worker's error reply, or a TEI upstream's error
     /// response), carried verbatim: its status and TEI's error body, message and `error_type`
     /// unchanged (so TEI's `Tokenizer` stays `Tokenizer` and no prefix is added twice).
@@ -130,6 +142,7 @@ impl EmbedError {
             EmbedError::Unavailable(_) => 503,
             EmbedError::DeadlineExceeded(_) => 504,
             EmbedError::BodyTimeout(_) => 408,
+            EmbedError::ModelNotFound { .. } => 404,
             EmbedError::Remote { status, .. } => *status,
         }
     }
@@ -140,7 +153,8 @@ impl EmbedError {
             EmbedError::Validation(_)
             | EmbedError::InvalidJson(_)
             | EmbedError::TooLarge(_)
-            | EmbedError::UnsupportedMediaType(_) => ErrorType::Validation,
+            | EmbedError::UnsupportedMediaType(_)
+            | EmbedError::ModelNotFound { .. } => ErrorType::Validation,
             EmbedError::Empty(_) => ErrorType::Empty,
             EmbedError::Tokenizer(_) => ErrorType::Tokenizer,
             EmbedError::Backend(_) => ErrorType::Backend,
@@ -165,6 +179,7 @@ impl EmbedError {
             EmbedError::Unavailable(_) => "unavailable",
             EmbedError::DeadlineExceeded(_) => "deadline_exceeded",
             EmbedError::BodyTimeout(_) => "body_timeout",
+            EmbedError::ModelNotFound { .. } => "model_not_found",
             EmbedError::Remote { status, response } => match (status, response.error_type) {
                 (413, _) => "too_large",
                 (_, ErrorType::Validation) => "validation",
@@ -239,6 +254,14 @@ mod tests {
                 ErrorType::Timeout,
             ),
             (EmbedError::BodyTimeout("x".into()), 408, ErrorType::Timeout),
+            (
+                EmbedError::ModelNotFound {
+                    model: "x".into(),
+                    served: "a, b".into(),
+                },
+                404,
+                ErrorType::Validation,
+            ),
         ];
         for (err, status, ty) in cases {
             assert_eq!(err.status(), status, "{err:?}");

@@ -167,6 +167,14 @@ impl fmt::Display for ModelId {
     }
 }
 
+/// How often a worker repeats its [`Announcement`]: 500 ms (and at once on every change).
+pub const ANNOUNCEMENT_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// How long a worker's last [`Announcement`] counts (three intervals): 1.5 s. A worker not heard
+/// for longer is gone (killed, partitioned): its peers stop counting it, and a model whose last
+/// worker is gone is no longer served.
+pub const ANNOUNCEMENT_EXPIRY: std::time::Duration = std::time::Duration::from_millis(1500);
+
 /// Metadata key of the workers' `$SRV.INFO`/`$SRV.PING` answers: the model name they serve.
 pub const MODEL_METADATA: &str = "model";
 /// Metadata key: the revision of the model served (absent when unknown).

@@ -73,11 +73,20 @@ pub(crate) fn identify(alias: Option<&str>, info: Option<&serde_json::Value>) ->
     })
 }
 
-/// Reads the upstream's `/info` until it names the model (every [`INFO_RETRY`]; at once with
-/// `MODEL_ALIAS`, which needs no `/info`: the revision is then the one `/info` gave, if it
-/// answered the first read).
+/// Reads the upstream's `/info` until it names the model (every [`INFO_RETRY`]). With
+/// `MODEL_ALIAS` no `/info` is needed: one read of at most [`INFO_RETRY`] gives the revision, if
+/// the upstream answers it.
 pub(crate) async fn resolve<U: Upstream>(upstream: &U, config: &Config) -> ModelId {
-    let alias = config.model_alias.as_deref();
+    let alias = config.model_alias.as_deref().filter(|a| !a.is_empty());
+    if let Some(alias) = alias {
+        let info = tokio::time::timeout(INFO_RETRY, upstream.info()).await;
+        let info = info.ok().and_then(Result::ok);
+        let revision = identify(None, info.as_ref()).and_then(|m| m.revision);
+        return ModelId {
+            name: alias.to_owned(),
+            revision,
+        };
+    }
     let mut warned = false;
     loop {
         let info = upstream.info().await;

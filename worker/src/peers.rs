@@ -24,11 +24,11 @@ use tokio::time::Instant;
 use crate::membership::MemberState;
 
 /// How often a worker repeats its state.
-pub const HEARTBEAT: Duration = Duration::from_millis(500);
+pub const HEARTBEAT: Duration = embatch_protocol::model::ANNOUNCEMENT_INTERVAL;
 /// How long a peer's last announcement counts (three heartbeats). A killed worker announces
 /// nothing: for this long its peers may still count it as a member with room, and a full worker
 /// may leave the group for it.
-pub const EXPIRY: Duration = Duration::from_millis(1500);
+pub const EXPIRY: Duration = embatch_protocol::model::ANNOUNCEMENT_EXPIRY;
 
 pub(crate) use embatch_protocol::headers::members_subject;
 use embatch_protocol::model::Announcement;
