@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use embatch_protocol::headers::{MEMBERSHIP_METADATA, membership};
-use embatch_protocol::model::{self, DEFAULT_METADATA, MODEL_METADATA, MODEL_REVISION_METADATA};
+use embatch_protocol::model::{self, MODEL_METADATA, MODEL_REVISION_METADATA};
 use futures::StreamExt;
 use tokio::time::Instant;
 
