@@ -72,8 +72,10 @@ def check_openai_base64(gateway: str, nats_url: str) -> str:
     from openai import OpenAI
 
     client = OpenAI(base_url=gateway + "/v1", api_key="unused")
+    # The model as GET /v1/models lists it (a name no worker serves is a 404).
+    model = client.models.list().data[0].id
     # No encoding_format: the SDK asks for base64 and decodes it itself.
-    response = client.embeddings.create(model="x", input=TEXTS)
+    response = client.embeddings.create(model=model, input=TEXTS)
     assert [d.index for d in response.data] == list(range(len(TEXTS))), "indices out of order"
     return compare([d.embedding for d in response.data])
 
@@ -82,7 +84,8 @@ def check_openai_float(gateway: str, nats_url: str) -> str:
     from openai import OpenAI
 
     client = OpenAI(base_url=gateway + "/v1", api_key="unused")
-    response = client.embeddings.create(model="x", input=TEXTS, encoding_format="float")
+    model = client.models.list().data[0].id
+    response = client.embeddings.create(model=model, input=TEXTS, encoding_format="float")
     assert [d.index for d in response.data] == list(range(len(TEXTS))), "indices out of order"
     return compare([d.embedding for d in response.data])
 
