@@ -139,9 +139,12 @@ impl Api {
     }
 }
 
+/// The model the TEI double announces: what the workers serve, so what a batch line names.
+const MODEL: &str = "embatch/tei-double";
+
 fn openai_line(custom_id: &str, text: &str) -> String {
     json!({"custom_id": custom_id, "method": "POST", "url": "/v1/embeddings",
-           "body": {"model": "m", "input": text}})
+           "body": {"model": MODEL, "input": text}})
     .to_string()
 }
 
@@ -192,7 +195,7 @@ async fn a_batch_runs_end_to_end_through_files_and_batches() {
     );
     lines.push(
         json!({"custom_id": "b64", "method": "POST", "url": "/v1/embeddings",
-               "body": {"model": "m", "input": ["text 1"], "encoding_format": "base64"}})
+               "body": {"model": MODEL, "input": ["text 1"], "encoding_format": "base64"}})
         .to_string(),
     );
     let file_id = api.upload_ok(jsonl(lines)).await;
@@ -231,7 +234,7 @@ async fn a_batch_runs_end_to_end_through_files_and_batches() {
         assert!(line["error"].is_null());
         let body = &line["response"]["body"];
         assert_eq!(body["object"], "list");
-        assert_eq!(body["model"], "m");
+        assert_eq!(body["model"], MODEL);
         let vector: Vec<f32> =
             serde_json::from_value(body["data"][0]["embedding"].clone()).expect("floats");
         assert!(close(
@@ -483,7 +486,7 @@ async fn bad_lines_fail_the_batch_with_openais_errors_list() {
             ("invalid_json".to_owned(), 2),
             ("duplicate_custom_id".to_owned(), 3),
             ("invalid_url".to_owned(), 4),
-            ("model_mismatch".to_owned(), 5),
+            ("model_not_found".to_owned(), 5),
         ]
     );
 
@@ -690,13 +693,13 @@ async fn a_bad_limit_is_400_and_an_impossible_id_is_404_in_openai_shape() {
 
 /// Work items stranded below their consumer's ack floor (stored, never delivered again: what a
 /// nats-server restart left once after a worker's `kill -9`) are given back by the workers'
-/// sweep, and the batch completes. The stranded state is made exactly: the `bulk-items`
+/// sweep, and the batch completes. The stranded state is made exactly: the model's `bulk-items-`
 /// consumer is created first with a filter that misses the batch's items, moves its ack floor
 /// past them on another message, and only then gets the items filter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn items_stranded_below_the_ack_floor_are_swept_back() {
     use async_nats::jetstream::consumer::{AckPolicy, pull};
-    use embatch_protocol::bulk::{ITEMS_CONSUMER, ITEMS_FILTER, items_subject};
+    use embatch_protocol::bulk::{items_consumer, items_filter, items_subject};
 
     let nats = NatsServer::start_jetstream();
     let client = async_nats::connect(nats.url()).await.expect("connect");
@@ -704,14 +707,14 @@ async fn items_stranded_below_the_ack_floor_are_swept_back() {
         .await
         .expect("JetStream");
     let config = |filter: String| pull::Config {
-        durable_name: Some(ITEMS_CONSUMER.to_owned()),
+        durable_name: Some(items_consumer(MODEL)),
         filter_subject: filter,
         ack_policy: AckPolicy::Explicit,
         ack_wait: Duration::from_secs(1),
         max_deliver: -1,
         ..Default::default()
     };
-    let elsewhere = items_subject("batch_elsewhere");
+    let elsewhere = items_subject(MODEL, "batch_elsewhere");
     store
         .work
         .create_consumer(config(elsewhere.clone()))
@@ -753,7 +756,7 @@ async fn items_stranded_below_the_ack_floor_are_swept_back() {
         .expect("stored");
     let mut consumer = store
         .work
-        .get_consumer::<pull::Config>(ITEMS_CONSUMER)
+        .get_consumer::<pull::Config>(&items_consumer(MODEL))
         .await
         .expect("consumer");
     let started = std::time::Instant::now();
@@ -770,7 +773,7 @@ async fn items_stranded_below_the_ack_floor_are_swept_back() {
     }
     store
         .work
-        .update_consumer(config(ITEMS_FILTER.to_owned()))
+        .update_consumer(config(items_filter(MODEL)))
         .await
         .expect("update the filter");
     let info = consumer.info().await.expect("info");
@@ -786,4 +789,75 @@ async fn items_stranded_below_the_ack_floor_are_swept_back() {
         json!({"total": 3, "completed": 3, "failed": 0})
     );
     worker.stop().await;
+}
+
+/// A batch runs on the workers of the model its lines name (one model per batch, as OpenAI
+/// requires), a batch naming none on the default model, and a batch naming a model nobody
+/// serves fails validation with `model_not_found`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_runs_on_the_workers_of_its_model() {
+    let nats = NatsServer::start_jetstream();
+    let (a, b) = ("model-a", "org/model-b.v2");
+    let tei_of = |model_id: &str| {
+        start_tei(TeiConfig {
+            model_id: model_id.into(),
+            ..TeiConfig::instant()
+        })
+    };
+    let (tei_a, tei_b) = (tei_of(a).await, tei_of(b).await);
+    let default = ["--default-model", a, "--bulk-chunk-inputs", "1"];
+    let worker_a = RunningWorker::start(
+        &nats,
+        &[&["--tei-url", tei_a.url.as_str()], &default[..]].concat(),
+    )
+    .await;
+    let worker_b = RunningWorker::start(
+        &nats,
+        &[&["--tei-url", tei_b.url.as_str()], &default[..]].concat(),
+    )
+    .await;
+    let gateway = start_gateway_at(&nats.url(), &["--default-model", a], None).await;
+    let api = Api::of(&gateway);
+    let line = |id: String, model: Option<&str>| {
+        let mut body = json!({"input": format!("bulk {id}")});
+        if let Some(model) = model {
+            body["model"] = json!(model);
+        }
+        json!({"custom_id": id, "method": "POST", "url": "/v1/embeddings", "body": body})
+            .to_string()
+    };
+
+    let for_b = api
+        .submit(jsonl((0..4).map(|i| line(format!("b-{i}"), Some(b)))))
+        .await;
+    let batch = api.wait_final(&for_b, Duration::from_secs(30)).await;
+    assert_eq!(batch["status"], "completed", "{batch}");
+    let output = api.lines(&batch["output_file_id"]).await;
+    assert!(output.values().all(|l| l["response"]["body"]["model"] == b));
+    assert_eq!(tei_b.calls().len(), 4, "b's items went to b's workers");
+    assert!(tei_a.calls().is_empty(), "a got none of b's items");
+
+    let for_default = api
+        .submit(jsonl((0..3).map(|i| line(format!("d-{i}"), None))))
+        .await;
+    let batch = api.wait_final(&for_default, Duration::from_secs(30)).await;
+    assert_eq!(batch["status"], "completed", "{batch}");
+    assert_eq!(tei_a.calls().len(), 3, "no model: the default model");
+    assert_eq!(tei_b.calls().len(), 4);
+
+    let unknown = api
+        .submit(jsonl([line("u-0".into(), Some("nobody"))]))
+        .await;
+    let batch = api.wait_final(&unknown, Duration::from_secs(30)).await;
+    assert_eq!(batch["status"], "failed", "{batch}");
+    let error = &batch["errors"]["data"][0];
+    assert_eq!(error["code"], "model_not_found", "{batch}");
+    assert!(
+        error["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(a) && m.contains(b)),
+        "lists the models served: {error}"
+    );
+    worker_a.stop().await;
+    worker_b.stop().await;
 }

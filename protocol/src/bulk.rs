@@ -13,8 +13,9 @@
 //!   [`Batch`] in OpenAI's shape plus the `embatch` bookkeeping ([`Progress`]). Every change is a
 //!   compare-and-set on the key's revision.
 //! - [`WORK_STREAM`] (WorkQueue retention): the job messages ([`job_subject`]) and the work items
-//!   ([`items_subject`], one [`Item`] per chunk of input lines), read by the durable pull
-//!   consumers [`JOBS_CONSUMER`] and [`ITEMS_CONSUMER`] that all workers share.
+//!   ([`items_subject`], one [`Item`] per chunk of input lines, on the subject of the batch's
+//!   model), read by the durable pull consumers [`JOBS_CONSUMER`], which all workers share, and
+//!   [`items_consumer`], which the workers of one model share.
 //! - [`RESULTS_STREAM`] (limits retention, file storage): one [`ChunkResult`] per processed
 //!   chunk ([`results_subject`]), deduplicated by `Nats-Msg-Id` ([`result_msg_id`]).
 //! - [`events_subject`]: a core NATS message with the [`Batch`] whenever a batch reaches a final
@@ -41,14 +42,17 @@ pub const WORK_STREAM: &str = "EMBATCH_BULK";
 pub const RESULTS_STREAM: &str = "EMBATCH_BULK_RESULTS";
 /// The durable pull consumer of job messages (filter [`JOBS_FILTER`]), shared by all workers.
 pub const JOBS_CONSUMER: &str = "bulk-jobs";
-/// The durable pull consumer of work items (filter [`ITEMS_FILTER`]), shared by all workers.
+/// The prefix of the durable pull consumers of work items, one per model ([`items_consumer`]).
+/// (Before contract v1.1 one consumer of this name read every item; a WorkQueue stream refuses
+/// overlapping consumers, so delete it when upgrading: `nats consumer rm EMBATCH_BULK
+/// bulk-items`.)
 pub const ITEMS_CONSUMER: &str = "bulk-items";
 
 /// Prefix of every bulk subject.
 pub const SUBJECT_PREFIX: &str = "embatch.bulk.v1";
 /// Filter of [`JOBS_CONSUMER`]: every job message.
 pub const JOBS_FILTER: &str = "embatch.bulk.v1.jobs.>";
-/// Filter of [`ITEMS_CONSUMER`]: every work item.
+/// Every work item, of every model (a subject of [`WORK_STREAM`]).
 pub const ITEMS_FILTER: &str = "embatch.bulk.v1.items.>";
 /// The subjects of [`RESULTS_STREAM`].
 pub const RESULTS_FILTER: &str = "embatch.bulk.v1.results.>";
@@ -111,9 +115,46 @@ pub fn parse_job_subject(subject: &str) -> Option<(&str, JobKind)> {
     Some((batch_id, JobKind::parse(kind)?))
 }
 
-/// `embatch.bulk.v1.items.<batch_id>`: the work items of a batch (payload: [`Item`] JSON).
-pub fn items_subject(batch_id: &str) -> String {
-    format!("{SUBJECT_PREFIX}.items.{batch_id}")
+/// `embatch.bulk.v1.items.<model token>.<batch_id>`: the work items of a batch for `model`
+/// (payload: [`Item`] JSON). A batch uses one model, and each model's items have their own
+/// subject, read by that model's workers only ([`items_consumer`]); the token is the model
+/// subject's ([`crate::model::model_token`]).
+pub fn items_subject(model: &str, batch_id: &str) -> String {
+    format!(
+        "{SUBJECT_PREFIX}.items.{}.{batch_id}",
+        crate::model::model_token(model)
+    )
+}
+
+/// `embatch.bulk.v1.items.<model token>.>`: the filter of `model`'s [`items_consumer`].
+pub fn items_filter(model: &str) -> String {
+    format!(
+        "{SUBJECT_PREFIX}.items.{}.>",
+        crate::model::model_token(model)
+    )
+}
+
+/// `embatch.bulk.v1.items.*.<batch_id>`: every work item of a batch, whatever its model (to
+/// purge them).
+pub fn batch_items_filter(batch_id: &str) -> String {
+    format!("{SUBJECT_PREFIX}.items.*.{batch_id}")
+}
+
+/// The durable pull consumer of `model`'s work items, shared by that model's workers:
+/// `bulk-items-<name>`, the model name with every byte other than an ASCII letter, digit or `-`
+/// written `_XX` (uppercase hex; JetStream keeps a consumer in a directory of its name, so only
+/// characters safe in file names are used), e.g. `bulk-items-BAAI_2Fbge-small-en-v1_2E5`.
+/// Filter: [`items_filter`].
+pub fn items_consumer(model: &str) -> String {
+    let mut name = format!("{ITEMS_CONSUMER}-");
+    for byte in model.bytes() {
+        if byte.is_ascii_alphanumeric() || byte == b'-' {
+            name.push(char::from(byte));
+        } else {
+            name.push_str(&format!("_{byte:02X}"));
+        }
+    }
+    name
 }
 
 /// `Nats-Msg-Id` of a work item: `<batch_id>.<chunk>`, so a split resumed after a crash
@@ -513,6 +554,27 @@ mod tests {
             p.mark_done(c);
         }
         assert!(p.all_done());
+    }
+
+    #[test]
+    fn item_subjects_and_consumers_are_per_model() {
+        let model = "BAAI/bge-small-en-v1.5";
+        assert_eq!(
+            items_subject(model, "batch_X"),
+            "embatch.bulk.v1.items.BAAI/bge-small-en-v1%2E5.batch_X"
+        );
+        assert_eq!(
+            items_filter(model),
+            "embatch.bulk.v1.items.BAAI/bge-small-en-v1%2E5.>"
+        );
+        assert_eq!(
+            items_consumer(model),
+            "bulk-items-BAAI%2Fbge-small-en-v1%2E5"
+        );
+        assert_eq!(
+            batch_items_filter("batch_X"),
+            "embatch.bulk.v1.items.*.batch_X"
+        );
     }
 
     #[test]

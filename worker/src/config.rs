@@ -292,7 +292,8 @@ impl Config {
         }
     }
 
-    /// The bulk lane's share of the settings.
+    /// The bulk lane's share of the settings (its `model` is set once the model is known; an
+    /// empty `default_model` means the served model).
     pub fn bulk(&self) -> crate::bulk::BulkConfig {
         crate::bulk::BulkConfig {
             enabled: self.bulk,
@@ -306,6 +307,13 @@ impl Config {
                 max_line_inputs: self.bulk_max_line_inputs,
             },
             max_batch_size: self.max_batch_size.max(1),
+            model: String::new(),
+            default_model: self
+                .default_model
+                .clone()
+                .filter(|d| !d.is_empty())
+                .unwrap_or_default(),
+            subject: self.subject.clone(),
         }
     }
 }

@@ -195,11 +195,16 @@ pub(crate) async fn start<U: Upstream>(
     if let Some(probes) = probes {
         tasks.spawn(probes.run(intake_stop.clone()));
     }
+    let mut bulk_config = config.bulk();
+    bulk_config.model = served.model.name.clone();
+    if bulk_config.default_model.is_empty() {
+        bulk_config.default_model = served.model.name.clone();
+    }
     tasks.spawn(bulk::run(
         client.clone(),
         Arc::clone(&upstream),
         bulk_gate,
-        config.bulk(),
+        bulk_config,
         intake_stop.clone(),
     ));
     let intake = tasks.spawn(intake::run(

@@ -264,7 +264,8 @@ async fn a_bulk_job_shows_in_the_worker_metrics() {
             .and_then(|v| v.trim().parse::<f64>().ok())
     };
     // The last item's counters are bumped just after its chunk was recorded: poll briefly.
-    let acked = r#"embatch_worker_bulk_items_total{outcome="ack"}"#;
+    // Every series carries the worker's model (a global label, first).
+    let acked = r#"embatch_worker_bulk_items_total{model="embatch/tei-double",outcome="ack"}"#;
     let started = Instant::now();
     let metrics = loop {
         let metrics = reqwest::get(format!("http://{admin}/metrics"))
@@ -281,12 +282,14 @@ async fn a_bulk_job_shows_in_the_worker_metrics() {
     kill_9(&mut worker);
     let value = |series: &str| value(&metrics, series);
     assert_eq!(
-        value("embatch_worker_bulk_inputs_total"),
+        value(r#"embatch_worker_bulk_inputs_total{model="embatch/tei-double"}"#),
         Some(n as f64),
         "{metrics}"
     );
     assert_eq!(
-        value(r#"embatch_worker_bulk_upstream_calls_total{outcome="ok"}"#),
+        value(
+            r#"embatch_worker_bulk_upstream_calls_total{model="embatch/tei-double",outcome="ok"}"#
+        ),
         Some(n as f64),
         "{metrics}"
     );

@@ -16,7 +16,8 @@ use async_nats::jetstream::{AckKind, Message};
 use bytes::Bytes;
 use embatch_protocol::bulk::{
     BatchErrors, BatchStatus, ChunkResult, Item, ItemLine, JobKind, META_CREATED_AT, META_FILENAME,
-    META_PURPOSE, item_msg_id, items_subject, parse_job_subject, results_subject, unix_now,
+    META_PURPOSE, batch_items_filter, item_msg_id, items_subject, parse_job_subject,
+    results_subject, unix_now,
 };
 use futures::StreamExt;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
@@ -68,8 +69,29 @@ async fn job(lane: &Lane, message: &Message) -> Result<AckKind, String> {
     }
 }
 
-/// Reads the input file line by line, checks each line, and publishes the work items as it
-/// goes; then sets `in_progress` (with the line and chunk counts) or, when a line was refused,
+/// The models served now, by service discovery under `EMBATCH_SUBJECT` (100 ms), this
+/// worker's own always among them.
+async fn served_models(lane: &Lane) -> Vec<String> {
+    let found = embatch_client::models::discover(
+        &lane.client,
+        embatch_protocol::SERVICE_NAME,
+        &lane.config.subject,
+        std::time::Duration::from_millis(100),
+    )
+    .await
+    .unwrap_or_else(|err| {
+        tracing::debug!(%err, "model discovery failed; only this worker's model is known");
+        Vec::new()
+    });
+    let mut served: Vec<String> = found.into_iter().filter_map(|w| w.model).collect();
+    served.push(lane.config.model.clone());
+    served.sort();
+    served.dedup();
+    served
+}
+
+/// Reads the input file line by line, checks each line (each must name a model served, one per
+/// file), and publishes the work items on that model's items subject as it goes; then sets `in_progress` (with the line and chunk counts) or, when a line was refused,
 /// `failed` with OpenAI's `errors` list (and purges what it published).
 async fn validate(lane: &Lane, batch_id: &str) -> Result<AckKind, String> {
     let store = &lane.store;
@@ -96,7 +118,8 @@ async fn validate(lane: &Lane, batch_id: &str) -> Result<AckKind, String> {
         }
     };
     let mut reader = tokio::io::BufReader::new(object);
-    let mut check = FileCheck::default();
+    let mut check =
+        FileCheck::for_models(served_models(lane).await, lane.config.default_model.clone());
     let mut errors = Vec::new();
     let mut chunk: Vec<ItemLine> = Vec::new();
     let (mut chunk_inputs, mut chunk_bytes) = (0usize, 0usize);
@@ -129,8 +152,10 @@ async fn validate(lane: &Lane, batch_id: &str) -> Result<AckKind, String> {
                 if chunk_inputs >= lane.config.chunk_inputs
                     || chunk_bytes >= lane.config.chunk_bytes
                 {
+                    let model = check.model().unwrap_or(&lane.config.model).to_owned();
                     pending.push(
-                        publish_item(lane, batch_id, chunks, std::mem::take(&mut chunk)).await?,
+                        publish_item(lane, &model, batch_id, chunks, std::mem::take(&mut chunk))
+                            .await?,
                     );
                     chunks += 1;
                     (chunk_inputs, chunk_bytes) = (0, 0);
@@ -151,7 +176,8 @@ async fn validate(lane: &Lane, batch_id: &str) -> Result<AckKind, String> {
         }
     }
     if errors.is_empty() && !chunk.is_empty() {
-        pending.push(publish_item(lane, batch_id, chunks, chunk).await?);
+        let model = check.model().unwrap_or(&lane.config.model).to_owned();
+        pending.push(publish_item(lane, &model, batch_id, chunks, chunk).await?);
         chunks += 1;
     }
     settle(&mut pending).await?;
@@ -189,8 +215,10 @@ async fn validate(lane: &Lane, batch_id: &str) -> Result<AckKind, String> {
 
 type PublishAck = async_nats::jetstream::context::PublishAckFuture;
 
+/// Publishes one work item on the items subject of `model` (its workers take it).
 async fn publish_item(
     lane: &Lane,
+    model: &str,
     batch_id: &str,
     chunk: u32,
     lines: Vec<ItemLine>,
@@ -206,7 +234,7 @@ async fn publish_item(
         .payload(Bytes::from(payload));
     lane.store
         .js
-        .send_publish(items_subject(batch_id), publish)
+        .send_publish(items_subject(model, batch_id), publish)
         .await
         .map_err(|e| e.to_string())
 }
@@ -247,7 +275,7 @@ async fn purge(lane: &Lane, batch_id: &str) -> Result<(), String> {
     lane.store
         .work
         .purge()
-        .filter(items_subject(batch_id))
+        .filter(batch_items_filter(batch_id))
         .await
         .map_err(|e| e.to_string())?;
     Ok(())

@@ -43,8 +43,18 @@ struct OpenAiBody {
 pub struct FileCheck {
     custom_ids: HashSet<String>,
     model: Option<(String, u64)>,
+    /// The models served and the model of a line that names none; `None`: lines are not
+    /// checked against the models served (a line without a model then names none).
+    models: Option<Models>,
     /// Lines read (blank lines excluded).
     pub requests: u64,
+}
+
+/// What [`FileCheck::for_models`] checks lines' models against.
+#[derive(Debug)]
+struct Models {
+    served: Vec<String>,
+    default: String,
 }
 
 fn error(code: &str, param: Option<&str>, line: u64, message: String) -> BatchError {
@@ -57,6 +67,20 @@ fn error(code: &str, param: Option<&str>, line: u64, message: String) -> BatchEr
 }
 
 impl FileCheck {
+    /// A check of a file whose lines must name one of `served` (a line without a model, or
+    /// with `""`, names `default`): the job's model, as OpenAI requires one per batch.
+    pub fn for_models(served: Vec<String>, default: String) -> FileCheck {
+        FileCheck {
+            models: Some(Models { served, default }),
+            ..FileCheck::default()
+        }
+    }
+
+    /// The batch's model: the first valid line's (its own, or the default).
+    pub fn model(&self) -> Option<&str> {
+        self.model.as_ref().map(|(name, _)| name.as_str())
+    }
+
     /// Reads line `line` (1-based) of the file, `text` without its line break.
     ///
     /// # Errors
@@ -206,7 +230,27 @@ impl FileCheck {
                 body_error(e)
             }
         })?;
-        if let Some(name) = &model {
+        let named = model.as_deref().filter(|m| !m.is_empty());
+        let name = match (&self.models, named) {
+            (Some(models), named) => {
+                let name = named.unwrap_or(&models.default);
+                if !models.served.iter().any(|s| s == name) {
+                    return Err(error(
+                        "model_not_found",
+                        Some("body.model"),
+                        line,
+                        format!(
+                            "the model `{name}` does not exist or you do not have access to \
+                             it. Models served: {}",
+                            models.served.join(", ")
+                        ),
+                    ));
+                }
+                Some(name.to_owned())
+            }
+            (None, named) => named.map(str::to_owned),
+        };
+        if let Some(name) = &name {
             match &self.model {
                 None => self.model = Some((name.clone(), line)),
                 Some((first, first_line)) if first != name => {
@@ -264,6 +308,37 @@ mod tests {
 
     fn code(r: &Result<ItemLine, BatchError>) -> &str {
         r.as_ref().err().map_or("ok", |e| e.code.as_str())
+    }
+
+    #[test]
+    fn lines_must_name_a_served_model_and_one_per_file() {
+        let mut file = FileCheck::for_models(vec!["a".into(), "b/c.d".into()], "a".into());
+        let mut line = |n: u64, text: &str| file.line(n, text, LIMITS);
+        let r = line(
+            1,
+            r#"{"custom_id":"1","url":"/v1/embeddings","body":{"input":"x"}}"#,
+        );
+        assert!(r.is_ok(), "no model: the default");
+        let r = line(
+            2,
+            r#"{"custom_id":"2","url":"/v1/embeddings","body":{"model":"nope","input":"x"}}"#,
+        );
+        let e = r.expect_err("not served");
+        assert_eq!(
+            (e.code.as_str(), e.param.as_deref()),
+            ("model_not_found", Some("body.model"))
+        );
+        assert!(
+            e.message.ends_with("Models served: a, b/c.d"),
+            "{}",
+            e.message
+        );
+        let r = line(
+            3,
+            r#"{"custom_id":"3","url":"/v1/embeddings","body":{"model":"b/c.d","input":"x"}}"#,
+        );
+        assert_eq!(code(&r), "model_mismatch", "line 1 took the default, a");
+        assert_eq!(file.model(), Some("a"));
     }
 
     #[test]

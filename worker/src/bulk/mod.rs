@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::consumer::{self, AckPolicy};
 use async_nats::jetstream::{AckKind, Message};
-use embatch_protocol::bulk::{ITEMS_CONSUMER, ITEMS_FILTER, JOBS_CONSUMER, JOBS_FILTER};
+use embatch_protocol::bulk::{JOBS_CONSUMER, JOBS_FILTER, items_consumer, items_filter};
 use embatch_runtime::bulk::{BulkError, BulkStore};
 use tokio_util::sync::CancellationToken;
 
@@ -69,6 +69,15 @@ pub struct BulkConfig {
     pub limits: LineLimits,
     /// The most inputs one upstream call may carry (the batcher's batch limit).
     pub max_batch_size: usize,
+    /// The model this worker serves: it takes the work items of that model's batches only
+    /// ([`embatch_protocol::bulk::items_consumer`]). Set once the model is known.
+    pub model: String,
+    /// The model of a batch whose lines name none: `EMBATCH_DEFAULT_MODEL`, else `model` (every
+    /// worker then answers the plain subject: a fleet of one model).
+    pub default_model: String,
+    /// `EMBATCH_SUBJECT`: where discovery finds the models served (a line naming another model
+    /// fails validation).
+    pub subject: String,
 }
 
 /// Runs the bulk lane until `stop`: binds the store (retrying every [`RETRY`] while JetStream
@@ -114,6 +123,7 @@ pub async fn run<U: Upstream>(
         store,
         config,
         max_payload,
+        client: client.clone(),
     });
     tracing::info!(
         chunk_inputs = lane.config.chunk_inputs,
@@ -133,11 +143,14 @@ pub(crate) struct Lane {
     pub config: BulkConfig,
     /// The server's `max_payload` in bytes.
     pub max_payload: usize,
+    /// The connection (service discovery of the models served).
+    pub client: async_nats::Client,
 }
 
 type PullConsumer = consumer::Consumer<consumer::pull::Config>;
 
-/// The two durable pull consumers all workers share: explicit acks, `ack_wait`, unlimited
+/// The two durable pull consumers: the jobs', which all workers share, and the items' of this
+/// worker's model, which that model's workers share. Explicit acks, `ack_wait`, unlimited
 /// deliveries on the server (the worker applies `BULK_MAX_DELIVER` itself, so a message is
 /// never left stuck unacked past the server's limit).
 async fn consumers(
@@ -159,11 +172,17 @@ async fn consumers(
         .get_or_create_consumer(JOBS_CONSUMER, make(JOBS_CONSUMER, JOBS_FILTER))
         .await
         .map_err(|e| js(&e))?;
+    let items_name = items_consumer(&config.model);
     let items = store
         .work
-        .get_or_create_consumer(ITEMS_CONSUMER, make(ITEMS_CONSUMER, ITEMS_FILTER))
+        .get_or_create_consumer(&items_name, make(&items_name, &items_filter(&config.model)))
         .await
-        .map_err(|e| js(&e))?;
+        .map_err(|e| {
+            js(&format!(
+                "{e} (a `bulk-items` consumer left by an older version overlaps the per-model \
+                 ones: `nats consumer rm EMBATCH_BULK bulk-items`)"
+            ))
+        })?;
     Ok((jobs, items))
 }
 

@@ -21,7 +21,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use async_nats::jetstream::message::PublishMessage;
-use embatch_protocol::bulk::{ITEMS_FILTER, JOBS_FILTER};
+use embatch_protocol::bulk::{JOBS_FILTER, items_filter};
 use tokio_util::sync::CancellationToken;
 
 use super::{Lane, PullConsumer};
@@ -48,7 +48,8 @@ pub(super) async fn run(
             () = stop.cancelled() => return,
             _ = ticks.tick() => {}
         }
-        for ((consumer, filter), seen) in [(&jobs, JOBS_FILTER), (&items, ITEMS_FILTER)]
+        let items_filter = items_filter(&lane.config.model);
+        for ((consumer, filter), seen) in [(&jobs, JOBS_FILTER), (&items, items_filter.as_str())]
             .into_iter()
             .zip(suspects.iter_mut())
         {
