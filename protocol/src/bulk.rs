@@ -569,7 +569,7 @@ mod tests {
         );
         assert_eq!(
             items_consumer(model),
-            "bulk-items-BAAI%2Fbge-small-en-v1%2E5"
+            "bulk-items-BAAI_2Fbge-small-en-v1_2E5"
         );
         assert_eq!(
             batch_items_filter("batch_X"),

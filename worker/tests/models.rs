@@ -173,3 +173,56 @@ async fn an_alias_names_the_model_and_a_reserved_name_refuses_to_start() {
         "the collision the check prevents"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_given_up_on_a_model_subject_is_withdrawn_there() {
+    let nats = NatsServer::start();
+    // One call at a time, one input per call, 600 ms each: a second request waits in the queue.
+    let tei = start_tei(TeiConfig {
+        model_id: "model-b".into(),
+        base: Duration::from_millis(600),
+        ..TeiConfig::instant()
+    })
+    .await;
+    let mut args = vec!["--tei-url", tei.url.as_str()];
+    args.extend(embatch_testkit::ONE_CALL_AT_A_TIME);
+    let worker = RunningWorker::start(&nats, &args).await;
+    let client = async_nats::connect(nats.url()).await.expect("connects");
+    let for_b = EmbedClient::for_model(client, "embed", "model-b");
+
+    let first = {
+        let for_b = for_b.clone();
+        tokio::spawn(async move { embed(&for_b, "occupies the upstream").await })
+    };
+    for _ in 0..500 {
+        if !tei.calls().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        !tei.calls().is_empty(),
+        "the first request reached the upstream"
+    );
+    // The caller goes away while its request is queued (its future is dropped): the client
+    // withdraws it on `embed.model-b.cancel`, which the worker listens to. (Its deadline, 10 s,
+    // is far off: only the withdrawal keeps it from the upstream.)
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(150),
+        for_b.embed(
+            Bytes::from_static(br#"{"inputs":"the caller gives up"}"#),
+            Duration::from_secs(10),
+        ),
+    )
+    .await;
+    assert!(gave_up.is_err(), "the caller stopped waiting: {gave_up:?}");
+    assert_eq!(first.await.expect("joins").0, 200);
+    assert_eq!(embed(&for_b, "after").await.0, 200);
+    let inputs: Vec<String> = texts_of(&tei);
+    assert_eq!(
+        inputs,
+        [r#"Text("occupies the upstream")"#, r#"Text("after")"#],
+        "the withdrawn request never reached the upstream"
+    );
+    worker.stop().await;
+}
