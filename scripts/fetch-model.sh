@@ -112,8 +112,13 @@ fetch_bge() {
     exit 1
   fi
   echo "downloading $artifact" >&2
-  "${mvn[@]}" --quiet --batch-mode -Dstyle.color=never dependency:copy -Dartifact="$artifact" \
-    -DoutputDirectory="$work/dl" >&2
+  # Maven's log only when it fails (it prints colour codes even when quiet).
+  if ! "${mvn[@]}" --quiet --batch-mode dependency:copy -Dartifact="$artifact" \
+    -DoutputDirectory="$work/dl" >"$work/mvn.log" 2>&1; then
+    cat "$work/mvn.log" >&2
+    echo "error: mvn dependency:copy of $artifact failed" >&2
+    exit 1
+  fi
   local jar
   jar=$(find "$work/dl" -maxdepth 1 -name '*.jar' | head -n 1)
   if [ -z "$jar" ]; then
