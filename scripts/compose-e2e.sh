@@ -18,8 +18,12 @@
 #                scale 3 -> 1 -> 3 under a steady 20 req/s trickle with 0 errors.
 #   6. bulk      a 1,500-line bulk job (OpenAI's Files + Batches API) completes across a kill -9
 #                of a worker container, each custom_id once (scripts/checks/bulk_job.py).
-#   7. down      `down -v` leaves no container, network or volume of the project.
-#   8. docs      every `docker compose` and `curl` command in the fenced blocks of docs/compose.md
+#   7. models    two real models: fetches bge-small-en-v1.5 on the host (scripts/fetch-model.sh,
+#                Maven), adds `--profile bge`, and checks that /v1/models lists both, that the
+#                OpenAI `model` field reaches bge and TEI's /embed MiniLM (each against its
+#                reference vectors in testdata/), then `down -v` of both profiles.
+#   8. down      `down -v` leaves no container, network or volume of the project.
+#   9. docs      every `docker compose` and `curl` command in the fenced blocks of docs/compose.md
 #                and in compose.yaml's comments is one this script ran as written (doc_files).
 # On exit (trap, also on failure or Ctrl-C): `down -v`, then the dockerd this script started is
 # stopped by its PID and the links, nft tables and ip_forward it changed are put back.
@@ -64,10 +68,10 @@ cleanup() {
   if ((project_up)); then
     if ((status != 0 || failures > 0)); then
       echo "--- the stack's last log lines"
-      docker compose --profile local logs --no-color --tail 40 2>&1 | tail -n 120
+      docker compose --profile local --profile bge logs --no-color --tail 40 2>&1 | tail -n 120
     fi
-    echo "cleanup: docker compose --profile local down -v"
-    docker compose --profile local down -v --remove-orphans >/dev/null 2>&1
+    echo "cleanup: docker compose --profile local --profile bge down -v"
+    docker compose --profile local --profile bge down -v --remove-orphans >/dev/null 2>&1
   fi
   engine_stop
   rm -rf "$tmp"
@@ -86,7 +90,7 @@ compose_install
 engine_start
 echo "docker $(docker version --format '{{.Server.Version}}'), $(docker compose version)"
 # A stack left over from an interrupted run would be reused by `up`.
-docker compose --profile local --profile cpu down -v --remove-orphans >/dev/null 2>&1 || true
+docker compose --profile local --profile bge --profile cpu down -v --remove-orphans >/dev/null 2>&1 || true
 
 step "2. base images"
 scripts/base-images.sh 2>&1 | tee "$tmp/bases.log"
@@ -265,7 +269,51 @@ fi
 note "bulk job across a worker kill: $bulk"
 docker compose --profile local up -d --wait --scale worker-local=3 >/dev/null
 
-step "7. down"
+step "7. two models: MiniLM (the default) and bge-small-en-v1.5 (--profile bge)"
+t=$SECONDS
+scripts/fetch-model.sh --model bge-small-en-v1.5 >/dev/null
+note "fetch of bge-small-en-v1.5 on the host: $((SECONDS - t)) s"
+t=$SECONDS
+docs docker compose --profile local --profile bge up -d --wait
+note "up -d --wait adding the bge workers: $((SECONDS - t)) s"
+models=$(docs curl -s "$gw/v1/models")
+bge=$(docs curl -s "$gw/v1/embeddings" -H 'Content-Type: application/json' -d '{"model": "bge-small-en-v1.5", "input": "What is vector search?"}')
+minilm=$(docs curl -s "$gw/embed" -H 'Content-Type: application/json' -d '{"inputs": "What is vector search?"}')
+if out=$(python3 - "$models" "$bge" "$minilm" 2>&1 <<'EOF'
+import json, math, sys
+text = "What is vector search?"
+models, bge, minilm = (json.loads(a) for a in sys.argv[1:4])
+ids = sorted(m["id"] for m in models["data"])
+assert "all-MiniLM-L6-v2" in ids and "bge-small-en-v1.5" in ids, f"/v1/models lists {ids}"
+bge, minilm = bge["data"][0]["embedding"], minilm[0]
+
+def reference(name):
+    for case in json.load(open(f"testdata/{name}"))["cases"]:
+        if text in case["request"]["inputs"]:
+            return case["embeddings"][case["request"]["inputs"].index(text)]
+    raise SystemExit(f"{text!r} is not in testdata/{name}")
+
+def cos(a, b):
+    dot = sum(x * y for x, y in zip(a, b))
+    return dot / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+
+want_bge = reference("bge-small-reference-embeddings.json")
+want_minilm = reference("minilm-reference-embeddings.json")
+got = {"bge": cos(bge, want_bge), "minilm": cos(minilm, want_minilm), "crossed": cos(bge, want_minilm)}
+assert len(bge) == len(minilm) == 384, f"{len(bge)} and {len(minilm)} values"
+assert got["bge"] >= 0.999 and got["minilm"] >= 0.999, f"cosines with the references: {got}"
+print(f"/v1/models lists {ids}; cosine with its reference: bge {got['bge']:.5f}, MiniLM "
+      f"{got['minilm']:.5f} (bge vs MiniLM's reference {got['crossed']:.3f})")
+EOF
+); then
+  ok "two models behind one gateway: $out"
+  note "two models: $out"
+else
+  fail "two models: $out; /v1/models ${models:0:200}; bge ${bge:0:120}; /embed ${minilm:0:120}"
+fi
+docs docker compose --profile local --profile bge down -v
+
+step "8. down"
 docs docker compose --profile local down -v
 project_up=0
 left=$(
@@ -279,7 +327,7 @@ else
   fail "down -v left: $left"
 fi
 
-step "8. the docs' commands"
+step "9. the docs' commands"
 missing=0
 while IFS=$'\t' read -r file command; do
   found=0

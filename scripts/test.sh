@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole test suite: installs what the tests need (nats-server, the model weights), then runs
+# The whole test suite: installs what the tests need (nats-server, both models' weights), then runs
 # every test of the workspace. Tests start their own nats-server on free ports.
 #
 # Usage: scripts/test.sh [extra cargo test args]
@@ -10,6 +10,8 @@ export NATS_SERVER_BIN
 NATS_SERVER_BIN=$(scripts/install-nats-server.sh)
 export EMBATCH_MODEL_DIR
 EMBATCH_MODEL_DIR=$(scripts/fetch-model.sh)
+export EMBATCH_BGE_MODEL_DIR
+EMBATCH_BGE_MODEL_DIR=$(scripts/fetch-model.sh --model bge-small-en-v1.5)
 
 cargo test --workspace --locked --no-fail-fast "$@"
 scripts/client-tests.sh

@@ -13,7 +13,9 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! `scripts/fetch-model.sh` puts all-MiniLM-L6-v2 into `models/all-MiniLM-L6-v2`.
+//! `scripts/fetch-model.sh` puts all-MiniLM-L6-v2 (mean pooling) into `models/all-MiniLM-L6-v2`,
+//! and `scripts/fetch-model.sh --model bge-small-en-v1.5` BAAI/bge-small-en-v1.5 (CLS pooling)
+//! into `models/bge-small-en-v1.5`; `docs/models.md` has their sources and licences.
 //!
 //! # Layout
 //! - [`model`]: [`LocalModel`], loading, the embed call, batching into forward passes, pooling.

@@ -3,73 +3,35 @@
 //!
 //! Needs the model: `scripts/fetch-model.sh` (or `EMBATCH_MODEL_DIR` pointing at a model dir).
 
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
-use std::time::Instant;
+mod common;
 
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use common::{Reference, cosine, long_input, norm};
 use embatch_local_model::LocalModel;
-use embatch_protocol::{EmbedError, EmbedOptions, EmbedRequest, Input, TruncationDirection};
-use serde::Deserialize;
+use embatch_protocol::{EmbedError, EmbedOptions, Input, TruncationDirection};
 
 /// TEI on CPU uses tanh-approximated GeLU, like this crate, but sums in another order.
 const MIN_COSINE: f32 = 0.999;
 
 fn model_dir() -> PathBuf {
-    std::env::var_os("EMBATCH_MODEL_DIR").map_or_else(
-        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/all-MiniLM-L6-v2"),
-        PathBuf::from,
-    )
-}
-
-fn testdata(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../testdata")
-        .join(name)
+    common::model_dir("EMBATCH_MODEL_DIR", "all-MiniLM-L6-v2")
 }
 
 /// The model, loaded once for all tests of this binary.
 fn model() -> &'static LocalModel {
     static MODEL: OnceLock<LocalModel> = OnceLock::new();
     MODEL.get_or_init(|| {
-        let dir = model_dir();
-        assert!(
-            dir.join("model.safetensors").is_file(),
-            "no model in {}: run scripts/fetch-model.sh (or set EMBATCH_MODEL_DIR to a model dir)",
-            dir.display()
-        );
-        LocalModel::load(&dir).unwrap_or_else(|err| panic!("loading {}: {err}", dir.display()))
+        common::load_model(
+            &model_dir(),
+            "scripts/fetch-model.sh (or set EMBATCH_MODEL_DIR to a model dir)",
+        )
     })
 }
 
-#[derive(Deserialize)]
-struct Reference {
-    cases: Vec<Case>,
-}
-
-#[derive(Deserialize)]
-struct Case {
-    request: EmbedRequest,
-    embeddings: Vec<Vec<f32>>,
-}
-
 fn reference() -> Reference {
-    let path = testdata("minilm-reference-embeddings.json");
-    let bytes = std::fs::read(&path).unwrap_or_else(|err| panic!("{}: {err}", path.display()));
-    serde_json::from_slice(&bytes).unwrap_or_else(|err| panic!("{}: {err}", path.display()))
-}
-
-fn long_input() -> String {
-    let path = testdata("reference-long-input.txt");
-    std::fs::read_to_string(&path).unwrap_or_else(|err| panic!("{}: {err}", path.display()))
-}
-
-fn norm(v: &[f32]) -> f32 {
-    v.iter().map(|x| x * x).sum::<f32>().sqrt()
-}
-
-fn cosine(a: &[f32], b: &[f32]) -> f32 {
-    let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
-    dot / (norm(a) * norm(b))
+    common::reference("minilm-reference-embeddings.json")
 }
 
 /// The default options with `dimensions`.
@@ -113,40 +75,8 @@ fn embed_one(input: &str, options: &EmbedOptions) -> Result<Vec<f32>, EmbedError
 
 #[test]
 fn matches_tei_reference_embeddings() {
-    let model = model();
-    let mut min_cosine = f32::INFINITY;
-    for (case_index, case) in reference().cases.into_iter().enumerate() {
-        let (inputs, options) = case.request.into_parts();
-        let started = Instant::now();
-        let got = model
-            .embed(&inputs, &options)
-            .unwrap_or_else(|err| panic!("case {case_index}: {err}"));
-        eprintln!(
-            "case {case_index}: {} inputs ({options:?}) embedded in one call in {:?}",
-            inputs.len(),
-            started.elapsed()
-        );
-        assert_eq!(got.len(), case.embeddings.len(), "case {case_index}");
-
-        for (i, (got, want)) in got.iter().zip(&case.embeddings).enumerate() {
-            let what = format!("case {case_index} input {i} {:?}", inputs[i]);
-            assert_eq!(got.len(), want.len(), "{what}: dimension");
-            assert_eq!(got.len(), model.dim(), "{what}: dimension");
-            let cos = cosine(got, want);
-            min_cosine = min_cosine.min(cos);
-            assert!(cos >= MIN_COSINE, "{what}: cosine {cos} < {MIN_COSINE}");
-            if options.normalize {
-                assert!((norm(got) - 1.0).abs() < 1e-4, "{what}: norm {}", norm(got));
-            } else {
-                let (got_norm, want_norm) = (norm(got), norm(want));
-                assert!(
-                    (got_norm - want_norm).abs() <= 1e-2 * want_norm,
-                    "{what}: norm {got_norm}, TEI's {want_norm}"
-                );
-            }
-        }
-    }
-    eprintln!("minimum cosine similarity with TEI: {min_cosine}");
+    let lowest = common::assert_matches(model(), reference(), MIN_COSINE);
+    eprintln!("minimum cosine similarity with TEI: {lowest}");
 }
 
 #[test]

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Checks compose.yaml as Compose itself renders it (`docker compose config --format json`):
 
-- it renders for every supported profile set (none, gpu, cpu, local, gpu+local, cpu+local), once
+- it renders for every supported profile set (none, gpu, cpu, local, gpu+local, cpu+local,
+  local+bge), once
   with .env.example, once with .env if there is one and once with no env file at all (compose.yaml's
   own defaults), and each profile set enables exactly the expected services; an env file's own
   COMPOSE_PROFILES, if set, renders too;
@@ -30,9 +31,12 @@ PROFILE_SETS = {
     ("local",): "gateway nats worker-local",
     ("gpu", "local"): "gateway nats tei-gpu worker worker-local",
     ("cpu", "local"): "gateway nats tei-cpu worker worker-local",
+    ("local", "bge"): "gateway nats worker-bge worker-local",
 }
 # The sets whose services together cover every service; the structure checks read these.
-STRUCTURE_SETS = (("gpu", "local"), ("cpu", "local"))
+STRUCTURE_SETS = (("gpu", "local"), ("cpu", "local"), ("local", "bge"))
+# Every worker service.
+WORKERS = ("worker", "worker-local", "worker-bge")
 
 failures = 0
 
@@ -127,21 +131,21 @@ def dur(s):
 
 
 def workers_are_scalable(svc, check):
-    for name in ("worker", "worker-local"):
+    for name in WORKERS:
         s = svc[name]
         check("container_name" not in s and not s.get("ports"),
               f"{name}: scalable (no container_name, no published ports)")
 
 
 def workers_drain_before_sigkill(svc, check):
-    for name in ("worker", "worker-local"):
+    for name in WORKERS:
         s, env = svc[name], svc[name].get("environment", {})
         check(dur(s.get("stop_grace_period", "10s")) > dur(env.get("SHUTDOWN_GRACE", "30s")),
               f"{name}: stop_grace_period {s.get('stop_grace_period')} > SHUTDOWN_GRACE {env.get('SHUTDOWN_GRACE')}")
 
 
 def workers_wait_for_healthy_nats(svc, check):
-    for name in ("worker", "worker-local"):
+    for name in WORKERS:
         dep = svc[name].get("depends_on", {}).get("nats", {})
         check(dep.get("condition") == "service_healthy" and dep.get("required", True),
               f"{name}: depends on nats being healthy")
@@ -156,6 +160,22 @@ def every_service_has_health_check(svc, check):
 def workers_upstreams(svc, check):
     check(svc["worker"]["environment"].get("TEI_URL") == "http://tei:80", "worker: TEI_URL=http://tei:80")
     check("TEI_URL" not in svc["worker-local"]["environment"], "worker-local: no TEI_URL (built-in model)")
+    check("TEI_URL" not in svc["worker-bge"]["environment"], "worker-bge: no TEI_URL (built-in model)")
+
+
+def second_model_is_mounted_and_not_default(svc, check):
+    s, env = svc["worker-bge"], svc["worker-bge"]["environment"]
+    mounts = [v for v in s.get("volumes", []) if v.get("target") == env.get("MODEL_DIR")]
+    check(len(mounts) == 1 and mounts[0].get("type") == "bind" and mounts[0].get("read_only")
+          and not mounts[0].get("bind", {}).get("create_host_path", False)
+          and mounts[0].get("source", "").endswith("/models/bge-small-en-v1.5"),
+          "worker-bge: MODEL_DIR is ./models/bge-small-en-v1.5, bound read-only, never created empty")
+    default, name = env.get("EMBATCH_DEFAULT_MODEL"), os.path.basename(env.get("MODEL_DIR", ""))
+    check(bool(default) and default != name and not env.get("MODEL_ALIAS"),
+          f"worker-bge: serves {name}, not the default model ({default}): never the plain subject")
+    dep = svc["gateway"]["depends_on"].get("worker-bge", {})
+    check(dep.get("condition") == "service_healthy" and dep.get("required") is False,
+          "gateway: waits for worker-bge when enabled (service_healthy, required: false)")
 
 
 def dockerfile_target_per_service(svc, check):
@@ -212,7 +232,7 @@ def gateway_timeouts_nest(svc, check):
 
 
 def gateway_and_workers_share_subject(svc, check):
-    subjects = {svc[n]["environment"].get("EMBATCH_SUBJECT") for n in ("gateway", "worker", "worker-local")}
+    subjects = {svc[n]["environment"].get("EMBATCH_SUBJECT") for n in ("gateway", *WORKERS)}
     check(len(subjects) == 1, "gateway and workers share EMBATCH_SUBJECT")
 
 
@@ -226,7 +246,8 @@ def nats_service(svc, check):
 
 STRUCTURE_CHECKS = (
     workers_are_scalable, workers_drain_before_sigkill, workers_wait_for_healthy_nats,
-    every_service_has_health_check, workers_upstreams, dockerfile_target_per_service,
+    every_service_has_health_check, workers_upstreams, second_model_is_mounted_and_not_default,
+    dockerfile_target_per_service,
     worker_waits_for_enabled_tei, tei_images_pinned, tei_answers_to_tei, tei_batch_cap_fits_worker,
     gpu_reservation_only_on_tei_gpu, gateway_publishes_8080, gateway_timeouts_nest,
     gateway_and_workers_share_subject, nats_service,
