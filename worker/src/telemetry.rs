@@ -55,6 +55,10 @@ pub mod names {
     /// Counter: work-stream messages given back by the sweep (found below a consumer's ack
     /// floor).
     pub const BULK_SWEPT: &str = "embatch_worker_bulk_swept_total";
+    /// Counter, label `where` (`batch`: folded into an equal input of the same upstream call;
+    /// `flight`: waited for the same input already in flight for another request or earlier in
+    /// the same request): inputs that caused no upstream work of their own.
+    pub const DEDUP_INPUTS: &str = "embatch_worker_dedup_inputs_total";
 }
 
 pub use embatch_runtime::{LogFormat, init_logging};
