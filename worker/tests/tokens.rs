@@ -72,8 +72,18 @@ fn texts(inputs: &[String]) -> Vec<Input> {
 async fn the_built_in_model_reports_its_tokenizers_counts_and_answers_long_inputs_as_tei() {
     let nats = NatsServer::start();
     let dir = model_dir();
-    let worker =
-        RunningWorker::start(&nats, &["--model-dir", dir.to_str().expect("UTF-8 path")]).await;
+    // The cache off: every request is counted by the worker's tokenizer (a hit reports the
+    // count stored with it, see worker/tests/cache.rs).
+    let worker = RunningWorker::start(
+        &nats,
+        &[
+            "--model-dir",
+            dir.to_str().expect("UTF-8 path"),
+            "--cache",
+            "false",
+        ],
+    )
+    .await;
     let client = async_nats::connect(nats.url()).await.expect("connects");
     let encoder = encoder(MINILM_LIMIT);
     let right = Some(TruncationDirection::Right);
