@@ -244,8 +244,8 @@ pub struct Config {
     /// `model_sha` and `version`: set it (e.g. to a date or a hash) when the weights change
     /// under the same name without a new `model_sha` (the built-in model's directory, a TEI
     /// serving a local path).
-    #[arg(long, env = "CACHE_REVISION", default_value = "")]
-    pub cache_revision: String,
+    #[arg(long, env = "CACHE_REVISION")]
+    pub cache_revision: Option<String>,
 }
 
 /// `BATCH_COST`: a [`BatchCost`], or `auto` (from the upstream).
@@ -326,7 +326,7 @@ impl Config {
             shared_bytes: self.cache_shared_bytes,
             max_age: self.cache_max_age,
             kv_timeout: self.cache_kv_timeout,
-            revision: self.cache_revision.clone(),
+            revision: self.cache_revision.clone().unwrap_or_default(),
         }
     }
 
