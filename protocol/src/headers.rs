@@ -149,9 +149,9 @@ pub const SERVICE_ERROR: &str = "Nats-Service-Error";
 /// words of HTTP's `Cache-Control` request directives (comma-separated, case-insensitive):
 /// `no-cache` answers every input from the upstream (the fresh results are still stored);
 /// `no-store` neither reads nor writes the cache. Other directives, or none, use the cache. The
-/// gateway passes an HTTP request's `Cache-Control` header on as this one. Inputs in flight for
-/// another request are still shared (that work is fresh). Added in v1 as an optional header:
-/// a worker that predates it ignores it.
+/// gateway passes an HTTP request's `Cache-Control` header on as this one. Either way the
+/// request's inputs are its own upstream work: they are not shared with equal inputs in flight
+/// for other requests. Added in v1 as an optional header: a worker that predates it ignores it.
 pub const CACHE_CONTROL: &str = "Embatch-Cache-Control";
 
 /// Reply header of a success from a worker whose cache is on: how many of the request's inputs

@@ -65,6 +65,17 @@ impl Flights {
         })
     }
 
+    /// A lead of `key` that no one else can join or wait for: for a request that bypasses the
+    /// cache, whose results must be its own upstream work.
+    pub(crate) fn private(self: &Arc<Self>, key: Key) -> Lead {
+        let (tx, _) = watch::channel(None);
+        Lead {
+            key,
+            tx,
+            flights: Arc::clone(self),
+        }
+    }
+
     /// Keys in flight.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
@@ -160,6 +171,20 @@ mod tests {
             matches!(flights.join(key("a")), Joined::Lead(_)),
             "a leads anew"
         );
+    }
+
+    #[tokio::test]
+    async fn a_private_lead_is_not_joined_and_leaves_the_flight_alone() {
+        let flights = Arc::new(Flights::default());
+        let Joined::Lead(public) = flights.join(key("a")) else {
+            panic!("leads");
+        };
+        let private = flights.private(key("a"));
+        drop(private);
+        assert_eq!(flights.len(), 1, "the public lead is still in flight");
+        assert!(matches!(flights.join(key("a")), Joined::Wait(_)));
+        drop(public);
+        assert_eq!(flights.len(), 0);
     }
 
     #[tokio::test]

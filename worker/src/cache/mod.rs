@@ -11,9 +11,11 @@
 //! - a miss this request leads: the misses are counted and submitted to the batcher as today,
 //!   and their results are stored in both tiers and handed to every waiter.
 //!
-//! Only the LRU and the bucket are the cache (`CACHE=false` turns both off; a request's
-//! [`embatch_protocol::headers::CACHE_CONTROL`] bypasses them); the single-flight is de-duplication of work the
-//! worker already holds and is always on. How entries are stored: [`entry`]; what happens when
+//! Only the LRU and the bucket are the cache (`CACHE=false` turns both off); the single-flight
+//! is de-duplication of work the worker already holds and stays on. A request that bypasses the
+//! cache ([`embatch_protocol::headers::CACHE_CONTROL`]) neither reads it nor joins or offers its
+//! inputs to the single-flight: its results are its own upstream work (an equal input in the same
+//! upstream call is still sent once). How entries are stored: [`entry`]; what happens when
 //! the bucket is full or down: [`shared`].
 
 mod entry;
@@ -200,6 +202,11 @@ impl Cache {
                 metrics::counter!(names::CACHE_HITS, "tier" => "local").increment(1);
                 plan.hits += 1;
                 plan.results[at] = Some(entry);
+                continue;
+            }
+            if !reads {
+                // A bypass: this request's results are its own upstream work.
+                plan.leads.push((at, self.flights.private(key)));
                 continue;
             }
             match self.flights.join(key) {
