@@ -1,6 +1,7 @@
 //! The cache and the in-worker de-duplication on a real nats-server with JetStream (a temporary
 //! store) and the TEI double, which records every input it is sent: hits answer byte for byte
-//! what misses did, entries never cross options or model revisions, a KV outage gives misses,
+//! what misses did, entries never cross options or model revisions, a KV outage or a full
+//! bucket gives misses,
 //! duplicates reach the upstream once and every caller gets its own copy, and the per-request
 //! bypass and the `CACHE` switch work.
 
@@ -252,6 +253,67 @@ async fn a_kv_outage_gives_misses_not_errors() {
         "every request embedded its inputs"
     );
     running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_bucket_gives_misses_not_errors() {
+    let nats = NatsServer::start_jetstream();
+    let tei = start_tei(TeiConfig::instant()).await;
+    let client = async_nats::connect(nats.url()).await.expect("connects");
+    // A bucket made beforehand as `nats kv add` makes it: discard `new`, so once full every
+    // write is refused. A few hundred bytes: a handful of entries.
+    let js = async_nats::jetstream::new(client.clone());
+    let kv = js
+        .create_key_value(async_nats::jetstream::kv::Config {
+            bucket: "embatch_cache".into(),
+            max_bytes: 1024,
+            ..Default::default()
+        })
+        .await
+        .expect("created");
+    let running = worker(&nats, &tei, &["--cache-local-bytes", "0"]).await;
+    let texts: Vec<String> = (0..20).map(|i| format!("full {i}")).collect();
+    for text in &texts {
+        let reply = send(&client, serde_json::json!({"inputs": text}), &[]).await;
+        assert_eq!(
+            reply.vectors(),
+            vec![double_vector(text)],
+            "answered while full"
+        );
+    }
+    bucket_holds_some(&kv).await;
+    let mut hits = 0;
+    for text in &texts {
+        let reply = send(&client, serde_json::json!({"inputs": text}), &[]).await;
+        assert_eq!(reply.vectors(), vec![double_vector(text)]);
+        hits += reply.hits.expect("the cache is on");
+    }
+    let held = keys(&kv).await;
+    assert!(held < texts.len(), "the bucket is full: {held} entries");
+    assert!(hits > 0 && hits <= held, "{hits} hits from {held} entries");
+    running.stop().await;
+}
+
+/// The keys of `kv`.
+async fn keys(kv: &async_nats::jetstream::kv::Store) -> usize {
+    kv.keys()
+        .await
+        .expect("keys")
+        .filter_map(|k| async move { k.ok() })
+        .collect::<Vec<String>>()
+        .await
+        .len()
+}
+
+/// Waits until `kv` holds an entry, at most 10 s.
+async fn bucket_holds_some(kv: &async_nats::jetstream::kv::Store) {
+    for _ in 0..500 {
+        if keys(kv).await > 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the bucket never held an entry");
 }
 
 /// Waits until the double has received `calls` calls (recorded on arrival, before their
