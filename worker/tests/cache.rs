@@ -1,9 +1,8 @@
 //! The cache and the in-worker de-duplication on a real nats-server with JetStream (a temporary
 //! store) and the TEI double, which records every input it is sent: hits answer byte for byte
 //! what misses did, entries never cross options or model revisions, a KV outage or a full
-//! bucket gives misses,
-//! duplicates reach the upstream once and every caller gets its own copy, and the per-request
-//! bypass and the `CACHE` switch work.
+//! bucket gives misses, duplicates reach the upstream once and every caller gets its own copy,
+//! and the per-request bypass and the `CACHE` switch work.
 
 use std::collections::HashMap;
 use std::time::Duration;
