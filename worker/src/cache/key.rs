@@ -73,6 +73,17 @@ impl ModelIdentity {
         Some(ModelIdentity { text })
     }
 
+    /// The identity of a model the upstream did not name: keys only the single-flight of one
+    /// worker (whose upstream serves one model), never the cache.
+    pub(crate) fn unknown(revision: &str) -> ModelIdentity {
+        ModelIdentity {
+            text: format!(
+                "model_id=null;revision={}",
+                serde_json::Value::from(revision)
+            ),
+        }
+    }
+
     /// The canonical text hashed into every key.
     pub(crate) fn text(&self) -> &str {
         &self.text

@@ -128,10 +128,7 @@ impl Cache {
                         "cache: the upstream's /info names no model; the cache is off (in-flight de-duplication stays on)"
                     );
                 }
-                let unknown = serde_json::json!({"model_id": "unknown"});
-                let identity = ModelIdentity::from_info(&unknown, &config.revision)
-                    .unwrap_or_else(|| unreachable!("model_id is set"));
-                (identity, false)
+                (ModelIdentity::unknown(&config.revision), false)
             }
         };
         if !enabled {
