@@ -93,10 +93,27 @@ pub fn init_metrics() -> Result<PrometheusHandle, metrics_exporter_prometheus::B
         16.0, 64.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0, 32768.0, 65536.0,
     ];
     const RATIOS: &[f64] = &[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0];
-    // A hit costs microseconds: buckets from 10 µs to 50 ms.
+    // A hit costs microseconds: buckets from 1 µs to 50 ms.
     const HIT_SECONDS: &[f64] = &[
-        0.000_01, 0.000_025, 0.000_05, 0.000_075, 0.000_1, 0.000_15, 0.000_2, 0.000_3, 0.000_5,
-        0.000_75, 0.001, 0.002, 0.005, 0.01, 0.05,
+        0.000_001,
+        0.000_002_5,
+        0.000_005,
+        0.000_007_5,
+        0.000_01,
+        0.000_025,
+        0.000_05,
+        0.000_075,
+        0.000_1,
+        0.000_15,
+        0.000_2,
+        0.000_3,
+        0.000_5,
+        0.000_75,
+        0.001,
+        0.002,
+        0.005,
+        0.01,
+        0.05,
     ];
     let handle = embatch_runtime::install_metrics_recorder(&[
         (names::BATCH_INPUTS, COUNTS),
