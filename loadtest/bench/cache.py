@@ -131,6 +131,11 @@ sc.SCENARIO_FUNCS["cache_zipf"] = scenario_cache_zipf
 
 # ---- rendering (render.py adds these) ----
 
+def us(ms: float | None) -> str:
+    """Microseconds, whole, from milliseconds."""
+    return "-" if ms is None else f"{ms * 1e3:,.0f}"
+
+
 def render_cache_zipf(res: dict, targets: list) -> list[str]:
     s = res["settings"]
     out = [f"One worker with its defaults (CACHE as shown) on {s['upstream']}; NATS with "
@@ -143,8 +148,8 @@ def render_cache_zipf(res: dict, targets: list) -> list[str]:
            f"`{HIT_HISTOGRAM}` histogram (arrival to reply, requests answered entirely from "
            f"the cache), interpolated inside its buckets.", "",
            "| run | distinct texts sent | inputs upstream | upstream / distinct | upstream calls "
-           "| goodput req/s | p50 ms | p99 ms | failures | hits (local / shared) | hit p50 ms "
-           "| hit p99 ms |",
+           "| goodput req/s | p50 ms | p99 ms | failures | hits (local / shared) | hit p50 µs "
+           "| hit p99 µs |",
            "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
     ratio_on = hit_p99 = None
     for run in res["runs"]:
@@ -159,7 +164,7 @@ def render_cache_zipf(res: dict, targets: list) -> list[str]:
                    f"{'-' if ratio is None else f'{ratio:.3f}'} | {c['upstream_calls']:,.0f} | "
                    f"{goodput(r):,.0f} | {fmt_ms(lat(r, 'p50_ms'))} | {fmt_ms(lat(r, 'p99_ms'))}"
                    f" | {failures(r)} | {hits.get('local', 0):,.0f} / {hits.get('shared', 0):,.0f}"
-                   f" | {fmt_ms(hl.get('p50_ms'))} | {fmt_ms(hl.get('p99_ms'))} |")
+                   f" | {us(hl.get('p50_ms'))} | {us(hl.get('p99_ms'))} |")
     if ratio_on is not None:
         targets.append(("cache: inputs upstream <= 1.02 x distinct inputs", f"{ratio_on:.3f}",
                         ratio_on <= 1.02))
