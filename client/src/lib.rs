@@ -102,6 +102,17 @@ pub struct Reply {
     /// The request's tokens as the worker's tokenizer counts them (the reply's
     /// [`headers::TOKENS`]); `None` when the worker counts inputs, not tokens.
     pub tokens: Option<u64>,
+    /// Inputs the worker answered from its cache (the reply's [`headers::CACHE_HITS`]); `None`
+    /// when its cache is off (or it predates the cache).
+    pub cache_hits: Option<u64>,
+}
+
+/// Per-request options of [`EmbedClient::embed_with`], sent as headers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SendOptions {
+    /// [`headers::CACHE_CONTROL`]: `no-cache` or `no-store` bypass the workers' cache
+    /// (HTTP's `Cache-Control` request directives); `None` uses it.
+    pub cache_control: Option<String>,
 }
 
 /// Why a request failed, as the NATS client saw it. [`RequestError::Reply`] is an error the
@@ -299,6 +310,20 @@ impl EmbedClient {
     /// # Errors
     /// See [`RequestError`].
     pub async fn embed(&self, body: Bytes, budget: Duration) -> Result<Reply, RequestError> {
+        self.embed_with(body, budget, &SendOptions::default()).await
+    }
+
+    /// [`EmbedClient::embed`] with per-request `options` (e.g. the cache bypass the gateway
+    /// maps from HTTP's `Cache-Control`), sent as headers on every copy.
+    ///
+    /// # Errors
+    /// See [`RequestError`].
+    pub async fn embed_with(
+        &self,
+        body: Bytes,
+        budget: Duration,
+        options: &SendOptions,
+    ) -> Result<Reply, RequestError> {
         let started = Instant::now();
         let deadline = started + budget;
         let inbox = self.inbox().await?;
@@ -342,7 +367,7 @@ impl EmbedClient {
                 reconnect_grace_until = reconnect_grace_until.max(at + RECONNECT_GRACE);
             }
             let remaining = deadline.saturating_duration_since(Instant::now());
-            self.publish(&slot.subject, &body, remaining, sends + 1)
+            self.publish(&slot.subject, &body, remaining, sends + 1, options)
                 .await
                 .inspect_err(|_| {
                     if sends == 0 {
@@ -483,8 +508,12 @@ impl EmbedClient {
         body: &Bytes,
         remaining: Duration,
         attempt: u32,
+        options: &SendOptions,
     ) -> Result<(), RequestError> {
         let mut request_headers = async_nats::HeaderMap::new();
+        if let Some(cache_control) = &options.cache_control {
+            request_headers.insert(headers::CACHE_CONTROL, cache_control.as_str());
+        }
         request_headers.insert(
             headers::DEADLINE_MS,
             headers::encode_deadline(remaining).as_str(),
@@ -590,10 +619,12 @@ fn decode(message: async_nats::Message) -> Result<Reply, RequestError> {
     .map_err(RequestError::Reply)?;
     let timings = Timings::read(header);
     let tokens = header(headers::TOKENS).and_then(|v| v.trim().parse().ok());
+    let cache_hits = header(headers::CACHE_HITS).and_then(|v| v.trim().parse().ok());
     Ok(Reply {
         payload: message.payload,
         timings,
         tokens,
+        cache_hits,
     })
 }
 

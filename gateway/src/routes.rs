@@ -322,7 +322,10 @@ async fn embed_model(
             forward(&state, &route, &request_headers, body, started).await
         };
         let response = match forwarded.await {
-            Ok(reply) => reply_response(reply.payload, &reply.timings, started),
+            Ok(reply) => {
+                let hits = reply.cache_hits;
+                with_cache_hits(reply_response(reply.payload, &reply.timings, started), hits)
+            }
             Err(err) => ApiError(err).into_response(),
         };
         routed(response, Some(route))
@@ -385,9 +388,18 @@ pub(crate) async fn openai_embeddings(
             let body = serde_json::to_vec(&request).map_err(|e| {
                 EmbedError::Validation(format!("cannot translate the request: {e}"))
             })?;
-            let reply = send(&state, &route, Bytes::from(body), timeout, started).await?;
+            let reply = send(
+                &state,
+                &route,
+                &request_headers,
+                Bytes::from(body),
+                timeout,
+                started,
+            )
+            .await?;
             let body = crate::openai::response_body(&reply.payload, shape, reply.tokens)?;
-            Ok::<_, OpenAiError>(reply_response(Bytes::from(body), &reply.timings, started))
+            let response = reply_response(Bytes::from(body), &reply.timings, started);
+            Ok::<_, OpenAiError>(with_cache_hits(response, reply.cache_hits))
         };
         let response = match forwarded.await {
             Ok(response) => response,
@@ -420,6 +432,31 @@ fn reply_response(body: Bytes, timings: &Timings, started: Instant) -> Response 
         }
     }
     response
+}
+
+/// The HTTP response header carrying the worker's [`embatch_protocol::headers::CACHE_HITS`]:
+/// how many of the request's inputs were answered from the workers' cache.
+pub(crate) const CACHE_HITS_HEADER: &str = "x-embatch-cache-hits";
+
+/// `response` with [`CACHE_HITS_HEADER`] when the worker reported its cache hits.
+fn with_cache_hits(mut response: Response, hits: Option<u64>) -> Response {
+    if let Some(hits) = hits {
+        response
+            .headers_mut()
+            .insert(CACHE_HITS_HEADER, HeaderValue::from(hits));
+    }
+    response
+}
+
+/// The request's use of the workers' cache, from HTTP's `Cache-Control` request header
+/// (`no-cache`, `no-store`), passed on as [`embatch_protocol::headers::CACHE_CONTROL`].
+fn send_options(request_headers: &HeaderMap) -> embatch_client::SendOptions {
+    embatch_client::SendOptions {
+        cache_control: request_headers
+            .get(axum::http::header::CACHE_CONTROL)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+    }
 }
 
 /// The request body, or the 415 for a body not declared as JSON (`Content-Type:
@@ -455,7 +492,7 @@ async fn forward(
 ) -> Result<Reply, EmbedError> {
     let timeout = client_timeout(request_headers, state.request_timeout)?;
     EmbedRequest::from_slice(&body)?.validate(state.max_client_batch_size)?;
-    send(state, route, body, timeout, started).await
+    send(state, route, request_headers, body, timeout, started).await
 }
 
 /// The path every embedding route shares once its body is a validated TEI `/embed` JSON: takes
@@ -464,6 +501,7 @@ async fn forward(
 async fn send(
     state: &AppState,
     route: &Route,
+    request_headers: &HeaderMap,
     body: Bytes,
     timeout: Duration,
     started: Instant,
@@ -477,7 +515,7 @@ async fn send(
     let remaining = timeout.saturating_sub(started.elapsed());
     route
         .client
-        .embed(body, remaining)
+        .embed_with(body, remaining, &send_options(request_headers))
         .await
         .map_err(EmbedError::from)
 }

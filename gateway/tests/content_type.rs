@@ -8,7 +8,9 @@ use embatch_testkit::{Stack, TeiConfig};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_json_bodies_are_accepted() {
-    let Stack { nats, tei, worker } = Stack::start(TeiConfig::instant(), &[]).await;
+    // The cache off: each accepted request reaches the upstream (they all embed "a").
+    let Stack { nats, tei, worker } =
+        Stack::start(TeiConfig::instant(), &["--cache", "false"]).await;
     let gateway = start_gateway_at(&nats.url(), &[], None).await;
     let client = reqwest::Client::new();
     for path in ["/embed", "/", "/v1/embeddings"] {

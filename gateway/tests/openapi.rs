@@ -390,7 +390,12 @@ async fn openai_routes_answer_as_documented() {
 /// of every embedding route has the documented body and `Retry-After` header.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_429_has_the_documented_retry_after() {
-    let stack = Stack::start(tei_taking(Duration::from_millis(400)), &[]).await;
+    // The cache off: the busy request ("a" each time) must reach the upstream every time.
+    let stack = Stack::start(
+        tei_taking(Duration::from_millis(400)),
+        &["--cache", "false"],
+    )
+    .await;
     let gateway = start_gateway_at(&stack.nats.url(), &["--max-in-flight", "1"], None).await;
     let doc = fetch_document(&gateway.url).await;
     let url = gateway.url.clone();

@@ -829,3 +829,8 @@ from .bulk import RENDERERS as BULK_RENDERERS, SHOWS as BULK_SHOWS  # noqa: E402
 
 RENDERERS.update(BULK_RENDERERS)
 SHOWS.update(BULK_SHOWS)
+# The cache scenario's table (loadtest/bench/cache.py).
+from .cache import RENDERERS as CACHE_RENDERERS, SHOWS as CACHE_SHOWS  # noqa: E402
+
+RENDERERS.update(CACHE_RENDERERS)
+SHOWS.update(CACHE_SHOWS)

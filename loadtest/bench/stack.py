@@ -266,6 +266,7 @@ class Stack:
              concurrency: int | None = None, duration: float, warmup: float,
              timeout: float, corpus: str | None = None, inputs_per_request: int = 1,
              truncate: bool = False,
+             extra_args: list[str] | tuple[str, ...] = (),
              workers: list[Worker] = (),
              measure_cpu_of: dict[str, Child] | None = None,
              events: list[tuple[float, str, Callable[[], None]]] = ()) -> dict:
@@ -295,6 +296,7 @@ class Stack:
             argv += ["--inputs-per-request", str(inputs_per_request)]
         if truncate:
             argv += ["--truncate"]
+        argv += list(extra_args)  # e.g. --zipf-unique
         cpu_before = {n: c.cpu() for n, c in (measure_cpu_of or {}).items()}
         children_before = children_cpu_seconds()
         started = time.monotonic()

@@ -113,6 +113,17 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u16).range(1..))]
     pub words: u16,
 
+    /// Draw the texts from this many distinct generated sentences by a Zipf law (the one of
+    /// rank k with probability ∝ 1/k^s, see --zipf-s) instead of --corpus or fresh sentences:
+    /// repeated traffic for the workers' cache. The report then counts the distinct texts
+    /// sent.
+    #[arg(long, conflicts_with = "corpus")]
+    pub zipf_unique: Option<u32>,
+
+    /// The Zipf exponent s of --zipf-unique.
+    #[arg(long, default_value_t = 1.1)]
+    pub zipf_s: f64,
+
     /// Texts per request (1 sends `"inputs": "text"`, more an array).
     #[arg(long, short = 'k', default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub inputs_per_request: u32,
@@ -187,6 +198,8 @@ pub struct RunConfig {
     pub corpus: Option<PathBuf>,
     /// Words per generated sentence.
     pub words: usize,
+    /// `--zipf-unique` and `--zipf-s`: distinct texts and the exponent.
+    pub zipf: Option<(usize, f64)>,
     /// Texts per request (>= 1).
     pub inputs_per_request: usize,
     /// RNG seed.
@@ -258,6 +271,11 @@ impl RunArgs {
         if self.timeout.is_zero() {
             return Err(LoadtestError::Config("--timeout must be positive".into()));
         }
+        if self.zipf_unique == Some(0) || !(self.zipf_s.is_finite() && self.zipf_s > 0.0) {
+            return Err(LoadtestError::Config(
+                "--zipf-unique must be at least 1 and --zipf-s positive".into(),
+            ));
+        }
         Ok(RunConfig {
             target,
             load,
@@ -268,6 +286,7 @@ impl RunArgs {
             timeout: self.timeout,
             corpus: self.corpus,
             words: usize::from(self.words),
+            zipf: self.zipf_unique.map(|n| (n as usize, self.zipf_s)),
             inputs_per_request: self.inputs_per_request as usize,
             seed: self.seed,
             truncate: self.truncate,

@@ -6,6 +6,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use rand::rngs::StdRng;
@@ -142,6 +143,65 @@ pub enum Corpus {
         /// Words per sentence (at least 1).
         words: usize,
     },
+    /// A fixed set of distinct texts drawn by a Zipf law: repeated traffic, for a cache.
+    Zipf(Zipf),
+}
+
+/// `unique` distinct texts, the one of rank `k` (1-based) drawn with probability proportional
+/// to `1 / k^s`; remembers which were drawn ([`Zipf::distinct_drawn`]).
+#[derive(Debug, Clone)]
+pub struct Zipf {
+    texts: Vec<String>,
+    /// Cumulative probabilities by rank, ending at 1.
+    cdf: Vec<f64>,
+    drawn: Arc<Vec<AtomicBool>>,
+}
+
+impl Zipf {
+    /// `unique` distinct texts (at least 1) of `words` words each, fixed by `seed`, with
+    /// exponent `s` (> 0).
+    pub fn new(unique: usize, s: f64, words: usize, seed: u64) -> Zipf {
+        let unique = unique.max(1);
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x5A1F);
+        let sentences = Corpus::Generated { words };
+        // The rank makes each text distinct; the sentence gives it a realistic length.
+        let texts: Vec<String> = (0..unique)
+            .map(|rank| format!("{rank} {}", sentences.sample(&mut rng)))
+            .collect();
+        let weights: Vec<f64> = (1..=unique).map(|k| (k as f64).powf(-s)).collect();
+        let total: f64 = weights.iter().sum();
+        let mut sum = 0.0;
+        let mut cdf: Vec<f64> = weights
+            .iter()
+            .map(|w| {
+                sum += w / total;
+                sum
+            })
+            .collect();
+        if let Some(last) = cdf.last_mut() {
+            *last = 1.0;
+        }
+        let drawn = Arc::new((0..unique).map(|_| AtomicBool::new(false)).collect());
+        Zipf { texts, cdf, drawn }
+    }
+
+    fn sample(&self, rng: &mut StdRng) -> String {
+        let u: f64 = rng.random();
+        let rank = self
+            .cdf
+            .partition_point(|&c| c < u)
+            .min(self.texts.len() - 1);
+        self.drawn[rank].store(true, Ordering::Relaxed);
+        self.texts[rank].clone()
+    }
+
+    /// How many distinct texts were drawn so far.
+    pub fn distinct_drawn(&self) -> usize {
+        self.drawn
+            .iter()
+            .filter(|d| d.load(Ordering::Relaxed))
+            .count()
+    }
 }
 
 impl Corpus {
@@ -185,6 +245,7 @@ impl Corpus {
                 }
                 sentence
             }
+            Corpus::Zipf(zipf) => zipf.sample(rng),
         }
     }
 }
@@ -303,6 +364,29 @@ mod tests {
         let s = corpus.sample(&mut a);
         assert_eq!(s.split(' ').count(), 7);
         assert_eq!(s, corpus.sample(&mut b));
+    }
+
+    #[test]
+    fn zipf_draws_the_top_ranks_most_and_counts_the_distinct_draws() {
+        let zipf = Zipf::new(1000, 1.1, 4, 7);
+        let corpus = Corpus::Zipf(zipf.clone());
+        let mut rng = StdRng::seed_from_u64(3);
+        let mut counts = std::collections::HashMap::<String, usize>::new();
+        for _ in 0..20_000 {
+            *counts.entry(corpus.sample(&mut rng)).or_default() += 1;
+        }
+        assert_eq!(zipf.distinct_drawn(), counts.len());
+        let top = counts.get(&zipf.texts[0]).copied().unwrap_or(0);
+        let tenth = counts.get(&zipf.texts[9]).copied().unwrap_or(0);
+        // P(rank 1) / P(rank 10) = 10^1.1 ≈ 12.6.
+        assert!(top > 8 * tenth, "rank 1: {top}, rank 10: {tenth}");
+        assert!(
+            counts.len() < 1000 && counts.len() > 500,
+            "{}",
+            counts.len()
+        );
+        let again = Zipf::new(1000, 1.1, 4, 7);
+        assert_eq!(again.texts, zipf.texts, "the texts are fixed by the seed");
     }
 
     #[test]

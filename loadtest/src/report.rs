@@ -141,6 +141,21 @@ pub struct RunInfo {
     pub timeout_ms: u64,
     /// Warm-up, ms (not measured).
     pub warmup_ms: u64,
+    /// With `--zipf-unique`: the texts' distribution and how many distinct texts were sent
+    /// (warm-up included).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zipf: Option<ZipfInfo>,
+}
+
+/// The Zipf-drawn texts of a run (`--zipf-unique`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ZipfInfo {
+    /// Distinct texts to draw from.
+    pub unique: usize,
+    /// The exponent s.
+    pub s: f64,
+    /// Distinct texts drawn, warm-up included.
+    pub distinct_sent: usize,
 }
 
 /// The result of `embatch-loadtest run`; `--json` writes exactly this.
@@ -346,6 +361,7 @@ mod tests {
             inputs_per_request: 4,
             timeout_ms: 2000,
             warmup_ms: 0,
+            zipf: None,
         };
         let report = Report::new(run, &stats, Duration::from_secs(2));
         assert_eq!(

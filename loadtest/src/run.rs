@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::LoadtestError;
 use crate::cli::{LoadModel, RunConfig, TargetSpec};
-use crate::corpus::{Corpus, PayloadFactory};
+use crate::corpus::{Corpus, PayloadFactory, Zipf};
 use crate::load::{self, Window};
 use crate::progress::Progress;
 use crate::report::{Report, RunInfo};
@@ -19,9 +19,13 @@ use crate::targets::{HttpTarget, NatsTarget, Target};
 /// Configuration errors (unreadable corpus, bad URL) and a failed initial NATS connection.
 /// Failed requests are not errors: they are counted in the report.
 pub async fn run(config: &RunConfig) -> Result<Report, LoadtestError> {
-    let corpus = match &config.corpus {
-        Some(path) => Corpus::from_file(path)?,
-        None => Corpus::Generated {
+    let zipf = config
+        .zipf
+        .map(|(unique, s)| Zipf::new(unique, s, config.words, config.seed));
+    let corpus = match (&config.corpus, &zipf) {
+        (Some(path), _) => Corpus::from_file(path)?,
+        (None, Some(zipf)) => Corpus::Zipf(zipf.clone()),
+        (None, None) => Corpus::Generated {
             words: config.words,
         },
     };
@@ -84,6 +88,11 @@ pub async fn run(config: &RunConfig) -> Result<Report, LoadtestError> {
         inputs_per_request: config.inputs_per_request,
         timeout_ms: u64::try_from(config.timeout.as_millis()).unwrap_or(u64::MAX),
         warmup_ms: u64::try_from(config.plan.warmup.as_millis()).unwrap_or(u64::MAX),
+        zipf: zipf.map(|zipf| crate::report::ZipfInfo {
+            unique: config.zipf.map_or(0, |(unique, _)| unique),
+            s: config.zipf.map_or(0.0, |(_, s)| s),
+            distinct_sent: zipf.distinct_drawn(),
+        }),
     };
     Ok(Report::new(info, &recorder.snapshot(), window.duration()))
 }

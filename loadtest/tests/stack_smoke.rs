@@ -44,6 +44,7 @@ async fn closed_loop_through_nats_and_a_worker_is_batched() {
         timeout: Duration::from_secs(10),
         corpus: None,
         words: 8,
+        zipf: None,
         inputs_per_request: 1,
         seed: 7,
         truncate: false,

@@ -145,6 +145,22 @@ pub const SERVICE_ERROR_CODE: &str = "Nats-Service-Error-Code";
 /// Reply header on errors: the human-readable error message, as in the NATS micro protocol.
 pub const SERVICE_ERROR: &str = "Nats-Service-Error";
 
+/// Request header (optional): how this request uses the worker's embeddings cache, in the
+/// words of HTTP's `Cache-Control` request directives (comma-separated, case-insensitive):
+/// `no-cache` answers every input from the upstream (the fresh results are still stored);
+/// `no-store` neither reads nor writes the cache. Other directives, or none, use the cache. The
+/// gateway passes an HTTP request's `Cache-Control` header on as this one. Either way the
+/// request's inputs are its own upstream work: they are not shared with equal inputs in flight
+/// for other requests. Added in v1 as an optional header: a worker that predates it ignores it.
+pub const CACHE_CONTROL: &str = "Embatch-Cache-Control";
+
+/// Reply header of a success from a worker whose cache is on: how many of the request's inputs
+/// were answered from the cache (its in-process LRU or the shared JetStream KV bucket), e.g.
+/// `3` of 5; the others were embedded by the upstream (or shared with an equal input in
+/// flight). Absent when the worker's cache is off, and from workers that predate it. The
+/// gateway copies it to the HTTP response header `x-embatch-cache-hits`.
+pub const CACHE_HITS: &str = "Embatch-Cache-Hits";
+
 /// Encodes a remaining budget for [`DEADLINE_MS`] (whole milliseconds, rounded down, at least 0).
 pub fn encode_deadline(remaining: Duration) -> String {
     remaining.as_millis().to_string()

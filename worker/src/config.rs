@@ -221,6 +221,44 @@ pub struct Config {
     /// only the workers whose model name is this one do.
     #[arg(long, env = "EMBATCH_DEFAULT_MODEL")]
     pub default_model: Option<String>,
+
+    /// The embeddings cache: an in-process LRU in front of a JetStream KV bucket shared by the
+    /// workers, keyed by the model, the options and the exact input (see docs/design/cache.md).
+    /// `false` turns both off (equal inputs in flight are still sent upstream once).
+    #[arg(long, env = "CACHE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub cache: bool,
+
+    /// Most bytes of embeddings the in-process LRU holds (bytes; the least recently used are
+    /// evicted beyond it). 0: no in-process tier.
+    #[arg(long, env = "CACHE_LOCAL_BYTES", default_value_t = 64 << 20)]
+    pub cache_local_bytes: usize,
+
+    /// The JetStream KV bucket shared by the workers (created when absent; the NATS server
+    /// needs JetStream). Empty: no shared tier.
+    #[arg(long, env = "CACHE_BUCKET", default_value = "embatch_cache")]
+    pub cache_bucket: String,
+
+    /// Most bytes the shared bucket holds when this worker creates it (bytes; the oldest
+    /// entries are dropped beyond it).
+    #[arg(long, env = "CACHE_SHARED_BYTES", default_value_t = 1 << 30)]
+    pub cache_shared_bytes: u64,
+
+    /// Age after which the shared bucket drops an entry, when this worker creates it (e.g.
+    /// `24h`).
+    #[arg(long, env = "CACHE_MAX_AGE", default_value = "24h", value_parser = humantime::parse_duration)]
+    pub cache_max_age: Duration,
+
+    /// Longest one JetStream KV call of the cache may take (e.g. `50ms`); a read past it is a
+    /// miss, so a KV outage adds at most this to a request.
+    #[arg(long, env = "CACHE_KV_TIMEOUT", default_value = "50ms", value_parser = humantime::parse_duration)]
+    pub cache_kv_timeout: Duration,
+
+    /// The model's revision in the cache key, beside the upstream's own `model_id`,
+    /// `model_sha` and `version`: set it (e.g. to a date or a hash) when the weights change
+    /// under the same name without a new `model_sha` (the built-in model's directory, a TEI
+    /// serving a local path).
+    #[arg(long, env = "CACHE_REVISION")]
+    pub cache_revision: Option<String>,
 }
 
 /// `BATCH_COST`: a [`BatchCost`], or `auto` (from the upstream).
@@ -289,6 +327,19 @@ impl Config {
         TokenBudget {
             max_batch_tokens: u64::try_from(max_batch_tokens).unwrap_or(u64::MAX),
             cost,
+        }
+    }
+
+    /// The cache's share of the settings.
+    pub fn cache(&self) -> crate::cache::CacheConfig {
+        crate::cache::CacheConfig {
+            enabled: self.cache,
+            local_bytes: self.cache_local_bytes,
+            bucket: self.cache_bucket.clone(),
+            shared_bytes: self.cache_shared_bytes,
+            max_age: self.cache_max_age,
+            kv_timeout: self.cache_kv_timeout,
+            revision: self.cache_revision.clone().unwrap_or_default(),
         }
     }
 

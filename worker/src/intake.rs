@@ -30,7 +30,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::batcher::{BatcherHandle, Outcome};
+use crate::batcher::{BatcherHandle, Outcome, Reply};
+use crate::cache::{Answered, Cache, Plan, Usage};
 use crate::group::{Event, Group};
 use crate::micro::EndpointStats;
 use crate::respond::Answer;
@@ -166,6 +167,8 @@ pub(crate) struct Intake {
     pub client: async_nats::Client,
     /// The `embed` endpoint's `$SRV.STATS` counters.
     pub stats: EndpointStats,
+    /// The cache and in-flight de-duplication every request goes through first.
+    pub cache: Arc<Cache>,
 }
 
 /// How long shutdown waits for the server to confirm the drain (its PONG) while still admitting
@@ -313,23 +316,45 @@ impl Intake {
             // `headers::ATTEMPT`).
             self.batcher.absorb_backlog(headers::RESEND_BACKLOG_WINDOW);
         }
-        let submission = match self
-            .parse(&request, received, reply_limit)
-            .and_then(|parsed| self.hand_over(parsed))
-        {
-            Ok(submission) => submission,
-            Err(err) => {
-                metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => err.kind())
-                    .increment(1);
-                let mut reply = answer(Err(err), None);
-                if wants_ack {
-                    reply = reply.header(headers::ACK_DELAY_MS, &acks.delay_ms);
-                }
-                reply
-                    .send(&self.client, &request, &self.stats, received)
-                    .await;
-                return;
+        let parsed = match self.parse(&request, received, reply_limit) {
+            Ok(parsed) => parsed,
+            Err(err) => return self.refuse(err, &request, wants_ack, acks, received).await,
+        };
+        let usage = Usage::from_header(
+            request
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(headers::CACHE_CONTROL))
+                .map(|v| v.as_str()),
+        );
+        let plan = self.cache.plan(&parsed.inputs, &parsed.options, usage);
+        let inputs = parsed.inputs.len();
+        if plan.is_answered() {
+            // Every input a hit of the in-process LRU: answered at once, without the batch
+            // queue or admission.
+            let outcome = plan.answer().and_then(|answered| {
+                reply_limit.observe(inputs, answered.payload.len())?;
+                Ok(answered)
+            });
+            let label = match &outcome {
+                Ok(_) => "ok",
+                Err(err) => err.kind(),
+            };
+            metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => label).increment(1);
+            let mut reply = served(outcome, None);
+            if wants_ack {
+                reply = reply.header(headers::ACK_DELAY_MS, &acks.delay_ms);
             }
+            reply
+                .send(&self.client, &request, &self.stats, received)
+                .await;
+            metrics::histogram!(crate::telemetry::names::CACHE_HIT_TIME)
+                .record(received.elapsed().as_secs_f64());
+            return;
+        }
+        let work = match self.hand_over(parsed, plan) {
+            Ok(work) => work,
+            Err(err) => return self.refuse(err, &request, wants_ack, acks, received).await,
         };
         let cancelled = CancellationToken::new();
         let registered = id.map(|id| {
@@ -339,6 +364,7 @@ impl Intake {
         let reply_limit = Arc::clone(reply_limit);
         let client = self.client.clone();
         let stats = self.stats.clone();
+        let cache = Arc::clone(&self.cache);
         let ack_id = wants_ack.then(|| (Arc::clone(&acks.worker_id), Arc::clone(&acks.delay_ms)));
         // Out of the queue group (full, which it leaves only for a peer with room; its
         // upstream failing or stalled; stopping), and this request was on its way: a 429 would
@@ -346,16 +372,17 @@ impl Intake {
         // resend on instead.
         let hand_back = wants_ack && !self.group.state().is_member();
         self.replies.spawn(async move {
-            let inputs = submission.inputs();
             let mut ack_at = ack_id.as_ref().map(|_| received + headers::ACK_DELAY);
-            // Counted (when a tokenizer counts off the intake) and submitted; withdrawn by its
-            // caller: dropping the count or the receiver tells the batcher.
-            let submit = submission.submit();
-            tokio::pin!(submit);
-            let submitted = loop {
+            // Looked up, counted, submitted and waited for; withdrawn by its caller: dropping
+            // the work drops its count, its receiver (the batcher drops its queued inputs) and
+            // its leads (requests waiting on them send their inputs themselves).
+            let work = work.run(&cache);
+            tokio::pin!(work);
+            let (outcome, batcher_answered) = loop {
                 tokio::select! {
+                    // An outcome ready with the acknowledgement due makes it unnecessary.
                     biased;
-                    submitted = &mut submit => break submitted,
+                    outcome = &mut work => break outcome,
                     () = cancelled.cancelled() => return,
                     () = sleep_until(ack_at) => {
                         ack_at = None;
@@ -365,36 +392,16 @@ impl Intake {
                     }
                 }
             };
-            let (outcome, tokens) = match submitted {
-                Ok((mut receiver, tokens)) => {
-                    let outcome = loop {
-                        tokio::select! {
-                            // An outcome ready with the acknowledgement due makes it unnecessary.
-                            biased;
-                            outcome = &mut receiver => break outcome.unwrap_or_else(|_| {
-                                Err(EmbedError::Unavailable(
-                                    "the worker stopped before answering".into(),
-                                ))
-                            }),
-                            () = cancelled.cancelled() => return,
-                            () = sleep_until(ack_at) => {
-                                ack_at = None;
-                                if let Some((worker_id, _)) = &ack_id {
-                                    acknowledge(&client, &request, worker_id).await;
-                                }
-                            }
-                        }
-                    };
-                    (outcome, tokens)
-                }
-                Err(err) => {
-                    metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => err.kind())
-                        .increment(1);
-                    (Err(err), None)
-                }
-            };
             if let Some((registry, id)) = registered {
                 registry.remove(&id);
+            }
+            if !batcher_answered {
+                let label = match &outcome {
+                    Ok(_) => "ok",
+                    Err(err) => err.kind(),
+                };
+                metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => label)
+                    .increment(1);
             }
             let outcome = match outcome {
                 Err(EmbedError::Overloaded(why)) if hand_back => {
@@ -406,46 +413,94 @@ impl Intake {
                 }
                 outcome => outcome,
             };
-            let outcome = outcome.and_then(|reply| {
-                reply_limit.observe(inputs, reply.payload.len())?;
-                Ok(reply)
+            let all_hits = outcome
+                .as_ref()
+                .is_ok_and(|(answered, _)| answered.hits == Some(inputs));
+            let outcome = outcome.and_then(|(answered, timing)| {
+                reply_limit.observe(inputs, answered.payload.len())?;
+                Ok((answered, timing))
             });
-            let mut reply = answer(outcome, tokens);
+            let (outcome, timing) = match outcome {
+                Ok((answered, timing)) => (Ok(answered), timing),
+                Err(err) => (Err(err), None),
+            };
+            let mut reply = served(outcome, timing);
             if let Some((_, delay_ms)) = &ack_id {
                 // Whether acknowledged or not (an acknowledgement can be lost, e.g. while the
                 // client was disconnected): this worker acknowledges.
                 reply = reply.header(headers::ACK_DELAY_MS, delay_ms);
             }
             reply.send(&client, &request, &stats, received).await;
+            if all_hits {
+                metrics::histogram!(crate::telemetry::names::CACHE_HIT_TIME)
+                    .record(received.elapsed().as_secs_f64());
+            }
         });
     }
 
-    /// Submits `parsed` to the batcher now when counting its tokens is immediate (no
-    /// tokenizer); else reserves its room among the inputs waiting to be counted, for its reply
-    /// task to count and submit.
+    /// Answers `err` to `request` at once (refused before any work), counted.
+    async fn refuse(
+        &self,
+        err: EmbedError,
+        request: &Message,
+        wants_ack: bool,
+        acks: &Acks,
+        received: Instant,
+    ) {
+        metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => err.kind()).increment(1);
+        let mut reply = answer(Err(err), None);
+        if wants_ack {
+            reply = reply.header(headers::ACK_DELAY_MS, &acks.delay_ms);
+        }
+        reply
+            .send(&self.client, request, &self.stats, received)
+            .await;
+    }
+
+    /// Submits the misses of `plan` to the batcher now when counting their tokens is
+    /// immediate (no tokenizer) and no shared read comes first; else reserves their room among
+    /// the inputs waiting to be counted, for the reply task to look up, count and submit.
     ///
     /// # Errors
     /// The batcher's refusal (413, 429, 504), or 429 when too many inputs wait to be counted.
-    fn hand_over(&self, parsed: Parsed) -> Result<Submission, EmbedError> {
-        if self.counter.is_immediate() {
-            let counted = self.counter.count_now(parsed.inputs, parsed.options);
-            let tokens = counted.tokens();
-            let inputs = counted.inputs.len();
-            let receiver = self.batcher.submit(
-                counted.inputs,
-                counted.lengths,
-                counted.options,
-                parsed.deadline,
-            )?;
-            return Ok(Submission::Ready(receiver, tokens, inputs));
-        }
-        let reservation = self.counter.reserve(parsed.inputs.len())?;
-        Ok(Submission::Count(
-            parsed,
-            self.counter.clone(),
-            self.batcher.clone(),
-            reservation,
-        ))
+    fn hand_over(&self, parsed: Parsed, plan: Plan) -> Result<Work, EmbedError> {
+        let Parsed {
+            inputs,
+            options,
+            deadline,
+        } = parsed;
+        let submitted = if !plan.reads_shared(&self.cache) && self.counter.is_immediate() {
+            let misses = plan.miss_inputs(&inputs);
+            let receiver = if misses.is_empty() {
+                None
+            } else {
+                let counted = self.counter.count_now(misses, options.clone());
+                Some(self.batcher.submit(
+                    counted.inputs,
+                    counted.lengths,
+                    counted.options,
+                    deadline,
+                )?)
+            };
+            Submitted::Now(receiver)
+        } else {
+            let reservation = match plan.misses() {
+                0 => None,
+                misses => Some(self.counter.reserve(misses)?),
+            };
+            Submitted::Later(reservation)
+        };
+        let submits_later = matches!(submitted, Submitted::Later(_)) || plan.has_waits();
+        Ok(Work {
+            plan,
+            submitted,
+            inputs,
+            options,
+            deadline,
+            counter: self.counter.clone(),
+            // Held only while the task may still submit (see `Intake::batcher`).
+            batcher: submits_later.then(|| self.batcher.clone()),
+        })
     }
 
     /// Parses and validates a request received at `received` whose reply must fit
@@ -489,48 +544,128 @@ impl Intake {
     }
 }
 
-/// A request on its way to the batcher.
-enum Submission {
-    /// Submitted by the intake (counting was immediate): its receiver, tokens and inputs.
-    Ready(tokio::sync::oneshot::Receiver<Outcome>, Option<u64>, usize),
-    /// To be counted, then submitted, by its reply task, holding its room among the inputs
-    /// waiting to be counted.
-    Count(Parsed, Counter, BatcherHandle, crate::tokens::Reservation),
+/// A request's misses: submitted by the intake, or to be submitted by the reply task.
+enum Submitted {
+    /// Submitted (counting was immediate); `None` when there was nothing to submit.
+    Now(Option<tokio::sync::oneshot::Receiver<Outcome>>),
+    /// To be looked up in the shared bucket, counted and submitted by the reply task, holding
+    /// the misses' room among the inputs waiting to be counted.
+    Later(Option<crate::tokens::Reservation>),
 }
 
-impl Submission {
-    fn inputs(&self) -> usize {
-        match self {
-            Submission::Ready(_, _, inputs) => *inputs,
-            Submission::Count(parsed, ..) => parsed.inputs.len(),
-        }
-    }
+/// What a request's reply task does: look up, count, submit, wait, assemble.
+struct Work {
+    plan: Plan,
+    submitted: Submitted,
+    /// The request's inputs, as received.
+    inputs: Vec<embatch_protocol::Input>,
+    options: embatch_protocol::EmbedOptions,
+    deadline: Instant,
+    counter: Counter,
+    /// Present while the task may still submit: misses not yet submitted, or inputs in flight
+    /// for other requests that it may have to send itself.
+    batcher: Option<BatcherHandle>,
+}
 
-    /// The request in the batcher: its receiver and token count. Counts it first when it is
-    /// not yet submitted; the batcher handle and the reservation are dropped once it is.
+/// The timing of the batcher's answer, when the request had one.
+type Timing = Option<(std::time::Duration, std::time::Duration)>;
+
+impl Work {
+    /// Serves the request: its shared reads, its misses upstream (through the batcher), its
+    /// waits for inputs in flight elsewhere (sending those itself whose leader ended without a
+    /// result), then its reply body.
     ///
     /// # Errors
-    /// The count's error (422 over the limit with `truncate: false`, ...) or the batcher's
-    /// refusal.
-    async fn submit(
-        self,
-    ) -> Result<(tokio::sync::oneshot::Receiver<Outcome>, Option<u64>), EmbedError> {
-        match self {
-            Submission::Ready(receiver, tokens, _) => Ok((receiver, tokens)),
-            Submission::Count(parsed, counter, batcher, _reservation) => {
-                let counted = counter.count(parsed.inputs, parsed.options).await?;
-                let tokens = counted.tokens();
-                // The seam to the token budget: `counted.lengths`, one count per input.
-                let receiver = batcher.submit(
-                    counted.inputs,
-                    counted.lengths,
-                    counted.options,
-                    parsed.deadline,
-                )?;
-                Ok((receiver, tokens))
-            }
-        }
+    /// The count's error (422 over the limit with `truncate: false`, ...), the batcher's
+    /// refusal or outcome, 504 when the deadline passes while it waits.
+    /// Also returns whether the batcher answered (and so counted) the request's outcome in
+    /// `embatch_worker_requests_total`.
+    async fn run(self, cache: &Cache) -> (Result<(Answered, Timing), EmbedError>, bool) {
+        let mut batcher_answered = false;
+        let outcome = self.serve(cache, &mut batcher_answered).await;
+        (outcome, batcher_answered)
     }
+
+    async fn serve(
+        self,
+        cache: &Cache,
+        batcher_answered: &mut bool,
+    ) -> Result<(Answered, Timing), EmbedError> {
+        let Work {
+            mut plan,
+            submitted,
+            inputs,
+            options,
+            deadline,
+            counter,
+            batcher,
+        } = self;
+        let (receiver, lengths) = match submitted {
+            Submitted::Now(receiver) => (receiver, None),
+            Submitted::Later(_reservation) => {
+                if plan.reads_shared(cache) {
+                    plan.read_shared(cache).await;
+                }
+                let misses = plan.miss_inputs(&inputs);
+                if misses.is_empty() {
+                    (None, None)
+                } else {
+                    let (receiver, lengths) =
+                        submit(&counter, batcher.as_ref(), misses, &options, deadline).await?;
+                    (Some(receiver), lengths)
+                }
+            }
+        };
+        let mut timing = None;
+        if let Some(receiver) = receiver {
+            *batcher_answered = true;
+            let reply = receive(receiver).await?;
+            timing = Some((reply.queue_time, reply.inference_time));
+            plan.complete_leads(cache, &reply.payload, lengths.as_deref())?;
+        }
+        let abandoned = plan.wait(deadline).await?;
+        if !abandoned.is_empty() {
+            let (positions, retried): (Vec<usize>, Vec<_>) = abandoned.into_iter().unzip();
+            let (receiver, lengths) =
+                submit(&counter, batcher.as_ref(), retried, &options, deadline).await?;
+            *batcher_answered = true;
+            let reply = receive(receiver).await?;
+            timing = timing.or(Some((reply.queue_time, reply.inference_time)));
+            plan.complete_retried(&positions, &reply.payload, lengths.as_deref())?;
+        }
+        Ok((plan.answer()?, timing))
+    }
+}
+
+/// Counts `inputs` and submits them to `batcher`: the receiver of their outcome, and their
+/// token counts when a tokenizer counted them.
+///
+/// # Errors
+/// The count's error, the batcher's refusal; 503 without a batcher (cannot happen: a task
+/// that may submit holds one).
+async fn submit(
+    counter: &Counter,
+    batcher: Option<&BatcherHandle>,
+    inputs: Vec<embatch_protocol::Input>,
+    options: &embatch_protocol::EmbedOptions,
+    deadline: Instant,
+) -> Result<(tokio::sync::oneshot::Receiver<Outcome>, Option<Vec<u32>>), EmbedError> {
+    let batcher =
+        batcher.ok_or_else(|| EmbedError::Unavailable("the worker is shutting down".into()))?;
+    let counted = counter.count(inputs, options.clone()).await?;
+    let lengths = counted.tokens().is_some().then(|| counted.lengths.clone());
+    // The seam to the token budget: `counted.lengths`, one count per input.
+    let receiver = batcher.submit(counted.inputs, counted.lengths, counted.options, deadline)?;
+    Ok((receiver, lengths))
+}
+
+/// The batcher's outcome.
+async fn receive(receiver: tokio::sync::oneshot::Receiver<Outcome>) -> Result<Reply, EmbedError> {
+    receiver.await.unwrap_or_else(|_| {
+        Err(EmbedError::Unavailable(
+            "the worker stopped before answering".into(),
+        ))
+    })
 }
 
 /// A request that passed [`Intake::parse`]: what its reply task counts and submits.
@@ -555,6 +690,30 @@ fn answer(outcome: Outcome, tokens: Option<u64>) -> Answer {
                 reply_headers.insert(headers::TOKENS, tokens.to_string().as_str());
             }
             Answer::ok(reply_headers, reply.payload)
+        }
+        Err(err) => Answer::error(&err),
+    }
+}
+
+/// The reply for a request served through the cache: TEI's response body with timing headers
+/// (zero for a request the batcher never saw), the request's tokens when known
+/// ([`headers::TOKENS`]) and its cache hits while the cache is on ([`headers::CACHE_HITS`]);
+/// or the error reply.
+fn served(outcome: Result<Answered, EmbedError>, timing: Timing) -> Answer {
+    match outcome {
+        Ok(answered) => {
+            let (queue_time, inference_time) = timing.unwrap_or_default();
+            let mut reply_headers = HeaderMap::new();
+            for (name, value) in reply::success_headers(queue_time, inference_time) {
+                reply_headers.insert(name, value.as_str());
+            }
+            if let Some(tokens) = answered.tokens {
+                reply_headers.insert(headers::TOKENS, tokens.to_string().as_str());
+            }
+            if let Some(hits) = answered.hits {
+                reply_headers.insert(headers::CACHE_HITS, hits.to_string().as_str());
+            }
+            Answer::ok(reply_headers, answered.payload)
         }
         Err(err) => Answer::error(&err),
     }

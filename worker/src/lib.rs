@@ -24,6 +24,7 @@
 
 pub mod batcher;
 pub mod bulk;
+pub mod cache;
 pub mod config;
 mod group;
 mod heartbeat;

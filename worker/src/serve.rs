@@ -29,8 +29,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::upstream::Upstream;
 use crate::{
-    Config, WorkerError, batcher, bulk, group, heartbeat, http, info, intake, membership, micro,
-    model, tokens,
+    Config, WorkerError, batcher, bulk, cache, group, heartbeat, http, info, intake, membership,
+    micro, model, tokens,
 };
 
 /// Longest the tasks of the tree may take to stop once cancelled (the admin server's open
@@ -143,6 +143,17 @@ pub(crate) async fn start<U: Upstream>(
         config.batcher(upstream_info.as_ref()),
     );
     let bulk_gate = batcher.bulk_gate();
+    // The model's identity for the cache key comes from the same /info.
+    let cache = Arc::new(
+        cache::Cache::start(
+            &client,
+            &config.cache(),
+            upstream_info.as_ref(),
+            &stop,
+            &tasks,
+        )
+        .await,
+    );
     let group = group::Group::join(
         client.clone(),
         group::Address {
@@ -222,6 +233,7 @@ pub(crate) async fn start<U: Upstream>(
             withdrawable,
             client: client.clone(),
             stats: embed_stats,
+            cache,
         },
         intake_stop.clone(),
     ));

@@ -55,6 +55,28 @@ pub mod names {
     /// Counter: work-stream messages given back by the sweep (found below a consumer's ack
     /// floor).
     pub const BULK_SWEPT: &str = "embatch_worker_bulk_swept_total";
+    /// Counter, label `where` (`batch`: folded into an equal input of the same upstream call;
+    /// `flight`: waited for the same input already in flight for another request or earlier in
+    /// the same request): inputs that caused no upstream work of their own.
+    pub const DEDUP_INPUTS: &str = "embatch_worker_dedup_inputs_total";
+    /// Counter, label `tier` (`local`: the in-process LRU; `shared`: the JetStream KV bucket):
+    /// inputs answered from the cache.
+    pub const CACHE_HITS: &str = "embatch_worker_cache_hits_total";
+    /// Counter: inputs the cache did not hold, sent upstream (while the cache is on).
+    pub const CACHE_MISSES: &str = "embatch_worker_cache_misses_total";
+    /// Gauge: bytes held by the in-process LRU (values plus an estimate of their bookkeeping).
+    pub const CACHE_BYTES: &str = "embatch_worker_cache_local_bytes";
+    /// Counter: entries evicted from the in-process LRU to stay within `CACHE_LOCAL_BYTES`.
+    pub const CACHE_EVICTIONS: &str = "embatch_worker_cache_evictions_total";
+    /// Counter, label `op` (`open`, `get`, `put`): JetStream KV calls that failed or timed out
+    /// (each one a miss or an entry not shared, never an error answered).
+    pub const CACHE_KV_ERRORS: &str = "embatch_worker_cache_kv_errors_total";
+    /// Counter: entries not written to the shared bucket because too many writes were in
+    /// flight.
+    pub const CACHE_WRITES_DROPPED: &str = "embatch_worker_cache_writes_dropped_total";
+    /// Histogram: seconds from a request's arrival to its reply for requests answered entirely
+    /// from the cache (what a hit costs in the worker).
+    pub const CACHE_HIT_TIME: &str = "embatch_worker_cache_hit_seconds";
 }
 
 pub use embatch_runtime::{LogFormat, init_logging};
@@ -82,6 +104,28 @@ pub fn init_model_metrics(
         16.0, 64.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0, 32768.0, 65536.0,
     ];
     const RATIOS: &[f64] = &[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0];
+    // A hit costs microseconds: buckets from 1 µs to 50 ms.
+    const HIT_SECONDS: &[f64] = &[
+        0.000_001,
+        0.000_002_5,
+        0.000_005,
+        0.000_007_5,
+        0.000_01,
+        0.000_025,
+        0.000_05,
+        0.000_075,
+        0.000_1,
+        0.000_15,
+        0.000_2,
+        0.000_3,
+        0.000_5,
+        0.000_75,
+        0.001,
+        0.002,
+        0.005,
+        0.01,
+        0.05,
+    ];
     let labels: Vec<(&str, &str)> = model.map(|m| ("model", m)).into_iter().collect();
     let handle = embatch_runtime::install_labelled_metrics_recorder(
         &[
@@ -90,6 +134,7 @@ pub fn init_model_metrics(
             (names::BATCH_TOKENS, TOKENS),
             (names::BATCH_PADDED_TOKENS, TOKENS),
             (names::BATCH_PADDING_RATIO, RATIOS),
+            (names::CACHE_HIT_TIME, HIT_SECONDS),
         ],
         &labels,
     )?;
@@ -168,6 +213,36 @@ fn describe() {
     describe_counter!(
         names::BULK_SWEPT,
         "Bulk work-stream messages given back from below a consumer's ack floor."
+    );
+    describe_counter!(
+        names::DEDUP_INPUTS,
+        "Inputs that caused no upstream work of their own, by where they were folded (batch, flight)."
+    );
+    describe_counter!(
+        names::CACHE_HITS,
+        "Inputs answered from the cache, by tier (local, shared)."
+    );
+    describe_counter!(
+        names::CACHE_MISSES,
+        "Inputs the cache did not hold, sent upstream."
+    );
+    describe_gauge!(names::CACHE_BYTES, "Bytes held by the in-process LRU.");
+    describe_counter!(
+        names::CACHE_EVICTIONS,
+        "Entries evicted from the in-process LRU."
+    );
+    describe_counter!(
+        names::CACHE_KV_ERRORS,
+        "JetStream KV calls of the cache that failed or timed out, by op (open, get, put)."
+    );
+    describe_counter!(
+        names::CACHE_WRITES_DROPPED,
+        "Cache entries not written to the shared bucket: too many writes in flight."
+    );
+    describe_histogram!(
+        names::CACHE_HIT_TIME,
+        metrics::Unit::Seconds,
+        "Arrival to reply of requests answered entirely from the cache."
     );
     for reason in crate::batcher::SHED_REASONS {
         metrics::counter!(names::SHED, "reason" => reason).absolute(0);

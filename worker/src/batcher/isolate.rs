@@ -29,6 +29,7 @@ use tokio::time::Instant;
 
 use super::queue::Segment;
 use super::shape;
+use super::unique::Unique;
 use crate::upstream::{Embedding, Upstream, UpstreamError};
 
 /// How one upstream call ended (the `outcome` label of `embatch_worker_upstream_calls_total`).
@@ -270,10 +271,38 @@ async fn call_range<U: Upstream>(
     Some((call, suspect))
 }
 
+/// Embeds `batch`, each distinct input once ([`Unique`]: an input repeated in the batch is sent
+/// once and its embedding handed to every position holding it), in length order
+/// ([`embed_in_order`]); returns one embedding per input of `batch`, in its order.
+async fn embed_by_length<U: Upstream>(
+    upstream: &U,
+    batch: &[Input],
+    lengths: Option<&[u32]>,
+    options: &EmbedOptions,
+) -> Result<Vec<Embedding>, UpstreamError> {
+    let Some(unique) = Unique::of(batch) else {
+        return embed_in_order(upstream, batch, lengths, options).await;
+    };
+    metrics::counter!(crate::telemetry::names::DEDUP_INPUTS, "where" => "batch")
+        .increment(unique.folded() as u64);
+    let distinct = unique.pick(batch);
+    let distinct_lengths = lengths
+        .filter(|l| l.len() == batch.len())
+        .map(|l| unique.pick(l));
+    let vectors = embed_in_order(upstream, &distinct, distinct_lengths.as_deref(), options).await?;
+    if vectors.len() != distinct.len() {
+        return Err(UpstreamError::CountMismatch {
+            sent: distinct.len(),
+            got: vectors.len(),
+        });
+    }
+    Ok(unique.fan_out(&vectors))
+}
+
 /// Embeds `batch` with its inputs sent in length order ([`shape::order_by_length`]); returns the
 /// embeddings in `batch`'s order. Sends `batch` as it is when its lengths are unknown (`None`, or
 /// not one per input) or already in order.
-async fn embed_by_length<U: Upstream>(
+async fn embed_in_order<U: Upstream>(
     upstream: &U,
     batch: &[Input],
     lengths: Option<&[u32]>,
@@ -361,6 +390,65 @@ mod tests {
             }
         }
         sends
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn equal_inputs_of_a_batch_are_sent_once_and_each_request_gets_its_copy() {
+        let (tei, upstream) = tei().await;
+        let texts: Vec<String> = ["a", "b", "a", "c", "a", "b"]
+            .iter()
+            .map(|t| (*t).to_owned())
+            .collect();
+        let (inputs, segments) = batch(&texts);
+        let lengths = vec![3, 1, 3, 2, 3, 1];
+        let done = run_batch(
+            &upstream,
+            &inputs,
+            &lengths,
+            &EmbedOptions::default(),
+            segments,
+        )
+        .await;
+        assert_eq!(
+            sends(&tei),
+            HashMap::from([("a".into(), 1), ("b".into(), 1), ("c".into(), 1)])
+        );
+        assert_eq!(tei.calls().len(), 1);
+        for (segment, result) in done.results {
+            let vectors = result.expect("served");
+            let text = &texts[segment.request as usize];
+            let expected = serde_json::to_vec(&embatch_testkit::double_vector(text)).expect("json");
+            let got: Vec<f32> = serde_json::from_slice(vectors[0].json()).expect("a vector");
+            let want: Vec<f32> = serde_json::from_slice(&expected).expect("a vector");
+            assert_eq!(
+                got, want,
+                "request {} got the vector of its own input",
+                segment.request
+            );
+        }
+
+        // A poisoned input repeated in the batch: the requests holding it fail, the others are
+        // served, and every call sends each distinct input once.
+        tei.calls.clear();
+        tei.set_faults(Faults::poisoned_with(422));
+        let bad = format!("bad {POISON}");
+        let texts: Vec<String> = vec!["x".into(), bad.clone(), "y".into(), bad.clone(), "x".into()];
+        let (inputs, segments) = batch(&texts);
+        let done = run_batch(&upstream, &inputs, &[], &EmbedOptions::default(), segments).await;
+        for (segment, result) in &done.results {
+            let poisoned = texts[segment.request as usize] == bad;
+            assert_eq!(result.is_err(), poisoned, "request {}", segment.request);
+        }
+        for call in tei.calls() {
+            let distinct: std::collections::HashSet<_> =
+                call.inputs.iter().map(|i| format!("{i:?}")).collect();
+            assert_eq!(
+                distinct.len(),
+                call.inputs.len(),
+                "a call repeated an input: {:?}",
+                call.inputs
+            );
+        }
     }
 
     #[test]

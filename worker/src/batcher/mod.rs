@@ -11,7 +11,9 @@
 //! - `shape`: the token budget, the cost model and the length shaping of a batch;
 //! - `actor`: the select loop, the supervised batch tasks, and every metric;
 //! - `isolate`: one batch's upstream calls, and the bisection of a batch that failed because of an
-//!   input.
+//!   input;
+//! - `unique`: each distinct input of a call sent once, its embedding fanned out to every
+//!   position holding it.
 //!
 //! # How a batch forms
 //! Requests are grouped by their [`EmbedOptions`] (requests whose options differ never share an
@@ -111,6 +113,7 @@ mod queue;
 mod shape;
 #[cfg(test)]
 mod tests;
+mod unique;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,0 +1,223 @@
+//! The shared tier: a JetStream KV bucket every worker of the model reads and writes, so an
+//! input embedded by one worker is a hit for all of them, and across restarts.
+//!
+//! # The bucket's bounds
+//! KV has no LRU. The bucket is a stream (`KV_<bucket>`) that this module creates, when it does
+//! not exist, with the settings of a KV bucket of history 1 and two bounds:
+//! - `max_bytes` (`CACHE_SHARED_BYTES`): with the stream's discard policy `old` (a plain KV
+//!   bucket has `new`, which rejects writes once full), a write into a full bucket drops the
+//!   oldest entries: the bucket keeps the most recently written entries, first in first out.
+//!   A hot entry is kept by the in-process LRU in front of it and written again after it
+//!   leaves the bucket and misses once.
+//! - `max_age` (`CACHE_MAX_AGE`): an entry older than this is dropped by the server.
+//!
+//! A bucket created beforehand (e.g. by `nats kv add`) is used as it is; with discard `new`, a
+//! write into a full bucket fails, is counted as a KV error, and the request is answered
+//! anyway: the entry is simply not shared.
+//!
+//! # Outages
+//! Every KV call is bounded by `CACHE_KV_TIMEOUT`; a read that fails or times out is a miss,
+//! and for [`BACKOFF`] after it reads are skipped (misses without a call), so an outage costs
+//! at most one timeout per request, only for requests that arrive while a read is failing.
+//! Writes never delay a reply: they are sent after it, at most [`WRITES_IN_FLIGHT`] at a time
+//! (more are dropped). A bucket that cannot be opened at start (JetStream disabled or down) is
+//! tried again every [`REOPEN_EVERY`]; until then every read is a miss.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, kv, stream};
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::entry::Entry;
+use super::key::Key;
+use crate::telemetry::names;
+
+/// How long reads are skipped after one failed or timed out: 1 s.
+pub(crate) const BACKOFF: Duration = Duration::from_secs(1);
+/// How often a bucket that could not be opened is tried again: 5 s.
+pub(crate) const REOPEN_EVERY: Duration = Duration::from_secs(5);
+/// Most writes in flight at once; a write beyond them is dropped: 256.
+pub(crate) const WRITES_IN_FLIGHT: usize = 256;
+
+/// The bucket's name and bounds.
+#[derive(Debug, Clone)]
+pub(crate) struct BucketConfig {
+    /// The KV bucket's name (`CACHE_BUCKET`).
+    pub bucket: String,
+    /// Most bytes the bucket holds (`CACHE_SHARED_BYTES`).
+    pub max_bytes: u64,
+    /// Age after which an entry is dropped (`CACHE_MAX_AGE`).
+    pub max_age: Duration,
+    /// Bound on each KV call (`CACHE_KV_TIMEOUT`).
+    pub timeout: Duration,
+}
+
+/// The shared bucket, once open.
+pub(crate) struct Shared {
+    store: OnceLock<kv::Store>,
+    config: BucketConfig,
+    /// Reads are skipped until this instant (ms after `epoch`) after a failure.
+    skip_until_ms: AtomicU64,
+    epoch: Instant,
+    writes: Arc<Semaphore>,
+}
+
+impl Shared {
+    /// Opens (or creates) the bucket on `client`, waiting at most the KV timeout (at least 1 s);
+    /// when that fails, tries again every [`REOPEN_EVERY`] in a task on `tasks` that `stop`
+    /// ends.
+    pub(crate) async fn open(
+        client: &async_nats::Client,
+        config: BucketConfig,
+        stop: &CancellationToken,
+        tasks: &TaskTracker,
+    ) -> Arc<Shared> {
+        let shared = Arc::new(Shared {
+            store: OnceLock::new(),
+            config,
+            skip_until_ms: AtomicU64::new(0),
+            epoch: Instant::now(),
+            writes: Arc::new(Semaphore::new(WRITES_IN_FLIGHT)),
+        });
+        let context = jetstream::new(client.clone());
+        if shared.try_open(&context).await {
+            return shared;
+        }
+        let reopening = Arc::clone(&shared);
+        let stop = stop.clone();
+        tasks.spawn(async move {
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(REOPEN_EVERY) => {}
+                }
+                if reopening.try_open(&context).await {
+                    return;
+                }
+            }
+        });
+        shared
+    }
+
+    /// One attempt to open the bucket; `true` once it is open.
+    async fn try_open(&self, context: &jetstream::Context) -> bool {
+        let wait = self.config.timeout.max(Duration::from_secs(1));
+        match tokio::time::timeout(wait, open_bucket(context, &self.config)).await {
+            Ok(Ok(store)) => {
+                let _ = self.store.set(store);
+                tracing::info!(bucket = %self.config.bucket, "cache: the shared bucket is open");
+                true
+            }
+            Ok(Err(err)) => {
+                metrics::counter!(names::CACHE_KV_ERRORS, "op" => "open").increment(1);
+                tracing::warn!(bucket = %self.config.bucket, %err, "cache: cannot open the shared bucket; shared reads miss until it opens");
+                false
+            }
+            Err(_) => {
+                metrics::counter!(names::CACHE_KV_ERRORS, "op" => "open").increment(1);
+                tracing::warn!(bucket = %self.config.bucket, ?wait, "cache: opening the shared bucket timed out; shared reads miss until it opens");
+                false
+            }
+        }
+    }
+
+    /// Whether reads go to the bucket now: it is open and no read failed in the last
+    /// [`BACKOFF`].
+    pub(crate) fn readable(&self) -> bool {
+        self.store.get().is_some()
+            && self.epoch.elapsed().as_millis() as u64 >= self.skip_until_ms.load(Ordering::Relaxed)
+    }
+
+    /// The entry for `key`, or `None`: absent, unreadable, or the bucket not readable (a
+    /// failure or a timeout is counted and starts the [`BACKOFF`]).
+    pub(crate) async fn get(&self, key: Key) -> Option<Entry> {
+        if !self.readable() {
+            return None;
+        }
+        let store = self.store.get()?;
+        match tokio::time::timeout(self.config.timeout, store.get(key.hex())).await {
+            Ok(Ok(value)) => value.and_then(Entry::decode),
+            Ok(Err(err)) => {
+                self.failed(&err.to_string());
+                None
+            }
+            Err(_) => {
+                self.failed("timed out");
+                None
+            }
+        }
+    }
+
+    fn failed(&self, why: &str) {
+        metrics::counter!(names::CACHE_KV_ERRORS, "op" => "get").increment(1);
+        let until = self.epoch.elapsed() + BACKOFF;
+        self.skip_until_ms
+            .store(until.as_millis() as u64, Ordering::Relaxed);
+        tracing::debug!(why, "cache: a shared read failed; reads skipped for 1 s");
+    }
+
+    /// Writes `entries` in one task after the reply, each bounded by the KV timeout; dropped
+    /// when the bucket is not open or [`WRITES_IN_FLIGHT`] writes are in flight.
+    pub(crate) fn put(&self, entries: Vec<(Key, Entry)>) {
+        let Some(store) = self.store.get() else {
+            return;
+        };
+        if entries.is_empty() {
+            return;
+        }
+        let Ok(permit) = Arc::clone(&self.writes).try_acquire_owned() else {
+            metrics::counter!(names::CACHE_WRITES_DROPPED).increment(entries.len() as u64);
+            return;
+        };
+        let store = store.clone();
+        let timeout = self.config.timeout;
+        tokio::spawn(async move {
+            let _permit = permit;
+            for (key, entry) in entries {
+                match tokio::time::timeout(timeout, store.put(key.hex(), entry.encode())).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(err)) => {
+                        metrics::counter!(names::CACHE_KV_ERRORS, "op" => "put").increment(1);
+                        tracing::debug!(%err, "cache: a shared write failed");
+                    }
+                    Err(_) => {
+                        metrics::counter!(names::CACHE_KV_ERRORS, "op" => "put").increment(1);
+                        tracing::debug!("cache: a shared write timed out");
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// The bucket `config` names: created as a KV bucket of history 1 whose stream discards the
+/// oldest entries when full (see the module docs), or the existing one as it is.
+async fn open_bucket(
+    context: &jetstream::Context,
+    config: &BucketConfig,
+) -> Result<kv::Store, async_nats::Error> {
+    let bucket = &config.bucket;
+    context
+        .get_or_create_stream(stream::Config {
+            name: format!("KV_{bucket}"),
+            description: Some("embatch: embeddings cache".into()),
+            subjects: vec![format!("$KV.{bucket}.>")],
+            max_messages_per_subject: 1,
+            max_bytes: i64::try_from(config.max_bytes).unwrap_or(i64::MAX),
+            max_age: config.max_age,
+            storage: stream::StorageType::File,
+            discard: stream::DiscardPolicy::Old,
+            allow_rollup: true,
+            deny_delete: true,
+            allow_direct: true,
+            num_replicas: 1,
+            ..Default::default()
+        })
+        .await?;
+    Ok(context.get_key_value(bucket.as_str()).await?)
+}
