@@ -171,7 +171,6 @@ pub(crate) async fn start<U: Upstream>(
     }
     tasks.spawn(bulk::run(
         client.clone(),
-        Arc::clone(&upstream),
         bulk_gate,
         config.bulk(),
         intake_stop.clone(),
