@@ -295,7 +295,6 @@ impl Config {
                 max_requests: self.bulk_max_requests,
                 max_line_inputs: self.bulk_max_line_inputs,
             },
-            max_batch_size: self.max_batch_size.max(1),
         }
     }
 }

@@ -465,10 +465,11 @@ impl BatcherHandle {
 /// - they fill the room an interactive batch of the same options leaves (up to the batch limit
 ///   and the token budget), so interactive traffic below capacity carries bulk inputs at the
 ///   cost of the call's per-input time only;
-/// - while nothing interactive is queued or on its way to the actor and fewer than
-///   [`BulkGate::limit_calls`] calls are in flight (1 by default: the upstream is idle), as a
-///   batch of their own: an interactive request arriving meanwhile waits behind at most that
-///   many calls.
+/// - as a batch of their own, only while nothing interactive is queued or on its way to the
+///   actor: on an idle upstream while interactive requests arrive (one arriving then waits
+///   behind at most that one call), and under up to [`BulkGate::limit_calls`] calls in flight
+///   once none arrived for 10 call times (so a bulk job alone keeps the upstream busy back to
+///   back; the first interactive request after such a spell may wait behind that many calls).
 ///
 /// It holds a weak sender, so it never keeps the actor alive.
 #[derive(Clone)]

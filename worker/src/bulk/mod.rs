@@ -68,8 +68,6 @@ pub struct BulkConfig {
     pub ack_wait: Duration,
     /// The limits input lines are checked against.
     pub limits: LineLimits,
-    /// The most inputs one upstream call may carry (the batcher's batch limit).
-    pub max_batch_size: usize,
 }
 
 /// Runs the bulk lane until `stop`: binds the store (retrying every [`RETRY`] while JetStream
