@@ -313,9 +313,10 @@ async fn an_input_the_model_rejects_goes_to_the_error_file_and_its_mates_succeed
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_batch_delivers_what_finished_and_each_line_once() {
+    // One input per call (bulk inputs share calls otherwise), 150 ms each.
     let (nats, _tei, worker) = stack(
         slow_tei(Duration::from_millis(150)),
-        &["--bulk-chunk-inputs", "1"],
+        &["--bulk-chunk-inputs", "1", "--max-batch-size", "1"],
     )
     .await;
     let gateway = start_gateway_at(&nats.url(), &[], None).await;
@@ -367,9 +368,10 @@ async fn a_cancelled_batch_delivers_what_finished_and_each_line_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_past_its_window_expires_and_delivers_what_finished() {
+    // One input per call (bulk inputs share calls otherwise), 200 ms each.
     let (nats, _tei, worker) = stack(
         slow_tei(Duration::from_millis(200)),
-        &["--bulk-chunk-inputs", "1"],
+        &["--bulk-chunk-inputs", "1", "--max-batch-size", "1"],
     )
     .await;
     let gateway =
@@ -587,7 +589,9 @@ async fn files_beyond_the_body_limit_upload_whole_and_beyond_the_file_limit_are_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bulk_backlog_never_causes_an_interactive_429() {
-    // One call at a time upstream, 100 ms each; 40 bulk chunks of one input: 4 s of backlog.
+    // One call at a time upstream, 100 ms each; 640 bulk chunks of one input, of which a worker
+    // holds 16 at once (16 inputs a call): 4 s of backlog.
+    let n = 640;
     let (nats, _tei, worker) = stack(
         slow_tei(Duration::from_millis(100)),
         &["--bulk-chunk-inputs", "1"],
@@ -597,7 +601,7 @@ async fn a_bulk_backlog_never_causes_an_interactive_429() {
     let api = Api::of(&gateway);
     let id = api
         .submit(jsonl(
-            (0..40).map(|i| openai_line(&format!("p-{i}"), &format!("t{i}"))),
+            (0..n).map(|i| openai_line(&format!("p-{i}"), &format!("t{i}"))),
         ))
         .await;
     api.wait(&id, Duration::from_secs(30), |b| {
@@ -624,7 +628,7 @@ async fn a_bulk_backlog_never_causes_an_interactive_429() {
     }
     let batch = api.batch(&id).await;
     assert!(
-        batch["request_counts"]["completed"].as_u64() < Some(40),
+        batch["request_counts"]["completed"].as_u64() < Some(n),
         "the bulk backlog was still there: {batch}"
     );
     let batch = api.wait_final(&id, Duration::from_secs(30)).await;

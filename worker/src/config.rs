@@ -181,10 +181,13 @@ pub struct Config {
     #[arg(long, env = "BULK_CHUNK_BYTES", default_value_t = 256 * 1024)]
     pub bulk_chunk_bytes: usize,
 
-    /// Most bulk upstream calls in flight from this worker. Each starts only while no
-    /// interactive input is queued and an interactive call slot is free, so an interactive
-    /// request waits behind at most this many bulk calls (1 by default).
-    #[arg(long, env = "BULK_CALLS", default_value_t = 1)]
+    /// Most upstream calls in flight under which a batch of bulk inputs alone may start, once
+    /// no interactive request arrived for 10 upstream call times (while they arrive: only on
+    /// an idle upstream, so a bulk backlog adds at most one call to interactive latency). Bulk
+    /// inputs also fill the room interactive batches leave, whatever this says. 1: never more
+    /// than one bulk call ahead of an interactive request; 2 (the default, with 2
+    /// MAX_CONCURRENT_BATCHES): a bulk job alone keeps the upstream busy back to back.
+    #[arg(long, env = "BULK_CALLS", default_value_t = 2)]
     pub bulk_calls: usize,
 
     /// Deliveries of a bulk work item whose upstream call keeps failing (NAKed with a delay
@@ -357,7 +360,6 @@ impl Config {
                 max_requests: self.bulk_max_requests,
                 max_line_inputs: self.bulk_max_line_inputs,
             },
-            max_batch_size: self.max_batch_size.max(1),
             model: String::new(),
             default_model: self
                 .default_model

@@ -213,7 +213,6 @@ pub(crate) async fn start<U: Upstream>(
     }
     tasks.spawn(bulk::run(
         client.clone(),
-        Arc::clone(&upstream),
         bulk_gate,
         bulk_config,
         intake_stop.clone(),

@@ -42,12 +42,16 @@ pub mod names {
     /// `state` (the new state: `joined`, `full`, `upstream_unhealthy`, `stopping`): changes of
     /// queue-group membership.
     pub const MEMBERSHIP_CHANGES: &str = "embatch_worker_membership_changes_total";
-    /// Counter, label `outcome` (`ok`, `rejected` when the upstream blamed an input, `failed`):
-    /// upstream calls of the bulk lane (not in [`UPSTREAM_CALLS`], which counts the batcher's).
-    pub const BULK_CALLS: &str = "embatch_worker_bulk_upstream_calls_total";
-    /// Counter: inputs embedded by the bulk lane's successful upstream calls.
+    /// Counter, label `outcome` (`ok`, `rejected` when the upstream blamed an input of it,
+    /// `failed`): bulk input lines embedded through the batcher (their upstream calls, shared
+    /// with interactive requests, are in [`UPSTREAM_CALLS`]).
+    pub const BULK_LINES: &str = "embatch_worker_bulk_lines_total";
+    /// Counter: inputs embedded for the bulk lane.
     pub const BULK_INPUTS: &str = "embatch_worker_bulk_inputs_total";
-    /// Histogram: seconds per upstream call of the bulk lane.
+    /// Counter: bulk inputs sent in the room an interactive batch left (the rest left in
+    /// batches of bulk inputs alone).
+    pub const BULK_TOP_UP_INPUTS: &str = "embatch_worker_bulk_top_up_inputs_total";
+    /// Histogram: seconds from a bulk line's submission to the batcher to its embeddings.
     pub const BULK_UPSTREAM_TIME: &str = "embatch_worker_bulk_upstream_seconds";
     /// Counter, label `outcome` (`ack` done, `term` done with a line the upstream refused, `nak`
     /// given back for redelivery): work items (chunks of input lines) this worker handled.
@@ -194,17 +198,18 @@ fn describe() {
         "Queue-group membership changes, by event (joined, left) and new state (full, upstream_unhealthy, ...)."
     );
     describe_counter!(
-        names::BULK_CALLS,
-        "Upstream calls of the bulk lane, by outcome (ok, rejected, failed)."
+        names::BULK_LINES,
+        "Bulk lines embedded through the batcher, by outcome (ok, rejected, failed)."
     );
+    describe_counter!(names::BULK_INPUTS, "Inputs embedded for the bulk lane.");
     describe_counter!(
-        names::BULK_INPUTS,
-        "Inputs embedded by the bulk lane's successful upstream calls."
+        names::BULK_TOP_UP_INPUTS,
+        "Bulk inputs sent in the room an interactive batch left."
     );
     describe_histogram!(
         names::BULK_UPSTREAM_TIME,
         metrics::Unit::Seconds,
-        "Duration of one upstream call of the bulk lane."
+        "Seconds from a bulk line's submission to the batcher to its embeddings."
     );
     describe_counter!(
         names::BULK_ITEMS,

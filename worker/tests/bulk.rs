@@ -232,8 +232,9 @@ async fn a_nats_server_restart_mid_job_loses_nothing() {
     drop(nats);
 }
 
-/// The bulk lane's work shows in the worker's `/metrics`: one successful upstream call and one
-/// acked item per line (one input per item), and every input counted.
+/// The bulk lane's work shows in the worker's `/metrics`: one line embedded and one acked item
+/// per line (one input per item), every input counted, and the batcher's upstream calls that
+/// carried them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bulk_job_shows_in_the_worker_metrics() {
     let nats = NatsServer::start_jetstream();
@@ -287,11 +288,13 @@ async fn a_bulk_job_shows_in_the_worker_metrics() {
         "{metrics}"
     );
     assert_eq!(
-        value(
-            r#"embatch_worker_bulk_upstream_calls_total{model="embatch/tei-double",outcome="ok"}"#
-        ),
+        value(r#"embatch_worker_bulk_lines_total{model="embatch/tei-double",outcome="ok"}"#),
         Some(n as f64),
         "{metrics}"
+    );
+    assert!(
+        value(r#"embatch_worker_upstream_calls_total{outcome="ok"}"#).is_some_and(|c| c >= 1.0),
+        "the bulk inputs went through the batcher's calls: {metrics}"
     );
     assert_eq!(value(acked), Some(n as f64), "{metrics}");
     assert!(

@@ -18,7 +18,7 @@ use super::admission::{Ask, Ledger, ShedReason};
 use super::isolate::{self, CallOutcome, Done};
 use super::queue::{Formed, Queue, Removed, Take};
 use super::shape;
-use super::{Job, Outcome, Refused, Reply, Shared};
+use super::{BulkJob, BulkOutcome, Job, Outcome, Refused, Reply, Sent, Shared};
 use crate::telemetry::names;
 use crate::upstream::{Embedding, Upstream, UpstreamError};
 
@@ -36,10 +36,23 @@ struct Pending {
     accepted: Instant,
     first_call: Option<Instant>,
     /// To the request's relay (see [`relay`]).
-    reply: oneshot::Sender<Outcome>,
+    reply: ReplyTo,
     span: tracing::Span,
-    /// Bytes of input text: with `results.len()` inputs, its share of the bounds.
+    /// Bytes of input text: with `results.len()` inputs, its share of the bounds (0 for bulk).
     bytes: usize,
+}
+
+/// Where a request's outcome goes: an interactive caller (its assembled reply), or the bulk
+/// lane (the embeddings themselves; a bulk request holds no share of the bounds).
+enum ReplyTo {
+    Interactive(oneshot::Sender<Outcome>),
+    Bulk(oneshot::Sender<BulkOutcome>),
+}
+
+impl Pending {
+    fn is_bulk(&self) -> bool {
+        matches!(self.reply, ReplyTo::Bulk(_))
+    }
 }
 
 /// A batch task in flight.
@@ -51,10 +64,13 @@ struct Running {
 pub(super) struct Actor<U> {
     upstream: Arc<U>,
     shared: Arc<Shared>,
-    rx: mpsc::UnboundedReceiver<Job>,
+    rx: mpsc::UnboundedReceiver<Sent>,
     /// Admission state: what is held, queued and in flight, and the call-time estimate.
     ledger: Ledger,
     queue: Queue,
+    /// Bulk requests (see [`super::BulkGate`]): never admitted against the bounds, sent only to
+    /// fill a batch of the same options or while nothing interactive waits.
+    bulk: Queue,
     requests: HashMap<u64, Pending>,
     batches: JoinSet<Done>,
     running: HashMap<tokio::task::Id, Running>,
@@ -64,14 +80,16 @@ pub(super) struct Actor<U> {
     closed: bool,
     /// Inputs received from the handles since the last [`Actor::publish`].
     received: usize,
+    /// When the last interactive request reached the actor (see [`Actor::bulk_batch`]).
+    last_interactive: Option<Instant>,
 }
 
 /// Forwards the actor's answer to the caller's receiver; resolves to `Some(id)` when the caller
 /// dropped its receiver first (the request is cancelled).
-fn relay(
+fn relay<T: Send + 'static>(
     id: u64,
-    answer: oneshot::Receiver<Outcome>,
-    mut caller: oneshot::Sender<Outcome>,
+    answer: oneshot::Receiver<T>,
+    mut caller: oneshot::Sender<T>,
 ) -> BoxFuture<'static, Option<u64>> {
     Box::pin(async move {
         tokio::select! {
@@ -91,7 +109,7 @@ impl<U: Upstream> Actor<U> {
     pub(super) fn new(
         upstream: Arc<U>,
         shared: Arc<Shared>,
-        rx: mpsc::UnboundedReceiver<Job>,
+        rx: mpsc::UnboundedReceiver<Sent>,
     ) -> Self {
         Actor {
             upstream,
@@ -99,6 +117,7 @@ impl<U: Upstream> Actor<U> {
             rx,
             ledger: Ledger::default(),
             queue: Queue::default(),
+            bulk: Queue::default(),
             requests: HashMap::new(),
             batches: JoinSet::new(),
             running: HashMap::new(),
@@ -106,6 +125,7 @@ impl<U: Upstream> Actor<U> {
             next_id: 0,
             closed: false,
             received: 0,
+            last_interactive: None,
         }
     }
 
@@ -144,8 +164,9 @@ impl<U: Upstream> Actor<U> {
                         self.cancel(id);
                     }
                 }
-                job = self.rx.recv(), if !self.closed => match job {
-                    Some(job) => self.enqueue(job),
+                sent = self.rx.recv(), if !self.closed => match sent {
+                    Some(Sent::Request(job)) => self.enqueue(job),
+                    Some(Sent::Bulk(job)) => self.enqueue_bulk(job),
                     None => self.closed = true,
                 },
                 () = sleep_until_opt(wake_at) => self.expire(),
@@ -186,6 +207,7 @@ impl<U: Upstream> Actor<U> {
             deadline,
         };
         self.received += ask.inputs;
+        self.last_interactive = Some(Instant::now());
         if let Some(until) = self
             .shared
             .backlog_until
@@ -242,19 +264,64 @@ impl<U: Upstream> Actor<U> {
                 received: 0,
                 accepted,
                 first_call: None,
-                reply: tx,
+                reply: ReplyTo::Interactive(tx),
                 span,
                 bytes,
             },
         );
     }
 
+    /// Queues a bulk request apart from the interactive queue: no admission, no share of the
+    /// bounds, no deadline (the bulk lane drops its receiver to cancel it).
+    fn enqueue_bulk(&mut self, job: BulkJob) {
+        let BulkJob {
+            inputs,
+            lengths,
+            options,
+            reply,
+        } = job;
+        let id = self.next_id;
+        self.next_id += 1;
+        let n = inputs.len();
+        let now = Instant::now();
+        self.bulk
+            .push(id, inputs, &lengths, options, now, now + BULK_DEADLINE);
+        let (tx, rx) = oneshot::channel();
+        self.relays.push(relay(id, rx, reply));
+        self.requests.insert(
+            id,
+            Pending {
+                results: (0..n).map(|_| None).collect(),
+                received: 0,
+                accepted: now,
+                first_call: None,
+                reply: ReplyTo::Bulk(tx),
+                span: tracing::Span::none(),
+                bytes: 0,
+            },
+        );
+    }
+
+    /// Removes what is left of request `id` from its queue (interactive or bulk); returns what
+    /// was removed.
+    fn dequeue(&mut self, id: u64) -> Removed {
+        if self.requests.get(&id).is_some_and(Pending::is_bulk) {
+            self.bulk.remove(id)
+        } else {
+            let removed = self.queue.remove(id);
+            self.unqueue(removed);
+            removed
+        }
+    }
+
     /// The caller went away: forget the request, its queued inputs and its share of the bounds.
     /// Inputs already in flight are still answered by the upstream, and dropped.
     fn cancel(&mut self, id: u64) {
-        let removed = self.queue.remove(id);
-        self.unqueue(removed);
+        let removed = self.dequeue(id);
         if let Some(request) = self.take(id) {
+            if request.is_bulk() {
+                return;
+            }
             request.span.record("outcome", "cancelled");
             metrics::counter!(names::REQUESTS, "outcome" => "cancelled").increment(1);
             tracing::debug!(parent: &request.span, removed = removed.inputs, "request cancelled by its caller");
@@ -285,7 +352,9 @@ impl<U: Upstream> Actor<U> {
     /// Forgets a request about to be answered (or cancelled) and frees its share of the bounds.
     fn take(&mut self, id: u64) -> Option<Pending> {
         let request = self.requests.remove(&id)?;
-        self.ledger.release(request.results.len(), request.bytes);
+        if !request.is_bulk() {
+            self.ledger.release(request.results.len(), request.bytes);
+        }
         Some(request)
     }
 
@@ -326,8 +395,14 @@ impl<U: Upstream> Actor<U> {
                 cutoff: now + call.unwrap_or_default(),
                 probe_allowed,
             };
-            let Some(formed) = self.queue.take(take) else {
-                break;
+            let Some(mut formed) = self.queue.take(take) else {
+                match self.bulk_batch(now) {
+                    Some(formed) => {
+                        self.launch(formed, now);
+                        continue;
+                    }
+                    None => break,
+                }
             };
             let mut left = Removed {
                 inputs: formed.inputs.len(),
@@ -350,9 +425,62 @@ impl<U: Upstream> Actor<U> {
                 }
             }
             if !formed.inputs.is_empty() {
+                // Bulk inputs of the same options fill what the interactive batch leaves.
+                let added = self.bulk.top_up(&mut formed, batch_limit, budget);
+                if added.inputs > 0 {
+                    metrics::counter!(names::BULK_TOP_UP_INPUTS).increment(added.inputs as u64);
+                }
                 self.launch(formed, now);
             }
         }
+    }
+
+    /// A batch of bulk inputs alone, when nothing interactive is queued or on its way to the
+    /// actor and fewer calls are in flight than bulk may run ahead of interactive requests: 1
+    /// (an idle upstream) while interactive requests arrive, so one arriving waits behind at
+    /// most one bulk call; the bulk lane's `BULK_CALLS` once none arrived for
+    /// [`BULK_QUIET_CALLS`] call times (a bulk job alone keeps the upstream busy back to back).
+    /// `None` otherwise, or when no bulk input waits.
+    fn bulk_batch(&mut self, now: Instant) -> Option<Formed> {
+        let limits = &self.shared.limits;
+        if self.bulk.inputs() == 0
+            || self.queue.inputs() > 0
+            || self
+                .shared
+                .in_transit
+                .load(std::sync::atomic::Ordering::Relaxed)
+                > self.received
+        {
+            return None;
+        }
+        let call = self
+            .ledger
+            .estimate
+            .call_at(now)
+            .unwrap_or(BULK_QUIET_FALLBACK / BULK_QUIET_CALLS);
+        let quiet = self
+            .last_interactive
+            .is_none_or(|at| now.saturating_duration_since(at) >= call * BULK_QUIET_CALLS);
+        let calls = if quiet {
+            self.shared
+                .bulk_calls
+                .load(std::sync::atomic::Ordering::Relaxed)
+        } else {
+            1
+        };
+        if self.batches.len() >= calls.min(limits.slots) {
+            return None;
+        }
+        self.bulk.take(Take {
+            now,
+            batch_limit: limits.batch_limit,
+            budget: limits.budget,
+            max_wait: limits.max_wait,
+            flush_all: true,
+            partial: true,
+            cutoff: now,
+            probe_allowed: false,
+        })
     }
 
     fn launch(&mut self, formed: Formed, now: Instant) {
@@ -372,6 +500,9 @@ impl<U: Upstream> Actor<U> {
         );
         for segment in &segments {
             if let Some(request) = self.requests.get_mut(&segment.request) {
+                if request.is_bulk() {
+                    continue;
+                }
                 span.follows_from(&request.span);
                 if request.first_call.is_none() {
                     request.first_call = Some(now);
@@ -452,8 +583,7 @@ impl<U: Upstream> Actor<U> {
                     if request.received == request.results.len()
                         && let Some(request) = self.take(segment.request)
                     {
-                        let reply = assemble(&request, now);
-                        answer(request, reply);
+                        answer(request, Ok(now));
                     }
                 }
                 Err(err) => self.fail(segment.request, err),
@@ -489,9 +619,8 @@ impl<U: Upstream> Actor<U> {
 
     /// Answers `err` to request `id` and drops what is left of it in the queue.
     fn fail(&mut self, id: u64, err: EmbedError) {
+        self.dequeue(id);
         if let Some(request) = self.take(id) {
-            let removed = self.queue.remove(id);
-            self.unqueue(removed);
             answer(request, Err(err));
         }
     }
@@ -504,17 +633,28 @@ async fn sleep_until_opt(at: Option<Instant>) {
     }
 }
 
+/// Call times without an interactive request after which bulk inputs alone may take more than
+/// an idle upstream (see [`Actor::bulk_batch`]).
+const BULK_QUIET_CALLS: u32 = 10;
+
+/// The quiet spell before the first call time is measured.
+const BULK_QUIET_FALLBACK: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// How long a bulk request may wait in the batcher: the bulk lane cancels it (drops its
+/// receiver) long before; this only gives the queue a deadline to order by.
+const BULK_DEADLINE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
 /// Joins a request's raw JSON vectors into TEI's response body, `[v0,v1,...]`.
-fn assemble(request: &Pending, now: Instant) -> Outcome {
-    let len: usize = request
-        .results
-        .iter()
-        .flatten()
-        .map(|v| v.json().len() + 1)
-        .sum();
+fn assemble(
+    results: &[Option<Embedding>],
+    accepted: Instant,
+    first_call: Option<Instant>,
+    now: Instant,
+) -> Outcome {
+    let len: usize = results.iter().flatten().map(|v| v.json().len() + 1).sum();
     let mut body = Vec::with_capacity(len + 2);
     body.push(b'[');
-    for (i, vector) in request.results.iter().enumerate() {
+    for (i, vector) in results.iter().enumerate() {
         let Some(vector) = vector else {
             return Err(EmbedError::Backend(format!(
                 "missing embedding for input {i}"
@@ -526,22 +666,51 @@ fn assemble(request: &Pending, now: Instant) -> Outcome {
         body.extend_from_slice(vector.json());
     }
     body.push(b']');
-    let first_call = request.first_call.unwrap_or(now);
+    let first_call = first_call.unwrap_or(now);
     Ok(Reply {
         payload: Bytes::from(body),
-        queue_time: first_call - request.accepted,
+        queue_time: first_call - accepted,
         inference_time: now - first_call,
     })
 }
 
-/// Delivers an outcome (the caller may have gone away: nothing to do then) and records it.
-fn answer(request: Pending, outcome: Outcome) {
-    let label = match &outcome {
-        Ok(_) => "ok",
-        Err(e) => e.kind(),
-    };
-    request.span.record("outcome", label);
-    metrics::counter!(names::REQUESTS, "outcome" => label).increment(1);
-    metrics::histogram!(names::REQUEST_TIME).record(request.accepted.elapsed().as_secs_f64());
-    let _ = request.reply.send(outcome);
+/// Delivers a request's outcome (the caller may have gone away: nothing to do then): its
+/// embeddings once every input has one (`Ok(now)`), or the error that ends it. An interactive
+/// outcome is recorded in the request metrics; a bulk one is the bulk lane's to count.
+fn answer(request: Pending, result: Result<Instant, EmbedError>) {
+    let Pending {
+        results,
+        accepted,
+        first_call,
+        reply,
+        span,
+        ..
+    } = request;
+    match reply {
+        ReplyTo::Bulk(reply) => {
+            let outcome = result.and_then(|_| {
+                results
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, v)| {
+                        v.ok_or_else(|| {
+                            EmbedError::Backend(format!("missing embedding for input {i}"))
+                        })
+                    })
+                    .collect()
+            });
+            let _ = reply.send(outcome);
+        }
+        ReplyTo::Interactive(reply) => {
+            let outcome = result.and_then(|now| assemble(&results, accepted, first_call, now));
+            let label = match &outcome {
+                Ok(_) => "ok",
+                Err(e) => e.kind(),
+            };
+            span.record("outcome", label);
+            metrics::counter!(names::REQUESTS, "outcome" => label).increment(1);
+            metrics::histogram!(names::REQUEST_TIME).record(accepted.elapsed().as_secs_f64());
+            let _ = reply.send(outcome);
+        }
+    }
 }

@@ -132,7 +132,7 @@ pub use shape::{
     estimate_lengths,
 };
 
-use crate::upstream::Upstream;
+use crate::upstream::{Embedding, Upstream};
 
 /// Every `reason` label of `embatch_worker_requests_shed_total`.
 pub const SHED_REASONS: [&str; 5] = admission::ShedReason::LABELS;
@@ -222,7 +222,7 @@ impl From<Refused> for EmbedError {
 /// inputs are removed before they cost upstream work.
 #[derive(Clone)]
 pub struct BatcherHandle {
-    tx: mpsc::UnboundedSender<Job>,
+    tx: mpsc::UnboundedSender<Sent>,
     shared: Arc<Shared>,
 }
 
@@ -241,6 +241,30 @@ struct Shared {
     failed_calls: watch::Sender<u32>,
     /// Set by [`BatcherHandle::absorb_backlog`], taken by the actor at its next admission.
     backlog_until: std::sync::Mutex<Option<Instant>>,
+    /// Most calls in flight (of any kind) under which a batch of bulk inputs alone may start
+    /// (see [`BulkGate::limit_calls`]; 1 until set).
+    bulk_calls: AtomicUsize,
+}
+
+/// What the handles send the actor.
+enum Sent {
+    /// An interactive request, admitted or refused by the actor.
+    Request(Job),
+    /// A bulk request (see [`BulkGate`]).
+    Bulk(BulkJob),
+}
+
+/// The outcome of a bulk request: an embedding per input, in order, or the error of the call
+/// that carried it (the batcher's own isolation already split a rejected call by request).
+pub type BulkOutcome = Result<Vec<Embedding>, EmbedError>;
+
+/// A bulk request on its way to the actor.
+struct BulkJob {
+    inputs: Vec<Input>,
+    /// Tokens of each input.
+    lengths: Vec<u32>,
+    options: EmbedOptions,
+    reply: oneshot::Sender<BulkOutcome>,
 }
 
 /// A request on its way to the actor, which admits or refuses it.
@@ -383,7 +407,7 @@ impl BatcherHandle {
     fn send(&self, job: Job) -> Result<(), EmbedError> {
         let inputs = job.inputs.len();
         self.shared.in_transit.fetch_add(inputs, Ordering::Relaxed);
-        self.tx.send(job).map_err(|_| {
+        self.tx.send(Sent::Request(job)).map_err(|_| {
             self.shared.in_transit.fetch_sub(inputs, Ordering::Relaxed);
             stopped()
         })
@@ -435,48 +459,79 @@ impl BatcherHandle {
     }
 }
 
-/// What the bulk lane (`crate::bulk`) reads of the batcher to serve interactive requests first:
-/// it starts an upstream call only while [`BulkGate::is_open`]. It holds no sender, so it never
-/// keeps the actor alive.
+/// The bulk lane's (`crate::bulk`) way into the batcher: bulk requests share the interactive
+/// batches' upstream calls without competing with interactive requests.
+///
+/// A bulk request is queued apart from interactive ones and holds no share of the admission
+/// bounds (`QUEUE_CAP`, `MAX_QUEUE_BYTES`, `MAX_QUEUE_DELAY`), so it never causes a 429. Its
+/// inputs leave in two ways:
+/// - they fill the room an interactive batch of the same options leaves (up to the batch limit
+///   and the token budget), so interactive traffic below capacity carries bulk inputs at the
+///   cost of the call's per-input time only;
+/// - as a batch of their own, only while nothing interactive is queued or on its way to the
+///   actor: on an idle upstream while interactive requests arrive (one arriving then waits
+///   behind at most that one call), and under up to [`BulkGate::limit_calls`] calls in flight
+///   once none arrived for 10 call times (so a bulk job alone keeps the upstream busy back to
+///   back; the first interactive request after such a spell may wait behind that many calls).
+///
+/// It holds a weak sender, so it never keeps the actor alive.
 #[derive(Clone)]
 pub struct BulkGate {
+    tx: mpsc::WeakUnboundedSender<Sent>,
     shared: Arc<Shared>,
 }
 
 impl BulkGate {
-    /// `true` while no interactive input is queued or on its way to the actor and fewer than
-    /// `max_concurrent_batches` interactive calls are in flight: a bulk call started now takes
-    /// capacity interactive traffic leaves, and delays an interactive request arriving during
-    /// it by at most that one call.
-    pub fn is_open(&self) -> bool {
-        let ledger = self.shared.ledger.borrow();
-        ledger.queued_inputs == 0
-            && self.shared.in_transit.load(Ordering::Relaxed) == 0
-            && ledger.in_flight < self.shared.limits.slots
+    /// Sets the most calls in flight (interactive and bulk alike) under which a batch of bulk
+    /// inputs alone may start (`BULK_CALLS`, at least 1, at most `MAX_CONCURRENT_BATCHES`).
+    pub fn limit_calls(&self, calls: usize) {
+        self.shared
+            .bulk_calls
+            .store(calls.max(1), Ordering::Relaxed);
     }
 
-    /// Waits until [`BulkGate::is_open`] (woken by each step of the actor, and every
-    /// millisecond for requests on their way to it).
-    pub async fn opened(&self) {
-        let mut steps = self.shared.ledger.subscribe();
-        while !self.is_open() {
-            tokio::select! {
-                changed = steps.changed() => {
-                    if changed.is_err() {
-                        // The actor is gone: nothing interactive will be queued again.
-                        return;
-                    }
-                }
-                () = tokio::time::sleep(Duration::from_millis(1)) => {}
-            }
+    /// Embeds `inputs` (token counts `lengths`, or [`estimate_lengths`] when they do not hold
+    /// one per input) with `options` as a bulk request: waits until the batcher has sent them
+    /// (see [`BulkGate`]) and returns an embedding per input, in order. Dropping the future
+    /// cancels the inputs not yet sent.
+    ///
+    /// # Errors
+    /// The [`EmbedError`] of the upstream call that carried the request (a rejected input's
+    /// request alone gets the rejection, as for interactive requests), or
+    /// [`EmbedError::Unavailable`] when the batcher has stopped.
+    pub async fn embed(
+        &self,
+        inputs: Vec<Input>,
+        lengths: Vec<u32>,
+        options: EmbedOptions,
+    ) -> BulkOutcome {
+        if inputs.is_empty() {
+            return Ok(Vec::new());
         }
+        let lengths = if lengths.len() == inputs.len() {
+            lengths
+        } else {
+            estimate_lengths(&inputs)
+        };
+        let tx = self.tx.upgrade().ok_or_else(stopped)?;
+        let (reply, rx) = oneshot::channel();
+        tx.send(Sent::Bulk(BulkJob {
+            inputs,
+            lengths,
+            options,
+            reply,
+        }))
+        .map_err(|_| stopped())?;
+        drop(tx);
+        rx.await.unwrap_or_else(|_| Err(stopped()))
     }
 }
 
 impl BatcherHandle {
-    /// The gate the bulk lane waits on (see [`BulkGate`]).
+    /// The bulk lane's way into this batcher (see [`BulkGate`]).
     pub fn bulk_gate(&self) -> BulkGate {
         BulkGate {
+            tx: self.tx.downgrade(),
             shared: Arc::clone(&self.shared),
         }
     }
@@ -527,6 +582,7 @@ pub fn spawn<U: Upstream>(
         in_transit: AtomicUsize::new(0),
         failed_calls: watch::Sender::new(0),
         backlog_until: std::sync::Mutex::new(None),
+        bulk_calls: AtomicUsize::new(1),
     });
     let (tx, rx) = mpsc::unbounded_channel();
     let task = tokio::spawn(actor::Actor::new(upstream, Arc::clone(&shared), rx).run());

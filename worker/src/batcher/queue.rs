@@ -387,6 +387,80 @@ impl Queue {
         }
         Some(formed)
     }
+
+    /// Fills `formed` (a batch taken from another queue) with this queue's waiting inputs of the
+    /// same options, oldest first, while the batch stays within `batch_limit` inputs and
+    /// `budget` (counted over the whole batch, the inputs already in it included). Stops at the
+    /// first input that does not fit, so this queue keeps its order. Returns the inputs and
+    /// tokens added.
+    pub fn top_up(
+        &mut self,
+        formed: &mut Formed,
+        batch_limit: usize,
+        budget: TokenBudget,
+    ) -> Removed {
+        let mut added = Removed::default();
+        let Some(group) = self.groups.get_mut(&formed.options) else {
+            return added;
+        };
+        let mut longest = formed.lengths.iter().copied().max().unwrap_or(0);
+        let mut sum: u64 = formed.lengths.iter().map(|&t| u64::from(t)).sum();
+        let ids: Vec<u64> = group.queue.iter().copied().collect();
+        let mut full = false;
+        for id in ids {
+            if full || formed.inputs.len() >= batch_limit {
+                break;
+            }
+            let Some(entry) = self.entries.get_mut(&id) else {
+                continue;
+            };
+            let mut segment = Segment {
+                request: id,
+                indices: Vec::new(),
+                at: formed.inputs.len(),
+                len: 0,
+            };
+            let mut taken = 0;
+            for w in &mut entry.waiting {
+                let n = formed.inputs.len() + 1;
+                let cost = budget
+                    .cost
+                    .of(n, longest.max(w.tokens), sum + u64::from(w.tokens));
+                if n > batch_limit || cost > budget.max_batch_tokens {
+                    full = true;
+                    break;
+                }
+                longest = longest.max(w.tokens);
+                sum += u64::from(w.tokens);
+                segment.indices.push(w.index);
+                formed
+                    .inputs
+                    .push(std::mem::replace(&mut w.input, Input::Ids(Vec::new())));
+                formed.lengths.push(w.tokens);
+                added.tokens += u64::from(w.tokens);
+                taken += 1;
+            }
+            if taken == 0 {
+                break;
+            }
+            entry.waiting.drain(..taken);
+            entry.started = true;
+            segment.len = taken;
+            added.inputs += taken;
+            group.inputs -= taken;
+            if entry.waiting.is_empty() {
+                self.entries.remove(&id);
+            }
+            formed.segments.push(segment);
+        }
+        group.tokens -= added.tokens;
+        self.inputs -= added.inputs;
+        group.settle(&self.entries);
+        if group.queue.is_empty() {
+            self.groups.remove(&formed.options);
+        }
+        added
+    }
 }
 
 #[cfg(test)]

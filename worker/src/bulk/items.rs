@@ -1,15 +1,20 @@
 //! The items loop: embeds work items (chunks of input lines) behind interactive traffic.
 //!
 //! Per item: the batch's record says whether it still runs (a cancelled, expiring or ended
-//! batch's items are acked and dropped); the lines are embedded, grouped by options, in calls of
-//! at most the batch limit, each call waiting for the [`BulkGate`] and a `BULK_CALLS` permit;
-//! the output lines are published to the results stream (deduplicated by `Nats-Msg-Id`), the
-//! chunk is marked done in the record (once, by its bit), and the message is acked. When the
-//! upstream blames an input, the lines are retried one by one: the line it rejects gets its
-//! error output with the upstream's status and reason and the message is TERMed (never
-//! redelivered); its batch-mates get their embeddings. When the upstream fails otherwise, the
-//! message is NAKed with a delay doubling from 1 s (at most 30 s); at the `BULK_MAX_DELIVER`th
-//! delivery its lines go to the error file as `upstream_failed` instead.
+//! batch's items are acked and dropped); each line goes to the batcher as a bulk request
+//! ([`BulkGate::embed`]), which sends bulk inputs in the room interactive batches of the same
+//! options leave, or alone while nothing interactive waits; the output lines are published to
+//! the results stream (deduplicated by `Nats-Msg-Id`), the chunk is marked done in the record
+//! (once, by its bit), and the message is acked. A line whose input the upstream rejects (the
+//! batcher isolates it by request, as it does interactive requests) gets its error output with
+//! the upstream's status and reason and the message is TERMed (never redelivered); its
+//! batch-mates get their embeddings. When the upstream fails otherwise, the message is NAKed
+//! with a delay doubling from 1 s (at most 30 s); at the `BULK_MAX_DELIVER`th delivery its lines
+//! go to the error file as `upstream_failed` instead.
+//!
+//! A worker holds [`ITEMS_HELD`] items at once: their lines wait in the batcher together, so
+//! an upstream call always finds bulk inputs to carry while other items publish their results,
+//! update their batch's record and ack (that tail never holds up the upstream).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,23 +23,23 @@ use async_nats::jetstream::AckKind;
 use async_nats::jetstream::Message;
 use async_nats::jetstream::message::PublishMessage;
 use bytes::Bytes;
+use embatch_protocol::EmbedError;
 use embatch_protocol::bulk::{
     BatchStatus, ChunkResult, Item, JobKind, LineResult, result_msg_id, results_subject, unix_now,
 };
-use embatch_protocol::{EmbedError, EmbedOptions, Input};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::progress::Progress;
 use super::{Lane, PullConsumer, delivered, render, with_progress};
 use crate::batcher::BulkGate;
 use crate::telemetry::names;
-use crate::upstream::{Embedding, Upstream, UpstreamError};
 
-/// Items a worker holds beyond its `BULK_CALLS` calls: pulled and checked while the calls run,
-/// and finishing (results published, progress recorded, acked) after theirs ended, so the next
-/// call starts as soon as the previous one ends.
-const PREFETCH: usize = 3;
+/// Work items a worker holds at once (pulled, embedding, or finishing). An item spends several
+/// NATS round trips besides its embedding (its batch's record, the results, the progress, the
+/// ack): 16 keep bulk inputs waiting in the batcher for every call while the others finish.
+pub const ITEMS_HELD: usize = 16;
 
 /// What becomes of a message.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -45,75 +50,17 @@ enum Disposition {
     Nak(Duration),
 }
 
-/// The calls a worker may have in flight, and the gate that puts interactive requests first.
-struct Calls<U> {
-    upstream: Arc<U>,
-    gate: BulkGate,
-    permits: Arc<Semaphore>,
-    max_batch_size: usize,
-}
-
-impl<U> Clone for Calls<U> {
-    fn clone(&self) -> Self {
-        Calls {
-            upstream: Arc::clone(&self.upstream),
-            gate: self.gate.clone(),
-            permits: Arc::clone(&self.permits),
-            max_batch_size: self.max_batch_size,
-        }
-    }
-}
-
-impl<U: Upstream> Calls<U> {
-    /// Embeds `inputs` in calls of at most the batch limit, each started under a permit once
-    /// the gate is open.
-    async fn embed(
-        &self,
-        inputs: &[Input],
-        options: &EmbedOptions,
-    ) -> Result<Vec<Embedding>, UpstreamError> {
-        let mut out = Vec::with_capacity(inputs.len());
-        for part in inputs.chunks(self.max_batch_size.max(1)) {
-            let _permit = self
-                .permits
-                .acquire()
-                .await
-                .map_err(|_| UpstreamError::Crashed("the bulk lane stopped".into()))?;
-            self.gate.opened().await;
-            let started = std::time::Instant::now();
-            let called = self.upstream.embed(part, options).await;
-            let outcome = match &called {
-                Ok(_) => {
-                    metrics::counter!(names::BULK_INPUTS).increment(part.len() as u64);
-                    "ok"
-                }
-                Err(err) if err.blames_input() => "rejected",
-                Err(_) => "failed",
-            };
-            metrics::counter!(names::BULK_CALLS, "outcome" => outcome).increment(1);
-            metrics::histogram!(names::BULK_UPSTREAM_TIME).record(started.elapsed().as_secs_f64());
-            out.extend(called?);
-        }
-        Ok(out)
-    }
-}
-
-/// Pulls and processes work items until `stop`; holds at most `BULK_CALLS` + [`PREFETCH`] items at
-/// once, so no item waits out its ack wait in this worker.
-pub(super) async fn run<U: Upstream>(
+/// Pulls and processes work items until `stop`; holds at most [`ITEMS_HELD`] items at once, so
+/// no item waits out its ack wait in this worker.
+pub(super) async fn run(
     lane: Arc<Lane>,
     consumer: PullConsumer,
-    upstream: Arc<U>,
     gate: BulkGate,
     stop: CancellationToken,
 ) {
-    let calls = Calls {
-        upstream,
-        gate,
-        permits: Arc::new(Semaphore::new(lane.config.calls.max(1))),
-        max_batch_size: lane.config.max_batch_size,
-    };
-    let held = Arc::new(Semaphore::new(lane.config.calls.max(1) + PREFETCH));
+    gate.limit_calls(lane.config.calls);
+    let (progress, recorder) = Progress::spawn(Arc::clone(&lane));
+    let held = Arc::new(Semaphore::new(ITEMS_HELD));
     let tasks = TaskTracker::new();
     loop {
         let permit = tokio::select! {
@@ -127,11 +74,12 @@ pub(super) async fn run<U: Upstream>(
             break;
         };
         let lane = Arc::clone(&lane);
-        let calls = calls.clone();
+        let gate = gate.clone();
+        let progress = progress.clone();
         let stop = stop.clone();
         tasks.spawn(async move {
             tokio::select! {
-                () = process(&lane, &message, &calls) => {}
+                () = process(&lane, &message, &gate, &progress) => {}
                 () = stop.cancelled() => {
                     // Give it back at once instead of after the ack wait.
                     let _ = message.ack_with(AckKind::Nak(None)).await;
@@ -142,15 +90,19 @@ pub(super) async fn run<U: Upstream>(
     }
     tasks.close();
     tasks.wait().await;
+    drop(progress);
+    if let Err(err) = recorder.await {
+        tracing::error!(%err, "the bulk progress recorder failed");
+    }
 }
 
-async fn process<U: Upstream>(lane: &Lane, message: &Message, calls: &Calls<U>) {
+async fn process(lane: &Lane, message: &Message, gate: &BulkGate, progress: &Progress) {
     let disposition = match serde_json::from_slice::<Item>(&message.payload) {
         Ok(item) => {
             let handled = with_progress(
                 message,
                 lane.config.ack_wait,
-                handle(lane, message, &item, calls),
+                handle(lane, message, &item, gate, progress),
             );
             match handled.await {
                 Ok(disposition) => disposition,
@@ -182,11 +134,12 @@ fn backoff(delivered: i64) -> Duration {
     Duration::from_secs(2u64.pow(exp)).min(Duration::from_secs(30))
 }
 
-async fn handle<U: Upstream>(
+async fn handle(
     lane: &Lane,
     message: &Message,
     item: &Item,
-    calls: &Calls<U>,
+    gate: &BulkGate,
+    progress: &Progress,
 ) -> Result<Disposition, String> {
     let store = &lane.store;
     let Some((record, _)) = store
@@ -203,7 +156,7 @@ async fn handle<U: Upstream>(
         expire(lane, &item.batch_id).await?;
         return Ok(Disposition::Ack);
     }
-    let (results, rejected) = match embed_lines(item, calls).await {
+    let (results, rejected) = match embed_lines(item, gate).await {
         Ok(done) => done,
         Err(err) => {
             if delivered(message) < lane.config.max_deliver {
@@ -225,17 +178,9 @@ async fn handle<U: Upstream>(
     publish(lane, item, results.as_slice()).await?;
     let ok = results.iter().filter(|r| r.ok).count() as u64;
     let failed = results.len() as u64 - ok;
-    let record = store
-        .update_batch(&item.batch_id, |record| {
-            if record.batch.status.is_final() || !record.embatch.mark_done(item.chunk) {
-                return false;
-            }
-            record.batch.request_counts.completed += ok;
-            record.batch.request_counts.failed += failed;
-            true
-        })
-        .await
-        .map_err(|e| e.to_string())?;
+    let record = progress
+        .mark(&item.batch_id, item.chunk, ok, failed)
+        .await?;
     if record.embatch.all_done() && record.batch.status == BatchStatus::InProgress {
         store
             .publish_job(&item.batch_id, JobKind::Finalize)
@@ -271,59 +216,50 @@ pub(super) async fn expire(lane: &Lane, batch_id: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Embeds the item's lines: one call per group of equal options (split at the batch limit);
-/// when the upstream blames an input, each line of the group alone. Returns the output lines
-/// and whether a line was rejected.
+/// Embeds the item's lines, each a bulk request of the batcher (all at once, so they share
+/// calls), and renders their output lines. Returns the output lines and whether a line was
+/// rejected.
 ///
 /// # Errors
 /// The upstream's failure when it is not an input's fault (the item is redelivered).
-async fn embed_lines<U: Upstream>(
-    item: &Item,
-    calls: &Calls<U>,
-) -> Result<(Vec<LineResult>, bool), String> {
-    let mut groups: Vec<(EmbedOptions, Vec<usize>)> = Vec::new();
-    for (i, line) in item.lines.iter().enumerate() {
-        let options = line.request.options();
-        match groups.iter_mut().find(|(o, _)| *o == options) {
-            Some((_, members)) => members.push(i),
-            None => groups.push((options, vec![i])),
-        }
-    }
-    let mut results: Vec<Option<LineResult>> = vec![None; item.lines.len()];
-    let mut rejected = false;
-    for (options, members) in groups {
-        let inputs: Vec<Input> = members
-            .iter()
-            .flat_map(|&i| item.lines[i].request.inputs.as_slice().iter().cloned())
-            .collect();
-        match calls.embed(&inputs, &options).await {
-            Ok(embeddings) => {
-                let mut at = 0;
-                for &i in &members {
-                    let line = &item.lines[i];
-                    let n = line.request.inputs.len();
-                    let slice = embeddings.get(at..at + n).ok_or("too few embeddings")?;
-                    results[i] = Some(render::success(line, slice)?);
-                    at += n;
-                }
+async fn embed_lines(item: &Item, gate: &BulkGate) -> Result<(Vec<LineResult>, bool), String> {
+    let embedded = futures::future::join_all(item.lines.iter().map(|line| async move {
+        let started = std::time::Instant::now();
+        let inputs = line.request.inputs.as_slice().to_vec();
+        let n = inputs.len();
+        let outcome = gate.embed(inputs, Vec::new(), line.request.options()).await;
+        let label = match &outcome {
+            Ok(_) => {
+                metrics::counter!(names::BULK_INPUTS).increment(n as u64);
+                "ok"
             }
-            Err(err) if err.blames_input() => {
-                for &i in &members {
-                    let line = &item.lines[i];
-                    match calls.embed(line.request.inputs.as_slice(), &options).await {
-                        Ok(embeddings) => results[i] = Some(render::success(line, &embeddings)?),
-                        Err(err) if err.blames_input() => {
-                            rejected = true;
-                            results[i] = Some(render::refused(line, &EmbedError::from(err))?);
-                        }
-                        Err(err) => return Err(err.to_string()),
-                    }
-                }
+            Err(err) if blames_input(err) => "rejected",
+            Err(_) => "failed",
+        };
+        metrics::counter!(names::BULK_LINES, "outcome" => label).increment(1);
+        metrics::histogram!(names::BULK_UPSTREAM_TIME).record(started.elapsed().as_secs_f64());
+        outcome
+    }))
+    .await;
+    let mut results = Vec::with_capacity(item.lines.len());
+    let mut rejected = false;
+    for (line, outcome) in item.lines.iter().zip(embedded) {
+        match outcome {
+            Ok(embeddings) => results.push(render::success(line, &embeddings)?),
+            Err(err) if blames_input(&err) => {
+                rejected = true;
+                results.push(render::refused(line, &err)?);
             }
             Err(err) => return Err(err.to_string()),
         }
     }
-    Ok((results.into_iter().flatten().collect(), rejected))
+    Ok((results, rejected))
+}
+
+/// The upstream refused an input of the request (TEI's 400/413/422, as
+/// `UpstreamError::blames_input`): the line's fault, never retried.
+fn blames_input(err: &EmbedError) -> bool {
+    matches!(err.status(), 400 | 413 | 422)
 }
 
 /// Publishes the chunk's results, in as many parts as `max_payload` needs, each deduplicated by

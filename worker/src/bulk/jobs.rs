@@ -511,9 +511,11 @@ impl Results {
         if self.read >= self.stored {
             return Ok(None);
         }
+        // No more than are left: a pull waits for all it asks for (or its expiry).
+        let left = usize::try_from(self.stored - self.read).unwrap_or(READ_MESSAGES);
         let mut batch = consumer
             .batch()
-            .max_messages(READ_MESSAGES)
+            .max_messages(READ_MESSAGES.min(left))
             .expires(Duration::from_secs(2))
             .messages()
             .await

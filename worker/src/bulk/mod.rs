@@ -6,11 +6,11 @@
 //!   input file, checks every line and publishes its work items; `finalize` reads the results
 //!   back, writes the output and error files and sets the final status.
 //! - [`items`]: the durable pull consumer `bulk-items` (work items, one chunk of input lines
-//!   each): each chunk is embedded in as few upstream calls as its lines' options allow, each
-//!   call started only while the batcher's [`BulkGate`] is open (nothing interactive queued, a
-//!   call slot free) and at most `BULK_CALLS` at a time; the chunk's output lines are published
-//!   to the results stream, the batch's progress is updated by compare-and-set, and the message
-//!   is acked.
+//!   each): each line goes to the batcher as a bulk request ([`BulkGate`]), which fills the
+//!   room interactive batches of the same options leave with bulk inputs and sends bulk inputs
+//!   alone only while nothing interactive waits and fewer than `BULK_CALLS` calls are in
+//!   flight; the chunk's output lines are published to the results stream, the batch's
+//!   progress is updated by compare-and-set, and the message is acked.
 //!
 //! A third, [`sweep`], gives back messages stranded below a consumer's ack floor (seen after a
 //! nats-server restart), so no batch can stay `in_progress` for want of a delivery.
@@ -26,6 +26,7 @@
 mod items;
 mod jobs;
 mod lines;
+mod progress;
 mod render;
 mod sweep;
 
@@ -41,7 +42,6 @@ use tokio_util::sync::CancellationToken;
 pub use lines::LineLimits;
 
 use crate::batcher::BulkGate;
-use crate::upstream::Upstream;
 
 /// How long the lane waits before asking JetStream again after it did not answer.
 pub const RETRY: Duration = Duration::from_secs(5);
@@ -57,7 +57,8 @@ pub struct BulkConfig {
     /// Most bytes of input text per work item, so an item and its results stay well under the
     /// server's `max_payload`.
     pub chunk_bytes: usize,
-    /// Most bulk upstream calls in flight from this worker.
+    /// Most upstream calls in flight (interactive and bulk alike) under which a batch of bulk
+    /// inputs alone may start (see [`BulkGate::limit_calls`]).
     pub calls: usize,
     /// Deliveries of a work item whose upstream call fails before its lines go to the error
     /// file (`upstream_failed`).
@@ -67,8 +68,6 @@ pub struct BulkConfig {
     pub ack_wait: Duration,
     /// The limits input lines are checked against.
     pub limits: LineLimits,
-    /// The most inputs one upstream call may carry (the batcher's batch limit).
-    pub max_batch_size: usize,
     /// The model this worker serves: it takes the work items of that model's batches only
     /// ([`embatch_protocol::bulk::items_consumer`]). Set once the model is known.
     pub model: String,
@@ -82,9 +81,8 @@ pub struct BulkConfig {
 
 /// Runs the bulk lane until `stop`: binds the store (retrying every [`RETRY`] while JetStream
 /// does not answer), then runs the jobs and items loops.
-pub async fn run<U: Upstream>(
+pub async fn run(
     client: async_nats::Client,
-    upstream: Arc<U>,
     gate: BulkGate,
     config: BulkConfig,
     stop: CancellationToken,
@@ -133,7 +131,7 @@ pub async fn run<U: Upstream>(
     tokio::join!(
         sweep::run(Arc::clone(&lane), jobs.clone(), items.clone(), stop.clone()),
         jobs::run(Arc::clone(&lane), jobs, stop.clone()),
-        items::run(lane, items, upstream, gate, stop),
+        items::run(lane, items, gate, stop),
     );
 }
 

@@ -2,6 +2,7 @@
 //! sleeps, exact timings.
 
 mod batching;
+mod bulk;
 mod faults;
 mod overload;
 mod tokens;
