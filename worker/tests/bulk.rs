@@ -293,7 +293,8 @@ async fn a_bulk_job_shows_in_the_worker_metrics() {
         "{metrics}"
     );
     assert!(
-        value(r#"embatch_worker_upstream_calls_total{outcome="ok"}"#).is_some_and(|c| c >= 1.0),
+        value(r#"embatch_worker_upstream_calls_total{model="embatch/tei-double",outcome="ok"}"#)
+            .is_some_and(|c| c >= 1.0),
         "the bulk inputs went through the batcher's calls: {metrics}"
     );
     assert_eq!(value(acked), Some(n as f64), "{metrics}");
