@@ -931,3 +931,4 @@ SCENARIO_FUNCS["token_batching"] = scenario_token_batching
 # The bulk-job scenarios (OpenAI's Files + Batches API) live in bulk.py, which appends them to
 # SCENARIOS and SCENARIO_FUNCS; imported last, once everything it uses here is defined.
 from . import bulk  # noqa: E402,F401
+from . import steady  # noqa: E402,F401
