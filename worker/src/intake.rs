@@ -304,19 +304,19 @@ impl Intake {
                 .increment(1);
             return;
         }
-        if request
+        // A copy resent after a loss is admitted by deadline (see `headers::ATTEMPT`).
+        let resent = request
             .headers
             .as_ref()
-            .is_some_and(|h| h.get(headers::ATTEMPT).is_some())
-        {
-            // A copy resent after a loss: more of its burst may follow (see
-            // `headers::ATTEMPT`).
-            self.batcher.absorb_backlog(headers::RESEND_BACKLOG_WINDOW);
-        }
+            .is_some_and(|h| h.get(headers::ATTEMPT).is_some());
         let submission = match self
             .parse(&request, received, reply_limit)
-            .and_then(|parsed| self.hand_over(parsed))
-        {
+            .and_then(|parsed| {
+                if resent {
+                    self.batcher.absorb_resent(parsed.inputs.len());
+                }
+                self.hand_over(parsed)
+            }) {
             Ok(submission) => submission,
             Err(err) => {
                 metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => err.kind())

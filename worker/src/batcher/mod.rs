@@ -238,6 +238,9 @@ struct Shared {
     failed_calls: watch::Sender<u32>,
     /// Set by [`BatcherHandle::absorb_backlog`], taken by the actor at its next admission.
     backlog_until: std::sync::Mutex<Option<Instant>>,
+    /// Inputs of resent copies and when the last one came ([`BatcherHandle::absorb_resent`]),
+    /// taken by the actor at its next admission.
+    resent: std::sync::Mutex<Option<(usize, Instant)>>,
 }
 
 /// A request on its way to the actor, which admits or refuses it.
@@ -271,6 +274,22 @@ impl BatcherHandle {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         *pending = Some(pending.map_or(until, |earlier| earlier.max(until)));
+    }
+
+    /// A resent copy of a request (`Embatch-Attempt`, see
+    /// `embatch_protocol::headers::ATTEMPT`) with `inputs` inputs reached the worker and is on
+    /// its way: admission lets that many inputs in by deadline alone, without
+    /// `MAX_QUEUE_DELAY`, for the next `RESEND_BACKLOG_WINDOW` (1 s), and leaves them out of the
+    /// queue-delay check of the requests behind them while they wait
+    /// (`Ledger::excuse_resent`). `QUEUE_CAP`, `MAX_QUEUE_BYTES` and every deadline still hold.
+    pub fn absorb_resent(&self, inputs: usize) {
+        let now = Instant::now();
+        let mut pending = self
+            .shared
+            .resent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *pending = Some((pending.map_or(0, |(earlier, _)| earlier) + inputs, now));
     }
 
     /// Submits one request: its inputs, the token count of each (after truncation, special
@@ -524,6 +543,7 @@ pub fn spawn<U: Upstream>(
         in_transit: AtomicUsize::new(0),
         failed_calls: watch::Sender::new(0),
         backlog_until: std::sync::Mutex::new(None),
+        resent: std::sync::Mutex::new(None),
     });
     let (tx, rx) = mpsc::unbounded_channel();
     let task = tokio::spawn(actor::Actor::new(upstream, Arc::clone(&shared), rx).run());
