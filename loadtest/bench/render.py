@@ -13,7 +13,10 @@ from .scenarios import (GPU_BASE_MS, GPU_PER_INPUT_US, SCENARIO_NAMES, SCENARIOS
                         SLOW_PER_INPUT_US)
 
 
-def verdict(ok: bool) -> str:
+def verdict(ok: bool | None) -> str:
+    """None: the runs cannot tell (e.g. pairs of a noisy A/B that disagree)."""
+    if ok is None:
+        return "**not resolved**"
     return "**met**" if ok else "**missed**"
 
 

@@ -61,9 +61,14 @@ def steady_stack_runs(b: Stack, build: str, pair: int, rates: list[int]) -> list
                 r = b.load(f"steady {build} pair {pair} {path} @ {rate} req/s", target,
                            rate=rate, warmup=b.d(2, 1), duration=b.d(15, 4),
                            timeout=sc.RECOVERY_TIMEOUT_S, workers=workers)
+                # Why requests failed or were resent (counters since the stack started).
+                r["counters"] = {
+                    "gateway": sc.counters(gw.args[1].removesuffix("/embed") + "/metrics"),
+                    "workers": [sc.counters(f"http://127.0.0.1:{w.metrics_port}/metrics")
+                                for w in workers]}
                 log(f"  {build} pair {pair} {path} @ {rate}: p50 {lat(r, 'p50_ms')} ms, p99 "
                     f"{lat(r, 'p99_ms')} ms, failed {r['requests']['failed']}, load average "
-                    f"{loadavg:.2f}")
+                    f"{loadavg:.2f}; counters {r['counters']}")
                 runs.append(sc.run_entry(path, {"path": path, "build": build, "pair": pair,
                                                 "rate": rate, "loadavg_before": loadavg}, r))
     finally:
@@ -118,7 +123,8 @@ def ratios(res: dict) -> dict[tuple[int, str], list[float]]:
 
 def render_steady_state(res: dict, targets: list) -> list[str]:
     """Per pair, build, rate and path: p50/p99 and failures; with a baseline, the within-pair
-    p99 ratios; the target is a median ratio within STEADY_TARGET for every rate and path."""
+    p99 ratios; the target (a ratio within STEADY_TARGET) is met when every pair meets it,
+    missed when none does, and not resolved otherwise."""
     s = res["settings"]
     out = [f"Two workers, each on its own GPU-like fake upstream ({sc.GPU_BASE_MS} ms + "
            f"{sc.GPU_PER_INPUT_US} µs/input, one call at a time), every setting at its default "
@@ -144,10 +150,13 @@ def render_steady_state(res: dict, targets: list) -> list[str]:
             med = statistics.median(xs)
             out.append(f"| {rate:,} | {path} | {', '.join(f'{x:.2f}' for x in xs)} "
                        f"| {med:.2f} |")
+            # Met when every pair is within the target, missed when every pair is beyond it;
+            # pairs on both sides (a noisy machine) resolve nothing.
+            ok = (True if max(xs) <= STEADY_TARGET else False if min(xs) > STEADY_TARGET
+                  else None)
             targets.append((f"steady state, {path} @ {rate:,} req/s: p99 within 5% of the "
-                            "baseline's (median of the pairs' ratios)",
-                            f"{med:.2f}× ({min(xs):.2f}–{max(xs):.2f})",
-                            med <= STEADY_TARGET))
+                            "baseline's (p99 ratio within each pair: median, range)",
+                            f"{med:.2f}× ({min(xs):.2f}–{max(xs):.2f})", ok))
     return out
 
 

@@ -331,10 +331,8 @@ impl Shed {
 
 /// When a request would start and finish, by the estimate, against what it may take.
 struct Plan {
-    /// Expected wait before its first upstream call.
-    start: Duration,
-    /// The same, leaving out the inputs admitted on resent copies' credit: what
-    /// `MAX_QUEUE_DELAY` bounds.
+    /// Expected wait before its first upstream call, leaving out the inputs admitted on resent
+    /// copies' credit: what `MAX_QUEUE_DELAY` bounds.
     unexcused_start: Duration,
     /// Expected time until its last call ends.
     finish: Duration,
@@ -548,7 +546,6 @@ impl Ledger {
         let own_rounds = u32::try_from(own_batches.div_ceil(limits.slots)).unwrap_or(u32::MAX);
         let budget = ask.deadline.saturating_duration_since(now);
         Plan {
-            start,
             unexcused_start,
             finish: start.saturating_add(call.saturating_mul(own_rounds)),
             budget,
