@@ -263,8 +263,8 @@ struct Job {
 impl BatcherHandle {
     /// Admits by deadline, without `MAX_QUEUE_DELAY`, for `window` from now (or longer, if an
     /// earlier call asked for longer): after a NATS reconnect, the requests clients held
-    /// through the outage arrive at once, as do resent copies after a worker was lost (see
-    /// `Ledger::absorb_backlog_until`). `QUEUE_CAP`, `MAX_QUEUE_BYTES` and each request's
+    /// through the outage arrive at once (see `Ledger::absorb_backlog_until`; resent copies
+    /// are excused by their own inputs instead, [`BatcherHandle::absorb_resent`]). `QUEUE_CAP`, `MAX_QUEUE_BYTES` and each request's
     /// deadline still bound what is admitted.
     pub fn absorb_backlog(&self, window: Duration) {
         let until = Instant::now() + window;
