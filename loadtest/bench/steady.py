@@ -10,7 +10,7 @@ With `EMBATCH_BASELINE_BIN_DIR` set to a directory holding another build's three
 the scenario alternates the two builds over `EMBATCH_STEADY_PAIRS` pairs (default 4), the first
 build of each pair alternating too, so drift in a shared machine's load falls on both sides; each
 build runs with its own load generator (so the NATS path is each build's own client) and its own
-defaults. The comparison is made within a pair: p99 of this build / p99 of the baseline."""
+defaults, against this build's fake upstream (the instrument stays the same). The comparison is made within a pair: p99 of this build / p99 of the baseline."""
 
 from __future__ import annotations
 
@@ -39,18 +39,25 @@ def steady_rates(b: Stack) -> list[int]:
     return [sc.RECOVERY_RATE, round(sc.ceiling(b.defaults.max_batch_size) / 2)]
 
 
-def steady_stack_runs(b: Stack, build: str, pair: int, rates: list[int]) -> list[dict]:
+def steady_stack_runs(b: Stack, build: str, pair: int, rates: list[int],
+                      upstream_bin: str) -> list[dict]:
     """One stack of the recovery scenarios (nats-server, two GPU-like upstreams, workers A and B
     with their defaults, the gateway with its defaults) and, on it, an open-loop run per rate and
-    path; no event."""
+    path; no event. The fake upstreams are `upstream_bin`'s whatever the build, so both builds
+    are measured against the same instrument."""
     runs = []
     mark = b.sup.mark()
     try:
         nats = b.nats()
         workers = []
+        build_bins = b.bins
         for name in ("A", "B"):
-            _, up = b.fake_upstream(sc.GPU_BASE_MS, sc.GPU_PER_INPUT_US, 1,
-                                    name=f"fake-upstream-{name}")
+            b.bins = {**build_bins, "embatch-loadtest": upstream_bin}
+            try:
+                _, up = b.fake_upstream(sc.GPU_BASE_MS, sc.GPU_PER_INPUT_US, 1,
+                                        name=f"fake-upstream-{name}")
+            finally:
+                b.bins = build_bins
             workers.append(b.worker(nats, tei_url=up, name=f"worker-{name}", defaults_only=True,
                                     **STEADY_WORKER))
         b.wait_workers(nats, workers)
@@ -97,7 +104,7 @@ def scenario_steady_state(b: Stack) -> dict:
                 if build not in builds:
                     continue
                 b.bins = builds[build]
-                runs += steady_stack_runs(b, build, pair, rates)
+                runs += steady_stack_runs(b, build, pair, rates, own["embatch-loadtest"])
     finally:
         b.bins = own
     return {"settings": {"upstream": f"one {sc.GPU_UPSTREAM} per worker", "workers": 2,
@@ -134,8 +141,8 @@ def render_steady_state(res: dict, targets: list) -> list[str]:
            + " and ".join(f"{r:,}" for r in s["rates"])
            + f" req/s through the gateway and NATS direct, client timeout {s['timeout_s']} s. "
            + (f"{s['pairs']} pairs alternating this build and the baseline "
-              "(`EMBATCH_BASELINE_BIN_DIR`), each with its own load generator; the first build "
-              "of each pair alternates too." if s.get("baseline_bin_dir") else
+              "(`EMBATCH_BASELINE_BIN_DIR`), each with its own load generator, both on this "
+              "build's fake upstream; the first build of each pair alternates too." if s.get("baseline_bin_dir") else
               "This build only (set `EMBATCH_BASELINE_BIN_DIR` to compare with another)."),
            "", "| pair | build | rate req/s | path | load avg | failures | p50 ms | p99 ms |",
            "|---:|---|---:|---|---:|---|---:|---:|"]
