@@ -124,6 +124,7 @@ nats_go=$(sed -n 's|^require github.com/nats-io/nats.go ||p' examples/go/go.mod)
 nats_js=$(node -p 'require("./examples/node/node_modules/nats/package.json").version')
 expect_vector "examples/direct_nats.py (nats-py $nats_py)" "$venv/bin/python" examples/direct_nats.py
 expect_no_responders "examples/direct_nats.py (nats-py $nats_py)" "$venv/bin/python" examples/direct_nats.py
+expect_vector "examples/direct_nats_resend.py (nats-py $nats_py, acknowledgement and resend)" "$venv/bin/python" examples/direct_nats_resend.py
 expect_vector "examples/go (nats.go $nats_go, $(go env GOVERSION))" "$tmp/go-example"
 expect_no_responders "examples/go (nats.go $nats_go)" "$tmp/go-example"
 expect_vector "examples/node (nats $nats_js, node $(node --version))" node examples/node/index.mjs

@@ -13,7 +13,10 @@ from .scenarios import (GPU_BASE_MS, GPU_PER_INPUT_US, SCENARIO_NAMES, SCENARIOS
                         SLOW_PER_INPUT_US)
 
 
-def verdict(ok: bool) -> str:
+def verdict(ok: bool | None) -> str:
+    """None: the runs cannot tell (e.g. pairs of a noisy A/B that disagree)."""
+    if ok is None:
+        return "**not resolved**"
     return "**met**" if ok else "**missed**"
 
 
@@ -834,3 +837,8 @@ from .cache import RENDERERS as CACHE_RENDERERS, SHOWS as CACHE_SHOWS  # noqa: E
 
 RENDERERS.update(CACHE_RENDERERS)
 SHOWS.update(CACHE_SHOWS)
+# The steady-state scenario's tables (loadtest/bench/steady.py).
+from .steady import RENDERERS as STEADY_RENDERERS, SHOWS as STEADY_SHOWS  # noqa: E402
+
+RENDERERS.update(STEADY_RENDERERS)
+SHOWS.update(STEADY_SHOWS)

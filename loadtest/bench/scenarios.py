@@ -933,3 +933,5 @@ SCENARIO_FUNCS["token_batching"] = scenario_token_batching
 from . import bulk  # noqa: E402,F401
 # The cache scenario (the workers' cache on and off) lives in cache.py, likewise.
 from . import cache  # noqa: E402,F401
+# The steady-state A/B scenario lives in steady.py, likewise.
+from . import steady  # noqa: E402,F401

@@ -88,13 +88,15 @@ pub const HEARTBEAT_EXPIRY: Duration = Duration::from_millis(500);
 
 /// Request header (optional): on a copy of a request that its client resends (the same
 /// [`REQUEST_ID`]), the number of this copy, `2` and up. A worker that does not hold the request
-/// yet admits by deadline alone for [`RESEND_BACKLOG_WINDOW`]: resends come in bursts (the
-/// requests a lost worker held, all at once), and a queue-delay bound would refuse part of a
-/// burst whose callers' deadlines allow it to drain.
+/// yet admits as many inputs as the resent copies hold by deadline alone, without
+/// `MAX_QUEUE_DELAY`, within [`RESEND_BACKLOG_WINDOW`], and leaves them out of the queue-delay
+/// check of the requests behind them: resends come in bursts (the requests a lost worker held,
+/// all at once), and a queue-delay bound would refuse part of a burst, and the requests right
+/// behind it, although their callers' deadlines allow the burst to drain.
 pub const ATTEMPT: &str = "Embatch-Attempt";
 
-/// How long a worker admits by deadline alone after a resent copy ([`ATTEMPT`]) reached it:
-/// 1 s.
+/// How long the credit that resent copies ([`ATTEMPT`]) open in a worker lasts after the last
+/// of them reached it: 1 s.
 pub const RESEND_BACKLOG_WINDOW: Duration = Duration::from_secs(1);
 
 /// Request header (optional): the contract version the client speaks, e.g. `1`.

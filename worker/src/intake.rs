@@ -307,15 +307,11 @@ impl Intake {
                 .increment(1);
             return;
         }
-        if request
+        // A copy resent after a loss is admitted by deadline (see `headers::ATTEMPT`).
+        let resent = request
             .headers
             .as_ref()
-            .is_some_and(|h| h.get(headers::ATTEMPT).is_some())
-        {
-            // A copy resent after a loss: more of its burst may follow (see
-            // `headers::ATTEMPT`).
-            self.batcher.absorb_backlog(headers::RESEND_BACKLOG_WINDOW);
-        }
+            .is_some_and(|h| h.get(headers::ATTEMPT).is_some());
         let parsed = match self.parse(&request, received, reply_limit) {
             Ok(parsed) => parsed,
             Err(err) => return self.refuse(err, &request, wants_ack, acks, received).await,
@@ -351,6 +347,9 @@ impl Intake {
             metrics::histogram!(crate::telemetry::names::CACHE_HIT_TIME)
                 .record(received.elapsed().as_secs_f64());
             return;
+        }
+        if resent {
+            self.batcher.absorb_resent(inputs);
         }
         let work = match self.hand_over(parsed, plan) {
             Ok(work) => work,

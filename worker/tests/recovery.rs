@@ -414,3 +414,63 @@ async fn a_queue_group_leave_in_the_middle_of_20000_requests_loses_none() {
         "the leaving worker's exit status: {status}"
     );
 }
+
+/// An indexing client: 8 requests of 512 inputs in flight, closed loop, each with a 30 s
+/// deadline, to a worker process with every setting at its default (`MAX_QUEUE_DELAY=auto`,
+/// a few call times) over a real nats-server. Each request needs 16 upstream calls and the
+/// queue holds up to 8 × 16 calls, far past the auto bound: every request is still admitted and
+/// served with its own vectors, since a request of several calls is bounded by its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_concurrent_512_input_requests_with_long_deadlines_are_all_served() {
+    let nats = NatsServer::start();
+    let tei = start_tei(TeiConfig {
+        base: Duration::from_millis(5),
+        ..TeiConfig::instant()
+    })
+    .await;
+    let nats_client = embatch_client::connect(&nats.url(), "indexing-test")
+        .await
+        .expect("client connects");
+    let _worker = spawn_worker(&nats, &tei, &[], &nats_client, 1).await;
+    let client = EmbedClient::new(nats_client, "embed");
+    // Measured call times, so MAX_QUEUE_DELAY=auto is in force.
+    for i in 0..20 {
+        embed_checked(&client, &format!("warm-up {i}"), Duration::from_secs(5)).await;
+    }
+    let budget = Duration::from_secs(30);
+    let tasks: Vec<_> = (0..8)
+        .map(|c| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                for round in 0..3 {
+                    let texts: Vec<String> =
+                        (0..512).map(|i| format!("chunk {c}-{round}-{i}")).collect();
+                    let started = Instant::now();
+                    let reply = client
+                        .embed(
+                            Bytes::from(serde_json::json!({ "inputs": texts }).to_string()),
+                            budget,
+                        )
+                        .await
+                        .unwrap_or_else(|e| panic!("client {c} round {round} failed: {e}"));
+                    assert!(started.elapsed() <= budget, "answered after its deadline");
+                    let vectors: Vec<Vec<f32>> =
+                        serde_json::from_slice(&reply.payload).expect("vectors");
+                    let expected: Vec<Vec<f32>> = texts
+                        .iter()
+                        .map(|t| embatch_testkit::double_vector(t))
+                        .collect();
+                    assert_eq!(vectors, expected, "client {c} round {round}");
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("every request admitted and served");
+    }
+    let calls = tei.calls().len();
+    assert!(
+        calls >= 8 * 3 * 16,
+        "512 inputs take 16 calls of 32: {calls} calls for 24 requests"
+    );
+}

@@ -217,6 +217,16 @@ impl<U: Upstream> Actor<U> {
         {
             self.ledger.absorb_backlog_until(until);
         }
+        if let Some((inputs, at)) = self
+            .shared
+            .resent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+        {
+            self.ledger
+                .excuse_resent(inputs, at, embatch_protocol::headers::RESEND_BACKLOG_WINDOW);
+        }
         let admitted = self
             .ledger
             .admit(&self.shared.limits, ask, Instant::now())
@@ -345,8 +355,7 @@ impl<U: Upstream> Actor<U> {
     }
 
     fn unqueue(&mut self, removed: Removed) {
-        self.ledger.queued_inputs = self.ledger.queued_inputs.saturating_sub(removed.inputs);
-        self.ledger.queued_tokens = self.ledger.queued_tokens.saturating_sub(removed.tokens);
+        self.ledger.unqueue(removed.inputs, removed.tokens);
     }
 
     /// Forgets a request about to be answered (or cancelled) and frees its share of the bounds.

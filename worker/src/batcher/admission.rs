@@ -260,6 +260,14 @@ pub(super) struct Ledger {
     last_admission_probe: Option<Instant>,
     /// Until when `MAX_QUEUE_DELAY` is not applied ([`Ledger::absorb_backlog_until`]).
     backlog_until: Option<Instant>,
+    /// Inputs that may still be admitted past `MAX_QUEUE_DELAY`, until `resent_until`: the
+    /// inputs of the resent copies that reached this worker ([`Ledger::excuse_resent`]).
+    resent_credit: usize,
+    /// When `resent_credit` lapses.
+    resent_until: Option<Instant>,
+    /// Inputs admitted on `resent_credit` and still queued (at most `queued_inputs`): the
+    /// queue-delay check of every other request leaves them out.
+    excused_queued: usize,
 }
 
 /// Answers the checks that need no state: no inputs (400), more than a whole bound in one
@@ -323,8 +331,9 @@ impl Shed {
 
 /// When a request would start and finish, by the estimate, against what it may take.
 struct Plan {
-    /// Expected wait before its first upstream call.
-    start: Duration,
+    /// Expected wait before its first upstream call, leaving out the inputs admitted on resent
+    /// copies' credit: what `MAX_QUEUE_DELAY` bounds.
+    unexcused_start: Duration,
     /// Expected time until its last call ends.
     finish: Duration,
     /// Its remaining budget.
@@ -345,20 +354,41 @@ impl Ledger {
     /// budget and, when it fits one upstream call, to start within `MAX_QUEUE_DELAY`. When no
     /// call has started or ended for a whole call time, one request the timing would shed is
     /// admitted as a probe.
+    ///
+    /// While resent copies left credit ([`Ledger::excuse_resent`]), a request is admitted by
+    /// its deadline alone and uses up credit for its inputs; the inputs so admitted are left
+    /// out of the queue-delay check of the requests after them while they wait.
     pub fn admit(&mut self, limits: &Limits, ask: Ask, now: Instant) -> Result<(), Shed> {
         validate(limits, ask, now)?;
         let call = self.estimate.call_at(now);
         self.within_bounds(limits, ask, call)?;
+        let excused = self.credit_at(now) > 0;
         if let Some(call) = call
             && !self.idle(limits)
         {
-            self.on_time(limits, ask, now, call)?;
+            self.on_time(limits, ask, now, call, excused)?;
         }
         self.held_inputs += ask.inputs;
         self.held_bytes += ask.bytes;
         self.queued_inputs += ask.inputs;
         self.queued_tokens += ask.tokens;
+        if excused {
+            self.resent_credit = self.resent_credit.saturating_sub(ask.inputs);
+            self.excused_queued += ask.inputs;
+        }
         Ok(())
+    }
+
+    /// Inputs left the queue (sent upstream, cancelled or expired): they no longer count ahead
+    /// of anyone. Inputs admitted on resent copies' credit are taken to leave first (their
+    /// callers have waited longest, so their deadlines come first).
+    pub fn unqueue(&mut self, inputs: usize, tokens: u64) {
+        self.queued_inputs = self.queued_inputs.saturating_sub(inputs);
+        self.queued_tokens = self.queued_tokens.saturating_sub(tokens);
+        self.excused_queued = self
+            .excused_queued
+            .saturating_sub(inputs)
+            .min(self.queued_inputs);
     }
 
     /// `QUEUE_CAP` and `MAX_QUEUE_BYTES` hold with `ask` added.
@@ -395,12 +425,14 @@ impl Ledger {
 
     /// The request is expected to finish in time and, unless bulk, to start within
     /// `MAX_QUEUE_DELAY`; or it may go as a probe.
+    /// `excused`: admitted on resent copies' credit, so by its deadline alone.
     fn on_time(
         &mut self,
         limits: &Limits,
         ask: Ask,
         now: Instant,
         call: Duration,
+        excused: bool,
     ) -> Result<(), Shed> {
         let plan = self.plan(limits, ask, now, call);
         let refusal = if plan.finish > plan.allowed {
@@ -412,10 +444,14 @@ impl Ledger {
                 plan.budget.as_millis()
             );
             (ShedReason::Deadline, plan.finish - plan.allowed, message)
-        } else if plan.start > plan.bound && !plan.bulk && !self.absorbing_backlog(now) {
+        } else if plan.unexcused_start > plan.bound
+            && !plan.bulk
+            && !excused
+            && !self.absorbing_backlog(now)
+        {
             let message = format!(
                 "the queue ahead needs ~{} ms, more than MAX_QUEUE_DELAY = {} ms ({})",
-                plan.start.as_millis(),
+                plan.unexcused_start.as_millis(),
                 plan.bound.as_millis(),
                 match limits.max_queue_delay {
                     QueueDelay::Auto => format!(
@@ -425,7 +461,11 @@ impl Ledger {
                     QueueDelay::Fixed(_) => "fixed".into(),
                 }
             );
-            (ShedReason::QueueDelay, plan.start - plan.bound, message)
+            (
+                ShedReason::QueueDelay,
+                plan.unexcused_start - plan.bound,
+                message,
+            )
         } else {
             return Ok(());
         };
@@ -441,8 +481,8 @@ impl Ledger {
     /// each request, `MAX_QUEUE_DELAY` does not) until `until`: the requests clients held while
     /// NATS was away arrive together after a reconnect, as a backlog whose callers already
     /// waited, and a bound of a few call times would answer most of them 429 (benchmark 16: 717
-    /// of 14,000 for a 1 s restart); so do resent copies after a worker was lost. The later of
-    /// two ends holds.
+    /// of 14,000 for a 1 s restart). The later of two ends holds. (Resent copies after a worker
+    /// was lost are excused by their own inputs instead: [`Ledger::excuse_resent`].)
     pub fn absorb_backlog_until(&mut self, until: Instant) {
         self.backlog_until = Some(self.backlog_until.map_or(until, |end| end.max(until)));
     }
@@ -469,14 +509,44 @@ impl Ledger {
         self.backlog_until.is_some_and(|until| now < until)
     }
 
+    /// Resent copies of `inputs` inputs in all reached the worker at `at`: that many inputs
+    /// more (on top of credit not yet used or lapsed) may be admitted by deadline alone, without
+    /// `MAX_QUEUE_DELAY`, until `window` after `at`. A lost worker's requests come back as a
+    /// burst of resent copies whose callers' deadlines let it drain; a bound of a few call
+    /// times would refuse part of it, and the requests right behind it. The credit is the
+    /// copies' own inputs, not a window of time for everything, so shedding stays on for the
+    /// rest of the load: a steady trickle of resends sets it aside for their own inputs only.
+    pub fn excuse_resent(&mut self, inputs: usize, at: Instant, window: Duration) {
+        self.resent_credit = self.credit_at(at) + inputs;
+        self.resent_until = Some(at + window);
+    }
+
+    /// Inputs that may still be admitted on resent copies' credit at `now`.
+    fn credit_at(&self, now: Instant) -> usize {
+        if self.resent_until.is_some_and(|until| now < until) {
+            self.resent_credit
+        } else {
+            0
+        }
+    }
+
     /// When `ask` would start and finish with the work queued now.
     fn plan(&self, limits: &Limits, ask: Ask, now: Instant, call: Duration) -> Plan {
         let start = self.start_wait(limits, call);
+        let unexcused = self.queued_inputs - self.excused_queued.min(self.queued_inputs);
+        let unexcused_start = if unexcused == self.queued_inputs {
+            start
+        } else {
+            // Tokens in proportion to inputs: which tokens the excused inputs hold is not kept.
+            let tokens = (self.queued_tokens as f64 * unexcused as f64
+                / self.queued_inputs.max(1) as f64) as u64;
+            self.start_wait_behind(limits, call, unexcused, tokens)
+        };
         let own_batches = limits.calls_for(ask.inputs, ask.tokens);
         let own_rounds = u32::try_from(own_batches.div_ceil(limits.slots)).unwrap_or(u32::MAX);
         let budget = ask.deadline.saturating_duration_since(now);
         Plan {
-            start,
+            unexcused_start,
             finish: start.saturating_add(call.saturating_mul(own_rounds)),
             budget,
             allowed: budget.mul_f64(ADMISSION_HEADROOM),
@@ -491,7 +561,18 @@ impl Ledger {
     /// ahead (assumed full, by inputs or by tokens: [`Limits::calls_for`]) pass `slots` at a
     /// time, after the free slots took theirs; with no free slot, a running call must end first.
     pub fn start_wait(&self, limits: &Limits, call: Duration) -> Duration {
-        let ahead = limits.calls_for(self.queued_inputs, self.queued_tokens);
+        self.start_wait_behind(limits, call, self.queued_inputs, self.queued_tokens)
+    }
+
+    /// [`Ledger::start_wait`] behind `inputs` queued inputs of `tokens` tokens.
+    fn start_wait_behind(
+        &self,
+        limits: &Limits,
+        call: Duration,
+        inputs: usize,
+        tokens: u64,
+    ) -> Duration {
+        let ahead = limits.calls_for(inputs, tokens);
         let free = limits.slots.saturating_sub(self.in_flight);
         let batches = (ahead + 1).saturating_sub(free);
         call.mul_f64(batches as f64 / limits.slots as f64)

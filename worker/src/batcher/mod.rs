@@ -244,6 +244,9 @@ struct Shared {
     /// Most calls in flight (of any kind) under which a batch of bulk inputs alone may start
     /// (see [`BulkGate::limit_calls`]; 1 until set).
     bulk_calls: AtomicUsize,
+    /// Inputs of resent copies and when the last one came ([`BatcherHandle::absorb_resent`]),
+    /// taken by the actor at its next admission.
+    resent: std::sync::Mutex<Option<(usize, Instant)>>,
 }
 
 /// What the handles send the actor.
@@ -287,8 +290,8 @@ struct Job {
 impl BatcherHandle {
     /// Admits by deadline, without `MAX_QUEUE_DELAY`, for `window` from now (or longer, if an
     /// earlier call asked for longer): after a NATS reconnect, the requests clients held
-    /// through the outage arrive at once, as do resent copies after a worker was lost (see
-    /// `Ledger::absorb_backlog_until`). `QUEUE_CAP`, `MAX_QUEUE_BYTES` and each request's
+    /// through the outage arrive at once (see `Ledger::absorb_backlog_until`; resent copies
+    /// are excused by their own inputs instead, [`BatcherHandle::absorb_resent`]). `QUEUE_CAP`, `MAX_QUEUE_BYTES` and each request's
     /// deadline still bound what is admitted.
     pub fn absorb_backlog(&self, window: Duration) {
         let until = Instant::now() + window;
@@ -298,6 +301,22 @@ impl BatcherHandle {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         *pending = Some(pending.map_or(until, |earlier| earlier.max(until)));
+    }
+
+    /// A resent copy of a request (`Embatch-Attempt`, see
+    /// `embatch_protocol::headers::ATTEMPT`) with `inputs` inputs reached the worker and is on
+    /// its way: admission lets that many inputs in by deadline alone, without
+    /// `MAX_QUEUE_DELAY`, for the next `RESEND_BACKLOG_WINDOW` (1 s), and leaves them out of the
+    /// queue-delay check of the requests behind them while they wait
+    /// (`Ledger::excuse_resent`). `QUEUE_CAP`, `MAX_QUEUE_BYTES` and every deadline still hold.
+    pub fn absorb_resent(&self, inputs: usize) {
+        let now = Instant::now();
+        let mut pending = self
+            .shared
+            .resent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *pending = Some((pending.map_or(0, |(earlier, _)| earlier) + inputs, now));
     }
 
     /// Submits one request: its inputs, the token count of each (after truncation, special
@@ -583,6 +602,7 @@ pub fn spawn<U: Upstream>(
         failed_calls: watch::Sender::new(0),
         backlog_until: std::sync::Mutex::new(None),
         bulk_calls: AtomicUsize::new(1),
+        resent: std::sync::Mutex::new(None),
     });
     let (tx, rx) = mpsc::unbounded_channel();
     let task = tokio::spawn(actor::Actor::new(upstream, Arc::clone(&shared), rx).run());

@@ -284,3 +284,72 @@ fn retry_after_is_at_least_a_call_and_covers_the_excess_queue() {
     ledger.queued_inputs = 40; // 10 batches + the running one: 1.1 s, bound 205 ms
     assert_eq!(ledger.retry_after(&limits, now), ms(895));
 }
+
+#[test]
+fn resent_copies_are_admitted_by_deadline_for_their_own_inputs_only() {
+    let limits = limits();
+    let mut ledger = Ledger::default();
+    let now = after_calls(&mut ledger, Instant::now(), 3, ms(100));
+    let far = now + Duration::from_secs(3_600);
+    // Auto bound: 2 × 100 ms + 5 ms. 4 inputs ahead = 1 batch + the running one = 200 ms.
+    ledger.in_flight = 1;
+    ledger.queued_inputs = 4;
+    ledger.queued_tokens = 4;
+    // A burst of resent copies, 8 inputs in all: admitted although the queue ahead of the
+    // second one needs 300 ms.
+    ledger.excuse_resent(8, now, Duration::from_secs(1));
+    ledger
+        .admit(&limits, ask(4, far), now)
+        .expect("first resent copy");
+    ledger
+        .admit(&limits, ask(4, far), now)
+        .expect("second resent copy");
+    assert_eq!(ledger.queued_inputs, 12);
+    // A fresh request right behind the burst is checked against the queue without it: 4
+    // inputs ahead, 200 ms.
+    ledger
+        .admit(&limits, ask(1, far), now)
+        .expect("fresh request behind the burst");
+    // The credit is used up: shedding is on again for the rest (5 inputs ahead besides the
+    // burst = 2 batches + the running one = 300 ms).
+    let err = ledger
+        .admit(&limits, ask(1, far), now)
+        .expect_err("no credit left");
+    assert_shed(&err, ShedReason::QueueDelay, "needs ~300 ms");
+    // The deadline still bounds a resent copy: the 13 inputs ahead need 4 batches after the
+    // running call, 500 ms, before its own call, and its deadline is 300 ms away.
+    ledger.excuse_resent(1, now, Duration::from_secs(1));
+    let err = ledger
+        .admit(&limits, ask(1, now + ms(300)), now)
+        .expect_err("past its deadline");
+    assert_eq!(err.reason, ShedReason::Deadline);
+}
+
+#[test]
+fn resent_credit_lapses_and_excused_inputs_leave_with_the_queue() {
+    let limits = limits();
+    let mut ledger = Ledger::default();
+    let now = after_calls(&mut ledger, Instant::now(), 3, ms(100));
+    let far = now + Duration::from_secs(3_600);
+    ledger.in_flight = 1;
+    ledger.queued_inputs = 8;
+    ledger.queued_tokens = 8;
+    // Credit not used within its window lapses (here a window that ends at once).
+    ledger.excuse_resent(4, now, Duration::ZERO);
+    let err = ledger
+        .admit(&limits, ask(1, far), now)
+        .expect_err("the credit lapsed");
+    assert_eq!(err.reason, ShedReason::QueueDelay);
+    // Admitted on credit, then sent upstream: the inputs no longer count as excused.
+    ledger.queued_inputs = 0;
+    ledger.queued_tokens = 0;
+    ledger.excuse_resent(8, now, Duration::from_secs(1));
+    ledger
+        .admit(&limits, ask(8, far), now)
+        .expect("resent copy");
+    assert_eq!(ledger.excused_queued, 8);
+    ledger.unqueue(4, 4);
+    assert_eq!((ledger.queued_inputs, ledger.excused_queued), (4, 4));
+    ledger.unqueue(4, 4);
+    assert_eq!((ledger.queued_inputs, ledger.excused_queued), (0, 0));
+}
