@@ -43,10 +43,13 @@ pub const PROBE_INTERVAL_UNHEALTHY: Duration = Duration::from_millis(250);
 /// Longest a probe may take before it counts as failed.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// An upstream with calls in flight that started or finished none for this many of its
-/// measured call times is stalled ([`Load::stalled`]).
+/// measured call times (the longer of the usual and the longest seen lately) is stalled
+/// ([`Load::stalled`]).
 pub const STALL_CALLS: u32 = 10;
-/// ... and for at least this long: 250 ms.
-pub const STALL_MIN: Duration = Duration::from_millis(250);
+/// ... and for at least this long: 1 s. Shorter pauses happen to healthy workers: a CPU quota's
+/// throttling (100 ms periods), a loaded host (a 260 ms pause of every process was seen on a
+/// 2-core machine at load 12), a first call to a CPU model.
+pub const STALL_MIN: Duration = Duration::from_secs(1);
 
 /// `MEMBERSHIP`: whether a worker leaves the queue group while it cannot serve in time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

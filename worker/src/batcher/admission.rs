@@ -109,12 +109,19 @@ const ALPHA_FASTER: f64 = 0.5;
 const FRESH_CALLS: f64 = 2.0;
 /// Retry-after hint when nothing has been measured yet.
 const UNMEASURED_RETRY: Duration = Duration::from_secs(1);
+/// Half-life of the longest call remembered for stall detection ([`Estimate::longest_at`]): 60 s.
+const LONGEST_HALF_LIFE_S: f64 = 60.0;
 
 /// Moving estimate of the duration of one upstream call, from completed calls.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct Estimate {
     /// Seconds per call and the time of the last sample; `None` before the first.
     last: Option<(f64, Instant)>,
+    /// The longest call seen (seconds) and when, remembered with a half-life of
+    /// [`LONGEST_HALF_LIFE_S`]: call times spread with the batch's size and token cost (a
+    /// 32 x 256-token call of a CPU model takes many times a one-input call), so "much slower
+    /// than usual" is judged against the slow calls seen lately, not the average.
+    longest: Option<(f64, Instant)>,
 }
 
 impl Estimate {
@@ -143,6 +150,20 @@ impl Estimate {
             _ => sample,
         };
         self.last = Some((call, now));
+        let longest = self.longest_at(now).map_or(0.0, |d| d.as_secs_f64());
+        if sample >= longest {
+            self.longest = Some((sample, now));
+        }
+    }
+
+    /// The longest call seen, halved for every [`LONGEST_HALF_LIFE_S`] since; `None` before the
+    /// first sample.
+    pub fn longest_at(&self, now: Instant) -> Option<Duration> {
+        let (longest, at) = self.longest?;
+        let age = now.saturating_duration_since(at).as_secs_f64();
+        Some(Duration::from_secs_f64(
+            longest * 0.5f64.powf(age / LONGEST_HALF_LIFE_S),
+        ))
     }
 
     /// The call time to plan with at `now`, `None` before the first sample. Within
@@ -488,20 +509,20 @@ impl Ledger {
     }
 
     /// Whether the upstream looks stalled at `now`: calls are in flight and none started or
-    /// ended for `calls` × the call time last measured (undiscounted), and at least `floor`.
-    /// `false` before the first measurement.
+    /// ended for `calls` × the longer of the call time last measured (undiscounted) and the
+    /// longest call seen lately ([`Estimate::longest_at`]), and at least `floor`. `false` before
+    /// the first measurement.
     pub fn stalled(&self, now: Instant, calls: u32, floor: Duration) -> bool {
         let Some((call, sampled)) = self.estimate.last else {
             return false;
         };
+        let usual =
+            Duration::from_secs_f64(call).max(self.estimate.longest_at(now).unwrap_or_default());
         let quiet_since = self
             .last_launch
             .map_or(sampled, |launch| launch.max(sampled));
         self.in_flight > 0
-            && now.saturating_duration_since(quiet_since)
-                > Duration::from_secs_f64(call)
-                    .saturating_mul(calls)
-                    .max(floor)
+            && now.saturating_duration_since(quiet_since) > usual.saturating_mul(calls).max(floor)
     }
 
     /// Whether `MAX_QUEUE_DELAY` is set aside at `now` ([`Ledger::absorb_backlog_until`]).

@@ -353,3 +353,40 @@ fn resent_credit_lapses_and_excused_inputs_leave_with_the_queue() {
     ledger.unqueue(4, 4);
     assert_eq!((ledger.queued_inputs, ledger.excused_queued), (0, 0));
 }
+
+#[test]
+fn a_call_is_stalled_only_past_ten_of_the_slow_calls_seen_lately_and_the_floor() {
+    let floor = Duration::from_secs(1);
+    let mut ledger = Ledger::default();
+    // One slow call (a large batch: 400 ms), then many fast ones (10 ms).
+    let now = after_calls(&mut ledger, Instant::now(), 1, ms(400));
+    let now = after_calls(&mut ledger, now, 50, ms(10));
+    ledger.in_flight = 1;
+    ledger.last_launch = Some(now);
+    // Quiet for 2 s: over the floor and over 10 fast calls, but not 10 of the slow one.
+    assert!(!ledger.stalled(now + Duration::from_secs(2), 10, floor));
+    // Quiet for 4.5 s: past 10 x 400 ms.
+    assert!(ledger.stalled(now + ms(4_500), 10, floor));
+
+    // Only fast calls seen: the floor decides.
+    let mut fast = Ledger::default();
+    let now = after_calls(&mut fast, Instant::now(), 50, ms(10));
+    fast.in_flight = 1;
+    fast.last_launch = Some(now);
+    assert!(!fast.stalled(now + ms(900), 10, floor));
+    assert!(fast.stalled(now + ms(1_100), 10, floor));
+    // Nothing in flight: never stalled.
+    fast.in_flight = 0;
+    assert!(!fast.stalled(now + Duration::from_secs(10), 10, floor));
+}
+
+#[test]
+fn the_longest_call_is_forgotten_with_a_half_life() {
+    let mut ledger = Ledger::default();
+    let start = Instant::now();
+    let now = after_calls(&mut ledger, start, 1, ms(400));
+    let longest = |at| ledger.estimate.longest_at(at).expect("sampled");
+    assert_eq!(longest(now), ms(400));
+    let halved = longest(now + Duration::from_secs(60));
+    assert!(halved > ms(199) && halved < ms(201), "{halved:?}");
+}
