@@ -118,6 +118,7 @@ async fn a_plain_request_gets_one_reply_and_an_acked_one_an_acknowledgement_firs
     assert!(fast_replies > 0, "no reply came before its acknowledgement");
 
     // Held beyond the delay (the upstream takes 200 ms): the acknowledgement, then the reply.
+    // A new text: "hello" is in the workers' cache by now, and a hit is answered at once.
     stack.tei.set_faults(Faults {
         delay: Duration::from_millis(200),
         ..Faults::default()
@@ -126,7 +127,8 @@ async fn a_plain_request_gets_one_reply_and_an_acked_one_an_acknowledgement_firs
     let mut sub = nats.subscribe(inbox.clone()).await.expect("subscribe");
     let mut ack = async_nats::HeaderMap::new();
     ack.insert(headers::ACK, "1");
-    nats.publish_with_reply_and_headers("embed", inbox, ack, body)
+    let held = Bytes::from_static(br#"{"inputs":"held past the delay"}"#);
+    nats.publish_with_reply_and_headers("embed", inbox, ack, held)
         .await
         .expect("publish");
     let acked = messages(&mut sub, Duration::from_millis(500)).await;
@@ -142,7 +144,10 @@ async fn a_plain_request_gets_one_reply_and_an_acked_one_an_acknowledgement_firs
         "on every reply to a request that asked for an acknowledgement"
     );
     let vectors: Vec<Vec<f32>> = serde_json::from_slice(&acked[1].payload).expect("vectors");
-    assert_eq!(vectors, vec![embatch_testkit::double_vector("hello")]);
+    assert_eq!(
+        vectors,
+        vec![embatch_testkit::double_vector("held past the delay")]
+    );
 
     // The worker's heartbeat carries the same id.
     let mut beats = nats
