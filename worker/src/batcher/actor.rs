@@ -50,6 +50,25 @@ enum ReplyTo {
 }
 
 impl Pending {
+    /// A request of `inputs` inputs accepted at `accepted`, none answered yet.
+    fn new(
+        inputs: usize,
+        accepted: Instant,
+        reply: ReplyTo,
+        span: tracing::Span,
+        bytes: usize,
+    ) -> Pending {
+        Pending {
+            results: (0..inputs).map(|_| None).collect(),
+            received: 0,
+            accepted,
+            first_call: None,
+            reply,
+            span,
+            bytes,
+        }
+    }
+
     fn is_bulk(&self) -> bool {
         matches!(self.reply, ReplyTo::Bulk(_))
     }
@@ -269,15 +288,7 @@ impl<U: Upstream> Actor<U> {
         self.relays.push(relay(id, rx, reply));
         self.requests.insert(
             id,
-            Pending {
-                results: (0..n).map(|_| None).collect(),
-                received: 0,
-                accepted,
-                first_call: None,
-                reply: ReplyTo::Interactive(tx),
-                span,
-                bytes,
-            },
+            Pending::new(n, accepted, ReplyTo::Interactive(tx), span, bytes),
         );
     }
 
@@ -300,15 +311,7 @@ impl<U: Upstream> Actor<U> {
         self.relays.push(relay(id, rx, reply));
         self.requests.insert(
             id,
-            Pending {
-                results: (0..n).map(|_| None).collect(),
-                received: 0,
-                accepted: now,
-                first_call: None,
-                reply: ReplyTo::Bulk(tx),
-                span: tracing::Span::none(),
-                bytes: 0,
-            },
+            Pending::new(n, now, ReplyTo::Bulk(tx), tracing::Span::none(), 0),
         );
     }
 

@@ -124,15 +124,11 @@ mod tests {
     use bytes::Bytes;
 
     use super::*;
-    use crate::cache::key::ModelIdentity;
+    use crate::cache::key::test_key;
     use crate::upstream::Embedding;
 
     fn key(text: &str) -> Key {
-        let info = serde_json::json!({"model_id": "m"});
-        ModelIdentity::from_info(&info, "")
-            .expect("named")
-            .prefix(&embatch_protocol::EmbedOptions::default())
-            .key(&embatch_protocol::Input::Text(text.into()))
+        test_key(text)
     }
 
     fn entry() -> Entry {

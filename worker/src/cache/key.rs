@@ -149,6 +149,16 @@ fn field(hasher: &mut Sha256, tag: u8, bytes: &[u8]) {
     hasher.update(bytes);
 }
 
+/// A key for `text` under a model `m` with the default options (tests of the cache's tiers).
+#[cfg(test)]
+pub(crate) fn test_key(text: &str) -> Key {
+    let info = serde_json::json!({"model_id": "m"});
+    ModelIdentity::from_info(&info, "")
+        .expect("named")
+        .prefix(&embatch_protocol::EmbedOptions::default())
+        .key(&embatch_protocol::Input::Text(text.into()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
