@@ -213,6 +213,10 @@ pub enum TeiErrors {
     /// is closed).
     #[response(status = 408)]
     BodyTimeout(ErrorResponse),
+    /// `Validation`: no worker serves the model the request names (the `Embatch-Model` header
+    /// or the `/models/{model}` path); the message lists the models served.
+    #[response(status = 404)]
+    ModelNotFound(ErrorResponse),
     /// `Validation`: the body is over `MAX_BODY_BYTES`, or the reply could not fit the NATS
     /// server's `max_payload`.
     #[response(status = 413)]
@@ -262,6 +266,10 @@ pub enum OpenAiErrors {
     /// (the connection is closed).
     #[response(status = 408)]
     BodyTimeout(OpenAiErrorResponse),
+    /// `invalid_request_error` with code `model_not_found`, as OpenAI answers: no worker serves
+    /// the `model` named; the message lists the models served.
+    #[response(status = 404)]
+    ModelNotFound(OpenAiErrorResponse),
     /// `invalid_request_error`: the body is over `MAX_BODY_BYTES`, or the reply could not fit
     /// the NATS server's `max_payload`.
     #[response(status = 413)]

@@ -360,10 +360,12 @@ where
     summary = "Create embeddings (OpenAI's embeddings API)",
     description = "OpenAI's `POST /v1/embeddings`; `POST /embeddings` is the same route. \
                    Embeddings are normalized; `usage` counts the inputs' tokens with the \
-                   model's tokenizer (0 when the workers have none). Errors have the \
-                   status `POST /embed` answers for the same error, in OpenAI's shape.",
+                   model's tokenizer (0 when the workers have none). `model` names one of \
+                   `GET /v1/models` (absent or empty: the default model; any other: 404 \
+                   `model_not_found`). Errors have the status `POST /embed` answers for the \
+                   same error, in OpenAI's shape.",
     request_body(content = EmbeddingsRequest, content_type = "application/json",
-        example = json!({"input": ["What is vector search?", "Hello, world!"], "model": "any"})),
+        example = json!({"input": ["What is vector search?", "Hello, world!"]})),
     params(crate::openapi::TimeoutHeader),
     responses(crate::openapi::OpenAiOk, crate::openapi::OpenAiErrors),
 )]
