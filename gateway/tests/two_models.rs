@@ -180,13 +180,16 @@ async fn model_ids(gateway: &str) -> Vec<String> {
 async fn wait_for_bucket_entries(js: &async_nats::jetstream::Context, entries: u64) {
     let mut held = 0;
     for _ in 0..500 {
-        if let Ok(mut stream) = js.get_stream(CACHE_STREAM).await {
-            if let Ok(info) = stream.info().await {
-                held = info.state.messages;
-                if held >= entries {
-                    assert_eq!(held, entries, "one entry per model and input");
-                    return;
-                }
+        // Absent until a worker creates it.
+        let messages = match js.get_stream(CACHE_STREAM).await {
+            Ok(mut stream) => stream.info().await.ok().map(|info| info.state.messages),
+            Err(_) => None,
+        };
+        if let Some(messages) = messages {
+            held = messages;
+            if held >= entries {
+                assert_eq!(held, entries, "one entry per model and input");
+                return;
             }
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
