@@ -108,7 +108,7 @@ def scenario_two_models(b: Stack) -> dict:
             try:
                 r = b.load(f"{model} {mode} @ {rate} req/s", with_model(gw, model), rate=rate,
                            warmup=warmup, duration=duration, timeout=sc.TIMEOUT_S,
-                           workers=[workers[model]])
+                           workers=[workers[m] for m in MODELS])
             except BaseException as e:  # noqa: BLE001 - re-raised by the caller's thread
                 out[model] = e
                 return
@@ -152,9 +152,15 @@ sc.SCENARIO_FUNCS["two_models"] = scenario_two_models
 
 # ---- rendering (render.py adds these) ----
 
+def by_worker(r: dict, key: str) -> list:
+    """`key` of each worker's batch figures over the measured window, in MODELS' order."""
+    return [(b or {}).get(key) for b in r.get("batches_by_worker") or [None] * len(MODELS)]
+
+
 def render_two_models(res: dict, targets: list) -> list[str]:
-    """Per rate and model: goodput, p50/p99, failures and mean batch alone and together, and
-    the goodput together / alone."""
+    """Per rate and model: goodput, p50/p99, failures and mean batch alone and together, the
+    goodput together / alone, and the inputs each model's worker sent upstream in the window
+    (alone, the other model's worker sends none: the requests went to their own model)."""
     s = res["settings"]
     out = [f"Two models, `{s['models'][0]}` and `{s['models'][1]}` (MODEL_ALIAS), each served "
            f"by one worker on its own {sc.GPU_UPSTREAM} (full-batch ceiling "
@@ -165,10 +171,14 @@ def render_two_models(res: dict, targets: list) -> list[str]:
            f"with `Embatch-Model: <model>` (`embatch-loadtest run --model`), one load "
            f"generator per model, {s['warmup_s']:g} s warm-up and {s['duration_s']:g} s "
            f"measured, {s['timeout_s']:g} s timeout: each model alone, then both at once at "
-           f"the same rate each. Load average: the 1-minute one when the run started.", "",
+           f"the same rate each. Load average: the 1-minute one when the run started. Inputs "
+           f"upstream: what each model's worker sent its upstream in the measured window (the "
+           f"two load generators' windows coincide within {STAGGER_S * 1e3:g} ms); mean batch: "
+           f"inputs per upstream call of the run's own model's worker.", "",
            "| rate per model req/s | model | run | load avg | goodput req/s | together / "
-           "alone | p50 ms | p99 ms | failures | mean batch |",
-           "|---:|---|---|---:|---:|---:|---:|---:|---|---:|"]
+           "alone | p50 ms | p99 ms | failures | mean batch | inputs upstream "
+           f"{s['models'][0]} / {s['models'][1]} |",
+           "|---:|---|---|---:|---:|---:|---:|---:|---|---:|---:|"]
     alone = {(run["rate"], run["model"]): goodput(run["report"]) for run in res["runs"]
              if run["mode"] == "alone"}
     for run in res["runs"]:
@@ -176,11 +186,13 @@ def render_two_models(res: dict, targets: list) -> list[str]:
         ratio = "-"
         if run["mode"] == "together" and alone.get((run["rate"], run["model"])):
             ratio = f"{goodput(r) / alone[(run['rate'], run['model'])]:.3f}"
-        batch = (r.get("batches") or {}).get("mean_batch_inputs")
+        own = s["models"].index(run["model"])
+        batch = by_worker(r, "mean_batch_inputs")[own]
+        inputs = " / ".join("-" if x is None else f"{x:,.0f}" for x in by_worker(r, "inputs"))
         out.append(f"| {run['rate']:,} | {run['model']} | {run['mode']} | "
                    f"{run['loadavg_before']:.2f} | {goodput(r):,.0f} | {ratio} | "
                    f"{fmt_ms(lat(r, 'p50_ms'))} | {fmt_ms(lat(r, 'p99_ms'))} | {failures(r)} | "
-                   f"{'-' if batch is None else f'{batch:.1f}'} |")
+                   f"{'-' if batch is None else f'{batch:.1f}'} | {inputs} |")
     return out
 
 
