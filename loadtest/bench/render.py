@@ -842,3 +842,8 @@ from .steady import RENDERERS as STEADY_RENDERERS, SHOWS as STEADY_SHOWS  # noqa
 
 RENDERERS.update(STEADY_RENDERERS)
 SHOWS.update(STEADY_SHOWS)
+# The two-models scenario's table (loadtest/bench/twomodels.py).
+from .twomodels import RENDERERS as TWO_MODELS_RENDERERS, SHOWS as TWO_MODELS_SHOWS  # noqa: E402
+
+RENDERERS.update(TWO_MODELS_RENDERERS)
+SHOWS.update(TWO_MODELS_SHOWS)

@@ -935,3 +935,5 @@ from . import bulk  # noqa: E402,F401
 from . import cache  # noqa: E402,F401
 # The steady-state A/B scenario lives in steady.py, likewise.
 from . import steady  # noqa: E402,F401
+# The two-models scenario lives in twomodels.py, likewise.
+from . import twomodels  # noqa: E402,F401

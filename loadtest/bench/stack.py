@@ -71,10 +71,18 @@ class Worker:
                   "embatch_worker_queue_wait_seconds_count",
                   "embatch_worker_batch_tokens_sum", "embatch_worker_batch_padded_tokens_sum")
         totals = dict.fromkeys(wanted, 0.0)
+        # Each series summed over its labels: the worker labels every metric with the model it
+        # serves (`name{model="..."} value`).
         for line in body.decode().splitlines():
-            parts = line.split()
-            if len(parts) == 2 and parts[0] in totals:
-                totals[parts[0]] = float(parts[1])
+            if not line or line.startswith("#"):
+                continue
+            series, _, value = line.rpartition(" ")
+            name = series.split("{", 1)[0]
+            if name in totals:
+                try:
+                    totals[name] += float(value)
+                except ValueError:
+                    pass
         return totals
 
     def totals_if_up(self) -> dict[str, float] | None:

@@ -73,6 +73,14 @@ pub struct RunArgs {
     #[arg(long, env = "EMBATCH_SUBJECT", default_value = embatch_protocol::DEFAULT_SUBJECT)]
     pub subject: String,
 
+    /// The model to ask for, by its name (as the gateway's `GET /v1/models` lists it): with
+    /// --url sent as the `Embatch-Model` header (the gateway routes the request to that model's
+    /// workers; TEI and the fake upstream ignore the header); with --nats the requests go to the
+    /// model subject `<subject>.<token>` (`embatch_protocol::model::model_subject`). Unset: the
+    /// default model.
+    #[arg(long)]
+    pub model: Option<String>,
+
     /// Closed loop: this many workers, each sending its next request when the previous one
     /// completed (default 1 when --rate is not given).
     #[arg(long, short = 'c', conflicts_with = "rate")]
@@ -167,10 +175,12 @@ pub enum LoadModel {
 /// Where the load goes.
 #[derive(Debug, Clone, PartialEq)]
 pub enum TargetSpec {
-    /// `--url`.
+    /// `--url` (and `--model`).
     Http {
         /// The /embed URL.
         url: String,
+        /// `--model`: the `Embatch-Model` header's value; `None` sends no header.
+        model: Option<String>,
     },
     /// `--nats`, `--subject` and the NATS credentials.
     Nats {
@@ -216,14 +226,25 @@ impl RunArgs {
     /// Validates the arguments.
     ///
     /// # Errors
-    /// [`LoadtestError::Config`] for a zero concurrency, a non-positive rate, a zero timeout or
-    /// zero `--requests`.
+    /// [`LoadtestError::Config`] for a zero concurrency, a non-positive rate, a zero timeout,
+    /// zero `--requests`, or a `--model` with --nats that cannot be served (empty, or a
+    /// reserved token).
     pub fn into_config(self) -> Result<RunConfig, LoadtestError> {
         let target = match (self.url, self.nats) {
-            (Some(url), None) => TargetSpec::Http { url },
+            (Some(url), None) => TargetSpec::Http {
+                url,
+                model: self.model,
+            },
             (None, Some(url)) => TargetSpec::Nats {
                 url,
-                subject: self.subject,
+                subject: match &self.model {
+                    Some(model) => {
+                        embatch_protocol::model::check_name(model)
+                            .map_err(|e| LoadtestError::Config(format!("--model: {e}")))?;
+                        embatch_protocol::model::model_subject(&self.subject, model)
+                    }
+                    None => self.subject,
+                },
                 auth: Box::new(self.nats_auth),
             },
             _ => {
@@ -432,6 +453,45 @@ mod tests {
         assert_eq!(c.plan.stop, Stop::Requests(300));
         assert_eq!(c.plan.warmup, Duration::from_secs(2));
         assert_eq!(c.inputs_per_request, 4);
+    }
+
+    #[test]
+    fn model_is_a_header_over_http_and_a_model_subject_over_nats() {
+        let c = run_config(&[
+            "run",
+            "--url",
+            "http://127.0.0.1:1/embed",
+            "--model",
+            "BAAI/bge-small-en-v1.5",
+        ]);
+        assert_eq!(
+            c.target,
+            TargetSpec::Http {
+                url: "http://127.0.0.1:1/embed".into(),
+                model: Some("BAAI/bge-small-en-v1.5".into()),
+            }
+        );
+        let c = run_config(&[
+            "run",
+            "--nats",
+            "nats://127.0.0.1:4222",
+            "--model",
+            "BAAI/bge-small-en-v1.5",
+        ]);
+        let TargetSpec::Nats { subject, .. } = c.target else {
+            panic!("{:?}", c.target);
+        };
+        assert_eq!(subject, "embed.BAAI/bge-small-en-v1%2E5");
+        let Command::Run(run) = parse(&["run", "--nats", "nats://x", "--model", "info"])
+            .expect("parses")
+            .command
+        else {
+            panic!("not run");
+        };
+        assert!(
+            matches!(run.into_config(), Err(LoadtestError::Config(_))),
+            "a reserved model token is refused"
+        );
     }
 
     #[test]

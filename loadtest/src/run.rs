@@ -32,7 +32,9 @@ pub async fn run(config: &RunConfig) -> Result<Report, LoadtestError> {
     let factory = PayloadFactory::new(Arc::new(corpus), config.inputs_per_request, config.seed)
         .truncating(config.truncate);
     let target = match &config.target {
-        TargetSpec::Http { url } => Target::Http(HttpTarget::new(url, config.timeout)?),
+        TargetSpec::Http { url, model } => {
+            Target::Http(HttpTarget::new(url, config.timeout)?.with_model(model.as_deref())?)
+        }
         TargetSpec::Nats { url, subject, auth } => {
             Target::Nats(NatsTarget::connect(url, subject, config.timeout, auth).await?)
         }
@@ -73,7 +75,11 @@ pub async fn run(config: &RunConfig) -> Result<Report, LoadtestError> {
     };
     let info = RunInfo {
         target: match &config.target {
-            TargetSpec::Http { url } => url.clone(),
+            TargetSpec::Http { url, model: None } => url.clone(),
+            TargetSpec::Http {
+                url,
+                model: Some(model),
+            } => format!("{url} model {model}"),
             // The URL may carry credentials: shown redacted.
             TargetSpec::Nats { url, subject, .. } => {
                 let servers = url

@@ -2,17 +2,23 @@
 
 use std::time::Duration;
 
-use reqwest::header::{CONTENT_TYPE, HeaderValue};
+use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 
 use crate::LoadtestError;
 use crate::corpus::Payload;
 use crate::stats::{FailureKind, Outcome, classify_http};
+
+/// The header naming the model on the gateway's TEI routes (`Embatch-Model`, as the gateway's
+/// `routes::MODEL_HEADER`).
+pub const MODEL_HEADER: HeaderName = HeaderName::from_static("embatch-model");
 
 /// A TEI-compatible `/embed` endpoint reached over plain HTTP/1.1 with keep-alive.
 #[derive(Debug, Clone)]
 pub struct HttpTarget {
     client: reqwest::Client,
     url: reqwest::Url,
+    /// Headers sent with every request besides `Content-Type` (`Embatch-Model`).
+    headers: HeaderMap,
 }
 
 impl HttpTarget {
@@ -37,7 +43,27 @@ impl HttpTarget {
             .tcp_nodelay(true)
             .no_proxy()
             .build()?;
-        Ok(HttpTarget { client, url })
+        Ok(HttpTarget {
+            client,
+            url,
+            headers: HeaderMap::new(),
+        })
+    }
+
+    /// The same target asking for model `model` (`--model`) with the `Embatch-Model` header on
+    /// every request (contract v1.1: the gateway routes the request to that model's workers);
+    /// `None` leaves the target as it is (the default model).
+    ///
+    /// # Errors
+    /// [`LoadtestError::Config`] when `model` cannot be a header value (control characters).
+    pub fn with_model(mut self, model: Option<&str>) -> Result<HttpTarget, LoadtestError> {
+        if let Some(model) = model {
+            let value = HeaderValue::from_str(model).map_err(|e| {
+                LoadtestError::Config(format!("--model {model:?}: not a header value: {e}"))
+            })?;
+            self.headers.insert(MODEL_HEADER, value);
+        }
+        Ok(self)
     }
 
     /// Sends one request and classifies its outcome.
@@ -46,6 +72,7 @@ impl HttpTarget {
             .client
             .post(self.url.clone())
             .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
+            .headers(self.headers.clone())
             .body(payload.body)
             .send()
             .await
