@@ -305,6 +305,10 @@ class Stack:
         if truncate:
             argv += ["--truncate"]
         argv += list(extra_args)  # e.g. --zipf-unique
+        if not any(a in ("--seed", "--zipf-unique", "--corpus") for a in argv):
+            # Fresh sentences of their own for each load: the workers' cache (on by default)
+            # would answer a later load on the same stack from an earlier one's texts.
+            argv += ["--seed", str(42 + self.runs)]
         cpu_before = {n: c.cpu() for n, c in (measure_cpu_of or {}).items()}
         children_before = children_cpu_seconds()
         started = time.monotonic()

@@ -59,6 +59,9 @@ pub mod names {
     /// Counter: work-stream messages given back by the sweep (found below a consumer's ack
     /// floor).
     pub const BULK_SWEPT: &str = "embatch_worker_bulk_swept_total";
+    /// Counter: bulk jobs (a batch's validation or finalization) abandoned after making no
+    /// progress for the stall limit, and given back for redelivery.
+    pub const BULK_JOBS_STALLED: &str = "embatch_worker_bulk_jobs_stalled_total";
     /// Counter, label `where` (`batch`: folded into an equal input of the same upstream call;
     /// `flight`: waited for the same input already in flight for another request or earlier in
     /// the same request): inputs that caused no upstream work of their own.
@@ -218,6 +221,10 @@ fn describe() {
     describe_counter!(
         names::BULK_SWEPT,
         "Bulk work-stream messages given back from below a consumer's ack floor."
+    );
+    describe_counter!(
+        names::BULK_JOBS_STALLED,
+        "Bulk jobs (validation, finalization) abandoned for making no progress, and redelivered."
     );
     describe_counter!(
         names::DEDUP_INPUTS,

@@ -7,6 +7,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream::consumer;
@@ -32,14 +33,71 @@ const MAX_ERRORS: usize = 1000;
 /// Item publishes awaited together during a split.
 const PUBLISH_WINDOW: usize = 256;
 
+/// How long a job may go without progress (see [`Beat`]) before it is abandoned and given
+/// back for redelivery: twice `BULK_ACK_WAIT`, at least 30 s. Every step of a job (a line read,
+/// a pull of results, a file write) is bounded far below it (a pull by its expiry plus 5 s, a
+/// JetStream publish by its 5 s ack timeout), so only a job stuck for good reaches it.
+pub(super) fn stall_limit(ack_wait: Duration) -> Duration {
+    (ack_wait * 2).max(Duration::from_secs(30))
+}
+
+/// When a job last made progress. The in-progress acks of [`with_progress`] keep a job from
+/// being redelivered however long it runs; without this bound a job stuck on a call that never
+/// returns would hold its batch (e.g. in `finalizing`) for good. [`run`] abandons a job whose
+/// beat is older than [`stall_limit`] and NAKs it, so it runs again, here or on another worker.
+#[derive(Clone)]
+pub(super) struct Beat {
+    started: tokio::time::Instant,
+    /// Milliseconds after `started` of the last progress.
+    last_ms: Arc<AtomicU64>,
+}
+
+impl Beat {
+    pub(super) fn new() -> Beat {
+        Beat {
+            started: tokio::time::Instant::now(),
+            last_ms: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Records progress now.
+    pub(super) fn beat(&self) {
+        let now = self.started.elapsed().as_millis() as u64;
+        self.last_ms.store(now, Ordering::Relaxed);
+    }
+
+    /// How long since the last progress (or the start).
+    pub(super) fn idle(&self) -> Duration {
+        let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
+        self.started.elapsed().saturating_sub(last)
+    }
+
+    /// Completes once the job has made no progress for `limit` (checked every second).
+    pub(super) async fn stalled(&self, limit: Duration) {
+        let every = (limit / 10).clamp(Duration::from_millis(10), Duration::from_secs(1));
+        loop {
+            tokio::time::sleep(every).await;
+            if self.idle() >= limit {
+                return;
+            }
+        }
+    }
+}
+
 /// Pulls and runs job messages until `stop`.
 pub(super) async fn run(lane: Arc<Lane>, consumer: PullConsumer, stop: CancellationToken) {
+    let limit = stall_limit(lane.config.ack_wait);
     loop {
         let Some(message) = super::next_message(&consumer, &stop, "bulk jobs").await else {
             return;
         };
+        let beat = Beat::new();
         let kind = tokio::select! {
-            kind = with_progress(&message, lane.config.ack_wait, job(&lane, &message)) => kind,
+            kind = with_progress(&message, lane.config.ack_wait, job(&lane, &message, &beat)) => kind,
+            () = beat.stalled(limit) => {
+                metrics::counter!(crate::telemetry::names::BULK_JOBS_STALLED).increment(1);
+                Err(format!("no progress for {limit:?}; abandoned"))
+            }
             () = stop.cancelled() => {
                 let _ = message.ack_with(AckKind::Nak(None)).await;
                 return;
@@ -58,14 +116,14 @@ pub(super) async fn run(lane: Arc<Lane>, consumer: PullConsumer, stop: Cancellat
     }
 }
 
-async fn job(lane: &Lane, message: &Message) -> Result<AckKind, String> {
+async fn job(lane: &Lane, message: &Message, beat: &Beat) -> Result<AckKind, String> {
     let Some((batch_id, kind)) = parse_job_subject(&message.subject) else {
         tracing::error!(subject = %message.subject, "not a bulk job subject; dropped");
         return Ok(AckKind::Term);
     };
     match kind {
-        JobKind::Validate => validate(lane, batch_id).await,
-        JobKind::Finalize => finalize(lane, batch_id).await,
+        JobKind::Validate => validate(lane, batch_id, beat).await,
+        JobKind::Finalize => finalize(lane, batch_id, beat).await,
     }
 }
 
@@ -93,7 +151,7 @@ async fn served_models(lane: &Lane) -> Vec<String> {
 /// Reads the input file line by line, checks each line (each must name a model served, one per
 /// file), and publishes the work items on that model's items subject as it goes; then sets `in_progress` (with the line and chunk counts) or, when a line was refused,
 /// `failed` with OpenAI's `errors` list (and purges what it published).
-async fn validate(lane: &Lane, batch_id: &str) -> Result<AckKind, String> {
+async fn validate(lane: &Lane, batch_id: &str, beat: &Beat) -> Result<AckKind, String> {
     let store = &lane.store;
     let Some((record, _)) = store.batch(batch_id).await.map_err(|e| e.to_string())? else {
         return Ok(AckKind::Ack);
@@ -136,6 +194,7 @@ async fn validate(lane: &Lane, batch_id: &str) -> Result<AckKind, String> {
         if read == 0 {
             break;
         }
+        beat.beat();
         line += 1;
         let trimmed = text.trim_end_matches(['\n', '\r']);
         if trimmed.trim().is_empty() {
@@ -286,7 +345,7 @@ async fn purge(lane: &Lane, batch_id: &str) -> Result<(), String> {
 /// keeping each `custom_id` once; for an ending batch adds a `batch_cancelled` /
 /// `batch_expired` error line for each input line never answered; writes the output and error
 /// files; sets the final status with the exact counts; purges the batch's results.
-async fn finalize(lane: &Lane, batch_id: &str) -> Result<AckKind, String> {
+async fn finalize(lane: &Lane, batch_id: &str, beat: &Beat) -> Result<AckKind, String> {
     let store = &lane.store;
     let Some((record, _)) = store.batch(batch_id).await.map_err(|e| e.to_string())? else {
         return Ok(AckKind::Ack);
@@ -331,8 +390,8 @@ async fn finalize(lane: &Lane, batch_id: &str) -> Result<AckKind, String> {
         batch_id,
         ending,
         &input_file_id,
-        output_pipe,
-        error_pipe,
+        (output_pipe, error_pipe),
+        beat,
     );
     let (output_name, error_name) = (
         format!("{batch_id}_output.jsonl"),
@@ -403,8 +462,8 @@ async fn write_files(
     batch_id: &str,
     ending: Option<BatchStatus>,
     input_file_id: &str,
-    mut output: tokio::io::DuplexStream,
-    mut errors: tokio::io::DuplexStream,
+    (mut output, mut errors): (tokio::io::DuplexStream, tokio::io::DuplexStream),
+    beat: &Beat,
 ) -> Result<(u64, u64), String> {
     let io = |e: std::io::Error| format!("cannot write the files of {batch_id}: {e}");
     let mut seen = HashSet::new();
@@ -430,6 +489,8 @@ async fn write_files(
         }
         output.write_all(&ok_lines).await.map_err(io)?;
         errors.write_all(&failed_lines).await.map_err(io)?;
+        // Written means the files' store took them: the pipes hold at most PIPE_BYTES.
+        beat.beat();
     }
     if let Some(ending) = ending {
         let (code, message) = match ending {
@@ -442,7 +503,7 @@ async fn write_files(
                 "This request was not executed because the batch was cancelled.",
             ),
         };
-        for custom_id in never_answered(lane, input_file_id, &seen).await? {
+        for custom_id in never_answered(lane, input_file_id, &seen, beat).await? {
             let line = render::unanswered(&custom_id, code, message)?;
             failed += 1;
             errors
@@ -547,6 +608,7 @@ async fn never_answered(
     lane: &Lane,
     input_file_id: &str,
     seen: &HashSet<String>,
+    beat: &Beat,
 ) -> Result<Vec<String>, String> {
     let object = lane
         .store
@@ -562,6 +624,7 @@ async fn never_answered(
         .await
         .map_err(|e| format!("cannot read input file {input_file_id}: {e}"))?
     {
+        beat.beat();
         if let Some(id) = custom_id_of(&text)
             && !seen.contains(&id)
             && listed.insert(id.clone())
@@ -613,4 +676,40 @@ async fn keep_if(lane: &Lane, id: String, keep: bool) -> Result<Option<String>, 
         .await
         .map_err(|e| format!("cannot delete the empty file {id}: {e}"))?;
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_stall_limit_is_twice_the_ack_wait_and_at_least_30_s() {
+        assert_eq!(
+            stall_limit(Duration::from_secs(30)),
+            Duration::from_secs(60)
+        );
+        assert_eq!(stall_limit(Duration::from_secs(1)), Duration::from_secs(30));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_job_is_stalled_only_once_it_went_the_limit_without_progress() {
+        let limit = Duration::from_secs(30);
+        let beat = Beat::new();
+        let stalled = beat.stalled(limit);
+        tokio::pin!(stalled);
+        // Progress every 20 s keeps it going for 100 s, over three times the limit.
+        for _ in 0..5 {
+            tokio::select! {
+                () = &mut stalled => panic!("stalled at {:?} while making progress", beat.idle()),
+                () = tokio::time::sleep(Duration::from_secs(20)) => beat.beat(),
+            }
+        }
+        let last = tokio::time::Instant::now();
+        stalled.await;
+        let waited = last.elapsed();
+        assert!(
+            waited >= limit && waited <= limit + Duration::from_secs(1),
+            "stalled {waited:?} after the last progress, limit {limit:?}"
+        );
+    }
 }
