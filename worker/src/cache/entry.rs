@@ -36,6 +36,18 @@ impl Entry {
         self.embedding.json().len() + HEADER
     }
 
+    /// This entry in an allocation of its own. An embedding fresh from a reply is a slice of
+    /// the whole upstream response body (every vector of its call); kept in the LRU as it is,
+    /// one entry would hold that body alive, so the LRU's byte bound would count a fraction of
+    /// the memory it keeps (up to the batch size times more), and the process would take fresh
+    /// pages from the system for every reply instead of reusing freed ones.
+    pub(crate) fn compact(&self) -> Entry {
+        Entry {
+            embedding: Embedding::from_json(Bytes::copy_from_slice(self.embedding.json())),
+            tokens: self.tokens,
+        }
+    }
+
     /// The value stored in the shared bucket (see the module docs).
     pub(crate) fn encode(&self) -> Bytes {
         let json = self.embedding.json();
@@ -79,5 +91,22 @@ mod tests {
         }
         assert_eq!(Entry::decode(Bytes::from_static(b"\x02\0\0\0\0[1]")), None);
         assert_eq!(Entry::decode(Bytes::from_static(b"\x01\0\0\0\0x")), None);
+    }
+
+    #[test]
+    fn a_compact_entry_holds_a_copy_not_the_whole_reply() {
+        let body = Bytes::from(b"[[1.5,2],[3,4]]".to_vec());
+        let entry = Entry {
+            embedding: Embedding::from_json(body.slice(1..8)),
+            tokens: Some(3),
+        };
+        let compact = entry.compact();
+        assert_eq!(compact, entry, "the same text and tokens");
+        assert!(
+            !body
+                .as_ptr_range()
+                .contains(&compact.embedding.json().as_ptr()),
+            "the copy is not inside the reply's allocation"
+        );
     }
 }

@@ -222,7 +222,7 @@ impl Cache {
     fn store(&self, entries: Vec<(key::Key, Entry)>) {
         if let Some(local) = &self.local {
             for (key, entry) in &entries {
-                local.insert(*key, entry.clone());
+                local.insert(*key, entry.compact());
             }
         }
         if let Some(shared) = &self.shared {
