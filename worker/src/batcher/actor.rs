@@ -78,6 +78,8 @@ impl Pending {
 struct Running {
     requests: Vec<u64>,
     probe: bool,
+    /// When it was launched.
+    launched: Instant,
 }
 
 pub(super) struct Actor<U> {
@@ -168,10 +170,13 @@ impl<U: Upstream> Actor<U> {
             };
             // One timer for both: the next group due by MAX_WAIT_TIME and the earliest deadline
             // of a waiting request (expiring is a no-op when only a group is due).
-            let wake_at = match (flush_at, self.queue.next_deadline()) {
-                (Some(flush), Some(expire)) => Some(flush.min(expire)),
-                (flush, expire) => flush.or(expire),
-            };
+            // A handoff already past made its dispatch (or found nothing it may send): the
+            // next arrival or completion dispatches again.
+            let handoff = self.handoff_at().filter(|&at| at > Instant::now());
+            let wake_at = [flush_at, self.queue.next_deadline(), handoff]
+                .into_iter()
+                .flatten()
+                .min();
             tokio::select! {
                 biased;
                 Some(joined) = self.batches.join_next_with_id() => match joined {
@@ -370,6 +375,28 @@ impl<U: Upstream> Actor<U> {
         Some(request)
     }
 
+    /// While bulk inputs wait and one call runs: the instant, a quarter of a call time before
+    /// that call is expected to end (launch + the call-time estimate), from which the next
+    /// batch may be sent, partial interactive groups and bulk fill included, to wait at the
+    /// upstream rather than leave it idle for the worker's turnaround (its reply, the next
+    /// batch's forming and request). Measured with a backlog behind interactive traffic at
+    /// half the upstream's capacity: without it about a fifth of the upstream's time was
+    /// idle between calls. Interactive requests arriving in that quarter wait for one call
+    /// more, which the bulk lane's one-call bound allows; with no bulk input waiting, dispatch
+    /// is as before. `None` otherwise.
+    fn handoff_at(&self) -> Option<Instant> {
+        if self.closed
+            || self.bulk.inputs() == 0
+            || self.batches.len() != 1
+            || self.shared.limits.slots < 2
+        {
+            return None;
+        }
+        let running = self.running.values().next()?;
+        let call = self.ledger.estimate.call_at(running.launched)?;
+        Some(running.launched + call - call / 4)
+    }
+
     /// A batch that is not full may take a slot now: fewer than `partial_slots` calls are in
     /// flight, or the batcher is closing (everything leaves).
     fn partial_allowed(&self) -> bool {
@@ -392,6 +419,7 @@ impl<U: Upstream> Actor<U> {
         };
         while self.batches.len() < slots {
             let now = Instant::now();
+            let handoff = self.handoff_at().is_some_and(|at| at <= now);
             let fresh = self.ledger.estimate.is_fresh(now);
             let call = self.ledger.estimate.call_at(now).filter(|_| fresh);
             let lone = self.queue.inputs() <= batch_limit;
@@ -402,8 +430,8 @@ impl<U: Upstream> Actor<U> {
                 budget,
                 max_wait,
                 // Closing flushes everything; an idle upstream takes any waiting group at once.
-                flush_all: self.closed || (when_idle && self.batches.is_empty()),
-                partial: self.partial_allowed(),
+                flush_all: self.closed || (when_idle && (self.batches.is_empty() || handoff)),
+                partial: self.partial_allowed() || handoff,
                 cutoff: now + call.unwrap_or_default(),
                 probe_allowed,
             };
@@ -543,8 +571,14 @@ impl<U: Upstream> Actor<U> {
             isolate::run_batch(&*upstream, &inputs, &order, &options, segments).await
         };
         let handle = self.batches.spawn(task.instrument(span));
-        self.running
-            .insert(handle.id(), Running { requests, probe });
+        self.running.insert(
+            handle.id(),
+            Running {
+                requests,
+                probe,
+                launched: now,
+            },
+        );
         self.ledger.in_flight = self.batches.len();
         self.ledger.last_launch = Some(now);
         self.ledger.probe_in_flight |= probe;

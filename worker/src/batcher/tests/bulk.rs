@@ -60,6 +60,60 @@ async fn bulk_inputs_fill_the_room_an_interactive_batch_leaves_and_wait_behind_i
 }
 
 #[tokio::test(start_paused = true)]
+async fn with_bulk_waiting_the_next_batch_leaves_a_quarter_call_before_the_running_one_ends() {
+    let (upstream, batcher, _task) = start(Duration::from_millis(100), config(8, 5, 2));
+    batcher.bulk_gate().limit_calls(1);
+    // One call measures the call time: 100 ms.
+    for rx in submit_each(&batcher, prefixed("w", 8)) {
+        outcome(rx).await.expect("ok");
+    }
+    // A full interactive batch runs; a backlog and a partial interactive group arrive behind it.
+    let started = tokio::time::Instant::now();
+    let full = submit_each(&batcher, prefixed("a", 8));
+    tokio::task::yield_now().await;
+    let backlog = bulk(&batcher, prefixed("b", 5));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let partial = submit_each(&batcher, prefixed("i", 3));
+    tokio::time::sleep_until(started + Duration::from_millis(70)).await;
+    assert_eq!(
+        upstream.calls().len(),
+        2,
+        "nothing more sent before the handoff"
+    );
+    tokio::time::sleep_until(started + Duration::from_millis(80)).await;
+    let calls: Vec<Vec<String>> = upstream.calls().into_iter().map(|(i, _)| i).collect();
+    let mut next = prefixed("i", 3);
+    next.extend(prefixed("b", 5));
+    assert_eq!(
+        calls[1..],
+        [prefixed("a", 8), next],
+        "at 75 ms the partial group leaves, filled with the backlog, while the first call runs"
+    );
+    for rx in full.into_iter().chain(partial) {
+        outcome(rx).await.expect("ok");
+    }
+    assert_eq!(bulk_texts(backlog.await.expect("joined")), prefixed("b", 5));
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_bulk_waiting_a_partial_group_waits_for_the_running_call_to_end() {
+    let (upstream, batcher, _task) = start(Duration::from_millis(100), config(8, 5, 2));
+    for rx in submit_each(&batcher, prefixed("w", 8)) {
+        outcome(rx).await.expect("ok");
+    }
+    let started = tokio::time::Instant::now();
+    let full = submit_each(&batcher, prefixed("a", 8));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let partial = submit_each(&batcher, prefixed("i", 3));
+    tokio::time::sleep_until(started + Duration::from_millis(95)).await;
+    assert_eq!(upstream.calls().len(), 2, "no handoff without a backlog");
+    for rx in full.into_iter().chain(partial) {
+        outcome(rx).await.expect("ok");
+    }
+    assert_eq!(upstream.calls().len(), 3);
+}
+
+#[tokio::test(start_paused = true)]
 async fn bulk_requests_hold_no_share_of_the_bounds_so_interactive_ones_are_still_admitted() {
     let (_upstream, batcher, _task) =
         start(Duration::from_millis(10), config(4, 5, 2).with_queue_cap(4));
