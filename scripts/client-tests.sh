@@ -9,6 +9,10 @@
 #     also with what /v1/embeddings answers for the same input);
 #   - examples/direct_nats.py, examples/go (nats.go), examples/node (nats on npm), run as written:
 #     one vector of 384 floats on `embed`, and exit 3 (not a crash) on a subject nobody serves;
+#   - their acknowledgement-and-resend versions (examples/direct_nats_resend.py,
+#     examples/go/resend, examples/node/resend.mjs), the same two checks, and one through a relay
+#     that drops the first copy of each request (tests/clients/drop_first_copy.py): the example
+#     resends it (Embatch-Attempt: 2), gets its vector, then withdraws the id on `.cancel`;
 #   - schemathesis (pinned in the same requirements.txt) fuzzes every operation of the gateway's
 #     own GET /openapi.json (ST_MAX_EXAMPLES per operation, 40 by default, plus its coverage
 #     cases): no 5xx, only documented statuses, documented content types, headers and bodies.
@@ -45,7 +49,7 @@ if ! cmp -s tests/clients/requirements.txt "$venv/requirements.installed"; then
   "$venv/bin/pip" install --quiet --disable-pip-version-check -r tests/clients/requirements.txt
   cp tests/clients/requirements.txt "$venv/requirements.installed"
 fi
-(cd examples/go && go build -o "$tmp/go-example" .)
+(cd examples/go && go build -o "$tmp/go-example" . && go build -o "$tmp/go-resend-example" ./resend)
 (cd examples/node && npm ci --no-audit --no-fund --loglevel=error >"$tmp/npm.log" 2>&1) || {
   cat "$tmp/npm.log" >&2
   exit 1
@@ -118,17 +122,58 @@ expect_no_responders() {
   fi
 }
 
+# expect_resend LABEL CMD...: through drop_first_copy.py, which loses the first copy, the example
+# resends (copy 2, same request id), prints one vector, and withdraws the id on `.cancel` after.
+expect_resend() {
+  local label=$1 status=0 from id
+  shift
+  from=$(($(wc -l <"$tmp/relay.log") + 1))
+  EMBATCH_SUBJECT=$relay_subject "$@" "$nats_url" "What is vector search?" >"$tmp/out" 2>&1 || status=$?
+  cat "$tmp/out" >&2
+  id=$(tail -n "+$from" "$tmp/relay.log" | sed -n 's/^dropped \([^ ]*\) attempt 1$/\1/p' | head -n 1)
+  for _ in $(seq 1 20); do # the withdrawal may reach the relay just after the example exits
+    if tail -n "+$from" "$tmp/relay.log" | grep -qxF "cancel $id"; then break; fi
+    sleep 0.1
+  done
+  tail -n "+$from" "$tmp/relay.log" | sed 's/^/  relay: /' >&2
+  if [ "$status" -eq 0 ] && [ "$(grep -c '^\[nats\] 384 dims ' "$tmp/out")" -eq 1 ] && [ -n "$id" ] &&
+    tail -n "+$from" "$tmp/relay.log" | grep -qxF "forwarded $id attempt 2" &&
+    tail -n "+$from" "$tmp/relay.log" | grep -qxF "cancel $id"; then
+    record PASS "$label: first copy lost, resent as attempt 2, one vector, then withdrawn"
+  else
+    record FAIL "$label: want the lost first copy resent as attempt 2, one vector and a withdrawal, got exit $status"
+  fi
+}
+
 step "the examples of docs/nats-contract.md on the NATS subject"
 nats_py=$("$venv/bin/pip" show nats-py | sed -n 's/^Version: //p')
 nats_go=$(sed -n 's|^require github.com/nats-io/nats.go ||p' examples/go/go.mod)
 nats_js=$(node -p 'require("./examples/node/node_modules/nats/package.json").version')
 expect_vector "examples/direct_nats.py (nats-py $nats_py)" "$venv/bin/python" examples/direct_nats.py
 expect_no_responders "examples/direct_nats.py (nats-py $nats_py)" "$venv/bin/python" examples/direct_nats.py
-expect_vector "examples/direct_nats_resend.py (nats-py $nats_py, acknowledgement and resend)" "$venv/bin/python" examples/direct_nats_resend.py
 expect_vector "examples/go (nats.go $nats_go, $(go env GOVERSION))" "$tmp/go-example"
 expect_no_responders "examples/go (nats.go $nats_go)" "$tmp/go-example"
 expect_vector "examples/node (nats $nats_js, node $(node --version))" node examples/node/index.mjs
 expect_no_responders "examples/node (nats $nats_js)" node examples/node/index.mjs
+
+step "the acknowledgement-and-resend examples of docs/design/recovery.md, also through a lossy relay"
+relay_subject=embatch-client-tests.drop-first
+"$venv/bin/python" tests/clients/drop_first_copy.py "$nats_url" "$relay_subject" embed >"$tmp/relay.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 1 100); do
+  if grep -qx ready "$tmp/relay.log"; then break; fi
+  sleep 0.1
+done
+resend_py="examples/direct_nats_resend.py (nats-py $nats_py)"
+expect_vector "$resend_py" "$venv/bin/python" examples/direct_nats_resend.py
+expect_no_responders "$resend_py" "$venv/bin/python" examples/direct_nats_resend.py
+expect_resend "$resend_py" "$venv/bin/python" examples/direct_nats_resend.py
+expect_vector "examples/go/resend (nats.go $nats_go)" "$tmp/go-resend-example"
+expect_no_responders "examples/go/resend (nats.go $nats_go)" "$tmp/go-resend-example"
+expect_resend "examples/go/resend (nats.go $nats_go)" "$tmp/go-resend-example"
+expect_vector "examples/node/resend.mjs (nats $nats_js)" node examples/node/resend.mjs
+expect_no_responders "examples/node/resend.mjs (nats $nats_js)" node examples/node/resend.mjs
+expect_resend "examples/node/resend.mjs (nats $nats_js)" node examples/node/resend.mjs
 
 # Last, so its load cannot disturb the checks above. tests/clients/schemathesis_hooks.py raises a
 # valid `x-embatch-timeout-ms` to 60 s: with a few ms, 504 is the right answer, not a defect.
