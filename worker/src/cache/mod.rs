@@ -211,6 +211,13 @@ impl Cache {
                 Joined::Wait(wait) => plan.waits.push((at, wait, input.clone())),
             }
         }
+        if plan.read_shared && !plan.leads.is_empty() {
+            let sampled = self.shared.as_ref().is_some_and(|s| s.sample_read());
+            if !sampled {
+                plan.read_shared = false;
+                metrics::counter!(names::CACHE_READS_SKIPPED).increment(plan.leads.len() as u64);
+            }
+        }
         let folded = plan.same.len() + plan.waits.len();
         if folded > 0 {
             metrics::counter!(names::DEDUP_INPUTS, "where" => "flight").increment(folded as u64);
@@ -296,6 +303,8 @@ impl Plan {
             futures::future::join_all(self.leads.iter().map(|(_, lead)| shared.get(lead.key())))
                 .await;
         let leads = std::mem::take(&mut self.leads);
+        let hits = found.iter().filter(|entry| entry.is_some()).count();
+        shared.found(hits, found.len());
         for ((at, lead), entry) in leads.into_iter().zip(found) {
             match entry {
                 Some(entry) => {

@@ -23,7 +23,7 @@
 //! (more are dropped). A bucket that cannot be opened at start (JetStream disabled or down) is
 //! tried again every [`REOPEN_EVERY`]; until then every read is a miss.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -61,6 +61,8 @@ pub(crate) struct BucketConfig {
 pub(crate) struct Shared {
     store: OnceLock<kv::Store>,
     config: BucketConfig,
+    /// Which requests' misses are looked up (see [`ReadSampler`]).
+    sampler: ReadSampler,
     /// Reads are skipped until this instant (ms after `epoch`) after a failure.
     skip_until_ms: AtomicU64,
     epoch: Instant,
@@ -80,6 +82,7 @@ impl Shared {
         let shared = Arc::new(Shared {
             store: OnceLock::new(),
             config,
+            sampler: ReadSampler::default(),
             skip_until_ms: AtomicU64::new(0),
             epoch: Instant::now(),
             writes: Arc::new(Semaphore::new(WRITES_IN_FLIGHT)),
@@ -131,6 +134,17 @@ impl Shared {
     pub(crate) fn readable(&self) -> bool {
         self.store.get().is_some()
             && self.epoch.elapsed().as_millis() as u64 >= self.skip_until_ms.load(Ordering::Relaxed)
+    }
+
+    /// Whether a request's misses of the LRU are looked up in the bucket (see
+    /// [`ReadSampler`]); the caller reports what it found with [`Shared::found`].
+    pub(crate) fn sample_read(&self) -> bool {
+        self.sampler.should_read()
+    }
+
+    /// Reports a lookup of `reads` keys that found `hits` of them.
+    pub(crate) fn found(&self, hits: usize, reads: usize) {
+        self.sampler.record(hits, reads);
     }
 
     /// The entry for `key`, or `None`: absent, unreadable, or the bucket not readable (a
@@ -195,6 +209,63 @@ impl Shared {
     }
 }
 
+/// Reads looked at before the bucket's hit ratio is trusted: 256.
+const SAMPLE_MIN_READS: u32 = 256;
+/// The recent window: past this many reads, both counts are halved (1,024).
+const SAMPLE_WINDOW: u32 = 1024;
+/// Below one hit in this many reads, only one request in [`SAMPLE_EVERY`] reads (100).
+const SAMPLE_LOW_RATIO: u32 = 100;
+/// While the bucket is cold, one request in this many looks its misses up: 16.
+const SAMPLE_EVERY: u32 = 16;
+
+/// Which requests look their LRU misses up in the bucket. A lookup is a round trip to
+/// nats-server and a read of its store for each input; when the traffic is made of inputs never
+/// seen before (embedding a new corpus), every lookup misses and this cost is all there is: at
+/// 2,837 single-input requests/s on the benchmark machine, the bucket's reads and writes doubled
+/// nats-server's CPU. So while the recent lookups (about the last 1,024, halved as they come)
+/// found fewer than 1 in 100 of their keys, only one request in 16 looks up; the rest go
+/// straight to the batcher, still writing their results. As soon as the sampled lookups find
+/// entries again (another worker embedded them, or this one restarted and the corpus comes
+/// again) the ratio climbs past 1 in 100 and every request looks up again: after 256 cold
+/// reads, a few hits among the next samples do it. While cold, at most the share of hits
+/// the sampled lookups see (under 1%) is embedded again that a lookup would have found.
+#[derive(Default)]
+pub(crate) struct ReadSampler {
+    reads: AtomicU32,
+    hits: AtomicU32,
+    requests: AtomicU32,
+}
+
+impl ReadSampler {
+    /// Whether this request looks its misses up.
+    pub(crate) fn should_read(&self) -> bool {
+        let reads = self.reads.load(Ordering::Relaxed);
+        let hits = self.hits.load(Ordering::Relaxed);
+        if reads < SAMPLE_MIN_READS || hits.saturating_mul(SAMPLE_LOW_RATIO) >= reads {
+            return true;
+        }
+        let skipped = self.requests.fetch_add(1, Ordering::Relaxed) % SAMPLE_EVERY != 0;
+        !skipped
+    }
+
+    /// Counts a lookup of `reads` keys that found `hits`; halves both counts past
+    /// [`SAMPLE_WINDOW`] reads (two requests halving at once only forget more history).
+    pub(crate) fn record(&self, hits: usize, reads: usize) {
+        let reads = u32::try_from(reads).unwrap_or(u32::MAX);
+        let hits = u32::try_from(hits).unwrap_or(u32::MAX);
+        self.hits.fetch_add(hits, Ordering::Relaxed);
+        let total = self
+            .reads
+            .fetch_add(reads, Ordering::Relaxed)
+            .saturating_add(reads);
+        if total >= SAMPLE_WINDOW {
+            self.reads.store(total / 2, Ordering::Relaxed);
+            let hits = self.hits.load(Ordering::Relaxed);
+            self.hits.store(hits / 2, Ordering::Relaxed);
+        }
+    }
+}
+
 /// The bucket `config` names: created as a KV bucket of history 1 whose stream discards the
 /// oldest entries when full (see the module docs), or the existing one as it is.
 async fn open_bucket(
@@ -220,4 +291,62 @@ async fn open_bucket(
         })
         .await?;
     Ok(context.get_key_value(bucket.as_str()).await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reads_of(sampler: &ReadSampler, requests: u32) -> u32 {
+        (0..requests).filter(|_| sampler.should_read()).count() as u32
+    }
+
+    #[test]
+    fn every_request_reads_until_the_bucket_is_seen_to_be_cold() {
+        let sampler = ReadSampler::default();
+        assert_eq!(reads_of(&sampler, 100), 100, "nothing known yet");
+        sampler.record(0, 255);
+        assert_eq!(reads_of(&sampler, 100), 100, "too few reads to judge");
+        sampler.record(4, 100);
+        assert_eq!(
+            reads_of(&sampler, 100),
+            100,
+            "4 hits in 355 reads: still warm"
+        );
+        sampler.record(0, 50);
+        assert!(reads_of(&sampler, 100) < 100, "4 hits in 405 reads: cold");
+    }
+
+    #[test]
+    fn a_cold_bucket_is_read_by_one_request_in_16_until_hits_come_back() {
+        let sampler = ReadSampler::default();
+        sampler.record(0, 600);
+        assert_eq!(reads_of(&sampler, 160), 10, "no hit in 600 reads: 1 in 16");
+        // The sampled lookups start finding entries (a corpus seen before comes again).
+        for _ in 0..7 {
+            sampler.record(1, 1);
+        }
+        assert_eq!(
+            reads_of(&sampler, 100),
+            100,
+            "7 hits in 607 reads: every request reads"
+        );
+    }
+
+    #[test]
+    fn old_reads_are_forgotten_by_halving() {
+        let sampler = ReadSampler::default();
+        sampler.record(500, 1000);
+        sampler.record(0, 100);
+        // 1,100 reads halved to 550, the 500 hits to 250.
+        assert_eq!(sampler.reads.load(Ordering::Relaxed), 550);
+        assert_eq!(sampler.hits.load(Ordering::Relaxed), 250);
+        for _ in 0..20 {
+            sampler.record(0, 1000);
+        }
+        assert!(
+            reads_of(&sampler, 160) < 160,
+            "after 20,000 cold reads the old hits no longer count"
+        );
+    }
 }
