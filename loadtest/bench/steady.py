@@ -27,6 +27,14 @@ from .stack import Stack
 # ceiling (~2,837 req/s at MAX_BATCH_SIZE 32), each through the gateway and NATS direct.
 STEADY_PATHS = ("gateway", "nats")
 STEADY_WORKER = {"SHUTDOWN_GRACE": "2s"}  # stop quickly between stacks; no other setting
+
+
+def steady_worker() -> dict[str, str]:
+    """STEADY_WORKER plus `EMBATCH_STEADY_WORKER_ENV` (`K=V,K=V`, e.g. `CACHE=false` to leave out
+    what a later feature costs; a build that predates a setting ignores it), for both builds."""
+    extra = os.environ.get("EMBATCH_STEADY_WORKER_ENV", "")
+    pairs = [item.split("=", 1) for item in extra.split(",") if "=" in item]
+    return {**STEADY_WORKER, **{k.strip(): v.strip() for k, v in pairs}}
 STEADY_TARGET = 1.05  # p99 within 5% of the baseline's
 STEADY_SPREAD = 1.25  # the pairs' ratios must agree within this factor for a verdict
 
@@ -59,7 +67,7 @@ def steady_stack_runs(b: Stack, build: str, pair: int, rates: list[int],
             finally:
                 b.bins = build_bins
             workers.append(b.worker(nats, tei_url=up, name=f"worker-{name}", defaults_only=True,
-                                    **STEADY_WORKER))
+                                    **steady_worker()))
         b.wait_workers(nats, workers)
         _, gw = b.gateway(nats, None)
         for rate in rates:
@@ -108,7 +116,7 @@ def scenario_steady_state(b: Stack) -> dict:
     finally:
         b.bins = own
     return {"settings": {"upstream": f"one {sc.GPU_UPSTREAM} per worker", "workers": 2,
-                         "worker": STEADY_WORKER, "gateway": "defaults",
+                         "worker": steady_worker(), "gateway": "defaults",
                          "timeout_s": sc.RECOVERY_TIMEOUT_S, "rates": rates,
                          "baseline_bin_dir": baseline_dir, "pairs": pairs},
             "runs": runs}
@@ -135,8 +143,12 @@ def render_steady_state(res: dict, targets: list) -> list[str]:
     missed when none does, and not resolved otherwise or when the pairs' ratios spread over
     STEADY_SPREAD."""
     s = res["settings"]
+    changed = {k: v for k, v in s["worker"].items() if k not in STEADY_WORKER}
+    defaults = ("every setting at its default" if not changed else
+                "every setting at its default but " + ", ".join(f"`{k}={v}`"
+                                                                for k, v in changed.items()))
     out = [f"Two workers, each on its own GPU-like fake upstream ({sc.GPU_BASE_MS} ms + "
-           f"{sc.GPU_PER_INPUT_US} µs/input, one call at a time), every setting at its default "
+           f"{sc.GPU_PER_INPUT_US} µs/input, one call at a time), {defaults} "
            f"(the gateway's REQUEST_TIMEOUT too), no fault; open loop at "
            + " and ".join(f"{r:,}" for r in s["rates"])
            + f" req/s through the gateway and NATS direct, client timeout {s['timeout_s']} s. "
