@@ -46,10 +46,11 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// measured call times (the longer of the usual and the longest seen lately) is stalled
 /// ([`Load::stalled`]).
 pub const STALL_CALLS: u32 = 10;
-/// ... and for at least this long: 1 s. Shorter pauses happen to healthy workers: a CPU quota's
-/// throttling (100 ms periods), a loaded host (a 260 ms pause of every process was seen on a
-/// 2-core machine at load 12), a first call to a CPU model.
-pub const STALL_MIN: Duration = Duration::from_secs(1);
+/// ... and for at least this long: 500 ms. Shorter pauses happen to healthy workers: a CPU
+/// quota's throttling (100 ms periods), a loaded host (a 260 ms pause of every process was seen
+/// on a 2-core machine at load 12). With 1 s, an upstream stopped for 1.5 s held its requests
+/// until it continued (the stall was seen, and the heartbeat silent, only 1.5 s in).
+pub const STALL_MIN: Duration = Duration::from_millis(500);
 
 /// `MEMBERSHIP`: whether a worker leaves the queue group while it cannot serve in time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

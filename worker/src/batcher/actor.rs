@@ -612,7 +612,13 @@ impl<U: Upstream> Actor<U> {
         }
         let now = Instant::now();
         if let Some(elapsed) = done.clean_call() {
-            self.ledger.estimate.record(elapsed, now, probe);
+            self.ledger.record_call(
+                elapsed,
+                now,
+                probe,
+                crate::membership::STALL_CALLS,
+                crate::membership::STALL_MIN,
+            );
         }
         for (segment, result) in done.results {
             let Some(request) = self.requests.get_mut(&segment.request) else {

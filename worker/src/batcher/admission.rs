@@ -132,7 +132,20 @@ impl Estimate {
     /// [`ALPHA_FASTER`] or [`ALPHA_SLOWER`]. The prior is the discounted estimate
     /// ([`Estimate::call_at`]). A probe's sample replaces the estimate: the probe was sent
     /// because the estimate was in doubt.
+    #[cfg(test)]
     pub fn record(&mut self, elapsed: Duration, now: Instant, probe: bool) {
+        self.record_within(elapsed, now, probe, None);
+    }
+
+    /// [`Estimate::record`], remembering the call as the longest seen only when it took at
+    /// most `longest_bound` (see [`Ledger::record_call`]).
+    pub fn record_within(
+        &mut self,
+        elapsed: Duration,
+        now: Instant,
+        probe: bool,
+        longest_bound: Option<Duration>,
+    ) {
         let sample = elapsed.as_secs_f64().max(1e-6);
         let call = match (self.last, self.call_at(now)) {
             (Some((raw, at)), Some(old)) if !probe => {
@@ -151,9 +164,16 @@ impl Estimate {
         };
         self.last = Some((call, now));
         let longest = self.longest_at(now).map_or(0.0, |d| d.as_secs_f64());
-        if sample >= longest {
+        if sample >= longest && longest_bound.is_none_or(|bound| elapsed <= bound) {
             self.longest = Some((sample, now));
         }
+    }
+
+    /// The usual call to judge a stall by: the longer of the call time last measured
+    /// (undiscounted) and the longest call seen lately; `None` before the first sample.
+    fn usual(&self, now: Instant) -> Option<Duration> {
+        let (call, _) = self.last?;
+        Some(Duration::from_secs_f64(call).max(self.longest_at(now).unwrap_or_default()))
     }
 
     /// The longest call seen, halved for every [`LONGEST_HALF_LIFE_S`] since; `None` before the
@@ -513,16 +533,41 @@ impl Ledger {
     /// longest call seen lately ([`Estimate::longest_at`]), and at least `floor`. `false` before
     /// the first measurement.
     pub fn stalled(&self, now: Instant, calls: u32, floor: Duration) -> bool {
-        let Some((call, sampled)) = self.estimate.last else {
+        let (Some((_, sampled)), Some(bound)) =
+            (self.estimate.last, self.stall_bound(now, calls, floor))
+        else {
             return false;
         };
-        let usual =
-            Duration::from_secs_f64(call).max(self.estimate.longest_at(now).unwrap_or_default());
         let quiet_since = self
             .last_launch
             .map_or(sampled, |launch| launch.max(sampled));
-        self.in_flight > 0
-            && now.saturating_duration_since(quiet_since) > usual.saturating_mul(calls).max(floor)
+        self.in_flight > 0 && now.saturating_duration_since(quiet_since) > bound
+    }
+
+    /// How long calls in flight may go without one starting or ending before the upstream is
+    /// taken as stalled ([`Ledger::stalled`]): `calls` × the usual call, at least `floor`.
+    fn stall_bound(&self, now: Instant, calls: u32, floor: Duration) -> Option<Duration> {
+        self.estimate
+            .usual(now)
+            .map(|usual| usual.saturating_mul(calls).max(floor))
+    }
+
+    /// Takes a completed call of `elapsed` into the estimate. A call longer than the stall bound
+    /// in effect ([`Ledger::stalled`]'s `calls` and `floor`) counts in the average but is not
+    /// remembered as the longest call: it was a stall (a stopped or hung upstream), not a slow
+    /// batch, and remembering it would raise the bound tenfold for a minute, so the next stall
+    /// would go unseen (measured with an upstream stopped for 1.5 s every 3 s: after the first
+    /// stop, the worker no longer left the group as stalled).
+    pub fn record_call(
+        &mut self,
+        elapsed: Duration,
+        now: Instant,
+        probe: bool,
+        calls: u32,
+        floor: Duration,
+    ) {
+        let bound = self.stall_bound(now, calls, floor);
+        self.estimate.record_within(elapsed, now, probe, bound);
     }
 
     /// Whether `MAX_QUEUE_DELAY` is set aside at `now` ([`Ledger::absorb_backlog_until`]).

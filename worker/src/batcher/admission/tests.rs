@@ -390,3 +390,39 @@ fn the_longest_call_is_forgotten_with_a_half_life() {
     let halved = longest(now + Duration::from_secs(60));
     assert!(halved > ms(199) && halved < ms(201), "{halved:?}");
 }
+
+#[test]
+fn a_stalled_call_is_not_remembered_as_the_longest() {
+    let floor = ms(500);
+    let mut ledger = Ledger::default();
+    let mut now = after_calls(&mut ledger, Instant::now(), 50, ms(6));
+    // The upstream was stopped for 1.5 s under a call: past the bound in effect (500 ms).
+    now += ms(1_500);
+    ledger.record_call(ms(1_500), now, false, 10, floor);
+    // Then fast calls again, one of them a slower batch (40 ms), under the bound.
+    for i in 0..20 {
+        let call = if i == 10 { ms(40) } else { ms(6) };
+        now += call;
+        ledger.record_call(call, now, false, 10, floor);
+    }
+    let longest = ledger.estimate.longest_at(now).expect("sampled");
+    assert!(
+        longest >= ms(39) && longest <= ms(40),
+        "the 40 ms batch is the longest remembered, not the stall: {longest:?}"
+    );
+    ledger.in_flight = 1;
+    ledger.last_launch = Some(now);
+    assert!(
+        ledger.stalled(now + ms(600), 10, floor),
+        "the next stop is seen past the floor, not 10 x 1.5 s"
+    );
+    // Remembered as before, the stall would hide the next one for 15 s.
+    let mut unbounded = Ledger::default();
+    let mut now = after_calls(&mut unbounded, Instant::now(), 50, ms(6));
+    now += ms(1_500);
+    unbounded.estimate.record(ms(1_500), now, false);
+    let now = after_calls(&mut unbounded, now, 20, ms(6));
+    unbounded.in_flight = 1;
+    unbounded.last_launch = Some(now);
+    assert!(!unbounded.stalled(now + ms(600), 10, floor));
+}
