@@ -148,7 +148,9 @@ class Stack:
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in self.scrubbed}
         env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
-        env["RUST_LOG"] = "warn"
+        # The processes' log filter: warnings only, unless EMBATCH_BENCH_RUST_LOG says otherwise
+        # (e.g. `embatch_worker=debug` to follow a scenario; logs in the run's log directory).
+        env["RUST_LOG"] = os.environ.get("EMBATCH_BENCH_RUST_LOG", "warn")
         env.update(extra or {})
         return env
 

@@ -552,9 +552,9 @@ impl Ledger {
             .map(|usual| usual.saturating_mul(calls).max(floor))
     }
 
-    /// Takes a completed call of `elapsed` into the estimate. A call longer than the stall bound
-    /// in effect ([`Ledger::stalled`]'s `calls` and `floor`) counts in the average but is not
-    /// remembered as the longest call: it was a stall (a stopped or hung upstream), not a slow
+    /// Takes a completed call of `elapsed` into the estimate. A call longer than `calls` × the
+    /// longest call remembered, and than `floor` ([`Ledger::stalled`]'s bound without the
+    /// average), counts in the average but is not remembered as the longest call: it was a stall (a stopped or hung upstream), not a slow
     /// batch, and remembering it would raise the bound tenfold for a minute, so the next stall
     /// would go unseen (measured with an upstream stopped for 1.5 s every 3 s: after the first
     /// stop, the worker no longer left the group as stalled).
@@ -566,7 +566,13 @@ impl Ledger {
         calls: u32,
         floor: Duration,
     ) {
-        let bound = self.stall_bound(now, calls, floor);
+        // Judged against the longest call remembered, not the average: the average takes a
+        // stalled call in at once (its weight grows with the time since the last sample), so a
+        // second call ending in the same stall would pass a bound computed from it.
+        let bound = self
+            .estimate
+            .longest_at(now)
+            .map(|longest| longest.saturating_mul(calls).max(floor));
         self.estimate.record_within(elapsed, now, probe, bound);
     }
 

@@ -399,6 +399,9 @@ fn a_stalled_call_is_not_remembered_as_the_longest() {
     // The upstream was stopped for 1.5 s under a call: past the bound in effect (500 ms).
     now += ms(1_500);
     ledger.record_call(ms(1_500), now, false, 10, floor);
+    // The second call in flight ends with it (launched 60 ms into the stop).
+    now += ms(1);
+    ledger.record_call(ms(1_441), now, false, 10, floor);
     // Then fast calls again, one of them a slower batch (40 ms), under the bound.
     for i in 0..20 {
         let call = if i == 10 { ms(40) } else { ms(6) };
