@@ -194,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise BenchError(f"--worker-setting {setting!r}: expected KEY=VALUE")
             base[key] = value
         bench = Stack(args.quick, bins, nats_bin, log_dir, defaults, base)
+        bench.worker_overrides = dict(s.partition("=")[::2] for s in args.worker_setting)
         for name in names:
             if not run_scenario(bench, name, args.quick, command, out_dir):
                 failed.append(name)

@@ -140,6 +140,9 @@ class Stack:
         self.ports: set[int] = set()
         self.runs = 0
         self._model_dir: str | None = None
+        # `--worker-setting`s alone (also in worker_base): for scenarios whose workers run on
+        # their defaults (`defaults_only`) but should take what the command line changes.
+        self.worker_overrides: dict[str, str] = {}
 
     # durations: (full, quick) seconds
     def d(self, full: float, quick: float) -> float:

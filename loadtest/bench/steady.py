@@ -29,12 +29,11 @@ STEADY_PATHS = ("gateway", "nats")
 STEADY_WORKER = {"SHUTDOWN_GRACE": "2s"}  # stop quickly between stacks; no other setting
 
 
-def steady_worker() -> dict[str, str]:
-    """STEADY_WORKER plus `EMBATCH_STEADY_WORKER_ENV` (`K=V,K=V`, e.g. `CACHE=false` to leave out
-    what a later feature costs; a build that predates a setting ignores it), for both builds."""
-    extra = os.environ.get("EMBATCH_STEADY_WORKER_ENV", "")
-    pairs = [item.split("=", 1) for item in extra.split(",") if "=" in item]
-    return {**STEADY_WORKER, **{k.strip(): v.strip() for k, v in pairs}}
+def steady_worker(b: Stack) -> dict[str, str]:
+    """STEADY_WORKER plus the command line's `--worker-setting`s (e.g. `CACHE=false`, to leave
+    out what a later feature costs; a build that predates a setting ignores it), for both
+    builds."""
+    return {**STEADY_WORKER, **b.worker_overrides}
 STEADY_TARGET = 1.05  # p99 within 5% of the baseline's
 STEADY_SPREAD = 1.25  # the pairs' ratios must agree within this factor for a verdict
 
@@ -67,7 +66,7 @@ def steady_stack_runs(b: Stack, build: str, pair: int, rates: list[int],
             finally:
                 b.bins = build_bins
             workers.append(b.worker(nats, tei_url=up, name=f"worker-{name}", defaults_only=True,
-                                    **steady_worker()))
+                                    **steady_worker(b)))
         b.wait_workers(nats, workers)
         _, gw = b.gateway(nats, None)
         for rate in rates:
@@ -116,7 +115,7 @@ def scenario_steady_state(b: Stack) -> dict:
     finally:
         b.bins = own
     return {"settings": {"upstream": f"one {sc.GPU_UPSTREAM} per worker", "workers": 2,
-                         "worker": steady_worker(), "gateway": "defaults",
+                         "worker": steady_worker(b), "gateway": "defaults",
                          "timeout_s": sc.RECOVERY_TIMEOUT_S, "rates": rates,
                          "baseline_bin_dir": baseline_dir, "pairs": pairs},
             "runs": runs}
