@@ -188,13 +188,14 @@ def main(argv: list[str] | None = None) -> int:
         (out_dir / "machine.json").write_text(json.dumps(meta, indent=2) + "\n")
         log(f"{meta['cores']} cores, load average {meta['loadavg_start']:.2f}; logs in {log_dir}")
         base = worker_base(defaults)
+        overrides = {}
         for setting in args.worker_setting:
             key, sep, value = setting.partition("=")
             if not sep or not key:
                 raise BenchError(f"--worker-setting {setting!r}: expected KEY=VALUE")
-            base[key] = value
-        bench = Stack(args.quick, bins, nats_bin, log_dir, defaults, base)
-        bench.worker_overrides = dict(s.partition("=")[::2] for s in args.worker_setting)
+            overrides[key] = value
+        bench = Stack(args.quick, bins, nats_bin, log_dir, defaults, {**base, **overrides})
+        bench.worker_overrides = overrides
         for name in names:
             if not run_scenario(bench, name, args.quick, command, out_dir):
                 failed.append(name)
