@@ -59,14 +59,20 @@ async fn bulk_inputs_fill_the_room_an_interactive_batch_leaves_and_wait_behind_i
     );
 }
 
-#[tokio::test(start_paused = true)]
-async fn with_bulk_waiting_the_next_batch_leaves_a_quarter_call_before_the_running_one_ends() {
-    let (upstream, batcher, _task) = start(Duration::from_millis(100), config(8, 5, 2));
-    batcher.bulk_gate().limit_calls(1);
-    // One call measures the call time: 100 ms.
+/// A batcher (batches of 8, 5 ms wait, 2 slots) on a 100 ms upstream after one full call, so
+/// its call-time estimate is 100 ms.
+async fn measured_at_100_ms() -> (Arc<Recording>, BatcherHandle, JoinHandle<()>) {
+    let (upstream, batcher, task) = start(Duration::from_millis(100), config(8, 5, 2));
     for rx in submit_each(&batcher, prefixed("w", 8)) {
         outcome(rx).await.expect("ok");
     }
+    (upstream, batcher, task)
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_bulk_waiting_the_next_batch_leaves_a_quarter_call_before_the_running_one_ends() {
+    let (upstream, batcher, _task) = measured_at_100_ms().await;
+    batcher.bulk_gate().limit_calls(1);
     // A full interactive batch runs; a backlog and a partial interactive group arrive behind it.
     let started = tokio::time::Instant::now();
     let full = submit_each(&batcher, prefixed("a", 8));
@@ -97,10 +103,7 @@ async fn with_bulk_waiting_the_next_batch_leaves_a_quarter_call_before_the_runni
 
 #[tokio::test(start_paused = true)]
 async fn without_bulk_waiting_a_partial_group_waits_for_the_running_call_to_end() {
-    let (upstream, batcher, _task) = start(Duration::from_millis(100), config(8, 5, 2));
-    for rx in submit_each(&batcher, prefixed("w", 8)) {
-        outcome(rx).await.expect("ok");
-    }
+    let (upstream, batcher, _task) = measured_at_100_ms().await;
     let started = tokio::time::Instant::now();
     let full = submit_each(&batcher, prefixed("a", 8));
     tokio::time::sleep(Duration::from_millis(10)).await;
