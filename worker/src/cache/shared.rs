@@ -244,8 +244,9 @@ impl ReadSampler {
         if reads < SAMPLE_MIN_READS || hits.saturating_mul(SAMPLE_LOW_RATIO) >= reads {
             return true;
         }
-        let skipped = self.requests.fetch_add(1, Ordering::Relaxed) % SAMPLE_EVERY != 0;
-        !skipped
+        self.requests
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(SAMPLE_EVERY)
     }
 
     /// Counts a lookup of `reads` keys that found `hits`; halves both counts past
