@@ -12,6 +12,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 async fn main() -> std::process::ExitCode {
     let config = Config::parse();
     telemetry::init_logging(config.log_format);
+    embatch_runtime::disable_transparent_huge_pages();
     embatch_runtime::exit_code(run(config).await)
 }
 

@@ -1,14 +1,16 @@
 //! Process plumbing shared by `embatch-gateway`, `embatch-worker` and `embatch-loadtest` (not
 //! part of the wire contract, which lives in `embatch-protocol`): the settings every binary
-//! shares ([`NatsArgs`], [`Secret`], [`OptionalAddr`]), log setup, the Prometheus recorder and
-//! the shutdown signal.
+//! shares ([`NatsArgs`], [`Secret`], [`OptionalAddr`]), log setup, the Prometheus recorder,
+//! the shutdown signal and the process's memory setting ([`disable_transparent_huge_pages`]).
 
 mod addr;
 pub mod bulk;
+mod memory;
 mod nats;
 mod secret;
 
 pub use addr::OptionalAddr;
+pub use memory::disable_transparent_huge_pages;
 pub use nats::{NatsArgs, NatsAuth, NatsError, ServerList, install_crypto_provider};
 pub use secret::Secret;
 

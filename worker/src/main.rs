@@ -17,6 +17,7 @@ async fn main() -> std::process::ExitCode {
 /// [`embatch_worker::run`] owns every task and the shutdown sequence).
 async fn run(config: Config) -> Result<(), WorkerError> {
     telemetry::init_logging(config.log_format);
+    embatch_runtime::disable_transparent_huge_pages();
     tracing::info!(config = ?config, "starting embatch-worker");
     let client = embatch_worker::connect(&config).await?;
     let upstream = embatch_worker::build_upstream(&config).await?;
