@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::batcher::{BatcherHandle, Outcome, Reply};
-use crate::cache::{Answered, Cache, Plan, Usage};
+use crate::cache::{Answered, Cache, Plan, Stash, Usage};
 use crate::group::{Event, Group};
 use crate::micro::EndpointStats;
 use crate::respond::Answer;
@@ -402,7 +402,7 @@ impl Intake {
                 metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => label)
                     .increment(1);
             }
-            let outcome = match outcome {
+            let mut outcome = match outcome {
                 Err(EmbedError::Overloaded(why)) if hand_back => {
                     metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => "handed_back")
                         .increment(1);
@@ -415,6 +415,11 @@ impl Intake {
             let all_hits = outcome
                 .as_ref()
                 .is_ok_and(|(answered, _)| answered.hits == Some(inputs));
+            // The new results are stored even when the reply turns out too large to send.
+            let stash = match &mut outcome {
+                Ok((answered, _)) => std::mem::take(&mut answered.stash),
+                Err(_) => Stash::default(),
+            };
             let outcome = outcome.and_then(|(answered, timing)| {
                 reply_limit.observe(inputs, answered.payload.len())?;
                 Ok((answered, timing))
@@ -430,6 +435,8 @@ impl Intake {
                 reply = reply.header(headers::ACK_DELAY_MS, delay_ms);
             }
             reply.send(&client, &request, &stats, received).await;
+            // Only now: storing never delays the reply (see `Cache::store`).
+            cache.store(stash);
             if all_hits {
                 metrics::histogram!(crate::telemetry::names::CACHE_HIT_TIME)
                     .record(received.elapsed().as_secs_f64());
@@ -620,7 +627,7 @@ impl Work {
             *batcher_answered = true;
             let reply = receive(receiver).await?;
             timing = Some((reply.queue_time, reply.inference_time));
-            plan.complete_leads(cache, &reply.payload, lengths.as_deref())?;
+            plan.complete_leads(&reply.payload, lengths.as_deref())?;
         }
         let abandoned = plan.wait(deadline).await?;
         if !abandoned.is_empty() {

@@ -81,8 +81,8 @@ pub mod names {
     /// Counter: entries not written to the shared bucket because too many writes were in
     /// flight.
     pub const CACHE_WRITES_DROPPED: &str = "embatch_worker_cache_writes_dropped_total";
-    /// Counter: misses of the LRU not looked up in the shared bucket while it is cold (see
-    /// `cache::shared::ReadSampler`).
+    /// Counter: misses of the LRU sent upstream without waiting for a shared-bucket lookup
+    /// while the bucket is cold (see `cache::shared::ReadSampler`).
     pub const CACHE_READS_SKIPPED: &str = "embatch_worker_cache_shared_reads_skipped_total";
     /// Histogram: seconds from a request's arrival to its reply for requests answered entirely
     /// from the cache (what a hit costs in the worker).
@@ -256,7 +256,7 @@ fn describe() {
     );
     describe_counter!(
         names::CACHE_READS_SKIPPED,
-        "LRU misses not looked up in the shared bucket while it found under 1 in 100 (1 request in 16 looks up)."
+        "LRU misses sent upstream without waiting for a shared-bucket lookup while it found under 1 in 100 (1 request in 16 is probed in the background)."
     );
     describe_histogram!(
         names::CACHE_HIT_TIME,

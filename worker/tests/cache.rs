@@ -525,3 +525,50 @@ async fn a_request_may_bypass_the_cache_and_the_cache_may_be_off() {
     assert_eq!(sends(&tei), HashMap::from([("p".into(), 2)]));
     off.stop().await;
 }
+
+/// A bucket that finds nothing (a corpus never seen before) is not waited for: once 256
+/// lookups found no entry, requests send their misses upstream at once and one in 16 has its
+/// keys probed in the background; when the probes find entries again, requests look up again
+/// and are answered from the bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_bucket_is_probed_not_waited_for_until_it_has_entries() {
+    let nats = NatsServer::start_jetstream();
+    let tei = start_tei(TeiConfig::instant()).await;
+    let running = worker(&nats, &tei, &["--cache-local-bytes", "0"]).await;
+    let client = async_nats::connect(nats.url()).await.expect("connects");
+
+    // 300 lookups that find nothing: the bucket is cold.
+    let corpus: Vec<String> = (0..300).map(|i| format!("new {i}")).collect();
+    let reply = send(&client, serde_json::json!({ "inputs": corpus }), &[]).await;
+    assert_eq!(reply.hits, Some(0));
+    // Inputs embedded while cold are still written.
+    let texts: Vec<String> = (0..200).map(|i| format!("again {i}")).collect();
+    for text in &texts {
+        let reply = send(&client, serde_json::json!({ "inputs": text }), &[]).await;
+        assert_eq!(reply.hits, Some(0));
+    }
+    bucket_holds(&client, 500).await;
+
+    // The same inputs again: the bucket holds every one, but a cold bucket is not waited for,
+    // so the first requests are embedded again; the probes find the entries, and the
+    // requests after them are hits.
+    tei.calls.clear();
+    let mut hits = Vec::new();
+    for text in &texts {
+        let reply = send(&client, serde_json::json!({ "inputs": text }), &[]).await;
+        assert_eq!(reply.vectors(), vec![double_vector(text)]);
+        hits.push(reply.hits.expect("the cache is on"));
+    }
+    assert_eq!(hits[0], 0, "a cold bucket is not looked up first");
+    let first_hit = hits.iter().position(|&h| h == 1).expect("the bucket warms up");
+    assert!(
+        hits[first_hit..].iter().all(|&h| h == 1),
+        "every request after the first hit is answered from the bucket: {hits:?}"
+    );
+    assert_eq!(
+        sends(&tei).len(),
+        first_hit,
+        "only the requests before the bucket warmed up reached the upstream"
+    );
+    running.stop().await;
+}

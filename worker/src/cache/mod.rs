@@ -38,7 +38,7 @@ use flight::{Flights, Joined, Lead, Wait};
 pub(crate) use key::ModelIdentity;
 use local::Local;
 pub(crate) use shared::BucketConfig;
-use shared::Shared;
+use shared::{Lookup, Shared};
 
 use crate::telemetry::names;
 use crate::upstream::Embedding;
@@ -178,6 +178,7 @@ impl Cache {
             leads: Vec::new(),
             waits: Vec::new(),
             hits: 0,
+            stash: Vec::new(),
             store: usage != Usage::NoStore,
             read_shared: reads && self.shared.is_some(),
             cache_on: self.is_on(),
@@ -211,9 +212,13 @@ impl Cache {
                 Joined::Wait(wait) => plan.waits.push((at, wait, input.clone())),
             }
         }
-        if plan.read_shared && !plan.leads.is_empty() {
-            let sampled = self.shared.as_ref().is_some_and(|s| s.sample_read());
-            if !sampled {
+        if plan.read_shared
+            && !plan.leads.is_empty()
+            && let Some(shared) = &self.shared
+        {
+            let leads = &plan.leads;
+            let lookup = shared.lookup(|| leads.iter().map(|(_, lead)| lead.key()).collect());
+            if lookup != Lookup::Read {
                 plan.read_shared = false;
                 metrics::counter!(names::CACHE_READS_SKIPPED).increment(plan.leads.len() as u64);
             }
@@ -225,8 +230,15 @@ impl Cache {
         plan
     }
 
-    /// Stores `entries` in the LRU and (after the reply, see [`shared`]) the shared bucket.
-    fn store(&self, entries: Vec<(key::Key, Entry)>) {
+    /// Stores a request's new results in the LRU and the shared bucket (in a task, see
+    /// [`shared`]). Called once its reply is sent: the copies, the locks and the bucket's
+    /// writes (about 5 KB each at 384 dimensions) never delay a reply, nor queue ahead of one
+    /// on the connection. Waiters have their results already ([`Plan::complete_leads`]).
+    pub(crate) fn store(&self, stash: Stash) {
+        let entries = stash.0;
+        if entries.is_empty() {
+            return;
+        }
         if let Some(local) = &self.local {
             for (key, entry) in &entries {
                 local.insert(*key, entry.compact());
@@ -251,6 +263,8 @@ pub(crate) struct Plan {
     waits: Vec<(usize, Wait, Input)>,
     /// Inputs answered from the LRU or the shared bucket.
     hits: usize,
+    /// The leads' results, to store once the reply is sent ([`Cache::store`]).
+    stash: Vec<(key::Key, Entry)>,
     /// Whether results are written to the cache.
     store: bool,
     /// Whether the leads are looked up in the shared bucket before they are submitted.
@@ -323,13 +337,13 @@ impl Plan {
 
     /// Takes the results of the leads' upstream call: `reply` is the batcher's reply body for
     /// exactly [`Plan::miss_inputs`], `lengths` their token counts when counted by a tokenizer.
-    /// Stores them (unless `no-store`) and hands them to every waiter.
+    /// Hands them to every waiter, and (unless `no-store`) keeps them for [`Cache::store`]
+    /// after the reply ([`Answered::stash`]).
     ///
     /// # Errors
     /// [`EmbedError::Backend`] when the body does not hold one embedding per miss.
     pub(crate) fn complete_leads(
         &mut self,
-        cache: &Cache,
         reply: &bytes::Bytes,
         lengths: Option<&[u32]>,
     ) -> Result<(), EmbedError> {
@@ -337,7 +351,9 @@ impl Plan {
         if self.cache_on {
             metrics::counter!(names::CACHE_MISSES).increment(self.leads.len() as u64);
         }
-        let mut stored = Vec::with_capacity(if self.store { self.leads.len() } else { 0 });
+        if self.store {
+            self.stash.reserve(self.leads.len());
+        }
         for (i, ((at, lead), embedding)) in std::mem::take(&mut self.leads)
             .into_iter()
             .zip(embeddings)
@@ -348,13 +364,10 @@ impl Plan {
                 tokens: lengths.and_then(|l| l.get(i).copied()),
             };
             if self.store {
-                stored.push((lead.key(), entry.clone()));
+                self.stash.push((lead.key(), entry.clone()));
             }
             self.results[at] = Some(entry.clone());
             lead.resolve(entry);
-        }
-        if self.store && !stored.is_empty() {
-            cache.store(stored);
         }
         Ok(())
     }
@@ -451,6 +464,7 @@ impl Plan {
             payload: bytes::Bytes::from(body),
             tokens,
             hits: self.cache_on.then_some(self.hits),
+            stash: Stash(self.stash),
         })
     }
 }
@@ -463,7 +477,13 @@ pub(crate) struct Answered {
     pub tokens: Option<u64>,
     /// Inputs answered from the cache, while the cache is on.
     pub hits: Option<usize>,
+    /// The request's new results, for [`Cache::store`] once the reply is sent.
+    pub stash: Stash,
 }
+
+/// A request's new results (key, entry), to be stored after its reply ([`Cache::store`]).
+#[derive(Default)]
+pub(crate) struct Stash(Vec<(key::Key, Entry)>);
 
 /// Splits a reply body into exactly `expected` embeddings.
 fn split(reply: &bytes::Bytes, expected: usize) -> Result<Vec<Embedding>, EmbedError> {

@@ -23,7 +23,7 @@
 //! (more are dropped). A bucket that cannot be opened at start (JetStream disabled or down) is
 //! tried again every [`REOPEN_EVERY`]; until then every read is a miss.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -136,15 +136,37 @@ impl Shared {
             && self.epoch.elapsed().as_millis() as u64 >= self.skip_until_ms.load(Ordering::Relaxed)
     }
 
-    /// Whether a request's misses of the LRU are looked up in the bucket (see
-    /// [`ReadSampler`]); the caller reports what it found with [`Shared::found`].
-    pub(crate) fn sample_read(&self) -> bool {
-        self.sampler.should_read()
+    /// How a request's misses of the LRU use the bucket (see [`ReadSampler`]): looked up
+    /// before they are sent upstream ([`Lookup::Read`]; the caller reports what it found with
+    /// [`Shared::found`]), or sent upstream at once, `keys` then looked up by a background probe
+    /// one request in [`SAMPLE_EVERY`] while the bucket is cold.
+    pub(crate) fn lookup(self: &Arc<Self>, keys: impl FnOnce() -> Vec<Key>) -> Lookup {
+        let lookup = self.sampler.lookup();
+        if lookup == Lookup::Probe && self.readable() {
+            self.probe(keys());
+        }
+        lookup
     }
 
     /// Reports a lookup of `reads` keys that found `hits` of them.
     pub(crate) fn found(&self, hits: usize, reads: usize) {
         self.sampler.record(hits, reads);
+    }
+
+    /// Looks `keys` up in a task of its own, only to learn the bucket's hit ratio: the request
+    /// they belong to does not wait for it. One probe at a time; a probe due while one runs is
+    /// not made.
+    fn probe(self: &Arc<Self>, keys: Vec<Key>) {
+        if keys.is_empty() || self.sampler.probing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let shared = Arc::clone(self);
+        tokio::spawn(async move {
+            let found = futures::future::join_all(keys.iter().map(|key| shared.get(*key))).await;
+            let hits = found.iter().filter(|entry| entry.is_some()).count();
+            shared.found(hits, found.len());
+            shared.sampler.probing.store(false, Ordering::Release);
+        });
     }
 
     /// The entry for `key`, or `None`: absent, unreadable, or the bucket not readable (a
@@ -213,40 +235,61 @@ impl Shared {
 const SAMPLE_MIN_READS: u32 = 256;
 /// The recent window: past this many reads, both counts are halved (1,024).
 const SAMPLE_WINDOW: u32 = 1024;
-/// Below one hit in this many reads, only one request in [`SAMPLE_EVERY`] reads (100).
+/// Below one hit in this many reads, only one request in [`SAMPLE_EVERY`] is probed (100).
 const SAMPLE_LOW_RATIO: u32 = 100;
-/// While the bucket is cold, one request in this many looks its misses up: 16.
+/// While the bucket is cold, one request in this many has its misses probed: 16.
 const SAMPLE_EVERY: u32 = 16;
+
+/// How one request's misses of the LRU use the shared bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lookup {
+    /// Looked up before they are sent upstream: the bucket is warm (or not yet judged).
+    Read,
+    /// Sent upstream at once; looked up by a background probe that only measures the bucket.
+    Probe,
+    /// Sent upstream at once, not looked up.
+    Skip,
+}
 
 /// Which requests look their LRU misses up in the bucket. A lookup is a round trip to
 /// nats-server and a read of its store for each input; when the traffic is made of inputs never
 /// seen before (embedding a new corpus), every lookup misses and this cost is all there is: at
 /// 2,837 single-input requests/s on the benchmark machine, the bucket's reads and writes doubled
-/// nats-server's CPU. So while the recent lookups (about the last 1,024, halved as they come)
-/// found fewer than 1 in 100 of their keys, only one request in 16 looks up; the rest go
-/// straight to the batcher, still writing their results. As soon as the sampled lookups find
-/// entries again (another worker embedded them, or this one restarted and the corpus comes
-/// again) the ratio climbs past 1 in 100 and every request looks up again: after 256 cold
-/// reads, a few hits among the next samples do it. While cold, at most the share of hits
-/// the sampled lookups see (under 1%) is embedded again that a lookup would have found.
+/// nats-server's CPU, and the requests that waited for a lookup were the slowest. So while the
+/// recent lookups (about the last 1,024, halved as they come) found fewer than 1 in 100 of their
+/// keys, no request waits for a lookup: every request sends its misses upstream at once (still
+/// writing its results), and one in 16 also has its keys looked up by a background probe
+/// ([`Lookup::Probe`]), which only measures the bucket. As soon as the probes find entries again
+/// (another worker embedded them, or this one restarted and the corpus comes again) the ratio
+/// climbs past 1 in 100 and every request looks up again: after 256 cold reads, a few hits
+/// among the next probes do it. While cold, what this gives up is the hits a lookup would have
+/// found: under 1% of the misses.
 #[derive(Default)]
 pub(crate) struct ReadSampler {
     reads: AtomicU32,
     hits: AtomicU32,
     requests: AtomicU32,
+    /// Whether a probe is in flight.
+    probing: AtomicBool,
 }
 
 impl ReadSampler {
-    /// Whether this request looks its misses up.
-    pub(crate) fn should_read(&self) -> bool {
+    /// How this request's misses use the bucket.
+    pub(crate) fn lookup(&self) -> Lookup {
         let reads = self.reads.load(Ordering::Relaxed);
         let hits = self.hits.load(Ordering::Relaxed);
         if reads < SAMPLE_MIN_READS || hits.saturating_mul(SAMPLE_LOW_RATIO) >= reads {
-            return true;
+            return Lookup::Read;
         }
-        self.requests
+        if self
+            .requests
             .fetch_add(1, Ordering::Relaxed)
             .is_multiple_of(SAMPLE_EVERY)
+        {
+            Lookup::Probe
+        } else {
+            Lookup::Skip
+        }
     }
 
     /// Counts a lookup of `reads` keys that found `hits`; halves both counts past
@@ -298,8 +341,11 @@ async fn open_bucket(
 mod tests {
     use super::*;
 
+    /// Requests, of `requests`, whose misses are looked up (read or probed).
     fn reads_of(sampler: &ReadSampler, requests: u32) -> u32 {
-        (0..requests).filter(|_| sampler.should_read()).count() as u32
+        (0..requests)
+            .filter(|_| sampler.lookup() != Lookup::Skip)
+            .count() as u32
     }
 
     #[test]
@@ -319,11 +365,20 @@ mod tests {
     }
 
     #[test]
-    fn a_cold_bucket_is_read_by_one_request_in_16_until_hits_come_back() {
+    fn a_cold_bucket_is_probed_by_one_request_in_16_until_hits_come_back() {
         let sampler = ReadSampler::default();
         sampler.record(0, 600);
-        assert_eq!(reads_of(&sampler, 160), 10, "no hit in 600 reads: 1 in 16");
-        // The sampled lookups start finding entries (a corpus seen before comes again).
+        let lookups: Vec<Lookup> = (0..160).map(|_| sampler.lookup()).collect();
+        assert!(
+            !lookups.contains(&Lookup::Read),
+            "while cold no request waits for a lookup"
+        );
+        assert_eq!(
+            lookups.iter().filter(|l| **l == Lookup::Probe).count(),
+            10,
+            "no hit in 600 reads: 1 in 16 probed"
+        );
+        // The probes start finding entries (a corpus seen before comes again).
         for _ in 0..7 {
             sampler.record(1, 1);
         }
