@@ -36,16 +36,20 @@ impl Entry {
         self.embedding.json().len() + HEADER
     }
 
-    /// This entry in an allocation of its own. An embedding fresh from a reply is a slice of
-    /// the whole upstream response body (every vector of its call); kept in the LRU as it is,
-    /// one entry would hold that body alive, so the LRU's byte bound would count a fraction of
-    /// the memory it keeps (up to the batch size times more), and the process would take fresh
-    /// pages from the system for every reply instead of reusing freed ones.
-    pub(crate) fn compact(&self) -> Entry {
-        Entry {
-            embedding: Embedding::from_json(Bytes::copy_from_slice(self.embedding.json())),
+    /// This entry in an allocation of its own, and its value for the shared bucket: one copy,
+    /// the bucket's encoding ([`Entry::encode`]), whose JSON text the returned entry is a slice
+    /// of. An embedding fresh from a reply is a slice of the whole upstream response body
+    /// (every vector of its call); kept in the LRU as it is, one entry would hold that body
+    /// alive, so the LRU's byte bound would count a fraction of the memory it keeps (up to the
+    /// batch size times more), and the process would take fresh pages from the system for
+    /// every reply instead of reusing freed ones.
+    pub(crate) fn compact(&self) -> (Entry, Bytes) {
+        let encoded = self.encode();
+        let entry = Entry {
+            embedding: Embedding::from_json(encoded.slice(HEADER..)),
             tokens: self.tokens,
-        }
+        };
+        (entry, encoded)
     }
 
     /// The value stored in the shared bucket (see the module docs).
@@ -100,8 +104,9 @@ mod tests {
             embedding: Embedding::from_json(body.slice(1..8)),
             tokens: Some(3),
         };
-        let compact = entry.compact();
+        let (compact, encoded) = entry.compact();
         assert_eq!(compact, entry, "the same text and tokens");
+        assert_eq!(encoded, entry.encode(), "and the bucket's value");
         assert!(
             !body
                 .as_ptr_range()

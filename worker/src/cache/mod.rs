@@ -239,13 +239,18 @@ impl Cache {
         if entries.is_empty() {
             return;
         }
-        if let Some(local) = &self.local {
-            for (key, entry) in &entries {
-                local.insert(*key, entry.compact());
+        let mut values = Vec::with_capacity(if self.shared.is_some() { entries.len() } else { 0 });
+        for (key, entry) in entries {
+            let (entry, value) = entry.compact();
+            if let Some(local) = &self.local {
+                local.insert(key, entry);
+            }
+            if self.shared.is_some() {
+                values.push((key, value));
             }
         }
         if let Some(shared) = &self.shared {
-            shared.put(entries);
+            shared.put(values);
         }
     }
 }

@@ -197,9 +197,10 @@ impl Shared {
         tracing::debug!(why, "cache: a shared read failed; reads skipped for 1 s");
     }
 
-    /// Writes `entries` in one task after the reply, each bounded by the KV timeout; dropped
-    /// when the bucket is not open or [`WRITES_IN_FLIGHT`] writes are in flight.
-    pub(crate) fn put(&self, entries: Vec<(Key, Entry)>) {
+    /// Writes `entries` (values as [`Entry::encode`] makes them) in one task after the reply,
+    /// each bounded by the KV timeout; dropped when the bucket is not open or
+    /// [`WRITES_IN_FLIGHT`] writes are in flight.
+    pub(crate) fn put(&self, entries: Vec<(Key, bytes::Bytes)>) {
         let Some(store) = self.store.get() else {
             return;
         };
@@ -214,8 +215,8 @@ impl Shared {
         let timeout = self.config.timeout;
         tokio::spawn(async move {
             let _permit = permit;
-            for (key, entry) in entries {
-                match tokio::time::timeout(timeout, store.put(key.hex(), entry.encode())).await {
+            for (key, value) in entries {
+                match tokio::time::timeout(timeout, store.put(key.hex(), value)).await {
                     Ok(Ok(_)) => {}
                     Ok(Err(err)) => {
                         metrics::counter!(names::CACHE_KV_ERRORS, "op" => "put").increment(1);
