@@ -560,7 +560,10 @@ async fn a_cold_bucket_is_probed_not_waited_for_until_it_has_entries() {
         hits.push(reply.hits.expect("the cache is on"));
     }
     assert_eq!(hits[0], 0, "a cold bucket is not looked up first");
-    let first_hit = hits.iter().position(|&h| h == 1).expect("the bucket warms up");
+    let first_hit = hits
+        .iter()
+        .position(|&h| h == 1)
+        .expect("the bucket warms up");
     assert!(
         hits[first_hit..].iter().all(|&h| h == 1),
         "every request after the first hit is answered from the bucket: {hits:?}"

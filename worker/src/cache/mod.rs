@@ -239,7 +239,11 @@ impl Cache {
         if entries.is_empty() {
             return;
         }
-        let mut values = Vec::with_capacity(if self.shared.is_some() { entries.len() } else { 0 });
+        let mut values = Vec::with_capacity(if self.shared.is_some() {
+            entries.len()
+        } else {
+            0
+        });
         for (key, entry) in entries {
             let (entry, value) = entry.compact();
             if let Some(local) = &self.local {
