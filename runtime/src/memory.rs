@@ -5,8 +5,9 @@
 //! common `madvise` setting of `/sys/kernel/mm/transparent_hugepage/enabled` the first touch of
 //! each fresh 2 MiB region is one page fault that zeroes (and may first compact) 2 MiB, inside
 //! whatever task touched it. A worker whose embeddings cache is filling takes fresh memory at
-//! about 5 MB/s at 1,000 new inputs/s; the faults landed in the batcher's reply fan-out and
-//! cost benchmark S1 a tenth of its p99. Turning them off is the advice latency-sensitive
+//! about 4.4 MB/s per 1,000 new inputs/s; the faults landed in the batcher's reply fan-out and
+//! cost it about a tenth of its p99 at 1,000 req/s (`loadtest/cache_cost.sh`,
+//! docs/design/allocator.md). Turning them off is the advice latency-sensitive
 //! servers give too (Redis, MongoDB); it is the process-wide switch mimalloc's own
 //! `MIMALLOC_ALLOW_THP=0` flips, made the default.
 

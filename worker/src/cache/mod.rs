@@ -179,7 +179,7 @@ impl Cache {
             waits: Vec::new(),
             hits: 0,
             stash: Vec::new(),
-            store: usage != Usage::NoStore,
+            store: usage != Usage::NoStore && self.is_on(),
             read_shared: reads && self.shared.is_some(),
             cache_on: self.is_on(),
         };
@@ -274,7 +274,7 @@ pub(crate) struct Plan {
     hits: usize,
     /// The leads' results, to store once the reply is sent ([`Cache::store`]).
     stash: Vec<(key::Key, Entry)>,
-    /// Whether results are written to the cache.
+    /// Whether results are written to the cache: it is on and the request is not `no-store`.
     store: bool,
     /// Whether the leads are looked up in the shared bucket before they are submitted.
     read_shared: bool,
