@@ -44,7 +44,7 @@ from .procs import REPO, BenchError, Terminated, load_average, log
 from .results import (RESULTS_DIR, machine_info, machine_line, utc_now, write_charts,
                       write_results)
 from .scenarios import SCENARIO_FUNCS, SCENARIO_NAMES, SCENARIOS, worker_base
-from .stack import Stack
+from .stack import Stack, remove_stores
 
 BINARIES = ("embatch-gateway", "embatch-worker", "embatch-loadtest")
 
@@ -214,7 +214,9 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if bench is not None:
             bench.sup.stop_all()
-        log(f"process logs: {log_dir}")
+        freed = remove_stores(log_dir)
+        log(f"process logs: {log_dir}"
+            + (f" (JetStream stores removed: {freed / 1e6:,.0f} MB)" if freed else ""))
     if failed:
         log(f"failed scenarios: {', '.join(failed)}")
         return 1

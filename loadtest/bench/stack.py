@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import threading
 import time
@@ -118,6 +119,19 @@ def batch_stats(before: list[dict], after: list[dict], measured_s: float) -> dic
         "mean_upstream_call_ms": (1e3 * delta["embatch_worker_upstream_seconds_sum"] / timed
                                   if timed else None),
     }
+
+
+def remove_stores(log_dir: Path) -> int:
+    """Deletes the JetStream stores that `Stack.nats` made under `log_dir` (`nats-<port>-store`,
+    data such as the embeddings cache's bucket: hundreds of MB per stack under unique inputs),
+    keeping the logs; returns the bytes freed. Call once every process has stopped."""
+    freed = 0
+    for store in log_dir.glob("nats-*-store"):
+        for path in store.rglob("*"):
+            if path.is_file():
+                freed += path.stat().st_size
+        shutil.rmtree(store, ignore_errors=True)
+    return freed
 
 
 class Stack:
