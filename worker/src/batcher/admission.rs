@@ -556,8 +556,9 @@ impl Ledger {
     /// longest call remembered, and than `floor` ([`Ledger::stalled`]'s bound without the
     /// average), counts in the average but is not remembered as the longest call: it was a
     /// stall (a stopped or hung upstream), not a slow batch, and remembering it would raise the
-    /// bound tenfold for a minute, so the next stall would go unseen (measured with an upstream stopped for 1.5 s every 3 s: after the first
-    /// stop, the worker no longer left the group as stalled).
+    /// bound tenfold for a minute, so the next stall would go unseen (measured with an upstream
+    /// stopped for 1.5 s every 3 s: after the first stop, the worker no longer left the group
+    /// as stalled).
     pub fn record_call(
         &mut self,
         elapsed: Duration,
