@@ -1,6 +1,8 @@
-"""Steady state: the recovery scenarios' stack and load without faults, to measure what the
+"""Steady state: the recovery scenarios' stack and load without faults. S1 measures what the
 recovery machinery (acknowledgements, resends, heartbeats, the client's inbox routing) costs the
-p99 when nothing goes wrong.
+p99 when nothing goes wrong, against the build before it, both without the embeddings cache
+(which that build predates); S2 measures what the cache, on by default, costs the same load,
+whose inputs never repeat.
 
 Kept apart from scenarios.py (like bulk.py): this module adds its scenario to SCENARIOS /
 SCENARIO_FUNCS and its renderer to render.py's tables.
@@ -27,19 +29,24 @@ from .stack import Stack
 # ceiling (~2,837 req/s at MAX_BATCH_SIZE 32), each through the gateway and NATS direct.
 STEADY_PATHS = ("gateway", "nats")
 STEADY_WORKER = {"SHUTDOWN_GRACE": "2s"}  # stop quickly between stacks; no other setting
+# The baseline predates the embeddings cache, so S1 runs both builds without it (the older
+# build ignores the setting): S1 prices the recovery machinery alone. S2 prices the cache,
+# this build at its defaults against this build with `CACHE=false`.
+WITHOUT_CACHE = {"CACHE": "false"}
 
 
-def steady_worker(b: Stack) -> dict[str, str]:
-    """STEADY_WORKER plus the command line's `--worker-setting`s (e.g. `CACHE=false`, to leave
-    out what a later feature costs; a build that predates a setting ignores it), for both
-    builds."""
-    return {**STEADY_WORKER, **b.worker_overrides}
+def steady_worker(b: Stack, settings: dict[str, str] | None = None) -> dict[str, str]:
+    """STEADY_WORKER, then `settings`, then the command line's `--worker-setting`s (a build
+    that predates a setting ignores it)."""
+    return {**STEADY_WORKER, **(settings or {}), **b.worker_overrides}
 STEADY_TARGET = 1.05  # p99 within 5% of the baseline's
 STEADY_SPREAD = 1.25  # the pairs' ratios must agree within this factor for a verdict
 
 sc.SCENARIOS += [("steady_state", "S1. Steady state: the recovery stack without faults, p99 "
-                                  "against the build before the recovery work")]
-sc.SCENARIO_NAMES += ["steady_state"]
+                                  "against the build before the recovery work"),
+                 ("steady_cache", "S2. Steady state: what the embeddings cache costs when no "
+                                  "input repeats")]
+sc.SCENARIO_NAMES += ["steady_state", "steady_cache"]
 
 
 def steady_rates(b: Stack) -> list[int]:
@@ -47,11 +54,11 @@ def steady_rates(b: Stack) -> list[int]:
 
 
 def steady_stack_runs(b: Stack, build: str, pair: int, rates: list[int],
-                      upstream_bin: str) -> list[dict]:
+                      upstream_bin: str, worker_env: dict[str, str]) -> list[dict]:
     """One stack of the recovery scenarios (nats-server, two GPU-like upstreams, workers A and B
-    with their defaults, the gateway with its defaults) and, on it, an open-loop run per rate and
-    path; no event. The fake upstreams are `upstream_bin`'s whatever the build, so both builds
-    are measured against the same instrument."""
+    with their defaults and `worker_env`, the gateway with its defaults) and, on it, an
+    open-loop run per rate and path; no event. The fake upstreams are `upstream_bin`'s whatever
+    the build, so both builds are measured against the same instrument."""
     runs = []
     mark = b.sup.mark()
     try:
@@ -66,7 +73,7 @@ def steady_stack_runs(b: Stack, build: str, pair: int, rates: list[int],
             finally:
                 b.bins = build_bins
             workers.append(b.worker(nats, tei_url=up, name=f"worker-{name}", defaults_only=True,
-                                    **steady_worker(b)))
+                                    **worker_env))
         b.wait_workers(nats, workers)
         _, gw = b.gateway(nats, None)
         for rate in rates:
@@ -111,28 +118,86 @@ def scenario_steady_state(b: Stack) -> dict:
                 if build not in builds:
                     continue
                 b.bins = builds[build]
-                runs += steady_stack_runs(b, build, pair, rates, own["embatch-loadtest"])
+                runs += steady_stack_runs(b, build, pair, rates, own["embatch-loadtest"],
+                                          steady_worker(b, WITHOUT_CACHE))
     finally:
         b.bins = own
     return {"settings": {"upstream": f"one {sc.GPU_UPSTREAM} per worker", "workers": 2,
-                         "worker": steady_worker(b), "gateway": "defaults",
+                         "worker": steady_worker(b, WITHOUT_CACHE), "gateway": "defaults",
                          "timeout_s": sc.RECOVERY_TIMEOUT_S, "rates": rates,
                          "baseline_bin_dir": baseline_dir, "pairs": pairs},
             "runs": runs}
 
 
+# S2's two sides: this build at its defaults (the cache on) and with the cache off.
+CACHE_SIDES = {"defaults": {}, "CACHE=false": WITHOUT_CACHE}
+
+
+def scenario_steady_cache(b: Stack) -> dict:
+    """This build over `EMBATCH_STEADY_PAIRS` pairs (default 3), each pair one stack at the
+    defaults and one with `CACHE=false`, the first side of each pair alternating."""
+    rates = steady_rates(b)
+    pairs = int(os.environ.get("EMBATCH_STEADY_PAIRS", b.d(3, 1)))
+    runs = []
+    for pair in range(1, pairs + 1):
+        order = list(CACHE_SIDES) if pair % 2 else list(reversed(CACHE_SIDES))
+        for side in order:
+            runs += steady_stack_runs(b, side, pair, rates, b.bins["embatch-loadtest"],
+                                      steady_worker(b, CACHE_SIDES[side]))
+    return {"settings": {"upstream": f"one {sc.GPU_UPSTREAM} per worker", "workers": 2,
+                         "worker": steady_worker(b), "gateway": "defaults",
+                         "timeout_s": sc.RECOVERY_TIMEOUT_S, "rates": rates, "pairs": pairs},
+            "runs": runs}
+
+
 sc.SCENARIO_FUNCS["steady_state"] = scenario_steady_state
+sc.SCENARIO_FUNCS["steady_cache"] = scenario_steady_cache
 
 
-def ratios(res: dict) -> dict[tuple[int, str], list[float]]:
-    """p99 of this build / p99 of the baseline, within each pair, by (rate, path)."""
+def ratios(res: dict, mine: str = "this",
+           theirs: str = "baseline") -> dict[tuple[int, str], list[float]]:
+    """p99 of build `mine` / p99 of build `theirs`, within each pair, by (rate, path)."""
     p99 = {(run["build"], run["pair"], run["rate"], run["path"]): lat(run["report"], "p99_ms")
            for run in res["runs"]}
     out: dict[tuple[int, str], list[float]] = {}
-    for (build, pair, rate, path), mine in p99.items():
-        base = p99.get(("baseline", pair, rate, path))
-        if build == "this" and mine is not None and base:
-            out.setdefault((rate, path), []).append(mine / base)
+    for (build, pair, rate, path), value in p99.items():
+        base = p99.get((theirs, pair, rate, path))
+        if build == mine and value is not None and base:
+            out.setdefault((rate, path), []).append(value / base)
+    return out
+
+
+def stack_text(s: dict) -> str:
+    """The stack and load of S1 and S2, in words; `s` is a result's settings."""
+    changed = {k: v for k, v in s["worker"].items() if k not in STEADY_WORKER}
+    defaults = ("every setting at its default" if not changed else
+                "every setting at its default but " + ", ".join(f"`{k}={v}`"
+                                                                for k, v in changed.items()))
+    return (f"Two workers, each on its own GPU-like fake upstream ({sc.GPU_BASE_MS} ms + "
+            f"{sc.GPU_PER_INPUT_US} µs/input, one call at a time), {defaults} "
+            f"(the gateway's REQUEST_TIMEOUT too), no fault; open loop of unique single-input "
+            f"requests at " + " and ".join(f"{r:,}" for r in s["rates"])
+            + f" req/s through the gateway and NATS direct, client timeout {s['timeout_s']} s. ")
+
+
+def runs_table(res: dict, side: str) -> list[str]:
+    """One row per run: pair, `side` (the build or the settings), rate, path, p50/p99."""
+    out = ["", f"| pair | {side} | rate req/s | path | load avg | failures | p50 ms | p99 ms |",
+           "|---:|---|---:|---|---:|---|---:|---:|"]
+    for run in res["runs"]:
+        r = run["report"]
+        out.append(f"| {run['pair']} | {run['build']} | {run['rate']:,} | {run['path']} "
+                   f"| {run['loadavg_before']:.1f} | {failures(r)} "
+                   f"| {fmt_ms(lat(r, 'p50_ms'))} | {fmt_ms(lat(r, 'p99_ms'))} |")
+    return out
+
+
+def ratios_table(rs: dict[tuple[int, str], list[float]], what: str) -> list[str]:
+    """Per rate and path: the within-pair p99 ratios `what` and their median."""
+    out = ["", f"| rate req/s | path | p99 {what}, per pair | median |", "|---:|---|---|---:|"]
+    for (rate, path), xs in sorted(rs.items()):
+        out.append(f"| {rate:,} | {path} | {', '.join(f'{x:.2f}' for x in xs)} "
+                   f"| {statistics.median(xs):.2f} |")
     return out
 
 
@@ -142,34 +207,20 @@ def render_steady_state(res: dict, targets: list) -> list[str]:
     missed when none does, and not resolved otherwise or when the pairs' ratios spread over
     STEADY_SPREAD."""
     s = res["settings"]
-    changed = {k: v for k, v in s["worker"].items() if k not in STEADY_WORKER}
-    defaults = ("every setting at its default" if not changed else
-                "every setting at its default but " + ", ".join(f"`{k}={v}`"
-                                                                for k, v in changed.items()))
-    out = [f"Two workers, each on its own GPU-like fake upstream ({sc.GPU_BASE_MS} ms + "
-           f"{sc.GPU_PER_INPUT_US} µs/input, one call at a time), {defaults} "
-           f"(the gateway's REQUEST_TIMEOUT too), no fault; open loop at "
-           + " and ".join(f"{r:,}" for r in s["rates"])
-           + f" req/s through the gateway and NATS direct, client timeout {s['timeout_s']} s. "
+    out = [stack_text(s)
            + (f"{s['pairs']} pairs alternating this build and the baseline "
               "(`EMBATCH_BASELINE_BIN_DIR`), each with its own load generator, both on this "
-              "build's fake upstream; the first build of each pair alternates too." if s.get("baseline_bin_dir") else
-              "This build only (set `EMBATCH_BASELINE_BIN_DIR` to compare with another)."),
-           "", "| pair | build | rate req/s | path | load avg | failures | p50 ms | p99 ms |",
-           "|---:|---|---:|---|---:|---|---:|---:|"]
-    for run in res["runs"]:
-        r = run["report"]
-        out.append(f"| {run['pair']} | {run['build']} | {run['rate']:,} | {run['path']} "
-                   f"| {run['loadavg_before']:.1f} | {failures(r)} "
-                   f"| {fmt_ms(lat(r, 'p50_ms'))} | {fmt_ms(lat(r, 'p99_ms'))} |")
+              "build's fake upstream; the first build of each pair alternates too."
+              + (" The baseline predates the embeddings cache, so both run without it (S2 "
+                 "prices it)." if s["worker"].get("CACHE") == "false" else "")
+              if s.get("baseline_bin_dir") else
+              "This build only (set `EMBATCH_BASELINE_BIN_DIR` to compare with another).")]
+    out += runs_table(res, "build")
     rs = ratios(res)
     if rs:
-        out += ["", "| rate req/s | path | p99 this / baseline, per pair | median |",
-                "|---:|---|---|---:|"]
+        out += ratios_table(rs, "this / baseline")
         for (rate, path), xs in sorted(rs.items()):
             med = statistics.median(xs)
-            out.append(f"| {rate:,} | {path} | {', '.join(f'{x:.2f}' for x in xs)} "
-                       f"| {med:.2f} |")
             # Met when every pair is within the target, missed when every pair is beyond it;
             # pairs on both sides, or pairs whose ratios spread wider than STEADY_SPREAD (a
             # machine too noisy to tell 5%), resolve nothing.
@@ -184,6 +235,25 @@ def render_steady_state(res: dict, targets: list) -> list[str]:
     return out
 
 
-RENDERERS = {"steady_state": render_steady_state}
+def render_steady_cache(res: dict, targets: list) -> list[str]:
+    """Per pair, side, rate and path: p50/p99 and failures, then the within-pair p99 ratios of
+    the defaults to `CACHE=false`. No target: what the cache costs traffic that never repeats,
+    recorded (docs/design/cache.md)."""
+    s = res["settings"]
+    out = [stack_text(s) + f"{s['pairs']} pairs of this build, one stack at the defaults (the "
+           "cache on: every input misses, is stored in the worker's LRU and written to the "
+           "shared JetStream KV bucket) and one with `CACHE=false`, the first side of each "
+           "pair alternating."]
+    out += runs_table(res, "settings")
+    rs = ratios(res, "defaults", "CACHE=false")
+    if rs:
+        out += ratios_table(rs, "defaults / `CACHE=false`")
+    return out
+
+
+RENDERERS = {"steady_state": render_steady_state, "steady_cache": render_steady_cache}
 SHOWS = {"steady_state": "What the recovery machinery (acknowledgements, resends, heartbeats) "
-                         "costs the p99 when nothing fails, against the build before it."}
+                         "costs the p99 when nothing fails, against the build before it.",
+         "steady_cache": "What the embeddings cache, on by default, costs the p99 of traffic "
+                         "whose inputs never repeat: every input a miss and a write to the "
+                         "shared bucket."}
