@@ -16,7 +16,9 @@
 #   - schemathesis (pinned in the same requirements.txt) fuzzes every operation of the gateway's
 #     own GET /openapi.json (ST_MAX_EXAMPLES per operation, 40 by default, plus its coverage
 #     cases): no 5xx, only documented statuses, documented content types, headers and bodies.
-#     It prints its seed; ST_SEED=<seed> replays the same generated requests.
+#     It prints its seed; ST_SEED=<seed> replays the same generated requests;
+#   - loadtest/kvcost (nats.go, docs/design/cache.md) builds and measures 300 puts on its own
+#     nats-server.
 # Stops everything it started on exit. Exits non-zero when any check fails.
 #
 # Usage: scripts/client-tests.sh        (scripts/test.sh runs it after cargo test)
@@ -50,10 +52,15 @@ if ! cmp -s tests/clients/requirements.txt "$venv/requirements.installed"; then
   cp tests/clients/requirements.txt "$venv/requirements.installed"
 fi
 (cd examples/go && go build -o "$tmp/go-example" . && go build -o "$tmp/go-resend-example" ./resend)
+(cd loadtest/kvcost && go build -o "$tmp/kvcost" .)
 (cd examples/node && npm ci --no-audit --no-fund --loglevel=error >"$tmp/npm.log" 2>&1) || {
   cat "$tmp/npm.log" >&2
   exit 1
 }
+
+step "loadtest/kvcost: nats-server's CPU per KV put"
+"$tmp/kvcost" "$nats_server" 300 4400 seq | tee "$tmp/kvcost.out"
+grep -Eq 'mode=seq .*puts=300 .*server-cpu/put=[0-9.]+us' "$tmp/kvcost.out"
 
 nats_port=$(free_port)
 gateway_port=$(free_port)
