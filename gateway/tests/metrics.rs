@@ -252,16 +252,18 @@ async fn gateway_and_worker_metrics_after_a_short_load() {
         value(&w, "embatch_worker_upstream_seconds_count"),
         calls.len() as f64
     );
-    // Each served upstream call takes the double's 100 ms at least; a rejected one (the poisoned
-    // input) costs nothing, as TEI validates before queueing.
+    // Each served upstream call takes the double's 100 ms at least, so none of them can fall in
+    // the 50 ms bucket; a rejected one (the poisoned input) is answered without the delay, as TEI
+    // validates before queueing, but how fast depends on the machine, so only the served calls'
+    // lower bound is asserted.
     let served = calls.iter().filter(|c| c.status == 200).count() as f64;
     let rejected = calls.len() as f64 - served;
     assert!(rejected >= 1.0, "the poisoned input reached the upstream");
     assert!(value(&w, "embatch_worker_upstream_seconds_sum") >= 0.1 * served);
     assert!(value(&w, "embatch_worker_request_seconds_sum") >= 0.1 * accepted);
-    assert_eq!(
-        value(&w, r#"embatch_worker_upstream_seconds_bucket{le="0.05"}"#),
-        rejected
+    assert!(
+        value(&w, r#"embatch_worker_upstream_seconds_bucket{le="0.05"}"#) <= rejected,
+        "a served call (100 ms at least) was counted under 50 ms"
     );
     // Batch size in inputs and in requests, one observation per batch: at most 4 inputs
     // (`--max-batch-size`); the isolated poisoned request's retry is a call, not a batch.
