@@ -183,9 +183,12 @@ def main(argv: list[str] | None = None) -> int:
             wait_idle(args.wait_idle, args.max_load)
         names = args.only or SCENARIO_NAMES
         meta = machine_info(command)
-        if args.only and (out_dir / "machine.json").is_file():
-            meta["previous"] = json.loads((out_dir / "machine.json").read_text())
-        (out_dir / "machine.json").write_text(json.dumps(meta, indent=2) + "\n")
+        # machine.json names the machine and command of the page's header and of the charts
+        # whose results predate a machine of their own. A partial run (--only) leaves it to the
+        # run that wrote it: each scenario's JSON names its own machine and command, and the
+        # page marks a section measured elsewhere ("not the one named above").
+        if not (args.only and (out_dir / "machine.json").is_file()):
+            (out_dir / "machine.json").write_text(json.dumps(meta, indent=2) + "\n")
         log(f"{meta['cores']} cores, load average {meta['loadavg_start']:.2f}; logs in {log_dir}")
         base = worker_base(defaults)
         overrides = {}
