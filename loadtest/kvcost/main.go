@@ -1,8 +1,8 @@
 // kvcost measures what one JetStream KV put costs nats-server, in CPU µs per put (utime + stime
 // from /proc over the measured puts), for a given nats-server binary, value size and way of
 // publishing. It starts its own nats-server (-js, a temporary store, a free port), creates a
-// bucket (history 1, file storage, like the worker's cache bucket), warms it with 2,000 puts,
-// then measures.
+// bucket (history 1 and file storage as the worker's cache bucket, but without its byte and age
+// limits), warms it with 2,000 puts, then measures.
 //
 // Usage: go run . NATS_SERVER_BIN PUTS VALUE_BYTES MODE [BURST EVERY]
 //
