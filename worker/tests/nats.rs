@@ -223,18 +223,21 @@ async fn upstream_down_answers_503_fast_and_upstream_5xx_answers_424() {
     worker.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_expired_deadline_gets_504_without_an_upstream_call() {
-    let stack = stack(&[]).await;
-    let (tei, client) = (&stack.base.tei, &stack.client);
-    // By hand, not through `embatch-client`: a 0 ms budget would time out in the client itself.
+/// Sends `body` by hand with `Embatch-Deadline-Ms: deadline_ms` and waits up to 10 s, far past
+/// the deadline, so that a late answer is seen as what it is (not through `embatch-client`,
+/// whose own timeout is the budget); the status (200 or the error code) and the body.
+async fn request_with_deadline(
+    client: &async_nats::Client,
+    body: &'static [u8],
+    deadline_ms: u64,
+) -> (u16, serde_json::Value) {
     let mut h = async_nats::HeaderMap::new();
-    h.insert(headers::DEADLINE_MS, "0");
+    h.insert(headers::DEADLINE_MS, deadline_ms.to_string().as_str());
     let message = client
         .send_request(
             "embed",
             async_nats::Request::new()
-                .payload(Bytes::from_static(br#"{"inputs":"late"}"#))
+                .payload(Bytes::from_static(body))
                 .headers(h)
                 .timeout(Some(Duration::from_secs(10))),
         )
@@ -244,15 +247,62 @@ async fn an_expired_deadline_gets_504_without_an_upstream_call() {
         .headers
         .as_ref()
         .and_then(|h| h.get(headers::SERVICE_ERROR_CODE))
-        .map(|v| v.as_str().to_owned());
-    let body: serde_json::Value = serde_json::from_slice(&message.payload).expect("JSON");
-    let code: u16 = code.and_then(|c| c.parse().ok()).unwrap_or(200);
+        .and_then(|v| v.as_str().parse().ok())
+        .unwrap_or(200);
+    let body = serde_json::from_slice(&message.payload).expect("JSON");
+    (code, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_deadline_gets_504_without_an_upstream_call() {
+    let stack = stack(&[]).await;
+    let (tei, client) = (&stack.base.tei, &stack.client);
+    let (code, body) = request_with_deadline(client, br#"{"inputs":"late"}"#, 0).await;
     assert_eq!(code, 504, "{body}");
     assert_eq!(body["error_type"], "Timeout");
     assert!(
         tei.calls().is_empty(),
         "no upstream work for an expired request"
     );
+    stack.base.worker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_shorter_than_one_upstream_call_gets_no_upstream_work() {
+    // A 22 ms upstream; the worker learns its call time from three requests, then idles until
+    // its moving estimate has faded (as on a quiet worker between bursts).
+    let slow = TeiConfig {
+        base: Duration::from_millis(22),
+        ..TeiConfig::instant()
+    };
+    let stack = stack_on(slow, &[]).await;
+    let (tei, client) = (&stack.base.tei, &stack.client);
+    for text in ["warm a", "warm b", "warm c"] {
+        let (code, body) =
+            request(client, &serde_json::json!({ "inputs": text }).to_string()).await;
+        assert_eq!(code, 200, "{body}");
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let calls = tei.calls().len();
+    for deadline_ms in [1, 2, 5, 10, 15] {
+        let (code, body) =
+            request_with_deadline(client, br#"{"inputs":"too soon"}"#, deadline_ms).await;
+        assert!(
+            code == 429 || code == 504,
+            "a {deadline_ms} ms deadline on a 22 ms upstream: {code} {body}"
+        );
+    }
+    assert_eq!(
+        tei.calls().len(),
+        calls,
+        "no upstream call for requests whose caller gives up before it ends"
+    );
+    // A cache hit within the deadline is still answered.
+    let (code, body) = request_with_deadline(client, br#"{"inputs":"warm a"}"#, 15).await;
+    assert_eq!(code, 200, "a cache hit needs no upstream call: {body}");
+    // A deadline the upstream can meet is served.
+    let (code, body) = request_with_deadline(client, br#"{"inputs":"in time"}"#, 2_000).await;
+    assert_eq!(code, 200, "{body}");
     stack.base.worker.stop().await;
 }
 

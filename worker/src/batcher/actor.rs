@@ -80,6 +80,9 @@ struct Running {
     probe: bool,
     /// When it was launched.
     launched: Instant,
+    /// Inputs and tokens of the batch: the size its call time is remembered with.
+    inputs: usize,
+    tokens: u64,
 }
 
 pub(super) struct Actor<U> {
@@ -434,6 +437,7 @@ impl<U: Upstream> Actor<U> {
                 partial: self.partial_allowed() || handoff,
                 cutoff: now + call.unwrap_or_default(),
                 probe_allowed,
+                floor: self.ledger.fastest,
             };
             let Some(mut formed) = self.queue.take(take) else {
                 match self.bulk_batch(now) {
@@ -520,6 +524,7 @@ impl<U: Upstream> Actor<U> {
             partial: true,
             cutoff: now,
             probe_allowed: false,
+            floor: Default::default(),
         })
     }
 
@@ -554,6 +559,7 @@ impl<U: Upstream> Actor<U> {
         metrics::histogram!(names::BATCH_INPUTS).record(inputs.len() as f64);
         metrics::histogram!(names::BATCH_REQUESTS).record(segments.len() as f64);
         let (tokens, padded) = shape::totals(&lengths);
+        let size = (inputs.len(), tokens);
         metrics::histogram!(names::BATCH_TOKENS).record(tokens as f64);
         metrics::histogram!(names::BATCH_PADDED_TOKENS).record(padded as f64);
         if padded > 0 {
@@ -577,6 +583,8 @@ impl<U: Upstream> Actor<U> {
                 requests,
                 probe,
                 launched: now,
+                inputs: size.0,
+                tokens: size.1,
             },
         );
         self.ledger.in_flight = self.batches.len();
@@ -595,7 +603,8 @@ impl<U: Upstream> Actor<U> {
     }
 
     fn complete(&mut self, id: tokio::task::Id, done: Done) {
-        let probe = self.finish(id).is_some_and(|r| r.probe);
+        let running = self.finish(id);
+        let probe = running.as_ref().is_some_and(|r| r.probe);
         for call in &done.calls {
             metrics::histogram!(names::UPSTREAM_TIME).record(call.elapsed.as_secs_f64());
             metrics::counter!(names::UPSTREAM_CALLS, "outcome" => call.outcome.label())
@@ -612,6 +621,11 @@ impl<U: Upstream> Actor<U> {
         }
         let now = Instant::now();
         if let Some(elapsed) = done.clean_call() {
+            if let Some(running) = &running {
+                self.ledger
+                    .fastest
+                    .record(elapsed, running.inputs, running.tokens, now);
+            }
             self.ledger.record_call(
                 elapsed,
                 now,

@@ -13,6 +13,7 @@ use std::time::Duration;
 use embatch_protocol::EmbedError;
 use tokio::time::Instant;
 
+use super::fastest::Fastest;
 use super::shape::TokenBudget;
 
 /// Bound on the time a request may expect to wait in the queue before its first upstream call
@@ -293,6 +294,8 @@ pub(super) struct Ledger {
     pub in_flight: usize,
     /// Upstream call time.
     pub estimate: Estimate,
+    /// The fastest recent calls by size: the floor no call is expected to beat.
+    pub fastest: Fastest,
     /// When the last upstream call started.
     pub last_launch: Option<Instant>,
     /// A call sent despite the estimate (to re-measure it) is in flight.
@@ -401,6 +404,7 @@ impl Ledger {
     /// out of the queue-delay check of the requests after them while they wait.
     pub fn admit(&mut self, limits: &Limits, ask: Ask, now: Instant) -> Result<(), Shed> {
         validate(limits, ask, now)?;
+        self.beats_floor(ask, now)?;
         let call = self.estimate.call_at(now);
         self.within_bounds(limits, ask, call)?;
         let excused = self.credit_at(now) > 0;
@@ -430,6 +434,27 @@ impl Ledger {
             .excused_queued
             .saturating_sub(inputs)
             .min(self.queued_inputs);
+    }
+
+    /// The deadline of `ask` is not sooner than the fastest recent call of its size
+    /// ([`Fastest::floor`]) would end if it started now: otherwise no call could answer it in
+    /// time, idle worker or not, and it gets 429 at once rather than a late 200 after upstream
+    /// work nobody waits for.
+    fn beats_floor(&self, ask: Ask, now: Instant) -> Result<(), Shed> {
+        let Some(floor) = self.fastest.floor(ask.inputs, ask.tokens, now) else {
+            return Ok(());
+        };
+        let budget = ask.deadline.saturating_duration_since(now);
+        if budget >= floor {
+            return Ok(());
+        }
+        let message = format!(
+            "cannot finish before the deadline: the deadline is in {} ms, and the fastest \
+             upstream call of this size lately took {} ms",
+            budget.as_millis(),
+            floor.as_millis()
+        );
+        Err(Shed::overloaded(ShedReason::Deadline, &message, floor))
     }
 
     /// `QUEUE_CAP` and `MAX_QUEUE_BYTES` hold with `ask` added.

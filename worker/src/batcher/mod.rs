@@ -108,6 +108,7 @@
 
 mod actor;
 mod admission;
+mod fastest;
 mod isolate;
 mod queue;
 mod shape;

@@ -9,6 +9,7 @@ use std::time::Duration;
 use embatch_protocol::{EmbedOptions, Input};
 use tokio::time::Instant;
 
+use super::fastest::Fastest;
 use super::shape::{self, MAX_WINDOW, TokenBudget, WINDOW_BATCHES};
 
 /// tokio's timer fires on whole-millisecond ticks, rounding a deadline up by as much as 1 ms. The
@@ -102,6 +103,9 @@ pub(super) struct Take {
     /// One such request whose deadline has not yet passed may be sent anyway, to re-measure the
     /// call time (a probe).
     pub probe_allowed: bool,
+    /// The fastest recent calls by size: a request whose deadline comes before now + the floor
+    /// of its size is expired, probe or not (no call of that size is expected to end sooner).
+    pub floor: Fastest,
 }
 
 /// A batch taken from the queue (possibly empty when every candidate had expired).
@@ -306,8 +310,13 @@ impl Queue {
             let Some(entry) = self.entries.get(&id) else {
                 continue;
             };
-            if !entry.started && take.cutoff >= entry.deadline {
-                if take.probe_allowed && probe.is_none() && take.now < entry.deadline {
+            let hopeless = !entry.started
+                && take
+                    .floor
+                    .floor(entry.waiting.len(), entry.tokens(), take.now)
+                    .is_some_and(|floor| take.now + floor > entry.deadline);
+            if hopeless || (!entry.started && take.cutoff >= entry.deadline) {
+                if !hopeless && take.probe_allowed && probe.is_none() && take.now < entry.deadline {
                     probe = Some(id);
                 } else {
                     let left = Removed {
@@ -490,6 +499,7 @@ mod tests {
             partial: true,
             cutoff: now,
             probe_allowed: false,
+            floor: Fastest::default(),
         }
     }
 
@@ -652,6 +662,53 @@ mod tests {
             ]
         );
         assert_eq!(queue.inputs(), 0);
+    }
+
+    #[test]
+    fn a_request_due_before_the_fastest_call_expires_even_when_a_probe_is_allowed() {
+        let t0 = Instant::now();
+        let mut queue = Queue::default();
+        // Due in 5 ms and in 50 ms; the fastest one-input call lately took 22 ms.
+        for (id, due) in [(0, 5), (1, 50)] {
+            push(
+                &mut queue,
+                id,
+                texts("x", 1),
+                EmbedOptions::default(),
+                t0,
+                t0 + Duration::from_millis(due),
+            );
+        }
+        let mut floor = Fastest::default();
+        floor.record(Duration::from_millis(22), 1, 1, t0);
+        floor.record(Duration::from_millis(23), 1, 1, t0);
+        let formed = queue
+            .take(Take {
+                probe_allowed: true,
+                flush_all: true,
+                floor,
+                ..take(t0, 8)
+            })
+            .expect("due");
+        assert!(!formed.probe, "the hopeless request is no probe");
+        assert_eq!(
+            formed
+                .segments
+                .iter()
+                .map(|s| s.request)
+                .collect::<Vec<_>>(),
+            [1]
+        );
+        assert_eq!(
+            formed.expired,
+            [(
+                0,
+                Removed {
+                    inputs: 1,
+                    tokens: 1
+                }
+            )]
+        );
     }
 
     #[test]

@@ -429,3 +429,40 @@ fn a_stalled_call_is_not_remembered_as_the_longest() {
     unbounded.last_launch = Some(now);
     assert!(!unbounded.stalled(now + ms(600), 10, floor));
 }
+
+#[test]
+fn an_idle_worker_refuses_a_deadline_shorter_than_its_fastest_call_of_that_size() {
+    let mut ledger = Ledger::default();
+    let t0 = Instant::now();
+    // One 22 ms call of one input, then a long idle spell: the moving estimate has faded.
+    ledger.estimate.record(ms(22), t0, false);
+    ledger.fastest.record(ms(22), 1, 1, t0);
+    ledger.fastest.record(ms(24), 1, 1, t0);
+    let now = t0 + Duration::from_secs(60);
+    assert!(ledger.estimate.call_at(now).expect("measured") < ms(1));
+    for due in [1, 2, 5, 10, 15, 21] {
+        let shed = ledger
+            .admit(&limits(), ask(1, now + ms(due)), now)
+            .expect_err("no call of this size ends in time");
+        assert_shed(&shed, ShedReason::Deadline, "fastest upstream call");
+    }
+    assert_eq!(ledger.held_inputs, 0, "nothing refused is held");
+    ledger
+        .admit(&limits(), ask(1, now + ms(22)), now)
+        .expect("a deadline the fastest call can meet is admitted");
+    // A larger request: the one-input call is still a floor for it.
+    ledger
+        .admit(&limits(), ask(3, now + ms(5)), now)
+        .expect_err("three inputs take no less than one");
+}
+
+#[test]
+fn a_call_larger_than_the_request_sets_no_floor_for_it() {
+    let mut ledger = Ledger::default();
+    let now = Instant::now();
+    ledger.fastest.record(ms(500), 32, 32, now);
+    ledger.fastest.record(ms(500), 32, 32, now);
+    ledger
+        .admit(&limits(), ask(1, now + ms(5)), now)
+        .expect("no one-input call was measured: nothing says it cannot be done");
+}
