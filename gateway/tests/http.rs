@@ -173,3 +173,29 @@ async fn a_client_timeout_shorter_than_the_upstream_gets_504() {
     );
     stack.worker.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_shorter_than_every_recent_call_gets_no_upstream_work() {
+    // An idle worker in front of a 40 ms upstream, which it measured on three requests.
+    let (stack, gateway) =
+        stack_with_gateway(tei_taking(Duration::from_millis(40)), &[], 1 << 20, 64).await;
+    for text in ["warm a", "warm b", "warm c"] {
+        let body = serde_json::json!({ "inputs": text }).to_string();
+        let (status, _, reply) = post(&gateway.url, &body, None).await;
+        assert_eq!(status, 200, "{reply}");
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let calls = stack.tei.calls().len();
+    for timeout_ms in ["5", "20"] {
+        let (status, _, body) =
+            post(&gateway.url, r#"{"inputs":"too soon"}"#, Some(timeout_ms)).await;
+        assert!(
+            status == 429 || status == 504,
+            "{timeout_ms} ms on a 40 ms upstream: {status} {body}"
+        );
+    }
+    assert_eq!(stack.tei.calls().len(), calls, "no upstream work for them");
+    let (status, _, body) = post(&gateway.url, r#"{"inputs":"warm a"}"#, Some("20")).await;
+    assert_eq!(status, 200, "a cache hit within the timeout: {body}");
+    stack.worker.stop().await;
+}
