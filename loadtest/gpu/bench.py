@@ -295,6 +295,22 @@ PATTERNS = [
 ]
 
 
+def wait_drained(stack: Stack, limit: float = 90.0) -> float:
+    """Waits until the model server has finished what the last run left queued (a client that
+    timed out leaves its request there): no call for 1 s and /health answering. Seconds waited."""
+    t0 = time.time()
+    last = tei_stats(stack.tei).get("calls")
+    quiet_since = time.time()
+    while time.time() - t0 < limit:
+        time.sleep(0.25)
+        calls = tei_stats(stack.tei).get("calls")
+        if calls != last:
+            last, quiet_since = calls, time.time()
+        elif time.time() - quiet_since >= 1.0:
+            break
+    return round(time.time() - t0, 2)
+
+
 def run_load(stack: Stack, sampler: GpuSampler, name: str, url: str, c: int, k: int, seed: int, path: str) -> dict:
     a = stack.args
     json_path = os.path.join(a.work_dir, "runs", f"{name}.json")
@@ -329,11 +345,14 @@ def run_load(stack: Stack, sampler: GpuSampler, name: str, url: str, c: int, k: 
     tei_calls = e["tei"].get("calls", 0) - b["tei"].get("calls", 0)
     tei_inputs = e["tei"].get("inputs", 0) - b["tei"].get("inputs", 0)
     tei_busy = e["tei"].get("busy_s", 0.0) - b["tei"].get("busy_s", 0.0)
+    tei_held = e["tei"].get("held_s", 0.0) - b["tei"].get("held_s", 0.0)
     derived = {
         "upstream_calls_per_s": tei_calls / wall if wall > 0 else None,
         "upstream_inputs_per_call": tei_inputs / tei_calls if tei_calls else None,
         "upstream_forward_ms_per_call": 1000 * tei_busy / tei_calls if tei_calls else None,
         "upstream_busy_share": tei_busy / wall if wall > 0 else None,
+        "upstream_held_ms_per_call": 1000 * tei_held / tei_calls if tei_calls else None,
+        "upstream_held_share": tei_held / wall if wall > 0 else None,
         "gpu_util_mean_pct": sampler.mean_between(b["t"], e["t"]),
         "sample_window_s": wall,
     }
@@ -349,13 +368,14 @@ def run_load(stack: Stack, sampler: GpuSampler, name: str, url: str, c: int, k: 
         derived["worker_upstream_call_ms"] = 1000 * d("embatch_worker_upstream_seconds_sum") / u if u else None
         q = d("embatch_worker_queue_wait_seconds_count")
         derived["worker_queue_wait_ms"] = 1000 * d("embatch_worker_queue_wait_seconds_sum") / q if q else None
+    derived["drain_s"] = wait_drained(stack)
     lat = report.get("latency") or {}
     tp = report["goodput"]
     log(
         f"{name}: {tp['inputs_per_s']:.0f} inputs/s, {tp['requests_per_s']:.0f} req/s, "
         f"p50 {lat.get('p50_ms')} ms, p99 {lat.get('p99_ms')} ms, failures {report['failures'] or 0}, "
         f"upstream {derived['upstream_inputs_per_call'] and round(derived['upstream_inputs_per_call'], 1)} inputs/call, "
-        f"GPU util {derived['gpu_util_mean_pct']}% ({time.time() - started:.0f} s)"
+        f"GPU util {derived['gpu_util_mean_pct']}%, drained in {derived['drain_s']} s ({time.time() - started:.0f} s)"
     )
     return {"name": name, "path": path, "concurrency": c, "inputs_per_request": k, "seed": seed,
             "command": " ".join(cmd), "report": report, "derived": derived}
