@@ -2,13 +2,15 @@
 """A small TEI-compatible embedding server on PyTorch: the GPU upstream of loadtest/gpu/run.sh.
 
 This is NOT text-embeddings-inference. It is what a plain sentence-transformers service is: one
-forward pass of the model per HTTP request, no batching across requests. The requests are
-serialised by one lock, held from parsing the body to encoding the reply (one GPU stream; the
-handler threads only read and write sockets meanwhile). An earlier version held the lock for the
-forward pass alone and encoded replies in the handler threads; under 64 concurrent requests the
-forward passes then took 2-9x longer than alone (14 and 54 ms at 64 and 256 concurrent requests,
-6-8 ms alone, on an H100), most likely each of the model's operations waiting to take the GIL
-back from the threads encoding JSON. It exists because the machine the GPU benchmark runs on has neither
+forward pass of the model per HTTP request, no batching across requests. One model thread does
+every request's work in turn, from parsing the body to encoding the reply (one GPU stream); the
+HTTP handler threads only read requests, hand them over and write the replies.
+
+Two earlier versions ran the model in the handler threads themselves, one at a time under a lock
+(first the forward pass alone, then everything from parsing to encoding). On an H100 a forward
+pass then took 6 ms with 2-8 connections open, 14.6 ms with 64 and 53 ms with 256, on CPU the
+same with any number. The cause was not found; with the model thread all GPU work runs on one
+OS thread, whatever the number of connections. It exists because the machine the GPU benchmark runs on has neither
 network nor Docker, so TEI cannot be had there, while PyTorch, transformers and tokenizers can.
 
 What it implements of TEI 1.9.3's API, as far as the embatch worker uses it:
@@ -24,7 +26,8 @@ What it implements of TEI 1.9.3's API, as far as the embatch worker uses it:
   max_batch_tokens, auto_truncate, ...). model_dtype is "float16" on CUDA, so the worker's
   BATCH_COST=auto counts tokens unpadded, as for TEI's CUDA backends.
 - GET /health: 200 once the model is loaded and warm.
-- GET /stats (not TEI): calls, inputs and seconds spent holding the model lock, for the bench.
+- GET /stats (not TEI): calls, inputs, seconds in forward passes (busy_s) and in the model
+  thread's whole work (held_s), for the bench.
 
 The model: a sentence-transformers BERT directory (config.json, model.safetensors, tokenizer.json,
 sentence_bert_config.json, 1_Pooling/config.json; mean pooling assumed, as all-MiniLM-L6-v2),
@@ -40,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import sys
 import threading
 import time
@@ -84,7 +88,6 @@ class Embedder:
         # this server pads each call to its longest input and truncates as the request says.
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()
-        self.lock = threading.Lock()
         self.calls = 0
         self.inputs = 0
         self.tokens = 0
@@ -125,7 +128,7 @@ class Embedder:
         for row, seq in enumerate(ids):
             input_ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
             mask[row, : len(seq)] = 1
-        if True:  # the caller holds self.lock
+        if True:  # on the model thread only
             start = time.perf_counter()
             with torch.inference_mode():
                 input_ids = input_ids.to(self.device, non_blocking=True)
@@ -141,7 +144,7 @@ class Embedder:
                     pooled = pooled[:, :dimensions]
                 if normalize:
                     pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
-                vectors = pooled.cpu()  # synchronises: the GPU work is done inside the lock
+                vectors = pooled.cpu()  # synchronises: the GPU work is done here
             busy = time.perf_counter() - start
         with self.stats_lock:
             self.calls += 1
@@ -223,7 +226,55 @@ def parse_request(body: bytes, max_client_batch_size: int):
     return texts, normalize, truncate, direction, dimensions
 
 
-def make_handler(embedder: Embedder, info: dict, max_client_batch_size: int, auto_truncate: bool):
+class ModelThread:
+    """The one thread that runs the model: requests are handed over through a queue and done
+    one at a time, from parsing the body to encoding the reply."""
+
+    def __init__(self, embedder: Embedder, max_client_batch_size: int, auto_truncate: bool, warm_max_batch: int):
+        self.embedder = embedder
+        self.max_client_batch_size = max_client_batch_size
+        self.auto_truncate = auto_truncate
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        ready = threading.Event()
+        self.thread = threading.Thread(target=self.loop, args=(warm_max_batch, ready), daemon=True, name="model")
+        self.thread.start()
+        ready.wait()
+
+    def submit(self, body: bytes):
+        """(payload, token ids, forward start, forward end), or the ApiError to answer."""
+        item = [body, threading.Event(), None]
+        self.queue.put(item)
+        item[1].wait()
+        return item[2]
+
+    def loop(self, warm_max_batch: int, ready: threading.Event) -> None:
+        if warm_max_batch > 0:
+            self.embedder.warm(warm_max_batch)
+        ready.set()
+        embedder = self.embedder
+        while True:
+            item = self.queue.get()
+            taken = time.perf_counter()
+            try:
+                texts, normalize, truncate, direction, dimensions = parse_request(item[0], self.max_client_batch_size)
+                ids = embedder.tokenize(texts, self.auto_truncate if truncate is None else truncate, direction)
+                started = time.perf_counter()
+                try:
+                    vectors = embedder.embed(ids, normalize, dimensions)
+                except Exception as err:  # the model failed: TEI's 424
+                    raise ApiError(424, "Backend", f"model failed: {err}")
+                done = time.perf_counter()
+                item[2] = (encode_vectors(vectors), ids, started, done)
+            except ApiError as err:
+                item[2] = err
+            except Exception as err:  # never leave a handler waiting
+                item[2] = ApiError(424, "Backend", f"server error: {err}")
+            with embedder.stats_lock:
+                embedder.held_s += time.perf_counter() - taken
+            item[1].set()
+
+
+def make_handler(embedder: Embedder, info: dict, model_thread: ModelThread):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, as TEI (the worker pools its connections)
         disable_nagle_algorithm = True
@@ -271,28 +322,11 @@ def make_handler(embedder: Embedder, info: dict, max_client_batch_size: int, aut
                 self.send(404, json.dumps({"error": "not found", "error_type": "Validation"}).encode())
                 return
             arrived = time.perf_counter()
-            # One request at a time, from parsing to the encoded reply.
-            with embedder.lock:
-                taken = time.perf_counter()
-                try:
-                    texts, normalize, truncate, direction, dimensions = parse_request(body, max_client_batch_size)
-                    ids = embedder.tokenize(texts, auto_truncate if truncate is None else truncate, direction)
-                    started = time.perf_counter()
-                    try:
-                        vectors = embedder.embed(ids, normalize, dimensions)
-                    except Exception as err:  # the model failed: TEI's 424
-                        raise ApiError(424, "Backend", f"model failed: {err}")
-                    done = time.perf_counter()
-                    payload = encode_vectors(vectors)
-                except ApiError as err:
-                    payload = None
-                    failure = err
-                held = time.perf_counter() - taken
-            with embedder.stats_lock:
-                embedder.held_s += held
-            if payload is None:
-                self.error(failure)
+            outcome = model_thread.submit(body)
+            if isinstance(outcome, ApiError):
+                self.error(outcome)
                 return
+            payload, ids, started, done = outcome
             self.send(
                 200,
                 payload,
@@ -329,8 +363,7 @@ def main() -> int:
     t0 = time.perf_counter()
     embedder = Embedder(args.model_dir, args.device, dtype, args.max_input_length)
     loaded = time.perf_counter() - t0
-    if args.warm_max_batch > 0:
-        embedder.warm(args.warm_max_batch)
+    model_thread = ModelThread(embedder, args.max_client_batch_size, True, args.warm_max_batch)
     warmed = time.perf_counter() - t0 - loaded
     device_name = torch.cuda.get_device_name(embedder.device) if embedder.device.type == "cuda" else "cpu"
     info = {
@@ -349,7 +382,7 @@ def main() -> int:
         "sha": None,
         "docker_label": None,
     }
-    server = Server((args.host, args.port), make_handler(embedder, info, args.max_client_batch_size, True))
+    server = Server((args.host, args.port), make_handler(embedder, info, model_thread))
     print(
         f"listening on {args.host}:{server.server_address[1]} device={device_name} dtype={dtype} "
         f"torch={torch.__version__} loaded_s={loaded:.1f} warm_s={warmed:.1f}",
