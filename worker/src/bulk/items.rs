@@ -25,12 +25,15 @@ use async_nats::jetstream::message::PublishMessage;
 use bytes::Bytes;
 use embatch_protocol::EmbedError;
 use embatch_protocol::bulk::{
-    BatchStatus, ChunkResult, Item, JobKind, LineResult, result_msg_id, results_subject, unix_now,
+    BatchRecord, BatchStatus, ChunkResult, Item, JobKind, LineResult, result_msg_id,
+    results_subject, unix_now,
 };
+use embatch_runtime::bulk::BulkError;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::jobs::ending_of;
 use super::progress::Progress;
 use super::{Lane, PullConsumer, delivered, render, with_progress};
 use crate::batcher::BulkGate;
@@ -149,11 +152,13 @@ async fn handle(
     else {
         return Ok(Disposition::Ack); // the batch is gone
     };
-    if record.batch.status.is_final() || record.embatch.ending.is_some() {
+    if record.batch.status.is_final() || ending_of(&record).is_some() {
         return Ok(Disposition::Ack);
     }
     if record.batch.expires_at.is_some_and(|at| unix_now() >= at) {
-        expire(lane, &item.batch_id).await?;
+        expire(lane, &item.batch_id)
+            .await
+            .map_err(|e| e.to_string())?;
         return Ok(Disposition::Ack);
     }
     let (results, rejected) = match embed_lines(item, gate).await {
@@ -195,25 +200,25 @@ async fn handle(
 }
 
 /// Marks the batch as expiring and asks for its finalization (which delivers what finished).
-pub(super) async fn expire(lane: &Lane, batch_id: &str) -> Result<(), String> {
-    let record = lane
-        .store
+pub(super) async fn expire(lane: &Lane, batch_id: &str) -> Result<(), BulkError> {
+    let record = mark_expiring(lane, batch_id).await?;
+    if record.embatch.ending == Some(BatchStatus::Expired) && !record.batch.status.is_final() {
+        lane.store.publish_job(batch_id, JobKind::Finalize).await?;
+    }
+    Ok(())
+}
+
+/// Marks the batch as expiring (unless it is final or already ending); returns the record.
+pub(super) async fn mark_expiring(lane: &Lane, batch_id: &str) -> Result<BatchRecord, BulkError> {
+    lane.store
         .update_batch(batch_id, |record| {
-            if record.batch.status.is_final() || record.embatch.ending.is_some() {
+            if record.batch.status.is_final() || ending_of(record).is_some() {
                 return false;
             }
             record.embatch.ending = Some(BatchStatus::Expired);
             true
         })
         .await
-        .map_err(|e| e.to_string())?;
-    if record.embatch.ending == Some(BatchStatus::Expired) && !record.batch.status.is_final() {
-        lane.store
-            .publish_job(batch_id, JobKind::Finalize)
-            .await
-            .map_err(|e| e.to_string())?;
-    }
-    Ok(())
 }
 
 /// Embeds the item's lines, each a bulk request of the batcher (all at once, so they share

@@ -1,37 +1,144 @@
-//! The jobs loop: `validate` (read, check and split a batch's input file) and `finalize`
-//! (deliver the results), one job at a time per worker.
+//! The jobs loop: `validate` ([`super::validate`]: read, check and split a batch's input file)
+//! and `finalize` ([`super::finalize`]: deliver the results), one job at a time per worker.
 //!
 //! Both are safe to run again after a crash: items and results are published with
 //! deterministic `Nats-Msg-Id`s, output files have deterministic ids (a rerun overwrites them),
 //! and every record change is a compare-and-set that checks the status it expects.
+//!
+//! **A job that keeps failing ends its batch.** A run fails by an error, a panic, or
+//! [`stall_limit`] without progress; it is retried after [`RETRY_DELAY`] (NAK). A run that fails
+//! on the `BULK_MAX_DELIVER`th delivery of its message, or any delivery past it (the runs before
+//! ended without an answer: their worker stopped or died), is the last: the batch becomes
+//! `failed` with the reason in its `errors` (`validation_failed`, `finalization_failed`), what
+//! it left in the streams is removed, and the message is terminated, never redelivered
+//! ([`give_up`]). [`give_up_bound`] is how long that takes at most. A `finalize` that waits for
+//! its batch's chunks is not failing: it is NAKed after [`RETRY_DELAY`] until they are done, the
+//! batch is cancelled or its completion window passes.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use async_nats::jetstream::consumer;
-use async_nats::jetstream::message::PublishMessage;
-use async_nats::jetstream::object_store::ObjectMetadata;
-use async_nats::jetstream::{AckKind, Message};
-use bytes::Bytes;
+use async_nats::jetstream::AckKind;
 use embatch_protocol::bulk::{
-    BatchErrors, BatchStatus, ChunkResult, Item, ItemLine, JobKind, META_CREATED_AT, META_FILENAME,
-    META_PURPOSE, batch_items_filter, item_msg_id, items_subject, parse_job_subject,
-    results_subject, unix_now,
+    BatchError, BatchErrors, BatchRecord, BatchStatus, JobKind, batch_items_filter,
+    parse_job_subject, results_subject, unix_now,
 };
-use futures::StreamExt;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use embatch_runtime::bulk::BulkError;
+use futures::FutureExt;
 use tokio_util::sync::CancellationToken;
 
-use super::lines::{FileCheck, custom_id_of};
-use super::{Lane, PullConsumer, render, with_progress};
+use super::{Lane, PullConsumer, delivered, with_progress};
 
-/// Most entries of a failed batch's `errors` list (the KV value must stay under `max_payload`).
-const MAX_ERRORS: usize = 1000;
+/// The NAK delay of a failed job run, and of a `finalize` waiting for its batch's chunks.
+pub(super) const RETRY_DELAY: Duration = Duration::from_secs(1);
 
-/// Item publishes awaited together during a split.
-const PUBLISH_WINDOW: usize = 256;
+/// Why a job run failed (it is retried, up to `BULK_MAX_DELIVER` deliveries).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum JobError {
+    /// The batch record could not be read or written.
+    #[error(transparent)]
+    Store(#[from] BulkError),
+    /// A JetStream or object-store call failed (`what` says which).
+    #[error("{what}: {source}")]
+    Nats {
+        /// What was being done.
+        what: String,
+        /// The client's error.
+        #[source]
+        source: async_nats::Error,
+    },
+    /// The input file could not be read (its store, not its content).
+    #[error("cannot read input file {file}: {source}")]
+    Input {
+        /// The input file's id.
+        file: String,
+        /// The reader's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The output or error file could not be written.
+    #[error("cannot write the files of {batch}: {source}")]
+    Output {
+        /// The batch.
+        batch: String,
+        /// The pipe's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A pull of the batch's results brought nothing before all were read.
+    #[error("read {read} of the {stored} results of {batch}, then none came")]
+    ResultsDry {
+        /// The batch.
+        batch: String,
+        /// Results read.
+        read: u64,
+        /// Results stored when the reading began.
+        stored: u64,
+    },
+    /// An output line could not be encoded.
+    #[error("cannot encode an output line: {0}")]
+    Render(String),
+    /// The run made no progress for this long and was abandoned.
+    #[error("no progress for {0:?}; abandoned")]
+    Stalled(Duration),
+    /// The run panicked.
+    #[error("the job panicked: {0}")]
+    Panicked(String),
+    /// The message came more than `max` times: the runs before ended without an answer.
+    #[error(
+        "delivered {delivered} times, more than BULK_MAX_DELIVER ({max}): the runs before ended \
+         without an answer (their worker stopped or died)"
+    )]
+    Exhausted {
+        /// This delivery.
+        delivered: i64,
+        /// `BULK_MAX_DELIVER`.
+        max: i64,
+    },
+}
+
+/// `map_err` for a JetStream call: [`JobError::Nats`] saying `what` failed.
+pub(super) fn nats<E>(what: impl std::fmt::Display) -> impl FnOnce(E) -> JobError
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    move |source| JobError::Nats {
+        what: what.to_string(),
+        source: Box::new(source),
+    }
+}
+
+/// Which delivery of its job message a run is, against `BULK_MAX_DELIVER`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Attempt {
+    /// The message's delivery count (1 on the first).
+    pub delivered: i64,
+    /// `BULK_MAX_DELIVER`.
+    pub max: i64,
+}
+
+impl Attempt {
+    /// Refuses a run past the last delivery: the runs before ended without an answer, and this
+    /// one would likely end as they did.
+    ///
+    /// # Errors
+    /// [`JobError::Exhausted`].
+    pub fn check(self) -> Result<(), JobError> {
+        if self.delivered > self.max {
+            return Err(JobError::Exhausted {
+                delivered: self.delivered,
+                max: self.max,
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether a failed run on this delivery ends its batch.
+    fn is_last(self) -> bool {
+        self.delivered >= self.max
+    }
+}
 
 /// How long a job may go without progress (see [`Beat`]) before it is abandoned and given
 /// back for redelivery: twice `BULK_ACK_WAIT`, at least 30 s. Every step of a job (a line read,
@@ -39,6 +146,21 @@ const PUBLISH_WINDOW: usize = 256;
 /// JetStream publish by its 5 s ack timeout), so only a job stuck for good reaches it.
 pub(super) fn stall_limit(ack_wait: Duration) -> Duration {
     (ack_wait * 2).max(Duration::from_secs(30))
+}
+
+/// The longest a job whose runs keep failing holds its batch before the batch is `failed`,
+/// counted from the job's first delivery and beyond the time its runs spend making progress:
+/// `max_deliver` deliveries, each ending at most [`stall_limit`] after its last progress and
+/// delivered again at most `ack_wait` later (its worker died just before the limit; a NAK
+/// after a failed run waits only [`RETRY_DELAY`]); the delivery after the last gives up at
+/// once. With the defaults (`BULK_MAX_DELIVER` 5, `BULK_ACK_WAIT` 30 s): 5 × (60 s + 30 s) =
+/// 450 s, as docs/bulk.md says. Time a job waits for a free worker is not counted (each
+/// worker runs one job at a time).
+pub(super) fn give_up_bound(max_deliver: i64, ack_wait: Duration) -> Duration {
+    let deliveries = u32::try_from(max_deliver.max(1)).unwrap_or(u32::MAX);
+    (stall_limit(ack_wait) + ack_wait.max(RETRY_DELAY))
+        .checked_mul(deliveries)
+        .unwrap_or(Duration::MAX)
 }
 
 /// When a job last made progress. The in-progress acks of [`with_progress`] keep a job from
@@ -84,31 +206,25 @@ impl Beat {
     }
 }
 
+/// Why a batch is ending early (`cancelled` or `expired`, its final status), or `None`. A
+/// `cancelling` record without `ending` (a client that set the status alone) is ending
+/// `cancelled`, so its finalization never waits for chunks no worker will run.
+pub(super) fn ending_of(record: &BatchRecord) -> Option<BatchStatus> {
+    record.embatch.ending.or_else(|| {
+        (record.batch.status == BatchStatus::Cancelling).then_some(BatchStatus::Cancelled)
+    })
+}
+
 /// Pulls and runs job messages until `stop`.
 pub(super) async fn run(lane: Arc<Lane>, consumer: PullConsumer, stop: CancellationToken) {
-    let limit = stall_limit(lane.config.ack_wait);
     loop {
         let Some(message) = super::next_message(&consumer, &stop, "bulk jobs").await else {
             return;
         };
-        let beat = Beat::new();
-        let kind = tokio::select! {
-            kind = with_progress(&message, lane.config.ack_wait, job(&lane, &message, &beat)) => kind,
-            () = beat.stalled(limit) => {
-                metrics::counter!(crate::telemetry::names::BULK_JOBS_STALLED).increment(1);
-                Err(format!("no progress for {limit:?}; abandoned"))
-            }
-            () = stop.cancelled() => {
-                let _ = message.ack_with(AckKind::Nak(None)).await;
-                return;
-            }
-        };
-        let ack = match kind {
-            Ok(kind) => kind,
-            Err(err) => {
-                tracing::warn!(%err, subject = %message.subject, "bulk job failed; redelivering");
-                AckKind::Nak(Some(Duration::from_secs(1)))
-            }
+        let Some(ack) = handle(&lane, &message, &stop).await else {
+            // Give it back at once instead of after the ack wait.
+            let _ = message.ack_with(AckKind::Nak(None)).await;
+            return;
         };
         if let Err(err) = message.ack_with(ack).await {
             tracing::warn!(%err, "cannot acknowledge a bulk job; it will be redelivered");
@@ -116,566 +232,172 @@ pub(super) async fn run(lane: Arc<Lane>, consumer: PullConsumer, stop: Cancellat
     }
 }
 
-async fn job(lane: &Lane, message: &Message, beat: &Beat) -> Result<AckKind, String> {
-    let Some((batch_id, kind)) = parse_job_subject(&message.subject) else {
-        tracing::error!(subject = %message.subject, "not a bulk job subject; dropped");
+/// Runs one job message and says what becomes of it; `None` when `stop` came first.
+async fn handle(
+    lane: &Lane,
+    message: &async_nats::jetstream::Message,
+    stop: &CancellationToken,
+) -> Option<AckKind> {
+    let limit = stall_limit(lane.config.ack_wait);
+    let attempt = Attempt {
+        delivered: delivered(message),
+        max: lane.config.max_deliver,
+    };
+    let beat = Beat::new();
+    let job = std::panic::AssertUnwindSafe(job(lane, &message.subject, &beat, attempt))
+        .catch_unwind()
+        .map(|ran| ran.unwrap_or_else(|panic| Err(JobError::Panicked(panic_message(&*panic)))));
+    let ran = tokio::select! {
+        ran = with_progress(message, lane.config.ack_wait, job) => ran,
+        () = beat.stalled(limit) => {
+            metrics::counter!(crate::telemetry::names::BULK_JOBS_STALLED).increment(1);
+            Err(JobError::Stalled(limit))
+        }
+        () = stop.cancelled() => return None,
+    };
+    Some(match ran {
+        Ok(ack) => ack,
+        Err(err) => after_failure(lane, &message.subject, attempt, &err).await,
+    })
+}
+
+/// What becomes of a job message whose run failed: NAKed for another run, or, on its last
+/// delivery, terminated once its batch is ended ([`give_up`]).
+async fn after_failure(lane: &Lane, subject: &str, attempt: Attempt, err: &JobError) -> AckKind {
+    let Some((batch_id, kind)) = parse_job_subject(subject) else {
+        return AckKind::Term;
+    };
+    let (delivered, max) = (attempt.delivered, attempt.max);
+    if !attempt.is_last() {
+        tracing::warn!(%err, batch = batch_id, job = kind.as_str(), delivered, max, "bulk job failed; redelivering");
+        return AckKind::Nak(Some(RETRY_DELAY));
+    }
+    tracing::error!(%err, batch = batch_id, job = kind.as_str(), delivered, max, "bulk job failed on its last delivery; its batch fails");
+    match give_up(lane, batch_id, kind, attempt, err).await {
+        Ok(()) => AckKind::Term,
+        Err(again) => {
+            tracing::warn!(err = %again, batch = batch_id, "cannot end the batch of a failed bulk job; redelivering");
+            AckKind::Nak(Some(RETRY_DELAY))
+        }
+    }
+}
+
+async fn job(
+    lane: &Lane,
+    subject: &str,
+    beat: &Beat,
+    attempt: Attempt,
+) -> Result<AckKind, JobError> {
+    let Some((batch_id, kind)) = parse_job_subject(subject) else {
+        tracing::error!(subject, "not a bulk job subject; dropped");
         return Ok(AckKind::Term);
     };
     match kind {
-        JobKind::Validate => validate(lane, batch_id, beat).await,
-        JobKind::Finalize => finalize(lane, batch_id, beat).await,
+        JobKind::Validate => {
+            attempt.check()?;
+            super::validate::validate(lane, batch_id, beat).await
+        }
+        JobKind::Finalize => super::finalize::finalize(lane, batch_id, beat, attempt).await,
     }
 }
 
-/// The models served now, by service discovery under `EMBATCH_SUBJECT` (100 ms), this
-/// worker's own always among them.
-async fn served_models(lane: &Lane) -> Vec<String> {
-    let found = embatch_client::models::discover(
-        &lane.client,
-        embatch_protocol::SERVICE_NAME,
-        &lane.config.subject,
-        std::time::Duration::from_millis(100),
-    )
-    .await
-    .unwrap_or_else(|err| {
-        tracing::debug!(%err, "model discovery failed; only this worker's model is known");
-        Vec::new()
-    });
-    let mut served: Vec<String> = found.into_iter().filter_map(|w| w.model).collect();
-    served.push(lane.config.model.clone());
-    served.sort();
-    served.dedup();
-    served
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".to_owned())
 }
 
-/// Reads the input file line by line, checks each line (each must name a model served, one per
-/// file), and publishes the work items on that model's items subject as it goes; then sets `in_progress` (with the line and chunk counts) or, when a line was refused,
-/// `failed` with OpenAI's `errors` list (and purges what it published).
-async fn validate(lane: &Lane, batch_id: &str, beat: &Beat) -> Result<AckKind, String> {
-    let store = &lane.store;
-    let Some((record, _)) = store.batch(batch_id).await.map_err(|e| e.to_string())? else {
-        return Ok(AckKind::Ack);
+/// Ends the batch of a job that keeps failing: `failed`, its `errors` naming the job, the
+/// delivery and the last error; then removes what the batch left (its work items and results,
+/// and for `finalize` the files it may have begun). A `validate` job leaves a batch that is no
+/// longer `validating`, or is ending, as it is (a cancel or an expiry is finalize's to end);
+/// `finalize` leaves a final batch as it is.
+///
+/// # Errors
+/// The record could not be updated (the job is redelivered and given up again).
+async fn give_up(
+    lane: &Lane,
+    batch_id: &str,
+    kind: JobKind,
+    attempt: Attempt,
+    err: &JobError,
+) -> Result<(), JobError> {
+    let code = match kind {
+        JobKind::Validate => "validation_failed",
+        JobKind::Finalize => "finalization_failed",
     };
-    if record.batch.status != BatchStatus::Validating || record.embatch.ending.is_some() {
-        return Ok(AckKind::Ack); // split already done, or cancelled: finalize takes it
-    }
-    let object = match store.files.get(&record.batch.input_file_id).await {
-        Ok(object) => object,
-        Err(err) => {
-            let error = embatch_protocol::bulk::BatchError {
-                code: "invalid_input_file".into(),
-                message: format!(
-                    "cannot read input file {}: {err}",
-                    record.batch.input_file_id
-                ),
-                param: Some("input_file_id".into()),
-                line: None,
+    let message = format!(
+        "the batch's {} job failed on delivery {} of at most {} (BULK_MAX_DELIVER): {err}",
+        kind.as_str(),
+        attempt.delivered,
+        attempt.max
+    );
+    let now = unix_now();
+    let mut applied = false;
+    let updated = lane
+        .store
+        .update_batch(batch_id, |record| {
+            applied = match kind {
+                JobKind::Validate => {
+                    record.batch.status == BatchStatus::Validating && ending_of(record).is_none()
+                }
+                JobKind::Finalize => !record.batch.status.is_final(),
             };
-            fail(lane, batch_id, vec![error]).await?;
-            return Ok(AckKind::Ack);
-        }
-    };
-    let mut reader = tokio::io::BufReader::new(object);
-    let mut check =
-        FileCheck::for_models(served_models(lane).await, lane.config.default_model.clone());
-    let mut errors = Vec::new();
-    let mut chunk: Vec<ItemLine> = Vec::new();
-    let (mut chunk_inputs, mut chunk_bytes) = (0usize, 0usize);
-    let mut chunks = 0u32;
-    let mut pending = Vec::new();
-    let mut text = String::new();
-    let mut line = 0u64;
-    loop {
-        text.clear();
-        let read = reader
-            .read_line(&mut text)
-            .await
-            .map_err(|e| format!("cannot read the input file: {e}"))?;
-        if read == 0 {
-            break;
-        }
-        beat.beat();
-        line += 1;
-        let trimmed = text.trim_end_matches(['\n', '\r']);
-        if trimmed.trim().is_empty() {
-            continue;
-        }
-        match check.line(line, trimmed, lane.config.limits) {
-            Ok(item_line) => {
-                if !errors.is_empty() {
-                    continue; // the batch fails: only the errors matter now
-                }
-                chunk_inputs += item_line.request.inputs.len();
-                chunk_bytes += trimmed.len();
-                chunk.push(item_line);
-                if chunk_inputs >= lane.config.chunk_inputs
-                    || chunk_bytes >= lane.config.chunk_bytes
-                {
-                    let model = check.model().unwrap_or(&lane.config.model).to_owned();
-                    pending.push(
-                        publish_item(lane, &model, batch_id, chunks, std::mem::take(&mut chunk))
-                            .await?,
-                    );
-                    chunks += 1;
-                    (chunk_inputs, chunk_bytes) = (0, 0);
-                    if pending.len() >= PUBLISH_WINDOW {
-                        settle(&mut pending).await?;
-                    }
-                }
+            if applied {
+                record.batch.status = BatchStatus::Failed;
+                record.batch.failed_at = Some(now);
+                record.batch.errors = Some(BatchErrors {
+                    object: "list".into(),
+                    data: vec![BatchError {
+                        code: code.to_owned(),
+                        message: message.clone(),
+                        param: None,
+                        line: None,
+                    }],
+                });
             }
-            Err(error) => {
-                let stop = error.code == "too_many_requests";
-                if errors.len() < MAX_ERRORS {
-                    errors.push(error);
-                }
-                if stop {
-                    break;
-                }
-            }
-        }
-    }
-    if errors.is_empty() && !chunk.is_empty() {
-        let model = check.model().unwrap_or(&lane.config.model).to_owned();
-        pending.push(publish_item(lane, &model, batch_id, chunks, chunk).await?);
-        chunks += 1;
-    }
-    settle(&mut pending).await?;
-    if !errors.is_empty() {
-        purge(lane, batch_id).await?;
-        fail(lane, batch_id, errors).await?;
-        return Ok(AckKind::Ack);
-    }
-    let now = unix_now();
-    let total = check.requests;
-    let record = store
-        .update_batch(batch_id, |record| {
-            if record.batch.status != BatchStatus::Validating {
-                return false;
-            }
-            if record.embatch.ending.is_none() {
-                record.batch.status = BatchStatus::InProgress;
-                record.batch.in_progress_at = Some(now);
-            }
-            record.batch.request_counts.total = total;
-            record.embatch.chunks = Some(chunks);
-            true
+            applied
         })
-        .await
-        .map_err(|e| e.to_string())?;
-    tracing::info!(batch = batch_id, lines = total, chunks, "bulk batch split");
-    if record.embatch.all_done() && record.batch.status == BatchStatus::InProgress {
-        store
-            .publish_job(batch_id, JobKind::Finalize)
-            .await
-            .map_err(|e| e.to_string())?;
+        .await;
+    match updated {
+        Ok(_) if applied => {}
+        Ok(_) | Err(BulkError::NotFound(_)) => return Ok(()),
+        Err(err) => return Err(err.into()),
     }
-    Ok(AckKind::Ack)
-}
-
-type PublishAck = async_nats::jetstream::context::PublishAckFuture;
-
-/// Publishes one work item on the items subject of `model` (its workers take it).
-async fn publish_item(
-    lane: &Lane,
-    model: &str,
-    batch_id: &str,
-    chunk: u32,
-    lines: Vec<ItemLine>,
-) -> Result<PublishAck, String> {
-    let item = Item {
-        batch_id: batch_id.to_owned(),
-        chunk,
-        lines,
-    };
-    let payload = serde_json::to_vec(&item).map_err(|e| e.to_string())?;
-    let publish = PublishMessage::build()
-        .message_id(item_msg_id(batch_id, chunk))
-        .payload(Bytes::from(payload));
-    lane.store
-        .js
-        .send_publish(items_subject(model, batch_id), publish)
-        .await
-        .map_err(|e| e.to_string())
-}
-
-async fn settle(pending: &mut Vec<PublishAck>) -> Result<(), String> {
-    for ack in pending.drain(..) {
-        ack.await.map_err(|e| e.to_string())?;
+    // Best effort: the batch is failed whatever of this fails.
+    if let Err(err) = purge_items(lane, batch_id).await {
+        tracing::warn!(%err, batch = batch_id, "cannot purge a failed batch's items");
     }
-    Ok(())
-}
-
-async fn fail(
-    lane: &Lane,
-    batch_id: &str,
-    errors: Vec<embatch_protocol::bulk::BatchError>,
-) -> Result<(), String> {
-    let now = unix_now();
-    lane.store
-        .update_batch(batch_id, |record| {
-            if record.batch.status != BatchStatus::Validating {
-                return false;
-            }
-            record.batch.status = BatchStatus::Failed;
-            record.batch.failed_at = Some(now);
-            record.batch.errors = Some(BatchErrors {
-                object: "list".into(),
-                data: errors.clone(),
-            });
-            true
-        })
-        .await
-        .map_err(|e| e.to_string())?;
+    let results = lane
+        .store
+        .results
+        .purge()
+        .filter(results_subject(batch_id))
+        .await;
+    if let Err(err) = results {
+        tracing::warn!(%err, batch = batch_id, "cannot purge a failed batch's results");
+    }
+    if kind == JobKind::Finalize {
+        let (output, errors) = super::finalize::file_ids(batch_id);
+        for id in [output, errors] {
+            // Absent unless a run began writing it.
+            let _ = lane.store.files.delete(&id).await;
+        }
+    }
     Ok(())
 }
 
 /// Removes the batch's remaining work items from the work queue.
-async fn purge(lane: &Lane, batch_id: &str) -> Result<(), String> {
+pub(super) async fn purge_items(lane: &Lane, batch_id: &str) -> Result<(), JobError> {
     lane.store
         .work
         .purge()
         .filter(batch_items_filter(batch_id))
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(nats(format!("cannot purge the items of {batch_id}")))?;
     Ok(())
-}
-
-/// Delivers a batch: waits (NAK, 1 s) until every chunk is done unless the batch is ending
-/// (cancelled or expired: its remaining items are purged first); reads the results back,
-/// keeping each `custom_id` once; for an ending batch adds a `batch_cancelled` /
-/// `batch_expired` error line for each input line never answered; writes the output and error
-/// files; sets the final status with the exact counts; purges the batch's results.
-async fn finalize(lane: &Lane, batch_id: &str, beat: &Beat) -> Result<AckKind, String> {
-    let store = &lane.store;
-    let Some((record, _)) = store.batch(batch_id).await.map_err(|e| e.to_string())? else {
-        return Ok(AckKind::Ack);
-    };
-    if record.batch.status.is_final() {
-        return Ok(AckKind::Ack);
-    }
-    let mut ending = record.embatch.ending;
-    if ending.is_none() && record.batch.expires_at.is_some_and(|at| unix_now() >= at) {
-        super::items::expire(lane, batch_id).await?;
-        ending = Some(BatchStatus::Expired);
-    }
-    if ending.is_none() && !record.embatch.all_done() {
-        return Ok(AckKind::Nak(Some(Duration::from_secs(1))));
-    }
-    if ending.is_some() {
-        purge(lane, batch_id).await?;
-    } else {
-        let now = unix_now();
-        store
-            .update_batch(batch_id, |record| {
-                if record.batch.status != BatchStatus::InProgress {
-                    return false;
-                }
-                record.batch.status = BatchStatus::Finalizing;
-                record.batch.finalizing_at = Some(now);
-                true
-            })
-            .await
-            .map_err(|e| e.to_string())?;
-    }
-
-    tracing::debug!(batch = batch_id, ?ending, "finalizing: reading the results");
-    let suffix = batch_id.strip_prefix("batch_").unwrap_or(batch_id);
-    let output_id = format!("file-{suffix}-output");
-    let error_id = format!("file-{suffix}-errors");
-    let (output_pipe, output_reader) = tokio::io::duplex(PIPE_BYTES);
-    let (error_pipe, error_reader) = tokio::io::duplex(PIPE_BYTES);
-    let input_file_id = record.batch.input_file_id.clone();
-    let write = write_files(
-        lane,
-        batch_id,
-        ending,
-        &input_file_id,
-        (output_pipe, error_pipe),
-        beat,
-    );
-    let (output_name, error_name) = (
-        format!("{batch_id}_output.jsonl"),
-        format!("{batch_id}_error.jsonl"),
-    );
-    let (written, output_stored, errors_stored) = tokio::join!(
-        write,
-        put_file(lane, &output_id, &output_name, output_reader),
-        put_file(lane, &error_id, &error_name, error_reader),
-    );
-    let (completed, failed) = written?;
-    output_stored?;
-    errors_stored?;
-    // OpenAI names no file that would be empty.
-    let output_file_id = keep_if(lane, output_id, completed > 0).await?;
-    let error_file_id = keep_if(lane, error_id, failed > 0).await?;
-    let now = unix_now();
-    let final_status = ending.unwrap_or(BatchStatus::Completed);
-    store
-        .update_batch(batch_id, |record| {
-            if record.batch.status.is_final() {
-                return false;
-            }
-            record.batch.status = final_status;
-            match final_status {
-                BatchStatus::Expired => record.batch.expired_at = Some(now),
-                BatchStatus::Cancelled => record.batch.cancelled_at = Some(now),
-                _ => record.batch.completed_at = Some(now),
-            }
-            record.batch.output_file_id = output_file_id.clone();
-            record.batch.error_file_id = error_file_id.clone();
-            record.batch.request_counts.completed = completed;
-            record.batch.request_counts.failed = failed;
-            if ending.is_some() && record.batch.request_counts.total == 0 {
-                record.batch.request_counts.total = completed + failed;
-            }
-            true
-        })
-        .await
-        .map_err(|e| e.to_string())?;
-    purge(lane, batch_id).await?;
-    store
-        .results
-        .purge()
-        .filter(results_subject(batch_id))
-        .await
-        .map_err(|e| e.to_string())?;
-    tracing::info!(batch = batch_id, completed, failed, status = ?final_status, "bulk batch finalized");
-    Ok(AckKind::Ack)
-}
-
-/// Results pulled per request while finalizing (each at most `max_payload`, 1 MB by default):
-/// a batch of many megabytes of results then arrives at the pace the finalizer reads it, and
-/// never makes the server drop the worker's connection as a slow consumer (an ordered consumer
-/// pushing 80 MB did, in a measurement of a 16,000-input job). A byte bound (`max_bytes`) is not
-/// used: the server ends such a pull with a 409 when the next message does not fit.
-const READ_MESSAGES: usize = 8;
-
-/// Bytes buffered between the results being read and the files being stored: the files are
-/// streamed into the object store, never held whole in memory.
-const PIPE_BYTES: usize = 1 << 20;
-
-/// Reads the batch's results and writes the output and error files' lines into the two pipes
-/// (each `custom_id` once, its first result); for an ending batch, adds the error line of every
-/// input line never answered. Closes both pipes; returns the lines written to each.
-async fn write_files(
-    lane: &Lane,
-    batch_id: &str,
-    ending: Option<BatchStatus>,
-    input_file_id: &str,
-    (mut output, mut errors): (tokio::io::DuplexStream, tokio::io::DuplexStream),
-    beat: &Beat,
-) -> Result<(u64, u64), String> {
-    let io = |e: std::io::Error| format!("cannot write the files of {batch_id}: {e}");
-    let mut seen = HashSet::new();
-    let (mut completed, mut failed) = (0u64, 0u64);
-    let mut results = Results::open(lane, batch_id).await?;
-    while let Some(pulled) = results.next().await? {
-        let (mut ok_lines, mut failed_lines) = (Vec::new(), Vec::new());
-        for result in pulled {
-            for line in result.lines {
-                if !seen.insert(line.custom_id) {
-                    continue;
-                }
-                let file = if line.ok {
-                    completed += 1;
-                    &mut ok_lines
-                } else {
-                    failed += 1;
-                    &mut failed_lines
-                };
-                file.extend_from_slice(line.output.get().as_bytes());
-                file.push(b'\n');
-            }
-        }
-        output.write_all(&ok_lines).await.map_err(io)?;
-        errors.write_all(&failed_lines).await.map_err(io)?;
-        // Written means the files' store took them: the pipes hold at most PIPE_BYTES.
-        beat.beat();
-    }
-    if let Some(ending) = ending {
-        let (code, message) = match ending {
-            BatchStatus::Expired => (
-                "batch_expired",
-                "This request could not be executed before the completion window expired.",
-            ),
-            _ => (
-                "batch_cancelled",
-                "This request was not executed because the batch was cancelled.",
-            ),
-        };
-        for custom_id in never_answered(lane, input_file_id, &seen, beat).await? {
-            let line = render::unanswered(&custom_id, code, message)?;
-            failed += 1;
-            errors
-                .write_all(line.output.get().as_bytes())
-                .await
-                .map_err(io)?;
-            errors.write_all(b"\n").await.map_err(io)?;
-        }
-    }
-    output.shutdown().await.map_err(io)?;
-    errors.shutdown().await.map_err(io)?;
-    Ok((completed, failed))
-}
-
-/// The stored results of a batch, read through an ephemeral pull consumer of its results
-/// subject in pulls of [`READ_MESSAGES`].
-struct Results {
-    consumer: Option<PullConsumer>,
-    stored: u64,
-    read: u64,
-    batch_id: String,
-}
-
-impl Results {
-    async fn open(lane: &Lane, batch_id: &str) -> Result<Results, String> {
-        let subject = results_subject(batch_id);
-        let mut info = lane
-            .store
-            .results
-            .info_with_subjects(&subject)
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut stored = 0u64;
-        while let Some(entry) = info.next().await {
-            let (_, count) = entry.map_err(|e| e.to_string())?;
-            stored += count as u64;
-        }
-        let consumer = match stored {
-            0 => None,
-            _ => Some(
-                lane.store
-                    .results
-                    .create_consumer(consumer::pull::Config {
-                        filter_subject: subject,
-                        ack_policy: consumer::AckPolicy::None,
-                        inactive_threshold: Duration::from_secs(60),
-                        ..Default::default()
-                    })
-                    .await
-                    .map_err(|e| e.to_string())?,
-            ),
-        };
-        Ok(Results {
-            consumer,
-            stored,
-            read: 0,
-            batch_id: batch_id.to_owned(),
-        })
-    }
-
-    /// The next pull's results; `None` once all stored when opened were read.
-    async fn next(&mut self) -> Result<Option<Vec<ChunkResult>>, String> {
-        let Some(consumer) = &self.consumer else {
-            return Ok(None);
-        };
-        if self.read >= self.stored {
-            return Ok(None);
-        }
-        // No more than are left: a pull waits for all it asks for (or its expiry).
-        let left = usize::try_from(self.stored - self.read).unwrap_or(READ_MESSAGES);
-        let mut batch = consumer
-            .batch()
-            .max_messages(READ_MESSAGES.min(left))
-            .expires(Duration::from_secs(2))
-            .messages()
-            .await
-            .map_err(|e| e.to_string())?;
-        let before = self.read;
-        let mut pulled = Vec::new();
-        while let Some(message) = batch.next().await {
-            let message = message.map_err(|e| e.to_string())?;
-            self.read += 1;
-            match serde_json::from_slice::<ChunkResult>(&message.payload) {
-                Ok(result) => pulled.push(result),
-                Err(err) => {
-                    tracing::error!(%err, batch = %self.batch_id, "malformed chunk result; skipped")
-                }
-            }
-        }
-        if self.read == before {
-            return Err(format!(
-                "read {} of the {} results of {}, then none came",
-                self.read, self.stored, self.batch_id
-            ));
-        }
-        Ok(Some(pulled))
-    }
-}
-
-/// The `custom_id`s of the input file's lines that have no result in `seen`.
-async fn never_answered(
-    lane: &Lane,
-    input_file_id: &str,
-    seen: &HashSet<String>,
-    beat: &Beat,
-) -> Result<Vec<String>, String> {
-    let object = lane
-        .store
-        .files
-        .get(input_file_id)
-        .await
-        .map_err(|e| format!("cannot read input file {input_file_id}: {e}"))?;
-    let mut lines = tokio::io::BufReader::new(object).lines();
-    let mut missing = Vec::new();
-    let mut listed = HashSet::new();
-    while let Some(text) = lines
-        .next_line()
-        .await
-        .map_err(|e| format!("cannot read input file {input_file_id}: {e}"))?
-    {
-        beat.beat();
-        if let Some(id) = custom_id_of(&text)
-            && !seen.contains(&id)
-            && listed.insert(id.clone())
-        {
-            missing.push(id);
-        }
-    }
-    Ok(missing)
-}
-
-/// Stores what `reader` yields as the output file `id` (`purpose: batch_output`); a rerun
-/// overwrites it.
-async fn put_file(
-    lane: &Lane,
-    id: &str,
-    filename: &str,
-    mut reader: tokio::io::DuplexStream,
-) -> Result<(), String> {
-    let meta = ObjectMetadata {
-        name: id.to_owned(),
-        metadata: [
-            (META_PURPOSE.to_owned(), "batch_output".to_owned()),
-            (META_FILENAME.to_owned(), filename.to_owned()),
-            (META_CREATED_AT.to_owned(), unix_now().to_string()),
-        ]
-        .into_iter()
-        .collect(),
-        ..Default::default()
-    };
-    let started = std::time::Instant::now();
-    let info = lane
-        .store
-        .files
-        .put(meta, &mut reader)
-        .await
-        .map_err(|e| format!("cannot store {id}: {e}"))?;
-    tracing::debug!(id, bytes = info.size, elapsed = ?started.elapsed(), "output file stored");
-    Ok(())
-}
-
-/// `Some(id)` when `keep`; otherwise deletes the (empty) file `id` and returns `None`.
-async fn keep_if(lane: &Lane, id: String, keep: bool) -> Result<Option<String>, String> {
-    if keep {
-        return Ok(Some(id));
-    }
-    lane.store
-        .files
-        .delete(&id)
-        .await
-        .map_err(|e| format!("cannot delete the empty file {id}: {e}"))?;
-    Ok(None)
 }
 
 #[cfg(test)]
@@ -689,6 +411,74 @@ mod tests {
             Duration::from_secs(60)
         );
         assert_eq!(stall_limit(Duration::from_secs(1)), Duration::from_secs(30));
+    }
+
+    /// The bound docs/bulk.md gives for a cancel (and any failing job) is the one the default
+    /// settings make.
+    #[test]
+    fn a_failing_job_ends_its_batch_within_the_documented_bound() {
+        use clap::Parser;
+        let config = crate::Config::try_parse_from(["embatch-worker"])
+            .expect("the defaults parse")
+            .bulk();
+        assert_eq!(
+            (config.max_deliver, config.ack_wait),
+            (5, Duration::from_secs(30)),
+            "the defaults the bound is computed from"
+        );
+        let bound = give_up_bound(config.max_deliver, config.ack_wait);
+        assert_eq!(bound, Duration::from_secs(5 * (60 + 30)));
+        let docs = include_str!("../../../docs/bulk.md");
+        assert!(
+            docs.contains(&format!("{} s", bound.as_secs())),
+            "docs/bulk.md states the bound, {bound:?}"
+        );
+        // Each delivery is bounded by its stall limit plus the longer of the ack wait and the
+        // NAK delay: small settings, as the tests use, still give at least 30 s a delivery.
+        assert_eq!(
+            give_up_bound(2, Duration::from_millis(500)),
+            Duration::from_secs(62)
+        );
+        assert_eq!(
+            give_up_bound(0, Duration::from_secs(1)),
+            Duration::from_secs(31)
+        );
+    }
+
+    #[test]
+    fn a_failed_run_ends_the_batch_on_the_last_delivery_and_none_runs_past_it() {
+        let at = |delivered| Attempt { delivered, max: 3 };
+        assert!(!at(1).is_last() && at(1).check().is_ok());
+        assert!(
+            at(3).is_last() && at(3).check().is_ok(),
+            "the last still runs"
+        );
+        assert!(
+            matches!(
+                at(4).check(),
+                Err(JobError::Exhausted {
+                    delivered: 4,
+                    max: 3
+                })
+            ),
+            "past the last, no run"
+        );
+    }
+
+    #[test]
+    fn a_cancelling_batch_is_ending_even_without_its_bookkeeping() {
+        let record: BatchRecord = serde_json::from_value(serde_json::json!({
+            "id": "batch_x", "object": "batch", "endpoint": "/v1/embeddings",
+            "input_file_id": "file-x", "completion_window": "24h", "status": "cancelling",
+            "created_at": 0, "request_counts": {"total": 0, "completed": 0, "failed": 0}
+        }))
+        .expect("a record");
+        assert_eq!(ending_of(&record), Some(BatchStatus::Cancelled));
+        let mut expiring = record.clone();
+        expiring.batch.status = BatchStatus::InProgress;
+        assert_eq!(ending_of(&expiring), None);
+        expiring.embatch.ending = Some(BatchStatus::Expired);
+        assert_eq!(ending_of(&expiring), Some(BatchStatus::Expired));
     }
 
     #[tokio::test(start_paused = true)]

@@ -57,7 +57,8 @@ struct Models {
     default: String,
 }
 
-fn error(code: &str, param: Option<&str>, line: u64, message: String) -> BatchError {
+/// The error of line `line` (1-based): `message` prefixed with `line N: `.
+pub(super) fn error(code: &str, param: Option<&str>, line: u64, message: String) -> BatchError {
     BatchError {
         code: code.to_owned(),
         message: format!("line {line}: {message}"),

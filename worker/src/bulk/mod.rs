@@ -2,9 +2,11 @@
 //! interactive traffic leaves.
 //!
 //! Two loops share the worker's upstream with the interactive batcher:
-//! - [`jobs`]: the durable pull consumer `bulk-jobs` (job messages): `validate` reads a batch's
-//!   input file, checks every line and publishes its work items; `finalize` reads the results
-//!   back, writes the output and error files and sets the final status.
+//! - [`jobs`]: the durable pull consumer `bulk-jobs` (job messages): [`validate`] reads a
+//!   batch's input file ([`input`]), checks every line ([`lines`]) and publishes its work items;
+//!   [`finalize`] reads the results back, writes the output and error files and sets the final
+//!   status. A job that keeps failing ends its batch `failed` after `BULK_MAX_DELIVER`
+//!   deliveries.
 //! - [`items`]: the durable pull consumer `bulk-items` (work items, one chunk of input lines
 //!   each): each line goes to the batcher as a bulk request ([`BulkGate`]), which fills the
 //!   room interactive batches of the same options leave with bulk inputs and sends bulk inputs
@@ -23,12 +25,15 @@
 //! The lane starts only when JetStream answers; until then (a server without `-js`) it retries
 //! every [`RETRY`] and the interactive path is unaffected.
 
+mod finalize;
+mod input;
 mod items;
 mod jobs;
 mod lines;
 mod progress;
 mod render;
 mod sweep;
+mod validate;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -61,7 +66,8 @@ pub struct BulkConfig {
     /// inputs alone may start (see [`BulkGate::limit_calls`]).
     pub calls: usize,
     /// Deliveries of a work item whose upstream call fails before its lines go to the error
-    /// file (`upstream_failed`).
+    /// file (`upstream_failed`); and of a job (`validate`, `finalize`) that keeps failing before
+    /// its batch is `failed` (see [`jobs`]).
     pub max_deliver: i64,
     /// How long a delivered message may go without an ack or in-progress ack before JetStream
     /// redelivers it.
@@ -126,6 +132,7 @@ pub async fn run(
     tracing::info!(
         chunk_inputs = lane.config.chunk_inputs,
         calls = lane.config.calls,
+        failing_job_ends_within = ?jobs::give_up_bound(lane.config.max_deliver, lane.config.ack_wait),
         "bulk lane ready"
     );
     tokio::join!(
