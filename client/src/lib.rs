@@ -23,6 +23,7 @@
 //! A fleet that serves several models (contract v1.1) is reached per model with
 //! [`EmbedClient::for_model`]; [`models::discover`] lists the models served.
 
+mod delivery;
 pub mod fleet;
 mod inbox;
 pub mod models;
@@ -324,180 +325,7 @@ impl EmbedClient {
         budget: Duration,
         options: &SendOptions,
     ) -> Result<Reply, RequestError> {
-        let started = Instant::now();
-        let deadline = started + budget;
-        let inbox = self.inbox().await?;
-        let (slot, mut replies) = inbox.register();
-        let mut cancel = CancelOnDrop {
-            nats: Some(self.nats.clone()),
-            subject: &self.subject,
-            id: &slot.subject,
-        };
-        let timed_out = RequestError::TimedOut {
-            budget_ms: budget.as_millis(),
-        };
-        let mut events = inbox.events();
-        let mut ack_wait = inbox.ack_timeout();
-        let mut backoff = Duration::from_millis(10);
-        // Since when "no responders" has been the answer, and until when it is expected (workers
-        // re-subscribe after a reconnect, which this request waited through).
-        let mut no_responders_since: Option<Instant> = None;
-        let mut reconnect_grace_until = started;
-        let mut sends = 0u32;
-        let mut unavailable = 0u32;
-        // The workers that acknowledged a copy, and the reason of the next resend.
-        let mut holders: Vec<String> = Vec::new();
-        // Whether any copy was ever acknowledged. `holders` is cleared when a holder's heartbeat
-        // stops (or on a 503), so it cannot tell a worker that predates acknowledgements from one
-        // whose heartbeat was merely late (a starved process): only a success with no
-        // acknowledgement at all, and without the acknowledgement delay that an acknowledging
-        // worker puts on every reply, turns acknowledgement waits off.
-        let mut acknowledged = false;
-        // One timer per request: the acknowledgement wait while one runs, else the deadline.
-        let wake = tokio::time::sleep_until(deadline);
-        tokio::pin!(wake);
-        'send: loop {
-            if self.wait_connected(deadline).await? {
-                reconnect_grace_until = Instant::now() + RECONNECT_GRACE;
-            }
-            let mut seen = *events.borrow_and_update();
-            // Sent within RECONNECT_GRACE of a reconnect of this client, even one this request
-            // did not wait through: workers may not have re-subscribed yet.
-            if let Some(at) = seen.reconnected_at {
-                reconnect_grace_until = reconnect_grace_until.max(at + RECONNECT_GRACE);
-            }
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            self.publish(&slot.subject, &body, remaining, sends + 1, options)
-                .await
-                .inspect_err(|_| {
-                    if sends == 0 {
-                        cancel.disarm();
-                    }
-                })?;
-            sends += 1;
-            let sent = Instant::now();
-            // The connection this copy went out on: a reconnect announced later that this copy
-            // was sent after (the announcement lags by up to 50 ms) lost nothing of it.
-            let connects_at_send = self.connects();
-            // Within RECONNECT_GRACE of a reconnect, the requests clients held reach the workers
-            // together, and acknowledging them all takes the workers longer than a round trip:
-            // a copy sent then waits the longest acknowledgement wait, not a few round trips,
-            // before it is resent (a burst of spurious resends filled a worker's QUEUE_CAP,
-            // benchmark 16).
-            let after_reconnect = sent < reconnect_grace_until;
-            let mut ack_by = ack_wait
-                .map(|wait| {
-                    sent + if after_reconnect {
-                        wait.max(ACK_TIMEOUT_MAX)
-                    } else {
-                        wait
-                    }
-                })
-                .filter(|at| *at < deadline);
-            wake.as_mut().reset(ack_by.unwrap_or(deadline));
-            let reason = loop {
-                tokio::select! {
-                    message = replies.recv() => {
-                        let Some(message) = message else {
-                            return Err(RequestError::Transport("the reply inbox closed".into()));
-                        };
-                        if message.status == Some(async_nats::StatusCode::NO_RESPONDERS) {
-                            // A copy resent while another worker holds one: that one answers.
-                            if !holders.is_empty() {
-                                continue;
-                            }
-                            let now = Instant::now();
-                            let since = *no_responders_since.get_or_insert(now);
-                            let give_up = (since + NO_RESPONDERS_RETRY)
-                                .max(reconnect_grace_until)
-                                .min(deadline);
-                            if now + backoff < give_up {
-                                metrics::counter!(RETRIES, "reason" => "no_responders")
-                                    .increment(1);
-                                tokio::time::sleep(backoff).await;
-                                backoff = (backoff * 2).min(NO_RESPONDERS_BACKOFF_MAX);
-                                continue 'send;
-                            }
-                            cancel.disarm();
-                            return Err(self.why_no_responders().await);
-                        }
-                        no_responders_since = None;
-                        backoff = Duration::from_millis(10);
-                        if let Some(worker) = header(&message, headers::ACCEPTED_BY) {
-                            inbox.acknowledged(worker, sent.elapsed());
-                            acknowledged = true;
-                            if !holders.iter().any(|h| h == worker) {
-                                holders.push(worker.to_owned());
-                            }
-                            if ack_by.take().is_some() {
-                                wake.as_mut().reset(deadline);
-                            }
-                            continue;
-                        }
-                        // An acknowledging worker says so on its reply, acknowledged or not.
-                        let ack_delay_ms =
-                            headers::parse_millis(header(&message, headers::ACK_DELAY_MS));
-                        let outcome = decode(message);
-                        if let Err(RequestError::Reply(err)) = &outcome
-                            && err.status() == 503
-                            && unavailable < UNAVAILABLE_RETRIES
-                        {
-                            let pause = retry_pause(unavailable + 1);
-                            if Instant::now() + pause + MIN_RESEND_BUDGET < deadline {
-                                unavailable += 1;
-                                tracing::debug!(%err, unavailable, "a worker answered 503; resending");
-                                holders.clear();
-                                tokio::time::sleep(pause).await;
-                                break "unavailable";
-                            }
-                        }
-                        if let Some(delay_ms) = ack_delay_ms {
-                            inbox.acknowledges_after(delay_ms);
-                        } else if outcome.is_ok() && !acknowledged {
-                            inbox.unacknowledged_success();
-                        }
-                        cancel.disarm();
-                        if sends > 1 {
-                            self.withdraw(&slot.subject);
-                        }
-                        return outcome;
-                    }
-                    () = &mut wake => {
-                        if ack_by.take().is_none() {
-                            return Err(timed_out);
-                        }
-                        wake.as_mut().reset(deadline);
-                        if resend_in_time(deadline) {
-                            ack_wait = ack_wait.map(|wait| (wait * 2).min(ACK_TIMEOUT_MAX));
-                            break "no_ack";
-                        }
-                    }
-                    changed = events.changed() => {
-                        if changed.is_err() {
-                            return Err(RequestError::Transport("the reply inbox closed".into()));
-                        }
-                        let now = *events.borrow_and_update();
-                        let reconnected = now.reconnects != seen.reconnects
-                            && self.connects() != connects_at_send;
-                        let lost = now.lost != seen.lost
-                            && !holders.is_empty()
-                            && holders.iter().all(|h| inbox.is_lost(h));
-                        seen = now;
-                        if reconnected {
-                            reconnect_grace_until = Instant::now() + RECONNECT_GRACE;
-                        }
-                        if lost {
-                            holders.clear();
-                        }
-                        if (reconnected || lost) && resend_in_time(deadline) {
-                            break if reconnected { "reconnect" } else { "worker_lost" };
-                        }
-                    }
-                }
-            };
-            metrics::counter!(RETRIES, "reason" => reason).increment(1);
-            tracing::debug!(reason, sends, "resending a request");
-        }
+        delivery::deliver(self, body, budget, options).await
     }
 
     /// Publishes copy `attempt` (1-based) of a request: `body` with its headers, replies to
@@ -587,12 +415,6 @@ impl EmbedClient {
     }
 }
 
-/// Whether a copy sent now would still have [`MIN_RESEND_BUDGET`] before `deadline`; when not,
-/// the request waits for the copies already out.
-fn resend_in_time(deadline: Instant) -> bool {
-    Instant::now() + MIN_RESEND_BUDGET < deadline
-}
-
 /// The value of header `name` of `message`, if any.
 fn header<'a>(message: &'a async_nats::Message, name: &str) -> Option<&'a str> {
     message
@@ -669,31 +491,6 @@ pub const NO_RESPONDERS_RETRY: Duration = Duration::from_millis(150);
 /// reconnected too, up to a reconnect pause ([`RECONNECT_DELAY_MAX`]) after the server is
 /// back: 1 s.
 pub const RECONNECT_GRACE: Duration = Duration::from_secs(1);
-
-/// The longest pause between two "no responders" retries: 100 ms.
-const NO_RESPONDERS_BACKOFF_MAX: Duration = Duration::from_millis(100);
-
-/// Publishes a request's id on the cancel subject when dropped while armed (the caller stopped
-/// waiting, or the request timed out): the worker that holds it drops it.
-struct CancelOnDrop<'a> {
-    nats: Option<async_nats::Client>,
-    subject: &'a str,
-    id: &'a str,
-}
-
-impl CancelOnDrop<'_> {
-    fn disarm(&mut self) {
-        self.nats = None;
-    }
-}
-
-impl Drop for CancelOnDrop<'_> {
-    fn drop(&mut self) {
-        if let Some(nats) = self.nats.take() {
-            publish_cancel(nats, self.subject, self.id);
-        }
-    }
-}
 
 /// Publishes `id` on the cancel subject of `subject` from a task of its own (a `Drop` cannot
 /// wait; publishing only queues the message on the connection). Without a runtime (the caller's
