@@ -191,7 +191,9 @@ pub struct Config {
     pub bulk_calls: usize,
 
     /// Deliveries of a bulk work item whose upstream call keeps failing (NAKed with a delay
-    /// doubling from 1 s to 30 s) before its lines go to the error file as `upstream_failed`.
+    /// doubling from 1 s to 30 s) before its lines go to the error file as `upstream_failed`;
+    /// and of a bulk job (validation, finalization, a cancel's) that keeps failing before its
+    /// batch ends `failed` with the reason in its `errors`.
     #[arg(long, env = "BULK_MAX_DELIVER", default_value_t = 5)]
     pub bulk_max_deliver: i64,
 
