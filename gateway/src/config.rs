@@ -85,6 +85,15 @@ pub struct Config {
     #[arg(long, env = "BULK_MAX_FILE_BYTES", default_value_t = 200 * 1024 * 1024)]
     pub bulk_max_file_bytes: usize,
 
+    /// Most bytes all files together may take in NATS (inputs, outputs and error files: the
+    /// `OBJ_EMBATCH_FILES` stream's `max_bytes`, set at start; 0: no budget). An upload that
+    /// would not fit is refused: 413 when the file is larger than the whole budget, 507 while
+    /// other files take the room. The default, 4 GiB, leaves room under nats/nats.conf's 10 GiB
+    /// for the cache bucket and the running jobs' results (docs/operations.md, "Storage budget").
+    /// Give every gateway the same value.
+    #[arg(long, env = "BULK_FILES_MAX_BYTES", default_value_t = embatch_runtime::bulk::FILES_MAX_BYTES_DEFAULT)]
+    pub bulk_files_max_bytes: u64,
+
     /// The `completion_window` values `POST /v1/batches` accepts, comma-separated durations
     /// (OpenAI accepts only `24h`, the default). A batch not finished within its window expires:
     /// what finished is delivered, the rest goes to the error file.

@@ -81,6 +81,7 @@ impl AppState {
             client.clone(),
             crate::bulk::BulkLimits {
                 max_file_bytes: config.bulk_max_file_bytes,
+                files_max_bytes: config.bulk_files_max_bytes,
                 completion_windows: config.bulk_completion_windows.clone(),
             },
         );

@@ -3,7 +3,9 @@
 //!
 //! [`BulkStore::open`] creates what is missing (idempotently, so any gateway or worker may start
 //! first) and binds the handles: the [`FILES_BUCKET`] object store, the [`BATCHES_BUCKET`] KV
-//! bucket, the [`WORK_STREAM`] work queue and the [`RESULTS_STREAM`].
+//! bucket, the [`WORK_STREAM`] work queue and the [`RESULTS_STREAM`]. The object store's stream
+//! ([`FILES_STREAM`]) has a byte budget of its own ([`BulkStore::set_files_budget`]), so that files
+//! cannot take the room the cache and the other streams need on the server's store.
 
 use std::time::Duration;
 
@@ -15,6 +17,19 @@ use embatch_protocol::bulk::{
     BATCHES_BUCKET, Batch, BatchRecord, FILES_BUCKET, ITEMS_FILTER, JOBS_FILTER, JobKind,
     RESULTS_FILTER, RESULTS_STREAM, WORK_STREAM, events_subject, job_msg_id, job_subject,
 };
+
+/// The stream under the [`FILES_BUCKET`] object store (async-nats names it `OBJ_<bucket>`):
+/// chunks on `$O.EMBATCH_FILES.C.<nuid>`, one meta record per object on
+/// `$O.EMBATCH_FILES.M.<base64url(name)>`.
+pub const FILES_STREAM: &str = "OBJ_EMBATCH_FILES";
+
+/// The files' byte budget (the [`FILES_STREAM`]'s `max_bytes`) a worker or gateway sets when it
+/// creates the object store: 4 GiB. The gateway then sets its own `BULK_FILES_MAX_BYTES` (this
+/// value by default). With nats/nats.conf's `max_file_store` (10 GiB), it leaves room for the
+/// worker's cache bucket (`CACHE_SHARED_BYTES`, 1 GiB) and for the results and work items of the
+/// jobs running, which together take about as much as their input and output files
+/// (docs/operations.md, "Storage budget").
+pub const FILES_MAX_BYTES_DEFAULT: u64 = 4 << 30;
 
 /// How long the work stream remembers a `Nats-Msg-Id` (jobs and items): a split resumed after a
 /// crash, or a job asked for twice, within this window publishes nothing twice.
@@ -62,6 +77,8 @@ pub struct BulkStore {
     pub js: jetstream::Context,
     /// [`FILES_BUCKET`].
     pub files: object_store::ObjectStore,
+    /// [`FILES_STREAM`], the stream under [`BulkStore::files`].
+    pub files_stream: stream::Stream,
     /// [`BATCHES_BUCKET`].
     pub batches: kv::Store,
     /// [`WORK_STREAM`].
@@ -81,18 +98,11 @@ impl BulkStore {
         let js = jetstream::new(client.clone());
         let unavailable = |e: &dyn std::fmt::Display| BulkError::Unavailable(e.to_string());
         js.query_account().await.map_err(|e| unavailable(&e))?;
-        let files = match js.get_object_store(FILES_BUCKET).await {
-            Ok(store) => store,
-            Err(_) => js
-                .create_object_store(object_store::Config {
-                    bucket: FILES_BUCKET.to_owned(),
-                    description: Some("embatch bulk files (inputs, outputs, errors)".into()),
-                    storage: stream::StorageType::File,
-                    ..Default::default()
-                })
-                .await
-                .map_err(|e| unavailable(&e))?,
-        };
+        let files = open_files(&js).await.map_err(|e| unavailable(&e))?;
+        let files_stream = js
+            .get_stream(FILES_STREAM)
+            .await
+            .map_err(|e| unavailable(&e))?;
         let batches = match js.get_key_value(BATCHES_BUCKET).await {
             Ok(store) => store,
             Err(_) => js
@@ -133,10 +143,44 @@ impl BulkStore {
         Ok(BulkStore {
             js,
             files,
+            files_stream,
             batches,
             work,
             results,
             client,
+        })
+    }
+
+    /// Sets the files' byte budget: the [`FILES_STREAM`]'s `max_bytes` (bytes as nats-server
+    /// counts them: payload, subject and headers of every chunk and meta record), `0` for none.
+    /// The stream discards new messages beyond it, so a put that does not fit fails and nothing
+    /// stored is dropped; lowering the budget below what is stored drops nothing either (new
+    /// files are refused until enough are deleted). Nothing is asked of the server when the
+    /// budget is already `max_bytes`.
+    ///
+    /// # Errors
+    /// [`BulkError::JetStream`] when the stream cannot be read or updated.
+    pub async fn set_files_budget(&self, max_bytes: u64) -> Result<(), BulkError> {
+        let info = self.files_stream.get_info().await.map_err(js_err)?;
+        let want = budget_of(max_bytes);
+        if info.config.max_bytes == want {
+            return Ok(());
+        }
+        let mut config = info.config;
+        config.max_bytes = want;
+        self.js.update_stream(config).await.map_err(js_err)?;
+        Ok(())
+    }
+
+    /// What the files take now, and their budget.
+    ///
+    /// # Errors
+    /// [`BulkError::JetStream`] when the stream cannot be read.
+    pub async fn files_usage(&self) -> Result<FilesUsage, BulkError> {
+        let info = self.files_stream.get_info().await.map_err(js_err)?;
+        Ok(FilesUsage {
+            bytes: info.state.bytes,
+            budget: u64::try_from(info.config.max_bytes).ok().filter(|b| *b > 0),
         })
     }
 
@@ -243,6 +287,59 @@ impl BulkStore {
         {
             tracing::warn!(%err, batch = %batch.id, "cannot publish the batch event");
         }
+    }
+}
+
+/// Binds the [`FILES_BUCKET`] object store, creating it with the budget
+/// [`FILES_MAX_BYTES_DEFAULT`] when missing. nats-server reserves a stream's `max_bytes` out of
+/// its `max_file_store`: on a server with less room than that, the store is created without a
+/// budget (logged), as before budgets existed, rather than not at all.
+async fn open_files(
+    js: &jetstream::Context,
+) -> Result<object_store::ObjectStore, jetstream::context::CreateObjectStoreError> {
+    if let Ok(store) = js.get_object_store(FILES_BUCKET).await {
+        return Ok(store);
+    }
+    let config = |max_bytes| object_store::Config {
+        bucket: FILES_BUCKET.to_owned(),
+        description: Some("embatch bulk files (inputs, outputs, errors)".into()),
+        storage: stream::StorageType::File,
+        max_bytes,
+        ..Default::default()
+    };
+    match js
+        .create_object_store(config(budget_of(FILES_MAX_BYTES_DEFAULT)))
+        .await
+    {
+        Ok(store) => Ok(store),
+        Err(err) => {
+            tracing::warn!(%err, budget = FILES_MAX_BYTES_DEFAULT, "cannot create the files' object store with its budget; creating it without");
+            js.create_object_store(config(-1)).await
+        }
+    }
+}
+
+/// What the [`FILES_STREAM`] holds and may hold ([`BulkStore::files_usage`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FilesUsage {
+    /// Bytes stored, as nats-server counts them (the stream's `state.bytes`).
+    pub bytes: u64,
+    /// The budget (the stream's `max_bytes`); `None` when unlimited.
+    pub budget: Option<u64>,
+}
+
+impl FilesUsage {
+    /// Bytes the budget leaves; `None` when there is no budget.
+    pub fn room(&self) -> Option<u64> {
+        self.budget.map(|b| b.saturating_sub(self.bytes))
+    }
+}
+
+/// A byte budget as a stream's `max_bytes`: `0` (none) is `-1`, JetStream's "unlimited".
+fn budget_of(bytes: u64) -> i64 {
+    match bytes {
+        0 => -1,
+        b => i64::try_from(b).unwrap_or(i64::MAX),
     }
 }
 

@@ -2,19 +2,24 @@
 //! with its purpose, filename and creation time in the object's metadata.
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
-use async_nats::jetstream::object_store::{InfoErrorKind, ObjectInfo, ObjectMetadata};
+use async_nats::jetstream::object_store::{InfoErrorKind, ObjectInfo, ObjectMetadata, PutError};
 use axum::body::Body;
+use axum::extract::multipart::{Field, MultipartError};
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{FromRequest, Multipart, Path, Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use embatch_protocol::bulk::{FileObject, META_CREATED_AT, META_FILENAME, META_PURPOSE, unix_now};
+use embatch_runtime::bulk::BulkStore;
 use futures::StreamExt;
 use serde::Deserialize;
+use tokio::sync::oneshot;
 
+use super::sweep::discard;
+use super::upload::{
+    CHUNK_OVERHEAD, Capped, Caps, FORM_ALLOWANCE, LINGER_TIMEOUT, RECORD_RESERVE, linger, no_room,
+};
 use super::{ApiError, Bulk, BulkErrors, json_ok, new_id, parse_limit, path_id};
 
 /// Most files in a page, and the default (OpenAI's).
@@ -72,7 +77,12 @@ fn no_file(id: &str) -> ApiError {
 
 /// `POST /v1/files`: a multipart form with `purpose` (`batch`) and `file`; the file is streamed
 /// into the object store (never held whole in memory). 400 for another purpose or a missing
-/// field, 413 beyond `BULK_MAX_FILE_BYTES`, 503 without JetStream.
+/// field, 413 beyond `BULK_MAX_FILE_BYTES` or the whole `BULK_FILES_MAX_BYTES`, 507 when the
+/// files stored leave too little of the latter, 503 without JetStream. A `Content-Length` that
+/// cannot fit is refused before the body is read, a chunked body once it passes the limit; a
+/// refusal is answered at once and the rest of the body read and dropped for at most
+/// [`LINGER_TIMEOUT`]. A refused, failed or abandoned upload leaves nothing in the store (see
+/// [`super::upload`]).
 #[utoipa::path(post, path = "/v1/files", operation_id = "create_file", tag = "batch",
     summary = "Upload a file (OpenAI's Files API)",
     description = "A `multipart/form-data` form with `purpose` (`batch`) and `file` (JSONL, one \
@@ -80,113 +90,128 @@ fn no_file(id: &str) -> ApiError {
     request_body(content_type = "multipart/form-data", content = Object),
     responses((status = 200, description = "OpenAI's File object.", body = Object), BulkErrors))]
 pub async fn upload(State(bulk): State<Bulk>, request: axum::extract::Request) -> Response {
-    let uploaded = async {
+    let (parts, body) = request.into_parts();
+    let checked = async {
         // JetStream first: without it the answer is 503 whatever the form.
-        bulk.store().await?;
-        let mut form = Multipart::from_request(request, &()).await.map_err(|e| {
-            ApiError::invalid(
-                "file",
-                format!("expected a multipart/form-data body: {}", e.body_text()),
-            )
-        })?;
-        upload_form(&bulk, &mut form).await
+        let store = bulk.store().await?;
+        let caps = Caps::new(&bulk.limits, store.files_usage().await?);
+        if let Some(length) = content_length(&parts.headers) {
+            caps.declared(length)?;
+        }
+        Ok::<_, ApiError>(caps)
     };
-    match uploaded.await {
-        Ok(file) => json_ok(&file),
-        Err(err) => err.into_response(),
+    let caps = match checked.await {
+        Ok(caps) => caps,
+        Err(err) => {
+            // Answered at once; what the client still sends is read and dropped meanwhile.
+            let limit = (bulk.limits.max_file_bytes as u64).saturating_add(FORM_ALLOWANCE);
+            tokio::spawn(linger(body, limit));
+            return err.into_response();
+        }
+    };
+    let request = axum::extract::Request::from_parts(parts, body);
+    let form = match Multipart::from_request(request, &()).await {
+        Ok(form) => form,
+        Err(e) => {
+            let message = format!("expected a multipart/form-data body: {}", e.body_text());
+            return ApiError::invalid("file", message).into_response();
+        }
+    };
+    // A task of its own: a client that goes away drops this handler, not the upload, which
+    // then sees its body fail and discards what it stored. It answers through `answer`, then
+    // reads what is left of a refused form.
+    let (answer, answered) = tokio::sync::oneshot::channel();
+    tokio::spawn(upload_form(bulk.clone(), form, caps, answer));
+    match answered.await {
+        Ok(Ok(file)) => json_ok(&file),
+        Ok(Err(err)) => err.into_response(),
+        Err(_) => ApiError::server(500, "the upload task ended without an answer").into_response(),
     }
 }
 
-async fn upload_form(bulk: &Bulk, form: &mut Multipart) -> Result<FileObject, ApiError> {
-    let multipart = |e: axum::extract::multipart::MultipartError| ApiError {
+/// The request's `Content-Length`, when it has a valid one.
+fn content_length(headers: &axum::http::HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
+
+fn multipart_error(e: MultipartError) -> ApiError {
+    ApiError {
         status: e.status().as_u16(),
         kind: "invalid_request_error",
         message: format!("cannot read the multipart form: {}", e.body_text()),
         param: None,
         code: None,
-    };
+    }
+}
+
+/// Reads the form, stores its file, and sends the answer on `answer`; after a refusal of the
+/// file's size, reads and drops the rest of the form for at most [`LINGER_TIMEOUT`].
+async fn upload_form(
+    bulk: Bulk,
+    mut form: Multipart,
+    caps: Caps,
+    answer: oneshot::Sender<Result<FileObject, ApiError>>,
+) {
+    match read_form(&bulk, &mut form, caps).await {
+        Ok(file) => {
+            let _ = answer.send(Ok(file));
+        }
+        Err(Refusal { error, lingers }) => {
+            let _ = answer.send(Err(error));
+            if lingers {
+                let _ = tokio::time::timeout(LINGER_TIMEOUT, drain_form(&mut form)).await;
+            }
+        }
+    }
+}
+
+/// A refused upload: the answer, and whether the rest of the form is read before the
+/// connection is let go (see [`LINGER_TIMEOUT`]).
+struct Refusal {
+    error: ApiError,
+    lingers: bool,
+}
+
+impl From<ApiError> for Refusal {
+    fn from(error: ApiError) -> Refusal {
+        Refusal {
+            error,
+            lingers: false,
+        }
+    }
+}
+
+async fn read_form(bulk: &Bulk, form: &mut Multipart, caps: Caps) -> Result<FileObject, Refusal> {
     let store = bulk.store().await?;
     let mut purpose = None;
     let mut stored: Option<ObjectInfo> = None;
-    while let Some(field) = form.next_field().await.map_err(multipart)? {
+    while let Some(field) = form.next_field().await.map_err(multipart_error)? {
         match field.name() {
-            Some("purpose") => purpose = Some(field.text().await.map_err(multipart)?),
+            Some("purpose") => purpose = Some(field.text().await.map_err(multipart_error)?),
             Some("file") if stored.is_none() => {
-                let id = new_id("file-");
-                let filename = field.file_name().unwrap_or("upload.jsonl").to_owned();
-                let max = bulk.limits.max_file_bytes;
-                let too_large = Arc::new(AtomicBool::new(false));
-                let flag = Arc::clone(&too_large);
-                let mut seen = 0usize;
-                let bytes = field.map(move |chunk| {
-                    let chunk = chunk.map_err(|e| {
-                        // The route's body limit (the file limit plus the form's overhead).
-                        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                            flag.store(true, Ordering::Relaxed);
-                        }
-                        std::io::Error::other(e)
-                    })?;
-                    seen += chunk.len();
-                    if seen > max {
-                        flag.store(true, Ordering::Relaxed);
-                        return Err(std::io::Error::other("file too large"));
-                    }
-                    Ok(chunk)
-                });
-                let mut reader = tokio_util::io::StreamReader::new(bytes);
-                let mut metadata = HashMap::from([
-                    (META_FILENAME.to_owned(), filename),
-                    (META_CREATED_AT.to_owned(), unix_now().to_string()),
-                ]);
-                if let Some(purpose) = &purpose {
-                    // The usual order (the `openai` SDK sends `purpose` first): no second write.
-                    metadata.insert(META_PURPOSE.to_owned(), purpose.clone());
-                }
-                let meta = ObjectMetadata {
-                    name: id.clone(),
-                    metadata,
-                    ..Default::default()
-                };
-                match store.files.put(meta, &mut reader).await {
-                    Ok(info) => stored = Some(info),
-                    Err(_) if too_large.load(Ordering::Relaxed) => {
-                        let _ = store.files.delete(&id).await;
-                        return Err(ApiError {
-                            status: 413,
-                            kind: "invalid_request_error",
-                            message: format!(
-                                "`file` is larger than the limit of {max} bytes \
-                                 (BULK_MAX_FILE_BYTES)"
-                            ),
-                            param: Some("file".into()),
-                            code: Some("file_too_large"),
-                        });
-                    }
-                    Err(err) => {
-                        let _ = store.files.delete(&id).await;
-                        return Err(ApiError::server(
-                            503,
-                            format!("cannot store the file: {err}"),
-                        ));
-                    }
-                }
+                stored = Some(store_file(store, field, caps, purpose.as_deref()).await?);
             }
             _ => {}
         }
     }
     let Some(info) = stored else {
-        return Err(ApiError::invalid("file", "the form has no `file` field"));
+        return Err(ApiError::invalid("file", "the form has no `file` field").into());
     };
     let purpose = purpose.unwrap_or_default();
     if !UPLOAD_PURPOSES.contains(&purpose.as_str()) {
-        let _ = store.files.delete(&info.name).await;
-        return Err(ApiError::invalid(
-            "purpose",
-            format!("`purpose` must be one of {UPLOAD_PURPOSES:?}, got {purpose:?}"),
-        ));
+        if let Err(err) = discard(store, &info.name).await {
+            tracing::warn!(%err, "cannot discard an upload of another purpose");
+        }
+        let message = format!("`purpose` must be one of {UPLOAD_PURPOSES:?}, got {purpose:?}");
+        return Err(ApiError::invalid("purpose", message).into());
     }
     if info.metadata.get(META_PURPOSE) == Some(&purpose) {
-        return file_object(&info).ok_or_else(|| no_file(&info.name));
+        return file_object(&info).ok_or_else(|| no_file(&info.name).into());
     }
     let mut metadata = info.metadata.clone();
     metadata.insert(META_PURPOSE.to_owned(), purpose);
@@ -204,7 +229,70 @@ async fn upload_form(bulk: &Bulk, form: &mut Multipart) -> Result<FileObject, Ap
         .await
         .map_err(|e| ApiError::server(503, format!("cannot store the file's purpose: {e}")))?;
     let info = self::info(bulk, &info.name).await?;
-    file_object(&info).ok_or_else(|| no_file(&info.name))
+    file_object(&info).ok_or_else(|| no_file(&info.name).into())
+}
+
+/// Stores the file part as object `file-<nuid>`; a part cut short by a limit, a body error or
+/// an idle client is discarded whole.
+async fn store_file(
+    store: &BulkStore,
+    field: Field<'_>,
+    caps: Caps,
+    purpose: Option<&str>,
+) -> Result<ObjectInfo, Refusal> {
+    let id = new_id("file-");
+    let filename = field.file_name().unwrap_or("upload.jsonl").to_owned();
+    let mut metadata = HashMap::from([
+        (META_FILENAME.to_owned(), filename),
+        (META_CREATED_AT.to_owned(), unix_now().to_string()),
+    ]);
+    if let Some(purpose) = purpose {
+        // The usual order (the `openai` SDK sends `purpose` first): no second write.
+        metadata.insert(META_PURPOSE.to_owned(), purpose.to_owned());
+    }
+    let meta = ObjectMetadata {
+        name: id.clone(),
+        metadata,
+        ..Default::default()
+    };
+    let mut reader = Capped::new(field, caps);
+    match (store.files.put(meta, &mut reader).await, reader.stop()) {
+        (Ok(info), None) => Ok(info),
+        (Ok(info), Some(stop)) => {
+            if let Err(err) = discard(store, &info.name).await {
+                tracing::warn!(%err, "cannot discard a refused upload; the sweeper will");
+            }
+            Err(Refusal {
+                error: caps.error(stop),
+                lingers: stop.lingers(),
+            })
+        }
+        (Err(err), _) => Err(Refusal {
+            error: store_failure(store, &err).await,
+            lingers: true,
+        }),
+    }
+}
+
+/// The answer to a `put` the store failed (its chunks, of a nuid only `put` knew, stay until
+/// the sweeper removes them): 507 when the files' budget is (nearly) full, else 503.
+async fn store_failure(store: &BulkStore, err: &PutError) -> ApiError {
+    tracing::warn!(%err, "storing an upload failed; the sweeper removes what it stored");
+    // A chunk is at most 128 KiB (async-nats's default chunk size).
+    let chunk = 128 * 1024 + CHUNK_OVERHEAD + RECORD_RESERVE;
+    match store.files_usage().await {
+        Ok(usage) if usage.room().is_some_and(|room| room < chunk) => {
+            no_room(usage.bytes, usage.budget.unwrap_or(0))
+        }
+        _ => ApiError::server(503, format!("cannot store the file: {err}")),
+    }
+}
+
+/// Reads and drops the rest of a refused form (the route's body limit bounds it).
+async fn drain_form(form: &mut Multipart) {
+    while let Ok(Some(mut field)) = form.next_field().await {
+        while let Ok(Some(_)) = field.chunk().await {}
+    }
 }
 
 /// `GET /v1/files` query: OpenAI's `purpose`, `after`, `limit`.

@@ -7,14 +7,21 @@
 //!   `POST /v1/batches/{id}/cancel`: records of the `EMBATCH_BATCHES` KV bucket, and the job
 //!   messages the workers act on.
 //!
+//! - [`upload`]: the body of `POST /v1/files` read against the file limit and the files' budget.
+//! - [`sweep`]: removes what failed uploads left in the object store's stream, at start and
+//!   every hour.
+//!
 //! The gateway holds no bulk state: every answer is read from JetStream, so any gateway answers
-//! for any batch and a restart loses nothing. The store is bound on first use and again after a
-//! failure, so a gateway started before JetStream was enabled serves these routes once it is;
-//! until then they answer 503 and the embedding routes are unaffected. The contract (names,
-//! shapes) is `embatch_protocol::bulk`; docs/design/bulk-jobs.md explains it.
+//! for any batch and a restart loses nothing. The store is bound at start (by the sweeper), on
+//! first use and again after a failure, so a gateway started before JetStream was enabled serves
+//! these routes once it is; until then they answer 503 and the embedding routes are unaffected.
+//! Binding sets the files' budget (`BULK_FILES_MAX_BYTES`). The contract (names, shapes) is
+//! `embatch_protocol::bulk`; docs/design/bulk-jobs.md explains it.
 
 pub mod batches;
 pub mod files;
+pub mod sweep;
+pub mod upload;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,45 +33,84 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use embatch_runtime::bulk::{BulkError, BulkStore};
 use tokio::sync::OnceCell;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 /// The bulk routes' settings (see [`crate::Config`]).
 #[derive(Debug, Clone)]
 pub struct BulkLimits {
     /// Largest input file in bytes (`BULK_MAX_FILE_BYTES`, OpenAI's 200 MB by default).
     pub max_file_bytes: usize,
+    /// Most bytes all files may take in NATS, set as the object store stream's `max_bytes` when
+    /// the store is bound (`BULK_FILES_MAX_BYTES`; 0: none).
+    pub files_max_bytes: u64,
     /// The `completion_window` values accepted, with their length (`BULK_COMPLETION_WINDOWS`,
     /// OpenAI's `24h` by default).
     pub completion_windows: Vec<(String, Duration)>,
 }
 
-/// The bulk routes' shared state: the NATS connection and the store, bound on first use.
+/// The bulk routes' shared state: the NATS connection and the store, bound on first use, and
+/// the sweeper's lifetime.
 #[derive(Clone)]
 pub struct Bulk {
-    client: async_nats::Client,
-    store: Arc<OnceCell<BulkStore>>,
+    binding: Binding,
     /// The limits.
     pub limits: Arc<BulkLimits>,
+    /// Stops the sweeper when the last clone is dropped.
+    _sweeper: Arc<DropGuard>,
+}
+
+/// What binds the store: shared by the routes and the sweeper (which must not hold the
+/// [`Bulk`] whose drop stops it).
+#[derive(Clone)]
+pub(crate) struct Binding {
+    client: async_nats::Client,
+    store: Arc<OnceCell<BulkStore>>,
+    files_max_bytes: u64,
+}
+
+impl Binding {
+    /// The store, binding it (creating its buckets and streams, and setting the files' budget)
+    /// when not yet bound.
+    pub(crate) async fn store(&self) -> Result<&BulkStore, BulkError> {
+        self.store
+            .get_or_try_init(|| async {
+                let store = BulkStore::open(self.client.clone()).await?;
+                if let Err(err) = store.set_files_budget(self.files_max_bytes).await {
+                    // nats-server refuses a budget its `max_file_store` cannot reserve: the
+                    // routes still serve, under the budget the stream has.
+                    tracing::warn!(%err, budget = self.files_max_bytes, "cannot set the files' budget (BULK_FILES_MAX_BYTES)");
+                }
+                Ok::<_, BulkError>(store)
+            })
+            .await
+    }
 }
 
 impl Bulk {
-    /// The state on `client`; nothing is asked of JetStream until a route needs it.
+    /// The state on `client`, and the sweeper ([`sweep::run`]), which binds the store at once
+    /// and stops when the last clone of the state is dropped. Needs a tokio runtime.
     pub fn new(client: async_nats::Client, limits: BulkLimits) -> Bulk {
-        Bulk {
+        let binding = Binding {
             client,
             store: Arc::new(OnceCell::new()),
+            files_max_bytes: limits.files_max_bytes,
+        };
+        let stop = CancellationToken::new();
+        tokio::spawn(sweep::run(binding.clone(), stop.clone()));
+        Bulk {
+            binding,
             limits: Arc::new(limits),
+            _sweeper: Arc::new(stop.drop_guard()),
         }
     }
 
-    /// The store, binding it (and creating its buckets and streams) when not yet bound.
+    /// The store, binding it (creating its buckets and streams, and setting the files' budget)
+    /// when not yet bound.
     ///
     /// # Errors
     /// [`ApiError`] 503 when JetStream is not available.
     pub async fn store(&self) -> Result<&BulkStore, ApiError> {
-        self.store
-            .get_or_try_init(|| BulkStore::open(self.client.clone()))
-            .await
-            .map_err(ApiError::from)
+        self.binding.store().await.map_err(ApiError::from)
     }
 }
 
@@ -93,10 +139,14 @@ pub enum BulkErrors {
     /// `invalid_request_error`: no file or batch with this id.
     #[response(status = 404)]
     NotFound(crate::openai::ErrorResponse),
+    /// `invalid_request_error`: an upload's body stalled (nothing arrived for 5 minutes).
+    #[response(status = 408)]
+    Timeout(crate::openai::ErrorResponse),
     /// `invalid_request_error`: the batch already ended and cannot be cancelled.
     #[response(status = 409)]
     Conflict(crate::openai::ErrorResponse),
-    /// `invalid_request_error`: the file is over `BULK_MAX_FILE_BYTES`.
+    /// `invalid_request_error`: the file is over `BULK_MAX_FILE_BYTES`, or larger than all files
+    /// may take (`BULK_FILES_MAX_BYTES`).
     #[response(status = 413)]
     TooLarge(crate::openai::ErrorResponse),
     /// `server_error`: a stored record could not be read.
@@ -105,12 +155,17 @@ pub enum BulkErrors {
     /// `server_error`: JetStream is not enabled on the NATS server, or did not answer.
     #[response(status = 503)]
     Unavailable(crate::openai::ErrorResponse),
+    /// `server_error` (`insufficient_storage`): the files stored leave too little of
+    /// `BULK_FILES_MAX_BYTES` for this upload; deleting files makes room.
+    #[response(status = 507)]
+    InsufficientStorage(crate::openai::ErrorResponse),
 }
 
 /// The bulk routes, with their own body limits (an input file may be far larger than an
 /// embedding request's `MAX_BODY_BYTES`).
 pub fn router<S>(bulk: Bulk) -> Router<S> {
-    let file_limit = bulk.limits.max_file_bytes.saturating_add(64 * 1024);
+    let allowance = usize::try_from(upload::FORM_ALLOWANCE).unwrap_or(usize::MAX);
+    let file_limit = bulk.limits.max_file_bytes.saturating_add(allowance);
     Router::new()
         .route(
             "/v1/files",
