@@ -41,7 +41,7 @@ pub const WORK_DUPLICATE_WINDOW: Duration = Duration::from_secs(30 * 60);
 pub const RESULTS_DUPLICATE_WINDOW: Duration = Duration::from_secs(30 * 60);
 
 /// Why a bulk operation failed.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum BulkError {
     /// JetStream cannot be used: not enabled on the server (`nats-server -js`), or its API did
     /// not answer (503 on the batch and file routes).

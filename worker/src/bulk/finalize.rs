@@ -18,8 +18,9 @@ use embatch_protocol::bulk::{
 use futures::StreamExt;
 use tokio::io::AsyncWriteExt;
 
+use super::error::{LaneError, nats};
 use super::input::{LineReader, max_line_bytes};
-use super::jobs::{Attempt, Beat, JobError, RETRY_DELAY, ending_of, nats, purge_items};
+use super::jobs::{Attempt, Beat, RETRY_DELAY, ending_of, purge_items};
 use super::lines::custom_id_of;
 use super::{Lane, PullConsumer, render};
 
@@ -51,7 +52,7 @@ pub(super) async fn finalize(
     batch_id: &str,
     beat: &Beat,
     attempt: Attempt,
-) -> Result<AckKind, JobError> {
+) -> Result<AckKind, LaneError> {
     let store = &lane.store;
     let Some((record, _)) = store.batch(batch_id).await? else {
         return Ok(AckKind::Ack);
@@ -118,7 +119,7 @@ async fn deliver(
     record: &BatchRecord,
     ending: Option<BatchStatus>,
     beat: &Beat,
-) -> Result<Delivered, JobError> {
+) -> Result<Delivered, LaneError> {
     let batch_id = record.batch.id.as_str();
     let (output_id, error_id) = file_ids(batch_id);
     let (output_pipe, output_reader) = tokio::io::duplex(PIPE_BYTES);
@@ -159,7 +160,7 @@ async fn set_final(
     final_status: BatchStatus,
     ending: bool,
     delivered: &Delivered,
-) -> Result<(), JobError> {
+) -> Result<(), LaneError> {
     let now = unix_now();
     lane.store
         .update_batch(batch_id, |record| {
@@ -195,8 +196,8 @@ async fn write_files(
     input_file_id: &str,
     (mut output, mut errors): (tokio::io::DuplexStream, tokio::io::DuplexStream),
     beat: &Beat,
-) -> Result<(u64, u64), JobError> {
-    let io = |source| JobError::Output {
+) -> Result<(u64, u64), LaneError> {
+    let io = |source| LaneError::Output {
         batch: batch_id.to_owned(),
         source,
     };
@@ -238,7 +239,7 @@ async fn write_files(
             ),
         };
         for custom_id in never_answered(lane, input_file_id, &seen, beat).await? {
-            let line = render::unanswered(&custom_id, code, message).map_err(JobError::Render)?;
+            let line = render::unanswered(&custom_id, code, message)?;
             failed += 1;
             let mut text = line.output.get().as_bytes().to_vec();
             text.push(b'\n');
@@ -260,7 +261,7 @@ struct Results {
 }
 
 impl Results {
-    async fn open(lane: &Lane, batch_id: &str) -> Result<Results, JobError> {
+    async fn open(lane: &Lane, batch_id: &str) -> Result<Results, LaneError> {
         let subject = results_subject(batch_id);
         let what = format!("cannot count the results of {batch_id}");
         let mut info = lane
@@ -298,7 +299,7 @@ impl Results {
     }
 
     /// The next pull's results; `None` once all stored when opened were read.
-    async fn next(&mut self) -> Result<Option<Vec<ChunkResult>>, JobError> {
+    async fn next(&mut self) -> Result<Option<Vec<ChunkResult>>, LaneError> {
         let Some(consumer) = &self.consumer else {
             return Ok(None);
         };
@@ -318,7 +319,7 @@ impl Results {
         let before = self.read;
         let mut pulled = Vec::new();
         while let Some(message) = batch.next().await {
-            let message = message.map_err(|source| JobError::Nats {
+            let message = message.map_err(|source| LaneError::Nats {
                 what: what.clone(),
                 source,
             })?;
@@ -331,7 +332,7 @@ impl Results {
             }
         }
         if self.read == before {
-            return Err(JobError::ResultsDry {
+            return Err(LaneError::ResultsDry {
                 batch: self.batch_id.clone(),
                 read: self.read,
                 stored: self.stored,
@@ -351,8 +352,8 @@ async fn never_answered(
     input_file_id: &str,
     seen: &HashSet<String>,
     beat: &Beat,
-) -> Result<Vec<String>, JobError> {
-    let unreadable = |source| JobError::Input {
+) -> Result<Vec<String>, LaneError> {
+    let unreadable = |source| LaneError::Input {
         file: input_file_id.to_owned(),
         source,
     };
@@ -401,7 +402,7 @@ async fn put_file(
     id: &str,
     filename: &str,
     mut reader: tokio::io::DuplexStream,
-) -> Result<(), JobError> {
+) -> Result<(), LaneError> {
     let meta = ObjectMetadata {
         name: id.to_owned(),
         metadata: [
@@ -425,7 +426,7 @@ async fn put_file(
 }
 
 /// `Some(id)` when `keep`; otherwise deletes the (empty) file `id` and returns `None`.
-async fn keep_if(lane: &Lane, id: String, keep: bool) -> Result<Option<String>, JobError> {
+async fn keep_if(lane: &Lane, id: String, keep: bool) -> Result<Option<String>, LaneError> {
     if keep {
         return Ok(Some(id));
     }

@@ -33,6 +33,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::error::{LaneError, RenderError, nats};
 use super::jobs::ending_of;
 use super::progress::Progress;
 use super::{Lane, PullConsumer, delivered, render, with_progress};
@@ -143,22 +144,16 @@ async fn handle(
     item: &Item,
     gate: &BulkGate,
     progress: &Progress,
-) -> Result<Disposition, String> {
+) -> Result<Disposition, LaneError> {
     let store = &lane.store;
-    let Some((record, _)) = store
-        .batch(&item.batch_id)
-        .await
-        .map_err(|e| e.to_string())?
-    else {
+    let Some((record, _)) = store.batch(&item.batch_id).await? else {
         return Ok(Disposition::Ack); // the batch is gone
     };
     if record.batch.status.is_final() || ending_of(&record).is_some() {
         return Ok(Disposition::Ack);
     }
     if record.batch.expires_at.is_some_and(|at| unix_now() >= at) {
-        expire(lane, &item.batch_id)
-            .await
-            .map_err(|e| e.to_string())?;
+        expire(lane, &item.batch_id).await?;
         return Ok(Disposition::Ack);
     }
     let (results, rejected) = match embed_lines(item, gate).await {
@@ -187,10 +182,7 @@ async fn handle(
         .mark(&item.batch_id, item.chunk, ok, failed)
         .await?;
     if record.embatch.all_done() && record.batch.status == BatchStatus::InProgress {
-        store
-            .publish_job(&item.batch_id, JobKind::Finalize)
-            .await
-            .map_err(|e| e.to_string())?;
+        store.publish_job(&item.batch_id, JobKind::Finalize).await?;
     }
     Ok(if rejected {
         Disposition::Term
@@ -227,7 +219,7 @@ pub(super) async fn mark_expiring(lane: &Lane, batch_id: &str) -> Result<BatchRe
 ///
 /// # Errors
 /// The upstream's failure when it is not an input's fault (the item is redelivered).
-async fn embed_lines(item: &Item, gate: &BulkGate) -> Result<(Vec<LineResult>, bool), String> {
+async fn embed_lines(item: &Item, gate: &BulkGate) -> Result<(Vec<LineResult>, bool), LaneError> {
     let embedded = futures::future::join_all(item.lines.iter().map(|line| async move {
         let started = std::time::Instant::now();
         let inputs = line.request.inputs.as_slice().to_vec();
@@ -255,7 +247,7 @@ async fn embed_lines(item: &Item, gate: &BulkGate) -> Result<(Vec<LineResult>, b
                 rejected = true;
                 results.push(render::refused(line, &err)?);
             }
-            Err(err) => return Err(err.to_string()),
+            Err(err) => return Err(LaneError::Upstream(err)),
         }
     }
     Ok((results, rejected))
@@ -269,7 +261,7 @@ fn blames_input(err: &EmbedError) -> bool {
 
 /// Publishes the chunk's results, in as many parts as `max_payload` needs, each deduplicated by
 /// its `Nats-Msg-Id`, and waits for the stream's acknowledgements.
-async fn publish(lane: &Lane, item: &Item, results: &[LineResult]) -> Result<(), String> {
+async fn publish(lane: &Lane, item: &Item, results: &[LineResult]) -> Result<(), LaneError> {
     let budget = lane.max_payload.saturating_sub(4096).max(1024);
     let mut parts: Vec<Vec<LineResult>> = vec![Vec::new()];
     let mut size = 0;
@@ -303,7 +295,7 @@ async fn publish(lane: &Lane, item: &Item, results: &[LineResult]) -> Result<(),
             chunk: item.chunk,
             lines,
         })
-        .map_err(|e| e.to_string())?;
+        .map_err(RenderError::from)?;
         let publish = PublishMessage::build()
             .message_id(result_msg_id(&item.batch_id, item.chunk, n as u32))
             .payload(Bytes::from(payload));
@@ -311,9 +303,9 @@ async fn publish(lane: &Lane, item: &Item, results: &[LineResult]) -> Result<(),
             .js
             .send_publish(subject.clone(), publish)
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(nats("cannot publish a chunk's results"))?
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(nats("no acknowledgement of a chunk's results"))?;
     }
     Ok(())
 }

@@ -28,86 +28,11 @@ use embatch_runtime::bulk::BulkError;
 use futures::FutureExt;
 use tokio_util::sync::CancellationToken;
 
+use super::error::{LaneError, nats};
 use super::{Lane, PullConsumer, delivered, with_progress};
 
 /// The NAK delay of a failed job run, and of a `finalize` waiting for its batch's chunks.
 pub(super) const RETRY_DELAY: Duration = Duration::from_secs(1);
-
-/// Why a job run failed (it is retried, up to `BULK_MAX_DELIVER` deliveries).
-#[derive(Debug, thiserror::Error)]
-pub(super) enum JobError {
-    /// The batch record could not be read or written.
-    #[error(transparent)]
-    Store(#[from] BulkError),
-    /// A JetStream or object-store call failed (`what` says which).
-    #[error("{what}: {source}")]
-    Nats {
-        /// What was being done.
-        what: String,
-        /// The client's error.
-        #[source]
-        source: async_nats::Error,
-    },
-    /// The input file could not be read (its store, not its content).
-    #[error("cannot read input file {file}: {source}")]
-    Input {
-        /// The input file's id.
-        file: String,
-        /// The reader's error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The output or error file could not be written.
-    #[error("cannot write the files of {batch}: {source}")]
-    Output {
-        /// The batch.
-        batch: String,
-        /// The pipe's error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// A pull of the batch's results brought nothing before all were read.
-    #[error("read {read} of the {stored} results of {batch}, then none came")]
-    ResultsDry {
-        /// The batch.
-        batch: String,
-        /// Results read.
-        read: u64,
-        /// Results stored when the reading began.
-        stored: u64,
-    },
-    /// An output line could not be encoded.
-    #[error("cannot encode an output line: {0}")]
-    Render(String),
-    /// The run made no progress for this long and was abandoned.
-    #[error("no progress for {0:?}; abandoned")]
-    Stalled(Duration),
-    /// The run panicked.
-    #[error("the job panicked: {0}")]
-    Panicked(String),
-    /// The message came more than `max` times: the runs before ended without an answer.
-    #[error(
-        "delivered {delivered} times, more than BULK_MAX_DELIVER ({max}): the runs before ended \
-         without an answer (their worker stopped or died)"
-    )]
-    Exhausted {
-        /// This delivery.
-        delivered: i64,
-        /// `BULK_MAX_DELIVER`.
-        max: i64,
-    },
-}
-
-/// `map_err` for a JetStream call: [`JobError::Nats`] saying `what` failed.
-pub(super) fn nats<E>(what: impl std::fmt::Display) -> impl FnOnce(E) -> JobError
-where
-    E: std::error::Error + Send + Sync + 'static,
-{
-    move |source| JobError::Nats {
-        what: what.to_string(),
-        source: Box::new(source),
-    }
-}
 
 /// Which delivery of its job message a run is, against `BULK_MAX_DELIVER`.
 #[derive(Debug, Clone, Copy)]
@@ -123,10 +48,10 @@ impl Attempt {
     /// one would likely end as they did.
     ///
     /// # Errors
-    /// [`JobError::Exhausted`].
-    pub fn check(self) -> Result<(), JobError> {
+    /// [`LaneError::Exhausted`].
+    pub fn check(self) -> Result<(), LaneError> {
         if self.delivered > self.max {
-            return Err(JobError::Exhausted {
+            return Err(LaneError::Exhausted {
                 delivered: self.delivered,
                 max: self.max,
             });
@@ -246,12 +171,12 @@ async fn handle(
     let beat = Beat::new();
     let job = std::panic::AssertUnwindSafe(job(lane, &message.subject, &beat, attempt))
         .catch_unwind()
-        .map(|ran| ran.unwrap_or_else(|panic| Err(JobError::Panicked(panic_message(&*panic)))));
+        .map(|ran| ran.unwrap_or_else(|panic| Err(LaneError::Panicked(panic_message(&*panic)))));
     let ran = tokio::select! {
         ran = with_progress(message, lane.config.ack_wait, job) => ran,
         () = beat.stalled(limit) => {
             metrics::counter!(crate::telemetry::names::BULK_JOBS_STALLED).increment(1);
-            Err(JobError::Stalled(limit))
+            Err(LaneError::Stalled(limit))
         }
         () = stop.cancelled() => return None,
     };
@@ -263,7 +188,7 @@ async fn handle(
 
 /// What becomes of a job message whose run failed: NAKed for another run, or, on its last
 /// delivery, terminated once its batch is ended ([`give_up`]).
-async fn after_failure(lane: &Lane, subject: &str, attempt: Attempt, err: &JobError) -> AckKind {
+async fn after_failure(lane: &Lane, subject: &str, attempt: Attempt, err: &LaneError) -> AckKind {
     let Some((batch_id, kind)) = parse_job_subject(subject) else {
         return AckKind::Term;
     };
@@ -287,7 +212,7 @@ async fn job(
     subject: &str,
     beat: &Beat,
     attempt: Attempt,
-) -> Result<AckKind, JobError> {
+) -> Result<AckKind, LaneError> {
     let Some((batch_id, kind)) = parse_job_subject(subject) else {
         tracing::error!(subject, "not a bulk job subject; dropped");
         return Ok(AckKind::Term);
@@ -322,8 +247,8 @@ async fn give_up(
     batch_id: &str,
     kind: JobKind,
     attempt: Attempt,
-    err: &JobError,
-) -> Result<(), JobError> {
+    err: &LaneError,
+) -> Result<(), LaneError> {
     let code = match kind {
         JobKind::Validate => "validation_failed",
         JobKind::Finalize => "finalization_failed",
@@ -390,7 +315,7 @@ async fn give_up(
 }
 
 /// Removes the batch's remaining work items from the work queue.
-pub(super) async fn purge_items(lane: &Lane, batch_id: &str) -> Result<(), JobError> {
+pub(super) async fn purge_items(lane: &Lane, batch_id: &str) -> Result<(), LaneError> {
     lane.store
         .work
         .purge()
@@ -456,7 +381,7 @@ mod tests {
         assert!(
             matches!(
                 at(4).check(),
-                Err(JobError::Exhausted {
+                Err(LaneError::Exhausted {
                     delivered: 4,
                     max: 3
                 })

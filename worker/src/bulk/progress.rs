@@ -16,6 +16,7 @@ use embatch_protocol::bulk::BatchRecord;
 use tokio::sync::{mpsc, oneshot};
 
 use super::Lane;
+use super::error::LaneError;
 
 /// One finished chunk: its output lines that succeeded and failed.
 struct Mark {
@@ -23,7 +24,7 @@ struct Mark {
     chunk: u32,
     ok: u64,
     failed: u64,
-    done: oneshot::Sender<Result<BatchRecord, String>>,
+    done: oneshot::Sender<Result<BatchRecord, LaneError>>,
 }
 
 /// The sending side: cloned into each item's task. The recording task ends once every clone
@@ -52,7 +53,7 @@ impl Progress {
         chunk: u32,
         ok: u64,
         failed: u64,
-    ) -> Result<BatchRecord, String> {
+    ) -> Result<BatchRecord, LaneError> {
         let (done, answer) = oneshot::channel();
         self.tx
             .send(Mark {
@@ -62,10 +63,8 @@ impl Progress {
                 failed,
                 done,
             })
-            .map_err(|_| "the progress recorder stopped".to_owned())?;
-        answer
-            .await
-            .map_err(|_| "the progress recorder stopped".to_owned())?
+            .map_err(|_| LaneError::RecorderStopped)?;
+        answer.await.map_err(|_| LaneError::RecorderStopped)?
     }
 }
 
@@ -100,10 +99,9 @@ async fn record(lane: Arc<Lane>, mut rx: mpsc::UnboundedReceiver<Mark>) {
                         }
                         changed
                     })
-                    .await
-                    .map_err(|e| e.to_string());
+                    .await;
                 for mark in marks {
-                    let _ = mark.done.send(written.clone());
+                    let _ = mark.done.send(written.clone().map_err(LaneError::from));
                 }
             }
         });

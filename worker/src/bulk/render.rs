@@ -8,11 +8,25 @@ use serde_json::value::RawValue;
 
 use crate::upstream::Embedding;
 
+/// Why an output line could not be encoded.
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    /// A `base64` line's embedding is not an array of numbers.
+    #[error("malformed embedding: {0}")]
+    Embedding(serde_json::Error),
+    /// The line could not be encoded as JSON.
+    #[error("cannot encode an output line: {0}")]
+    Json(#[from] serde_json::Error),
+    /// An error body was not UTF-8.
+    #[error("cannot encode an output line: {0}")]
+    Utf8(#[from] std::string::FromUtf8Error),
+}
+
 /// The successful output of `line` from its embeddings, in input order.
 ///
 /// # Errors
-/// A message when a `base64` line's embedding is not an array of numbers.
-pub fn success(line: &ItemLine, embeddings: &[Embedding]) -> Result<LineResult, String> {
+/// [`RenderError::Embedding`] when a `base64` line's embedding is not an array of numbers.
+pub fn success(line: &ItemLine, embeddings: &[Embedding]) -> Result<LineResult, RenderError> {
     let body = match line.route {
         LineRoute::Tei => join(embeddings.iter().map(|e| text(e.json()))),
         LineRoute::OpenAi => {
@@ -22,7 +36,7 @@ pub fn success(line: &ItemLine, embeddings: &[Embedding]) -> Result<LineResult, 
                     EncodingFormat::Float => text(embedding.json()).to_owned(),
                     EncodingFormat::Base64 => {
                         let vector: Vec<f32> = serde_json::from_slice(embedding.json())
-                            .map_err(|e| format!("malformed embedding: {e}"))?;
+                            .map_err(RenderError::Embedding)?;
                         let bytes: Vec<u8> = vector.iter().flat_map(|v| v.to_le_bytes()).collect();
                         serde_json::to_string(
                             &base64::engine::general_purpose::STANDARD.encode(bytes),
@@ -49,10 +63,10 @@ pub fn success(line: &ItemLine, embeddings: &[Embedding]) -> Result<LineResult, 
 /// the route answers the error with (TEI's 413/422...).
 ///
 /// # Errors
-/// A message when the output line cannot be encoded.
-pub fn refused(line: &ItemLine, error: &EmbedError) -> Result<LineResult, String> {
+/// [`RenderError`] when the output line cannot be encoded.
+pub fn refused(line: &ItemLine, error: &EmbedError) -> Result<LineResult, RenderError> {
     let body = match line.route {
-        LineRoute::Tei => String::from_utf8(error.to_json()).map_err(|e| e.to_string())?,
+        LineRoute::Tei => String::from_utf8(error.to_json())?,
         LineRoute::OpenAi => {
             let kind = match error.status() {
                 429 => "rate_limit_error",
@@ -70,8 +84,8 @@ pub fn refused(line: &ItemLine, error: &EmbedError) -> Result<LineResult, String
 /// (`upstream_failed`, `batch_cancelled`, `batch_expired`).
 ///
 /// # Errors
-/// A message when the output line cannot be encoded.
-pub fn unanswered(custom_id: &str, code: &str, message: &str) -> Result<LineResult, String> {
+/// [`RenderError`] when the output line cannot be encoded.
+pub fn unanswered(custom_id: &str, code: &str, message: &str) -> Result<LineResult, RenderError> {
     let json = serde_json::json!({
         "id": crate::bulk::new_id("batch_req_"),
         "custom_id": custom_id,
@@ -81,7 +95,7 @@ pub fn unanswered(custom_id: &str, code: &str, message: &str) -> Result<LineResu
     Ok(LineResult {
         custom_id: custom_id.to_owned(),
         ok: false,
-        output: serde_json::value::to_raw_value(&json).map_err(|e| e.to_string())?,
+        output: serde_json::value::to_raw_value(&json)?,
     })
 }
 
@@ -91,8 +105,8 @@ fn output(
     body: Option<String>,
     error: Option<serde_json::Value>,
     ok: bool,
-) -> Result<LineResult, String> {
-    let custom_id = serde_json::to_string(&line.custom_id).map_err(|e| e.to_string())?;
+) -> Result<LineResult, RenderError> {
+    let custom_id = serde_json::to_string(&line.custom_id)?;
     let body = body.unwrap_or_else(|| "null".into());
     let error = error.map_or_else(|| "null".to_owned(), |e| e.to_string());
     let json = format!(
@@ -103,7 +117,7 @@ fn output(
     Ok(LineResult {
         custom_id: line.custom_id.clone(),
         ok,
-        output: RawValue::from_string(json).map_err(|e| e.to_string())?,
+        output: RawValue::from_string(json)?,
     })
 }
 

@@ -24,6 +24,7 @@ use async_nats::jetstream::message::PublishMessage;
 use embatch_protocol::bulk::{JOBS_FILTER, items_filter};
 use tokio_util::sync::CancellationToken;
 
+use super::error::{LaneError, nats};
 use super::{Lane, PullConsumer};
 
 /// Most stored messages looked at per consumer and sweep (the rest wait for the next sweep).
@@ -76,12 +77,12 @@ async fn sweep(
     consumer: &PullConsumer,
     filter: &str,
     seen: &mut HashSet<u64>,
-) -> Result<usize, String> {
+) -> Result<usize, LaneError> {
     let mut consumer = consumer.clone();
     let floor = consumer
         .info()
         .await
-        .map_err(|e| e.to_string())?
+        .map_err(nats("cannot read the consumer's info"))?
         .ack_floor
         .stream_sequence;
     let mut stranded = HashSet::new();
@@ -116,9 +117,9 @@ async fn sweep(
             .js
             .send_publish(message.subject.to_string(), publish)
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(nats("cannot give back a stranded message"))?
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(nats("no acknowledgement of a message given back"))?;
         // Another worker may have deleted it first.
         let _ = lane.store.work.delete_message(message.sequence).await;
         stranded.remove(&message.sequence);

@@ -13,8 +13,9 @@ use embatch_protocol::bulk::{
 };
 
 use super::Lane;
+use super::error::{LaneError, RenderError, nats};
 use super::input::{Line, LineReader, decode, max_line_bytes};
-use super::jobs::{Beat, JobError, ending_of, nats, purge_items};
+use super::jobs::{Beat, ending_of, purge_items};
 use super::lines::FileCheck;
 
 /// Most entries of a failed batch's `errors` list (the KV value must stay under `max_payload`).
@@ -37,7 +38,7 @@ pub(super) async fn validate(
     lane: &Lane,
     batch_id: &str,
     beat: &Beat,
-) -> Result<AckKind, JobError> {
+) -> Result<AckKind, LaneError> {
     let store = &lane.store;
     let Some((record, _)) = store.batch(batch_id).await? else {
         return Ok(AckKind::Ack);
@@ -63,7 +64,7 @@ pub(super) async fn validate(
     let mut reader = LineReader::new(tokio::io::BufReader::new(object), cap);
     let check = FileCheck::for_models(served_models(lane).await, lane.config.default_model.clone());
     let mut split = Split::new(lane, batch_id, check);
-    while let Some(line) = reader.next().await.map_err(|source| JobError::Input {
+    while let Some(line) = reader.next().await.map_err(|source| LaneError::Input {
         file: file.clone(),
         source,
     })? {
@@ -111,7 +112,7 @@ impl<'a> Split<'a> {
 
     /// Checks one line (a blank one is skipped) and adds it to the chunk, or records why it is
     /// refused. Returns `true` when the file must not be read further (too many requests).
-    async fn line(&mut self, line: &Line<'_>, cap: usize) -> Result<bool, JobError> {
+    async fn line(&mut self, line: &Line<'_>, cap: usize) -> Result<bool, LaneError> {
         let limits = self.lane.config.limits;
         let checked = decode(line, cap, self.lane.max_payload).and_then(|text| {
             if text.trim().is_empty() {
@@ -140,7 +141,7 @@ impl<'a> Split<'a> {
 
     /// Adds a checked line of `len` bytes to the chunk: first publishes the chunk when the
     /// line would take its item's message past `max_payload`, then when the chunk is full.
-    async fn add(&mut self, line: ItemLine, len: usize) -> Result<(), JobError> {
+    async fn add(&mut self, line: ItemLine, len: usize) -> Result<(), LaneError> {
         let bytes = len + LINE_OVERHEAD;
         // A line alone always fits: it is at most max_line_bytes long.
         let budget = max_line_bytes(self.lane.max_payload) + LINE_OVERHEAD;
@@ -160,7 +161,7 @@ impl<'a> Split<'a> {
 
     /// Publishes the chunk as a work item on the items subject of the batch's model (its
     /// workers take it); its acknowledgement is awaited with [`PUBLISH_WINDOW`] others.
-    async fn publish(&mut self) -> Result<(), JobError> {
+    async fn publish(&mut self) -> Result<(), LaneError> {
         if self.chunk.is_empty() {
             return Ok(());
         }
@@ -171,7 +172,7 @@ impl<'a> Split<'a> {
             chunk: self.chunks,
             lines: std::mem::take(&mut self.chunk),
         };
-        let payload = serde_json::to_vec(&item).map_err(|e| JobError::Render(e.to_string()))?;
+        let payload = serde_json::to_vec(&item).map_err(RenderError::from)?;
         let publish = PublishMessage::build()
             .message_id(item_msg_id(self.batch_id, self.chunks))
             .payload(Bytes::from(payload));
@@ -191,7 +192,7 @@ impl<'a> Split<'a> {
         Ok(())
     }
 
-    async fn settle(&mut self) -> Result<(), JobError> {
+    async fn settle(&mut self) -> Result<(), LaneError> {
         for ack in self.pending.drain(..) {
             ack.await
                 .map_err(nats("an item's publish was not acknowledged"))?;
@@ -201,7 +202,7 @@ impl<'a> Split<'a> {
 
     /// Ends the split: `failed` with the errors (and the published items purged), or
     /// `in_progress` with the counts (and the `finalize` job when there is nothing to embed).
-    async fn finish(mut self) -> Result<AckKind, JobError> {
+    async fn finish(mut self) -> Result<AckKind, LaneError> {
         let (lane, batch_id) = (self.lane, self.batch_id);
         if self.errors.is_empty() {
             self.publish().await?;
@@ -259,7 +260,7 @@ async fn served_models(lane: &Lane) -> Vec<String> {
 }
 
 /// Fails a `validating` batch with `errors` (a batch in any other status is left as it is).
-async fn fail(lane: &Lane, batch_id: &str, errors: Vec<BatchError>) -> Result<(), JobError> {
+async fn fail(lane: &Lane, batch_id: &str, errors: Vec<BatchError>) -> Result<(), LaneError> {
     let now = unix_now();
     lane.store
         .update_batch(batch_id, |record| {
