@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use embatch_protocol::{EmbedError, Input, TruncationDirection};
+use tokenizers::normalizers::NormalizerWrapper;
+use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::{PostProcessor, Tokenizer};
 
 use crate::LoadError;
@@ -14,6 +16,10 @@ use crate::config::{self, read_file};
 /// TEI refuses (or, when truncating, cuts) inputs of more than `max_input_length` × this many
 /// characters before tokenizing them, so that a huge input cannot keep the tokenizer busy.
 const MAX_CHARS_PER_TOKEN: usize = 250;
+
+/// When truncating, the first piece of a long text tokenized, in bytes per token kept: 16 (about
+/// four times what English needs, ~4.5 bytes per token); each further piece is 4 times larger.
+const PIECE_BYTES_PER_TOKEN: usize = 16;
 
 /// One tokenized input: special tokens included, at most `max_input_length` tokens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,6 +41,9 @@ pub struct Encoder {
     added_tokens: usize,
     max_input_length: usize,
     prompts: BTreeMap<String, String>,
+    /// Whether a text cut at a space, tab or newline tokenizes into a run of the whole text's
+    /// tokens (see [`splits_at_whitespace`]): then truncation tokenizes a bounded piece.
+    pieces: bool,
 }
 
 impl Encoder {
@@ -70,11 +79,13 @@ impl Encoder {
                 ),
             });
         }
+        let pieces = splits_at_whitespace(&tokenizer);
         Ok(Encoder {
             tokenizer,
             added_tokens,
             max_input_length,
             prompts,
+            pieces,
         })
     }
 
@@ -232,10 +243,20 @@ impl Encoder {
             0
         };
         let tokenizer_error = |err: tokenizers::Error| EmbedError::Tokenizer(err.to_string());
-        let mut encoding = self
-            .tokenizer
-            .encode_fast(text, false)
-            .map_err(tokenizer_error)?;
+        // Truncating, a piece of a long text that holds the tokens kept is enough.
+        let piece = match truncate {
+            Some(direction) if self.pieces => {
+                self.encode_piece(text, max - added_tokens, direction)?
+            }
+            _ => None,
+        };
+        let mut encoding = match piece {
+            Some(encoding) => encoding,
+            None => self
+                .tokenizer
+                .encode_fast(text, false)
+                .map_err(tokenizer_error)?,
+        };
         let given = encoding.len() + added_tokens;
         if given > max {
             let Some(direction) = truncate else {
@@ -260,6 +281,39 @@ impl Encoder {
             ids: encoding.get_ids().to_vec(),
             type_ids: encoding.get_type_ids().to_vec(),
         })
+    }
+
+    /// The encoding of the smallest piece of `text` at the end `direction` keeps (its start for
+    /// `Right`, its end for `Left`) that holds at least `kept` tokens, trying pieces of
+    /// [`PIECE_BYTES_PER_TOKEN`] × `kept` bytes, then 4 times larger each time, each cut at a
+    /// space, tab or newline; `None` when no such piece is shorter than `text` (tokenize it
+    /// whole). Cut there, a piece's tokens are a run of the whole text's at that end
+    /// ([`splits_at_whitespace`]), so truncating the piece to `kept` tokens gives the whole
+    /// text's truncation: a 2 MiB input costs the tokens it keeps, not 500,000 of them.
+    ///
+    /// # Errors
+    /// [`EmbedError::Tokenizer`] when the tokenizer fails.
+    fn encode_piece(
+        &self,
+        text: &str,
+        kept: usize,
+        direction: TruncationDirection,
+    ) -> Result<Option<tokenizers::Encoding>, EmbedError> {
+        let mut size = kept.saturating_mul(PIECE_BYTES_PER_TOKEN).max(1024);
+        while size < text.len() {
+            let Some(piece) = piece(text, size, direction) else {
+                return Ok(None);
+            };
+            let encoding = self
+                .tokenizer
+                .encode_fast(piece, false)
+                .map_err(|err| EmbedError::Tokenizer(err.to_string()))?;
+            if encoding.len() >= kept {
+                return Ok(Some(encoding));
+            }
+            size = size.saturating_mul(4);
+        }
+        Ok(None)
     }
 
     /// TEI's character limit, checked before tokenizing.
@@ -296,5 +350,232 @@ impl Encoder {
                 Ok(&input[start..])
             }
         }
+    }
+}
+
+/// The piece of `text` of about `size` bytes at the end `direction` keeps, cut at a space, tab or
+/// newline (the nearest to `size` bytes from that end, preferring a smaller piece); `None` when
+/// there is no such cut, or the piece would be the whole text.
+fn piece(text: &str, size: usize, direction: TruncationDirection) -> Option<&str> {
+    let bytes = text.as_bytes();
+    let is_cut = |b: &u8| matches!(b, b' ' | b'\t' | b'\n');
+    // ASCII bytes never occur inside a multi-byte UTF-8 character: every cut is a char boundary.
+    match direction {
+        TruncationDirection::Right => {
+            let end = bytes.get(..=size)?.iter().rposition(is_cut).or_else(|| {
+                let after = bytes.get(size..)?.iter().position(is_cut)?;
+                Some(size + after)
+            })?;
+            (end > 0).then(|| text.get(..end)).flatten()
+        }
+        TruncationDirection::Left => {
+            let from = bytes.len().checked_sub(size)?;
+            let start = match bytes.get(from..)?.iter().position(is_cut) {
+                Some(at) => from + at,
+                None => bytes.get(..from)?.iter().rposition(is_cut)?,
+            };
+            (start > 0).then(|| text.get(start..)).flatten()
+        }
+    }
+}
+
+/// Whether `tokenizer` tokenizes a text cut at a space, tab or newline into a run of the whole
+/// text's tokens: its normalizer works per character (none, BERT's, lowercasing, Unicode
+/// normalization, accent or whitespace stripping), and its pre-tokenizer splits at whitespace and
+/// drops it (BERT's, `Whitespace`, `WhitespaceSplit`, or a sequence of those with
+/// punctuation and digit splitting). The model then tokenizes each word alone (WordPiece, BPE,
+/// Unigram and WordLevel all do), so the words of a piece are the whole text's words there.
+/// Tokenizers that prepend or merge across spaces (`Metaspace`, `ByteLevel`, SentencePiece's
+/// `Precompiled`) are tokenized whole.
+fn splits_at_whitespace(tokenizer: &Tokenizer) -> bool {
+    fn local(normalizer: &NormalizerWrapper) -> bool {
+        match normalizer {
+            NormalizerWrapper::BertNormalizer(_)
+            | NormalizerWrapper::StripNormalizer(_)
+            | NormalizerWrapper::StripAccents(_)
+            | NormalizerWrapper::NFC(_)
+            | NormalizerWrapper::NFD(_)
+            | NormalizerWrapper::NFKC(_)
+            | NormalizerWrapper::NFKD(_)
+            | NormalizerWrapper::Lowercase(_) => true,
+            NormalizerWrapper::Sequence(sequence) => sequence.as_ref().iter().all(local),
+            _ => false,
+        }
+    }
+    fn splits(pre_tokenizer: &PreTokenizerWrapper) -> bool {
+        match pre_tokenizer {
+            PreTokenizerWrapper::BertPreTokenizer(_)
+            | PreTokenizerWrapper::Whitespace(_)
+            | PreTokenizerWrapper::WhitespaceSplit(_) => true,
+            PreTokenizerWrapper::Sequence(sequence) => {
+                let members = sequence.as_ref();
+                members.iter().any(splits)
+                    && members.iter().all(|member| {
+                        splits(member)
+                            || matches!(
+                                member,
+                                PreTokenizerWrapper::Punctuation(_)
+                                    | PreTokenizerWrapper::Digits(_)
+                            )
+                    })
+            }
+            _ => false,
+        }
+    }
+    tokenizer.get_normalizer().is_none_or(local)
+        && tokenizer.get_pre_tokenizer().is_some_and(splits)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// all-MiniLM-L6-v2's `tokenizer.json` (`EMBATCH_MODEL_DIR`, else the repository's
+    /// `models/`; `scripts/fetch-model.sh` fetches it).
+    fn tokenizer_file() -> std::path::PathBuf {
+        let dir = std::env::var_os("EMBATCH_MODEL_DIR").map_or_else(
+            || Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/all-MiniLM-L6-v2"),
+            std::path::PathBuf::from,
+        );
+        let file = dir.join("tokenizer.json");
+        assert!(
+            file.is_file(),
+            "no {}: run scripts/fetch-model.sh",
+            file.display()
+        );
+        file
+    }
+
+    /// The encoder for `max` tokens, and the same one tokenizing every text whole.
+    fn encoders(max: usize) -> (Encoder, Encoder) {
+        let load = || Encoder::load(&tokenizer_file(), max, BTreeMap::new()).expect("loads");
+        let pieces = load();
+        assert!(pieces.pieces, "BERT's tokenizer splits at whitespace");
+        let mut whole = load();
+        whole.pieces = false;
+        (pieces, whole)
+    }
+
+    /// Texts whose cuts fall on every kind of boundary: long prose, several spaces, newlines
+    /// and tabs in a row, punctuation, CJK (a token per character), combining accents right after
+    /// a space, a word longer than WordPiece takes (one `[UNK]`), leading and trailing spaces, no
+    /// space at all.
+    fn texts() -> Vec<String> {
+        let prose = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/reference-long-input.txt"),
+        )
+        .expect("the long reference input");
+        let mixed =
+            "Hello,  world!\n\n\tTabs\tand  spaces; naïve café \u{301}accent, 東京は晴れ。 \
+                     x{}y(z) [CLS] don't 3.14159 "
+                .repeat(200);
+        vec![
+            prose.repeat(20),
+            mixed.clone(),
+            format!("   {mixed}   "),
+            format!("{} {}", "a".repeat(150), prose),
+            "漢字".repeat(5000),
+            "word".repeat(20_000),
+            "short text".into(),
+        ]
+    }
+
+    #[test]
+    fn a_piece_truncates_exactly_as_the_whole_text() {
+        for max in [8, 40, 256] {
+            let (pieces, whole) = encoders(max);
+            for direction in [TruncationDirection::Right, TruncationDirection::Left] {
+                let piece = pieces.encode_piece(&texts()[0], max - 2, direction);
+                assert!(
+                    piece.is_ok_and(|piece| piece.is_some()),
+                    "long prose is tokenized by a piece"
+                );
+            }
+            for text in texts() {
+                for direction in [TruncationDirection::Right, TruncationDirection::Left] {
+                    for prompt in [None, Some("query: ")] {
+                        let got = pieces.encode(&text, prompt, Some(direction));
+                        let expected = whole.encode(&text, prompt, Some(direction));
+                        assert_eq!(
+                            got,
+                            expected,
+                            "max {max}, {direction:?}, prompt {prompt:?}, text {:?}...",
+                            text.chars().take(40).collect::<String>()
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn without_truncation_a_long_text_is_counted_whole() {
+        let (pieces, _) = encoders(256);
+        let err = pieces
+            .encode(&"word ".repeat(1000), None, None)
+            .expect_err("over the limit");
+        assert_eq!(
+            err.to_string(),
+            "Input validation error: `inputs` must have less than 256 tokens. Given: 1002"
+        );
+    }
+
+    #[test]
+    fn pieces_are_cut_at_whitespace_toward_the_end_kept() {
+        let text = "aaaa bbbb cccc dddd";
+        assert_eq!(piece(text, 7, TruncationDirection::Right), Some("aaaa"));
+        assert_eq!(
+            piece(text, 10, TruncationDirection::Right),
+            Some("aaaa bbbb")
+        );
+        assert_eq!(piece(text, 7, TruncationDirection::Left), Some(" dddd"));
+        assert_eq!(
+            piece(text, 12, TruncationDirection::Left),
+            Some(" cccc dddd")
+        );
+        assert_eq!(piece("abcdefgh", 3, TruncationDirection::Right), None);
+        assert_eq!(piece("abcdefgh", 3, TruncationDirection::Left), None);
+        assert_eq!(piece(" abcdefgh", 3, TruncationDirection::Left), None);
+        assert_eq!(
+            piece("ab cdefgh", 1, TruncationDirection::Right),
+            Some("ab")
+        );
+        assert_eq!(
+            piece("abcdef gh", 1, TruncationDirection::Left),
+            Some(" gh")
+        );
+    }
+
+    #[test]
+    fn only_tokenizers_that_split_at_whitespace_use_pieces() {
+        let json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(tokenizer_file()).expect("reads")).expect("JSON");
+        let with = |field: &str, value: serde_json::Value| {
+            let mut json = json.clone();
+            json[field] = value;
+            let tokenizer: Tokenizer = json.to_string().parse().expect("a tokenizer");
+            splits_at_whitespace(&tokenizer)
+        };
+        assert!(with("pre_tokenizer", json["pre_tokenizer"].clone()));
+        assert!(with(
+            "pre_tokenizer",
+            serde_json::json!({"type": "Sequence", "pretokenizers": [
+                {"type": "WhitespaceSplit"}, {"type": "Punctuation", "behavior": "Isolated"}]})
+        ));
+        assert!(!with(
+            "pre_tokenizer",
+            serde_json::json!({"type": "Metaspace", "replacement": "▁",
+                "prepend_scheme": "always", "split": true})
+        ));
+        assert!(!with(
+            "pre_tokenizer",
+            serde_json::json!({"type": "ByteLevel", "add_prefix_space": false,
+                "trim_offsets": true, "use_regex": true})
+        ));
+        assert!(!with("pre_tokenizer", serde_json::Value::Null));
+        assert!(!with(
+            "normalizer",
+            serde_json::json!({"type": "Replace", "pattern": {"String": " "}, "content": "▁"})
+        ));
     }
 }

@@ -8,7 +8,10 @@
 //! at once) and moves on, so the client's subscription buffer, which would drop messages silently
 //! when full, never fills; our own bound (`QUEUE_CAP`) bites first. Counting a request's tokens
 //! ([`crate::tokens`]) is CPU work, so it runs in the request's own reply task, which then
-//! submits the request to the batcher: the loop never waits on a tokenizer.
+//! submits the request to the batcher: the loop never waits on a tokenizer. A large body (over
+//! [`held::LARGE_BODY_BYTES`]) is refused before it is parsed when the worker holds too much
+//! input for it, and otherwise parsed outside the loop ([`held`]): the loop keeps up with the
+//! subscription, whose waiting messages each pin about twice their size.
 //!
 //! Two things are answered here rather than left to time out:
 //! - withdrawal: a message on `<subject>.cancel` carrying a request's [`headers::REQUEST_ID`]
@@ -18,24 +21,31 @@
 //!   size per input and refuses a request whose reply cannot fit at once with 413 naming the
 //!   limit; a reply that still turns out too large is replaced by that 413.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+mod held;
+mod reply;
+mod withdraw;
+mod work;
+
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::{HeaderMap, Message};
-use embatch_protocol::{EmbedError, EmbedRequest, PROTOCOL_VERSION, headers, reply};
-use futures::StreamExt;
+use embatch_protocol::{EmbedError, EmbedRequest, PROTOCOL_VERSION, headers};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::batcher::{BatcherHandle, Outcome, Reply};
-use crate::cache::{Answered, Cache, Plan, Stash, Usage};
+use crate::batcher::BatcherHandle;
+use crate::cache::{Cache, Plan, Usage};
 use crate::group::{Event, Group};
 use crate::micro::EndpointStats;
-use crate::respond::Answer;
 use crate::tokens::Counter;
+pub use held::LARGE_BODY_BYTES;
+use held::{Held, HeldShare};
+use reply::{ReplyLimit, ReplyTask, answer, served};
+use withdraw::Registration;
+pub(crate) use withdraw::{Withdrawable, withdraw};
+use work::{Parsed, Submitted, Work, take_misses};
 
 /// Settings of the intake loop.
 #[derive(Debug, Clone)]
@@ -48,102 +58,9 @@ pub struct IntakeConfig {
     pub max_payload: usize,
     /// This worker's service id: the [`headers::ACCEPTED_BY`] of its acknowledgements.
     pub worker_id: String,
-}
-
-/// Bytes a reply may need per input, learnt from the replies sent (the largest seen), so a
-/// request whose reply cannot fit `max_payload` is refused before any upstream work.
-struct ReplyLimit {
-    max_payload: usize,
-    bytes_per_input: AtomicUsize,
-}
-
-/// Room kept in a reply for NATS headers and framing, in bytes.
-const REPLY_OVERHEAD: usize = 1024;
-
-impl ReplyLimit {
-    fn new(max_payload: usize) -> ReplyLimit {
-        ReplyLimit {
-            max_payload,
-            bytes_per_input: AtomicUsize::new(0),
-        }
-    }
-
-    fn too_large(&self, inputs: usize, bytes: usize) -> EmbedError {
-        let per_input = self.bytes_per_input.load(Ordering::Relaxed).max(1);
-        let fits = self.max_payload.saturating_sub(REPLY_OVERHEAD) / per_input;
-        EmbedError::TooLarge(format!(
-            "the reply for {inputs} inputs needs ~{bytes} bytes, over the NATS server's \
-             max_payload of {} bytes; send at most {fits} inputs per request",
-            self.max_payload
-        ))
-    }
-
-    /// Refuses a request of `inputs` inputs whose reply cannot fit, once the size is known.
-    fn check(&self, inputs: usize) -> Result<(), EmbedError> {
-        let per_input = self.bytes_per_input.load(Ordering::Relaxed);
-        let needed = per_input
-            .saturating_mul(inputs)
-            .saturating_add(REPLY_OVERHEAD);
-        if per_input > 0 && needed > self.max_payload {
-            return Err(self.too_large(inputs, needed));
-        }
-        Ok(())
-    }
-
-    /// Learns from a reply of `bytes` for `inputs` inputs; the replacement error when it does
-    /// not fit.
-    fn observe(&self, inputs: usize, bytes: usize) -> Result<(), EmbedError> {
-        self.bytes_per_input
-            .fetch_max(bytes.div_ceil(inputs.max(1)), Ordering::Relaxed);
-        if bytes + REPLY_OVERHEAD > self.max_payload {
-            return Err(self.too_large(inputs, bytes));
-        }
-        Ok(())
-    }
-}
-
-/// Requests in the batcher that carry a [`headers::REQUEST_ID`], by id: cancelling one ends the
-/// task waiting for its outcome without a reply, which drops its receiver, and the batcher then
-/// drops the request before it costs upstream work (see `batcher`).
-#[derive(Default)]
-pub(crate) struct Withdrawable {
-    by_id: Mutex<HashMap<String, CancellationToken>>,
-}
-
-impl Withdrawable {
-    fn insert(&self, id: String, handle: CancellationToken) {
-        self.by_id
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id, handle);
-    }
-
-    /// Whether the request with this id is held here.
-    fn holds(&self, id: &str) -> bool {
-        self.by_id
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains_key(id)
-    }
-
-    fn remove(&self, id: &str) -> Option<CancellationToken> {
-        self.by_id
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(id)
-    }
-
-    /// Withdraws the request with the id in `payload`, if this worker holds it.
-    fn cancel(&self, payload: &[u8]) {
-        let Ok(id) = std::str::from_utf8(payload) else {
-            return;
-        };
-        if let Some(handle) = self.remove(id.trim()) {
-            handle.cancel();
-            metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => "cancelled")
-                .increment(1);
-        }
-    }
+    /// Most bytes of input held, accepted and not yet answered (`MAX_QUEUE_BYTES`): a body over
+    /// [`LARGE_BODY_BYTES`] that would take the worker past it is refused before it is parsed.
+    pub max_queue_bytes: usize,
 }
 
 /// What the intake runs on ([`run`]): where requests come from, where they go and where their
@@ -178,57 +95,65 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// Reads requests from `intake.group` until `stop` is cancelled, then leaves the queue group for
 /// good: the subscription drains (NATS drain: UNSUB, then PING; the server routes nothing here
 /// after its PONG), and every request delivered until then is admitted. Requests and membership
-/// events alternate in one loop, so admitting a request and re-deciding membership never race.
+/// events alternate in one loop, so admitting a request and re-deciding membership never race
+/// (a large body, parsed outside the loop, is submitted a moment later).
 /// Also ends, at once, when the connection closes.
-pub(crate) async fn run(mut intake: Intake, stop: CancellationToken) {
-    let reply_limit = Arc::new(ReplyLimit::new(intake.config.max_payload));
-    let mut reconnects = crate::reconnect::Reconnects::new(&intake.client);
-    let acks = Acks {
-        worker_id: Arc::from(intake.config.worker_id.as_str()),
-        delay_ms: headers::ACK_DELAY.as_millis().to_string().into(),
-    };
+pub(crate) async fn run(intake: Intake, stop: CancellationToken) {
+    let Intake {
+        mut group,
+        batcher,
+        counter,
+        config,
+        replies,
+        withdrawable,
+        client,
+        stats,
+        cache,
+    } = intake;
+    let mut reconnects = crate::reconnect::Reconnects::new(&client);
+    let admitter = Arc::new(Admitter {
+        reply_limit: Arc::new(ReplyLimit::new(config.max_payload)),
+        acks: Acks {
+            worker_id: Arc::from(config.worker_id.as_str()),
+            delay_ms: headers::ACK_DELAY.as_millis().to_string().into(),
+        },
+        held: Arc::new(Held::default()),
+        parsing: tokio::sync::Semaphore::new(
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+        ),
+        batcher,
+        counter,
+        config,
+        replies,
+        withdrawable,
+        client,
+        stats,
+        cache,
+    });
     loop {
         let event = tokio::select! {
-            event = intake.group.next() => event,
+            event = group.next() => event,
             () = stop.cancelled() => break,
         };
         match event {
             Event::Request(request) => {
-                reconnects.check(&intake.batcher);
-                intake.admit(request, &reply_limit, &acks).await;
-                intake.group.admitted().await;
+                reconnects.check(&admitter.batcher);
+                admitter.receive(request, group.state().is_member()).await;
+                group.admitted().await;
             }
-            Event::Control(control) => intake.group.control(control).await,
+            Event::Control(control) => group.control(control).await,
             Event::Ended => return,
         }
     }
     tracing::info!("shutdown: draining the request subscription");
-    intake.group.stop().await;
+    group.stop().await;
     // Ends when the drained subscription ends; what is lost around the UNSUB was never
     // acknowledged, and acknowledging clients resend it (see `crate::group`).
-    while let Ok(event) = tokio::time::timeout(DRAIN_TIMEOUT, intake.group.next()).await {
+    while let Ok(event) = tokio::time::timeout(DRAIN_TIMEOUT, group.next()).await {
         match event {
-            Event::Request(request) => intake.admit(request, &reply_limit, &acks).await,
+            Event::Request(request) => admitter.receive(request, false).await,
             Event::Ended => break,
             Event::Control(_) => {}
-        }
-    }
-}
-
-/// Withdraws the requests named on `cancels` (the [`headers::cancel_subject`]) until `stop` is
-/// cancelled or the subscription ends.
-pub(crate) async fn withdraw(
-    mut cancels: impl futures::Stream<Item = async_nats::Message> + Unpin,
-    withdrawable: Arc<Withdrawable>,
-    stop: CancellationToken,
-) {
-    loop {
-        tokio::select! {
-            cancel = cancels.next() => match cancel {
-                Some(cancel) => withdrawable.cancel(&cancel.payload),
-                None => return,
-            },
-            () = stop.cancelled() => return,
         }
     }
 }
@@ -274,13 +199,54 @@ async fn acknowledge(client: &async_nats::Client, request: &Message, worker_id: 
     }
 }
 
-impl Intake {
-    /// Admits one request into the batcher, or answers its error at once; its reply will be
-    /// checked against (and teach) `reply_limit`. A request that asks for an acknowledgement
-    /// ([`headers::ACK`]) gets one when it is still held [`headers::ACK_DELAY`] after
-    /// `received` (at once for a copy of a request held already); its reply carries
+/// What admitting a request needs, shared by the intake loop and the tasks that admit large
+/// bodies outside it. Such a task holds it only while it admits (the batcher ends once the
+/// intake and these tasks are done: a reply task holds the batcher only until it has submitted).
+struct Admitter {
+    batcher: BatcherHandle,
+    counter: Counter,
+    config: IntakeConfig,
+    replies: TaskTracker,
+    withdrawable: Arc<Withdrawable>,
+    client: async_nats::Client,
+    stats: EndpointStats,
+    cache: Arc<Cache>,
+    /// Checked, and taught, by every reply.
+    reply_limit: Arc<ReplyLimit>,
+    acks: Acks,
+    /// The bodies held, from arrival to answer.
+    held: Arc<Held>,
+    /// One permit per CPU: large bodies parsed at a time ([`Admitter::admit_large`]).
+    parsing: tokio::sync::Semaphore,
+}
+
+/// A request as it arrived, and what the loop decided of it.
+struct Arrival {
+    request: Message,
+    received: Instant,
+    wants_ack: bool,
+    /// Its entry among the withdrawable requests, when it carries an id.
+    registered: Registration,
+    /// Cancelled when it is withdrawn.
+    cancelled: CancellationToken,
+    /// Its body's share of what the worker holds.
+    share: HeldShare,
+    /// Out of the queue group (full, which it leaves only for a peer with room; its upstream
+    /// failing or stalled; stopping) when it arrived, and it asks for an acknowledgement: a 429
+    /// would fail it only because of where it was routed, so a client that resends gets a 503
+    /// to resend on instead.
+    hand_back: bool,
+}
+
+impl Admitter {
+    /// Takes one request from the loop: ignores one without a reply subject, acknowledges a copy
+    /// of a request held already, refuses a large body that cannot fit (429, before parsing),
+    /// else admits it ([`Admitter::admit`]): here, or for a large body in a task of its own.
+    /// `member`: whether the worker is in the queue group now. A request that asks for an
+    /// acknowledgement ([`headers::ACK`]) gets one when it is still held [`headers::ACK_DELAY`]
+    /// after it arrived (at once for a copy of a request held already); its reply carries
     /// [`headers::ACK_DELAY_MS`].
-    async fn admit(&self, request: Message, reply_limit: &Arc<ReplyLimit>, acks: &Acks) {
+    async fn receive(self: &Arc<Self>, request: Message, member: bool) {
         let received = Instant::now();
         if request.reply.is_none() {
             metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => "no_reply_subject")
@@ -301,21 +267,92 @@ impl Intake {
             // this worker already holds: that one answers on the same reply subject. The
             // client resent it for want of an acknowledgement, so it gets one now.
             if wants_ack {
-                acknowledge(&self.client, &request, &acks.worker_id).await;
+                acknowledge(&self.client, &request, &self.acks.worker_id).await;
             }
             metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => "duplicate")
                 .increment(1);
             return;
         }
-        // A copy resent after a loss is admitted by deadline (see `headers::ATTEMPT`).
-        let resent = request
-            .headers
-            .as_ref()
-            .is_some_and(|h| h.get(headers::ATTEMPT).is_some());
-        let parsed = match self.parse(&request, received, reply_limit) {
-            Ok(parsed) => parsed,
-            Err(err) => return self.refuse(err, &request, wants_ack, acks, received).await,
+        let body = request.payload.len();
+        let max = self.config.max_queue_bytes;
+        if let Some(held) = self.held.refuses(body, max) {
+            let err = EmbedError::Overloaded(format!(
+                "the worker holds {held} bytes of input, no room for a request of {body} bytes \
+                 (MAX_QUEUE_BYTES = {max}); retry in ~{} ms",
+                self.batcher.retry_after_hint().as_millis().max(1)
+            ));
+            return self.refuse(err, &request, wants_ack, received).await;
+        }
+        let cancelled = CancellationToken::new();
+        let registered = Registration(id.map(|id| {
+            self.withdrawable.insert(id.clone(), cancelled.clone());
+            (Arc::clone(&self.withdrawable), id)
+        }));
+        let arrival = Arrival {
+            request,
+            received,
+            wants_ack,
+            registered,
+            cancelled,
+            share: self.held.take(body),
+            hand_back: wants_ack && !member,
         };
+        if body > LARGE_BODY_BYTES {
+            // Copied out of the connection's read buffer first (a tenth of what parsing costs):
+            // the buffer, about twice the body's size, is freed now, not once it is parsed.
+            let mut arrival = arrival;
+            arrival.request.payload = bytes::Bytes::copy_from_slice(&arrival.request.payload);
+            self.replies.spawn(Arc::clone(self).admit_large(arrival));
+        } else {
+            self.admit(arrival).await;
+        }
+    }
+
+    /// Admits one request into the batcher, or answers its error at once; its reply will be
+    /// checked against (and teach) the reply limit.
+    async fn admit(&self, mut arrival: Arrival) {
+        let payload = std::mem::take(&mut arrival.request.payload);
+        let prepared = self.prepare(&arrival.request, &payload, arrival.received);
+        // The inputs are parsed (copied out): the body is not kept while the request waits,
+        // only its reply subject and headers (a 2 MiB input is held once, not twice).
+        drop(payload);
+        self.admit_prepared(arrival, prepared).await;
+    }
+
+    /// [`Admitter::admit`] for a large body, in a task of its own: parsed and planned on the
+    /// blocking pool, at most one per CPU at a time, so that the intake loop and the NATS
+    /// connection keep their threads while it is.
+    async fn admit_large(self: Arc<Self>, mut arrival: Arrival) {
+        let payload = std::mem::take(&mut arrival.request.payload);
+        let mut request = arrival.request.clone();
+        let received = arrival.received;
+        let prepared = match self.parsing.acquire().await {
+            Ok(_permit) => {
+                let admitter = Arc::clone(&self);
+                tokio::task::spawn_blocking(move || {
+                    request.payload = payload;
+                    admitter.prepare(&request, &request.payload, received)
+                })
+                .await
+                .unwrap_or_else(|_| Err(EmbedError::Unavailable("the worker is stopping".into())))
+            }
+            Err(_) => Err(EmbedError::Unavailable("the worker is stopping".into())),
+        };
+        self.admit_prepared(arrival, prepared).await;
+    }
+
+    /// Parses and validates `request` (whose body is `payload`), and plans its inputs against
+    /// the cache. CPU work: for a 2 MiB text, a copy and a SHA-256, a few milliseconds.
+    ///
+    /// # Errors
+    /// As [`Admitter::parse`].
+    fn prepare(
+        &self,
+        request: &Message,
+        payload: &[u8],
+        received: Instant,
+    ) -> Result<(Parsed, Plan), EmbedError> {
+        let parsed = self.parse(request, payload, received)?;
         let usage = Usage::from_header(
             request
                 .headers
@@ -324,139 +361,90 @@ impl Intake {
                 .map(|v| v.as_str()),
         );
         let plan = self.cache.plan(&parsed.inputs, &parsed.options, usage);
+        Ok((parsed, plan))
+    }
+
+    /// Admits a request [`Admitter::prepare`]d: answers it at once (its error, or every input
+    /// a hit of the in-process LRU), or hands it over to the batcher and to its reply task.
+    async fn admit_prepared(&self, arrival: Arrival, prepared: Result<(Parsed, Plan), EmbedError>) {
+        let (request, received, wants_ack) =
+            (&arrival.request, arrival.received, arrival.wants_ack);
+        let (parsed, plan) = match prepared {
+            Ok(prepared) => prepared,
+            Err(err) => return self.refuse(err, request, wants_ack, received).await,
+        };
         let inputs = parsed.inputs.len();
         if plan.is_answered() {
-            // Every input a hit of the in-process LRU: answered at once, without the batch
-            // queue or admission.
-            let outcome = plan.answer().and_then(|answered| {
-                reply_limit.observe(inputs, answered.payload.len())?;
-                Ok(answered)
-            });
-            let label = match &outcome {
-                Ok(_) => "ok",
-                Err(err) => err.kind(),
-            };
-            metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => label).increment(1);
-            let mut reply = served(outcome, None);
-            if wants_ack {
-                reply = reply.header(headers::ACK_DELAY_MS, &acks.delay_ms);
-            }
-            reply
-                .send(&self.client, &request, &self.stats, received)
+            return self
+                .answer_at_once(plan, inputs, request, wants_ack, received)
                 .await;
-            metrics::histogram!(crate::telemetry::names::CACHE_HIT_TIME)
-                .record(received.elapsed().as_secs_f64());
-            return;
         }
-        if resent {
+        // A copy resent after a loss is admitted by deadline (see `headers::ATTEMPT`).
+        if request
+            .headers
+            .as_ref()
+            .is_some_and(|h| h.get(headers::ATTEMPT).is_some())
+        {
             self.batcher.absorb_resent(inputs);
         }
         let work = match self.hand_over(parsed, plan) {
             Ok(work) => work,
-            Err(err) => return self.refuse(err, &request, wants_ack, acks, received).await,
+            Err(err) => return self.refuse(err, request, wants_ack, received).await,
         };
-        let cancelled = CancellationToken::new();
-        let registered = id.map(|id| {
-            self.withdrawable.insert(id.clone(), cancelled.clone());
-            (Arc::clone(&self.withdrawable), id)
+        let task = ReplyTask {
+            work,
+            inputs,
+            arrival,
+            reply_limit: Arc::clone(&self.reply_limit),
+            client: self.client.clone(),
+            stats: self.stats.clone(),
+            cache: Arc::clone(&self.cache),
+            ack: wants_ack.then(|| {
+                (
+                    Arc::clone(&self.acks.worker_id),
+                    Arc::clone(&self.acks.delay_ms),
+                )
+            }),
+        };
+        self.replies.spawn(task.run());
+    }
+
+    /// Answers a request whose every input is a hit of the in-process LRU (or a repeat of one)
+    /// at once, without the batch queue or admission.
+    async fn answer_at_once(
+        &self,
+        plan: Plan,
+        inputs: usize,
+        request: &Message,
+        wants_ack: bool,
+        received: Instant,
+    ) {
+        let outcome = plan.answer().and_then(|answered| {
+            self.reply_limit.observe(inputs, answered.payload.len())?;
+            Ok(answered)
         });
-        let reply_limit = Arc::clone(reply_limit);
-        let client = self.client.clone();
-        let stats = self.stats.clone();
-        let cache = Arc::clone(&self.cache);
-        let ack_id = wants_ack.then(|| (Arc::clone(&acks.worker_id), Arc::clone(&acks.delay_ms)));
-        // Out of the queue group (full, which it leaves only for a peer with room; its
-        // upstream failing or stalled; stopping), and this request was on its way: a 429 would
-        // fail it only because of where it was routed, so a client that resends gets a 503 to
-        // resend on instead.
-        let hand_back = wants_ack && !self.group.state().is_member();
-        self.replies.spawn(async move {
-            let mut ack_at = ack_id.as_ref().map(|_| received + headers::ACK_DELAY);
-            // Looked up, counted, submitted and waited for; withdrawn by its caller: dropping
-            // the work drops its count, its receiver (the batcher drops its queued inputs) and
-            // its leads (requests waiting on them send their inputs themselves).
-            let work = work.run(&cache);
-            tokio::pin!(work);
-            let (outcome, batcher_answered) = loop {
-                tokio::select! {
-                    // An outcome ready with the acknowledgement due makes it unnecessary.
-                    biased;
-                    outcome = &mut work => break outcome,
-                    () = cancelled.cancelled() => return,
-                    () = sleep_until(ack_at) => {
-                        ack_at = None;
-                        if let Some((worker_id, _)) = &ack_id {
-                            acknowledge(&client, &request, worker_id).await;
-                        }
-                    }
-                }
-            };
-            if let Some((registry, id)) = registered {
-                registry.remove(&id);
-            }
-            if !batcher_answered {
-                let label = match &outcome {
-                    Ok(_) => "ok",
-                    Err(err) => err.kind(),
-                };
-                metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => label)
-                    .increment(1);
-            }
-            let mut outcome = match outcome {
-                Err(EmbedError::Overloaded(why)) if hand_back => {
-                    metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => "handed_back")
-                        .increment(1);
-                    Err(EmbedError::Unavailable(format!(
-                        "this worker left the queue group for a peer with room ({why}); resend"
-                    )))
-                }
-                outcome => outcome,
-            };
-            let all_hits = outcome
-                .as_ref()
-                .is_ok_and(|(answered, _)| answered.hits == Some(inputs));
-            // The new results are stored even when the reply turns out too large to send.
-            let stash = match &mut outcome {
-                Ok((answered, _)) => std::mem::take(&mut answered.stash),
-                Err(_) => Stash::default(),
-            };
-            let outcome = outcome.and_then(|(answered, timing)| {
-                reply_limit.observe(inputs, answered.payload.len())?;
-                Ok((answered, timing))
-            });
-            let (outcome, timing) = match outcome {
-                Ok((answered, timing)) => (Ok(answered), timing),
-                Err(err) => (Err(err), None),
-            };
-            let mut reply = served(outcome, timing);
-            if let Some((_, delay_ms)) = &ack_id {
-                // Whether acknowledged or not (an acknowledgement can be lost, e.g. while the
-                // client was disconnected): this worker acknowledges.
-                reply = reply.header(headers::ACK_DELAY_MS, delay_ms);
-            }
-            reply.send(&client, &request, &stats, received).await;
-            // Only now: storing never delays the reply (see `Cache::store`).
-            cache.store(stash);
-            if all_hits {
-                metrics::histogram!(crate::telemetry::names::CACHE_HIT_TIME)
-                    .record(received.elapsed().as_secs_f64());
-            }
-        });
+        let label = match &outcome {
+            Ok(_) => "ok",
+            Err(err) => err.kind(),
+        };
+        metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => label).increment(1);
+        let mut reply = served(outcome, None);
+        if wants_ack {
+            reply = reply.header(headers::ACK_DELAY_MS, &self.acks.delay_ms);
+        }
+        reply
+            .send(&self.client, request, &self.stats, received)
+            .await;
+        metrics::histogram!(crate::telemetry::names::CACHE_HIT_TIME)
+            .record(received.elapsed().as_secs_f64());
     }
 
     /// Answers `err` to `request` at once (refused before any work), counted.
-    async fn refuse(
-        &self,
-        err: EmbedError,
-        request: &Message,
-        wants_ack: bool,
-        acks: &Acks,
-        received: Instant,
-    ) {
+    async fn refuse(&self, err: EmbedError, request: &Message, wants_ack: bool, received: Instant) {
         metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => err.kind()).increment(1);
         let mut reply = answer(Err(err), None);
         if wants_ack {
-            reply = reply.header(headers::ACK_DELAY_MS, &acks.delay_ms);
+            reply = reply.header(headers::ACK_DELAY_MS, &self.acks.delay_ms);
         }
         reply
             .send(&self.client, request, &self.stats, received)
@@ -471,12 +459,12 @@ impl Intake {
     /// The batcher's refusal (413, 429, 504), or 429 when too many inputs wait to be counted.
     fn hand_over(&self, parsed: Parsed, plan: Plan) -> Result<Work, EmbedError> {
         let Parsed {
-            inputs,
+            mut inputs,
             options,
             deadline,
         } = parsed;
         let submitted = if !plan.reads_shared(&self.cache) && self.counter.is_immediate() {
-            let misses = plan.miss_inputs(&inputs);
+            let misses = take_misses(&plan, &mut inputs);
             let receiver = if misses.is_empty() {
                 None
             } else {
@@ -492,7 +480,10 @@ impl Intake {
         } else {
             let reservation = match plan.misses() {
                 0 => None,
-                misses => Some(self.counter.reserve(misses)?),
+                misses => {
+                    let bytes = inputs.iter().map(embatch_protocol::Input::size_bytes).sum();
+                    Some(self.counter.reserve(misses, bytes)?)
+                }
             };
             Submitted::Later(reservation)
         };
@@ -504,18 +495,18 @@ impl Intake {
             options,
             deadline,
             counter: self.counter.clone(),
-            // Held only while the task may still submit (see `Intake::batcher`).
+            // Held only while the task may still submit (see `Admitter`).
             batcher: submits_later.then(|| self.batcher.clone()),
         })
     }
 
-    /// Parses and validates a request received at `received` whose reply must fit
-    /// `reply_limit`: what its reply task counts and submits.
+    /// Parses and validates a request received at `received`, whose body is `payload` and whose
+    /// reply must fit the reply limit: what its reply task counts and submits.
     fn parse(
         &self,
         request: &Message,
+        payload: &[u8],
         received: Instant,
-        reply_limit: &ReplyLimit,
     ) -> Result<Parsed, EmbedError> {
         let message_headers = request.headers.as_ref();
         if let Some(version) = message_headers.and_then(|h| h.get(headers::VERSION)) {
@@ -538,189 +529,14 @@ impl Intake {
             })?,
             None => self.config.default_deadline,
         };
-        let body = EmbedRequest::from_slice(&request.payload)?;
+        let body = EmbedRequest::from_slice(payload)?;
         body.validate(self.config.max_client_batch_size)?;
         let (inputs, options) = body.into_parts();
-        reply_limit.check(inputs.len())?;
+        self.reply_limit.check(inputs.len())?;
         Ok(Parsed {
             inputs,
             options,
             deadline: received + budget,
         })
-    }
-}
-
-/// A request's misses: submitted by the intake, or to be submitted by the reply task.
-enum Submitted {
-    /// Submitted (counting was immediate); `None` when there was nothing to submit.
-    Now(Option<tokio::sync::oneshot::Receiver<Outcome>>),
-    /// To be looked up in the shared bucket, counted and submitted by the reply task, holding
-    /// the misses' room among the inputs waiting to be counted.
-    Later(Option<crate::tokens::Reservation>),
-}
-
-/// What a request's reply task does: look up, count, submit, wait, assemble.
-struct Work {
-    plan: Plan,
-    submitted: Submitted,
-    /// The request's inputs, as received.
-    inputs: Vec<embatch_protocol::Input>,
-    options: embatch_protocol::EmbedOptions,
-    deadline: Instant,
-    counter: Counter,
-    /// Present while the task may still submit: misses not yet submitted, or inputs in flight
-    /// for other requests that it may have to send itself.
-    batcher: Option<BatcherHandle>,
-}
-
-/// The timing of the batcher's answer, when the request had one.
-type Timing = Option<(std::time::Duration, std::time::Duration)>;
-
-impl Work {
-    /// Serves the request: its shared reads, its misses upstream (through the batcher), its
-    /// waits for inputs in flight elsewhere (sending those itself whose leader ended without a
-    /// result), then its reply body.
-    ///
-    /// # Errors
-    /// The count's error (422 over the limit with `truncate: false`, ...), the batcher's
-    /// refusal or outcome, 504 when the deadline passes while it waits.
-    /// Also returns whether the batcher answered (and so counted) the request's outcome in
-    /// `embatch_worker_requests_total`.
-    async fn run(self, cache: &Cache) -> (Result<(Answered, Timing), EmbedError>, bool) {
-        let mut batcher_answered = false;
-        let outcome = self.serve(cache, &mut batcher_answered).await;
-        (outcome, batcher_answered)
-    }
-
-    async fn serve(
-        self,
-        cache: &Cache,
-        batcher_answered: &mut bool,
-    ) -> Result<(Answered, Timing), EmbedError> {
-        let Work {
-            mut plan,
-            submitted,
-            inputs,
-            options,
-            deadline,
-            counter,
-            batcher,
-        } = self;
-        let (receiver, lengths) = match submitted {
-            Submitted::Now(receiver) => (receiver, None),
-            Submitted::Later(_reservation) => {
-                if plan.reads_shared(cache) {
-                    plan.read_shared(cache).await;
-                }
-                let misses = plan.miss_inputs(&inputs);
-                if misses.is_empty() {
-                    (None, None)
-                } else {
-                    let (receiver, lengths) =
-                        submit(&counter, batcher.as_ref(), misses, &options, deadline).await?;
-                    (Some(receiver), lengths)
-                }
-            }
-        };
-        let mut timing = None;
-        if let Some(receiver) = receiver {
-            *batcher_answered = true;
-            let reply = receive(receiver).await?;
-            timing = Some((reply.queue_time, reply.inference_time));
-            plan.complete_leads(&reply.payload, lengths.as_deref())?;
-        }
-        let abandoned = plan.wait(deadline).await?;
-        if !abandoned.is_empty() {
-            let (positions, retried): (Vec<usize>, Vec<_>) = abandoned.into_iter().unzip();
-            let (receiver, lengths) =
-                submit(&counter, batcher.as_ref(), retried, &options, deadline).await?;
-            *batcher_answered = true;
-            let reply = receive(receiver).await?;
-            timing = timing.or(Some((reply.queue_time, reply.inference_time)));
-            plan.complete_retried(&positions, &reply.payload, lengths.as_deref())?;
-        }
-        Ok((plan.answer()?, timing))
-    }
-}
-
-/// Counts `inputs` and submits them to `batcher`: the receiver of their outcome, and their
-/// token counts when a tokenizer counted them.
-///
-/// # Errors
-/// The count's error, the batcher's refusal; 503 without a batcher (cannot happen: a task
-/// that may submit holds one).
-async fn submit(
-    counter: &Counter,
-    batcher: Option<&BatcherHandle>,
-    inputs: Vec<embatch_protocol::Input>,
-    options: &embatch_protocol::EmbedOptions,
-    deadline: Instant,
-) -> Result<(tokio::sync::oneshot::Receiver<Outcome>, Option<Vec<u32>>), EmbedError> {
-    let batcher =
-        batcher.ok_or_else(|| EmbedError::Unavailable("the worker is shutting down".into()))?;
-    let counted = counter.count(inputs, options.clone()).await?;
-    let lengths = counted.tokens().is_some().then(|| counted.lengths.clone());
-    // The seam to the token budget: `counted.lengths`, one count per input.
-    let receiver = batcher.submit(counted.inputs, counted.lengths, counted.options, deadline)?;
-    Ok((receiver, lengths))
-}
-
-/// The batcher's outcome.
-async fn receive(receiver: tokio::sync::oneshot::Receiver<Outcome>) -> Result<Reply, EmbedError> {
-    receiver.await.unwrap_or_else(|_| {
-        Err(EmbedError::Unavailable(
-            "the worker stopped before answering".into(),
-        ))
-    })
-}
-
-/// A request that passed [`Intake::parse`]: what its reply task counts and submits.
-struct Parsed {
-    inputs: Vec<embatch_protocol::Input>,
-    options: embatch_protocol::EmbedOptions,
-    /// When its deadline passes.
-    deadline: Instant,
-}
-
-/// The reply for `outcome`: TEI's response body with timing headers and, when counted, the
-/// request's `tokens` ([`headers::TOKENS`]), or TEI's error body with NATS micro error headers
-/// (`Nats-Service-Error-Code`, `Nats-Service-Error`), see [`crate::respond`].
-fn answer(outcome: Outcome, tokens: Option<u64>) -> Answer {
-    match outcome {
-        Ok(reply) => {
-            let mut reply_headers = HeaderMap::new();
-            for (name, value) in reply::success_headers(reply.queue_time, reply.inference_time) {
-                reply_headers.insert(name, value.as_str());
-            }
-            if let Some(tokens) = tokens {
-                reply_headers.insert(headers::TOKENS, tokens.to_string().as_str());
-            }
-            Answer::ok(reply_headers, reply.payload)
-        }
-        Err(err) => Answer::error(&err),
-    }
-}
-
-/// The reply for a request served through the cache: TEI's response body with timing headers
-/// (zero for a request the batcher never saw), the request's tokens when known
-/// ([`headers::TOKENS`]) and its cache hits while the cache is on ([`headers::CACHE_HITS`]);
-/// or the error reply.
-fn served(outcome: Result<Answered, EmbedError>, timing: Timing) -> Answer {
-    match outcome {
-        Ok(answered) => {
-            let (queue_time, inference_time) = timing.unwrap_or_default();
-            let mut reply_headers = HeaderMap::new();
-            for (name, value) in reply::success_headers(queue_time, inference_time) {
-                reply_headers.insert(name, value.as_str());
-            }
-            if let Some(tokens) = answered.tokens {
-                reply_headers.insert(headers::TOKENS, tokens.to_string().as_str());
-            }
-            if let Some(hits) = answered.hits {
-                reply_headers.insert(headers::CACHE_HITS, hits.to_string().as_str());
-            }
-            Answer::ok(reply_headers, answered.payload)
-        }
-        Err(err) => Answer::error(&err),
     }
 }

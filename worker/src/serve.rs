@@ -134,7 +134,8 @@ pub(crate) async fn start<U: Upstream>(
             path: config.tokenizer.clone(),
         })
         .await
-        .with_pending_limit(config.queue_cap);
+        .with_pending_limit(config.queue_cap)
+        .with_pending_bytes(config.max_queue_bytes);
     tracing::info!(source = %counter.source(), "token counts");
     // The token budget's defaults come from what the upstream reports of itself.
     let upstream_info = upstream.info().await.ok();
@@ -227,6 +228,7 @@ pub(crate) async fn start<U: Upstream>(
                 max_client_batch_size: config.max_client_batch_size,
                 max_payload: client.server_info().max_payload,
                 worker_id: id,
+                max_queue_bytes: config.max_queue_bytes,
             },
             replies: replies.clone(),
             withdrawable,

@@ -85,21 +85,39 @@ pub struct Counter {
     slots: Arc<Semaphore>,
     /// Inputs accepted for counting and not yet handed to the batcher, and their bound.
     pending: Arc<Pending>,
+    /// At most [`LARGE_TOKENIZATIONS`] requests of more than [`LARGE_REQUEST_BYTES`] are
+    /// tokenized at a time (their transient memory is tens of bytes per character).
+    large: Arc<Semaphore>,
 }
 
-/// The inputs waiting to be counted: bounded like the batcher's queue (`QUEUE_CAP`), so that
-/// requests arriving faster than they can be tokenized are shed with 429 instead of piling up
-/// in memory ahead of the batcher's own bounds.
+/// A request holding more bytes of text than this (64 KiB) is tokenized under the bound of
+/// [`LARGE_TOKENIZATIONS`] as well as the one per CPU.
+pub const LARGE_REQUEST_BYTES: usize = 64 << 10;
+
+/// Most requests of more than [`LARGE_REQUEST_BYTES`] tokenized at a time: 2 (or the CPUs, when
+/// fewer). A text the model refuses when too long (`truncate: false`) is tokenized whole up to
+/// TEI's character limit (`max_input_length` × 250 characters), and the tokenizer's transient
+/// memory is ~100 bytes per character of it (`docs/design/tokenizer.md`).
+pub const LARGE_TOKENIZATIONS: usize = 2;
+
+/// The inputs waiting to be counted: bounded like the batcher's queue (`QUEUE_CAP` inputs and
+/// `MAX_QUEUE_BYTES` bytes), so that requests arriving faster than they can be tokenized are
+/// shed with 429 instead of piling up in memory ahead of the batcher's own bounds.
 struct Pending {
     inputs: AtomicUsize,
     limit: AtomicUsize,
+    /// Bytes of input held by the waiting requests (`Input::size_bytes`).
+    bytes: AtomicUsize,
+    /// Most bytes of input waiting (`MAX_QUEUE_BYTES`).
+    bytes_limit: AtomicUsize,
 }
 
-/// A reservation of inputs in [`Counter`]'s pending bound ([`Counter::reserve`]), released
-/// when dropped (once the request is submitted or answered).
+/// A reservation of inputs and bytes in [`Counter`]'s pending bound ([`Counter::reserve`]),
+/// released when dropped (once the request is submitted or answered).
 pub struct Reservation {
     pending: Arc<Pending>,
     inputs: usize,
+    bytes: usize,
 }
 
 impl Drop for Reservation {
@@ -107,6 +125,7 @@ impl Drop for Reservation {
         self.pending
             .inputs
             .fetch_sub(self.inputs, Ordering::Relaxed);
+        self.pending.bytes.fetch_sub(self.bytes, Ordering::Relaxed);
     }
 }
 
@@ -172,7 +191,10 @@ impl Counter {
             pending: Arc::new(Pending {
                 inputs: AtomicUsize::new(0),
                 limit: AtomicUsize::new(usize::MAX),
+                bytes: AtomicUsize::new(0),
+                bytes_limit: AtomicUsize::new(usize::MAX),
             }),
+            large: Arc::new(Semaphore::new(LARGE_TOKENIZATIONS.min(cpus))),
         }
     }
 
@@ -182,24 +204,42 @@ impl Counter {
         self
     }
 
-    /// Reserves room for a request of `inputs` inputs to be counted, before its reply task
-    /// counts it; the reservation ends when dropped.
+    /// Bounds the bytes of input waiting to be counted to `bytes` (the worker's
+    /// `MAX_QUEUE_BYTES`).
+    pub fn with_pending_bytes(self, bytes: usize) -> Counter {
+        self.pending.bytes_limit.store(bytes, Ordering::Relaxed);
+        self
+    }
+
+    /// Reserves room for a request of `inputs` inputs holding `bytes` bytes of input
+    /// (`Input::size_bytes`) to be counted, before its reply task counts it; the reservation
+    /// ends when dropped.
     ///
     /// # Errors
-    /// [`EmbedError::Overloaded`] (429) when more than the pending limit of inputs would wait
-    /// to be counted (the tokenizer cannot keep up: load shedding, as the batcher's queue bound).
-    pub fn reserve(&self, inputs: usize) -> Result<Reservation, EmbedError> {
+    /// [`EmbedError::Overloaded`] (429) when more than the pending limit of inputs or of bytes
+    /// would wait to be counted (the tokenizer cannot keep up: load shedding, as the batcher's
+    /// queue bounds).
+    pub fn reserve(&self, inputs: usize, bytes: usize) -> Result<Reservation, EmbedError> {
         let limit = self.pending.limit.load(Ordering::Relaxed);
+        let bytes_limit = self.pending.bytes_limit.load(Ordering::Relaxed);
         let before = self.pending.inputs.fetch_add(inputs, Ordering::Relaxed);
+        let bytes_before = self.pending.bytes.fetch_add(bytes, Ordering::Relaxed);
         let reservation = Reservation {
             pending: Arc::clone(&self.pending),
             inputs,
+            bytes,
         };
-        // A request alone over the limit is let through when nothing waits: the batcher's own
+        // A request alone over a limit is let through when nothing waits: the batcher's own
         // bounds answer it.
         if before > 0 && before + inputs > limit {
             return Err(EmbedError::Overloaded(format!(
                 "{before} inputs are waiting to be tokenized (QUEUE_CAP {limit})"
+            )));
+        }
+        if before > 0 && bytes_before.saturating_add(bytes) > bytes_limit {
+            return Err(EmbedError::Overloaded(format!(
+                "{bytes_before} bytes of input are waiting to be tokenized \
+                 (MAX_QUEUE_BYTES {bytes_limit})"
             )));
         }
         Ok(reservation)
@@ -267,6 +307,12 @@ impl Counter {
                 })
             }
             Kind::Tokenizer { .. } => {
+                let text_bytes: usize = inputs.iter().map(Input::size_bytes).sum();
+                let _large = if text_bytes > LARGE_REQUEST_BYTES {
+                    Some(self.large.acquire().await.map_err(|_| stopping())?)
+                } else {
+                    None
+                };
                 let _slot = self.slots.acquire().await.map_err(|_| stopping())?;
                 let kind = Arc::clone(&self.kind);
                 tokio::task::spawn_blocking(move || {
@@ -493,15 +539,36 @@ mod tests {
     #[test]
     fn the_pending_bound_sheds_and_frees_on_drop() {
         let counter = Counter::inputs().with_pending_limit(4);
-        let first = counter.reserve(3).expect("room");
-        let err = counter.reserve(2).err().expect("over the bound");
+        let first = counter.reserve(3, 30).expect("room");
+        let err = counter.reserve(2, 20).err().expect("over the bound");
         assert_eq!(err.status(), 429);
-        let second = counter.reserve(1).expect("exactly the bound");
+        let second = counter.reserve(1, 10).expect("exactly the bound");
         drop((first, second));
-        let alone = counter.reserve(10).expect("a request alone is let through");
-        assert!(counter.reserve(1).is_err(), "behind one over the bound");
+        let alone = counter
+            .reserve(10, 100)
+            .expect("a request alone is let through");
+        assert!(counter.reserve(1, 1).is_err(), "behind one over the bound");
         drop(alone);
-        assert!(counter.reserve(4).is_ok(), "all freed");
+        assert!(counter.reserve(4, 40).is_ok(), "all freed");
+    }
+
+    #[test]
+    fn the_pending_bytes_bound_sheds_and_frees_on_drop() {
+        let counter = Counter::inputs()
+            .with_pending_limit(100)
+            .with_pending_bytes(1000);
+        let first = counter.reserve(1, 600).expect("room");
+        let err = counter.reserve(1, 401).err().expect("over the bytes bound");
+        assert_eq!(err.status(), 429);
+        assert!(err.to_string().contains("MAX_QUEUE_BYTES 1000"), "{err}");
+        let second = counter.reserve(1, 400).expect("exactly the bound");
+        drop((first, second));
+        let alone = counter
+            .reserve(1, 5000)
+            .expect("a request alone is let through");
+        assert!(counter.reserve(1, 1).is_err(), "behind one over the bound");
+        drop(alone);
+        assert!(counter.reserve(2, 1000).is_ok(), "all freed");
     }
 
     /// TEI's `POST /tokenize` shape (`{"inputs": [...], "add_special_tokens": true}` → one array

@@ -5,6 +5,7 @@
 //!
 //! The batcher is generic over [`Upstream`], so its tests can use an in-process double.
 
+mod body;
 mod embedding;
 pub mod local;
 pub mod tei;

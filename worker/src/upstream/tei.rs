@@ -5,8 +5,9 @@
 use std::time::Duration;
 
 use embatch_protocol::{EmbedError, EmbedOptions, ErrorResponse, Input};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
+use super::body::{self, TeiRequest};
 use super::{Embedding, Upstream, UpstreamError};
 
 /// A pooled HTTP client for one TEI server.
@@ -50,14 +51,6 @@ pub const TOKENIZER_LOOKUP_TIMEOUT: Duration = Duration::from_secs(20);
 #[derive(Debug, Deserialize)]
 struct TeiInfo {
     max_client_batch_size: usize,
-}
-
-/// The body sent to TEI: the batch's inputs and their shared options, in TEI's shape.
-#[derive(Serialize)]
-struct TeiRequest<'a> {
-    inputs: &'a [Input],
-    #[serde(flatten)]
-    options: &'a EmbedOptions,
 }
 
 impl TeiUpstream {
@@ -179,13 +172,28 @@ impl Upstream for TeiUpstream {
         options: &EmbedOptions,
     ) -> Result<Vec<Embedding>, UpstreamError> {
         let n = inputs.len();
-        let response = self
+        // The body is written while it is sent (see `body`): a batch of long inputs is not
+        // copied whole into a buffer that lives as long as the call.
+        let request = TeiRequest { inputs, options };
+        let (body, writer) = body::body(&request);
+        let send = self
             .client
             .post(&self.embed_url)
-            .json(&TeiRequest { inputs, options })
-            .send()
-            .await
-            .map_err(|e| transport_error(e, self.timeout))?;
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(reqwest::Body::wrap(body))
+            .send();
+        let write = writer.write(&request);
+        tokio::pin!(send, write);
+        let mut writing = true;
+        // The answer ends the call, whether the body was written whole or not (an early error
+        // answer, or a broken connection, drops the body and so ends the writer).
+        let response = loop {
+            tokio::select! {
+                response = &mut send => break response,
+                () = &mut write, if writing => writing = false,
+            }
+        }
+        .map_err(|e| transport_error(e, self.timeout))?;
         let status = response.status();
         let body = response
             .bytes()
