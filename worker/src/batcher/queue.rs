@@ -108,6 +108,40 @@ pub(super) struct Take {
     pub floor: Fastest,
 }
 
+/// What [`Queue::take`] does with a waiting request.
+enum Verdict {
+    /// It may go in the batch.
+    Send,
+    /// It would come too late by the estimate, but goes as the batch's probe.
+    Probe,
+    /// It cannot be answered in time: 504, no upstream work.
+    Expire,
+}
+
+impl Take {
+    /// The verdict on `entry`; `probing`: the batch already carries a probe. A request that
+    /// started goes on; one due before the fastest recent call of its size would end expires,
+    /// probe or not; one due before the cutoff expires unless it may be the probe.
+    fn verdict(&self, entry: &Entry, probing: bool) -> Verdict {
+        if entry.started {
+            return Verdict::Send;
+        }
+        let hopeless = self
+            .floor
+            .floor(entry.waiting.len(), entry.tokens(), self.now)
+            .is_some_and(|floor| self.now + floor > entry.deadline);
+        if hopeless {
+            Verdict::Expire
+        } else if self.cutoff < entry.deadline {
+            Verdict::Send
+        } else if self.probe_allowed && !probing && self.now < entry.deadline {
+            Verdict::Probe
+        } else {
+            Verdict::Expire
+        }
+    }
+}
+
 /// A batch taken from the queue (possibly empty when every candidate had expired).
 #[derive(Debug)]
 pub(super) struct Formed {
@@ -310,15 +344,10 @@ impl Queue {
             let Some(entry) = self.entries.get(&id) else {
                 continue;
             };
-            let hopeless = !entry.started
-                && take
-                    .floor
-                    .floor(entry.waiting.len(), entry.tokens(), take.now)
-                    .is_some_and(|floor| take.now + floor > entry.deadline);
-            if hopeless || (!entry.started && take.cutoff >= entry.deadline) {
-                if !hopeless && take.probe_allowed && probe.is_none() && take.now < entry.deadline {
-                    probe = Some(id);
-                } else {
+            match take.verdict(entry, probe.is_some()) {
+                Verdict::Send => {}
+                Verdict::Probe => probe = Some(id),
+                Verdict::Expire => {
                     let left = Removed {
                         inputs: entry.waiting.len(),
                         tokens: entry.tokens(),
