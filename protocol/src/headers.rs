@@ -163,6 +163,31 @@ pub const CACHE_CONTROL: &str = "Embatch-Cache-Control";
 /// gateway copies it to the HTTP response header `x-embatch-cache-hits`.
 pub const CACHE_HITS: &str = "Embatch-Cache-Hits";
 
+/// Request header (optional): the tenant a request is served for, e.g. `search` (1-64 of
+/// `A-Z a-z 0-9 _ -`, see [`valid_tenant`]). The gateway sets it to the tenant whose API key
+/// authenticated the HTTP request. A worker takes it only from callers it trusts: those in its
+/// own NATS account (no `Nats-Request-Info` header) and those in the account named by its
+/// `TRUSTED_ACCOUNT` setting. A request that reaches the worker through a service import from
+/// another account is that account's tenant, whatever this header says (docs/tenants.md).
+/// Absent: [`DEFAULT_TENANT`]. It scopes the cache and the fair share of the upstream.
+pub const TENANT: &str = "Embatch-Tenant";
+
+/// The tenant of requests that name none: an open gateway's one implicit tenant.
+pub const DEFAULT_TENANT: &str = "default";
+
+/// Header that nats-server adds to a request crossing a service import with `share: true`
+/// (JSON; its `acc` field names the requester's account).
+pub const REQUEST_INFO: &str = "Nats-Request-Info";
+
+/// Whether `name` may name a tenant: 1 to 64 ASCII letters, digits, `_` or `-`, so that it is a
+/// valid NATS subject token, KV key and Prometheus label value as it is.
+pub fn valid_tenant(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
 /// Encodes a remaining budget for [`DEADLINE_MS`] (whole milliseconds, rounded down, at least 0).
 pub fn encode_deadline(remaining: Duration) -> String {
     remaining.as_millis().to_string()
@@ -187,6 +212,15 @@ mod tests {
         let encoded = encode_deadline(Duration::from_micros(1_500_900));
         assert_eq!(encoded, "1500");
         assert_eq!(parse_deadline(&encoded), Some(Duration::from_millis(1500)));
+    }
+
+    #[test]
+    fn tenant_names_are_subject_tokens() {
+        assert!(valid_tenant("search-team_2"));
+        assert!(!valid_tenant(""));
+        assert!(!valid_tenant("a.b"));
+        assert!(!valid_tenant("a b"));
+        assert!(!valid_tenant(&"x".repeat(65)));
     }
 
     #[test]

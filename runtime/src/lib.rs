@@ -8,6 +8,7 @@ pub mod bulk;
 mod memory;
 mod nats;
 mod secret;
+pub mod tenants;
 
 pub use addr::OptionalAddr;
 pub use memory::disable_transparent_huge_pages;
