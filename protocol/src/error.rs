@@ -26,12 +26,12 @@ pub enum ErrorType {
 
 impl ErrorType {
     /// The `error_type` TEI uses for an HTTP status (for an error that arrived with a status
-    /// only): 400 `Empty`, 413/422 `Validation`, 429 `Overloaded`, 503 `Unhealthy`, 504/408
+    /// only): 400 `Empty`, 403/413/422 `Validation`, 429 `Overloaded`, 503 `Unhealthy`, 504/408
     /// `Timeout`, anything else `Backend`.
     pub fn for_status(status: u16) -> ErrorType {
         match status {
             400 => ErrorType::Empty,
-            413 | 422 => ErrorType::Validation,
+            403 | 413 | 422 => ErrorType::Validation,
             429 => ErrorType::Overloaded,
             503 => ErrorType::Unhealthy,
             504 | 408 => ErrorType::Timeout,
@@ -84,6 +84,15 @@ pub enum EmbedError {
     /// `inputs` is empty (400, `Empty`; mirrors TEI).
     #[error("Input validation error: {0}")]
     Empty(String),
+    /// A request header holds a value the contract does not allow, e.g. an `Embatch-Tenant`
+    /// that is not a tenant name (400, `Validation`); the message names the header. TEI has no
+    /// such headers to mirror.
+    #[error("Invalid request header: {0}")]
+    InvalidHeader(String),
+    /// The caller may not be served as the tenant it is (403, `Validation`): a tenant, or a NATS
+    /// account, that the worker's `TENANTS_FILE` does not name. TEI has no tenants to mirror.
+    #[error("Forbidden: {0}")]
+    Forbidden(String),
     /// The tokenizer could not process an input (422, `Tokenizer`; mirrors TEI).
     #[error("Tokenizer error: {0}")]
     Tokenizer(String),
@@ -136,7 +145,8 @@ impl EmbedError {
             EmbedError::Validation(_) | EmbedError::Tokenizer(_) => 422,
             EmbedError::TooLarge(_) => 413,
             EmbedError::UnsupportedMediaType(_) => 415,
-            EmbedError::Empty(_) | EmbedError::InvalidJson(_) => 400,
+            EmbedError::Empty(_) | EmbedError::InvalidJson(_) | EmbedError::InvalidHeader(_) => 400,
+            EmbedError::Forbidden(_) => 403,
             EmbedError::Backend(_) => 424,
             EmbedError::Overloaded(_) => 429,
             EmbedError::Unavailable(_) => 503,
@@ -154,6 +164,8 @@ impl EmbedError {
             | EmbedError::InvalidJson(_)
             | EmbedError::TooLarge(_)
             | EmbedError::UnsupportedMediaType(_)
+            | EmbedError::InvalidHeader(_)
+            | EmbedError::Forbidden(_)
             | EmbedError::ModelNotFound { .. } => ErrorType::Validation,
             EmbedError::Empty(_) => ErrorType::Empty,
             EmbedError::Tokenizer(_) => ErrorType::Tokenizer,
@@ -173,6 +185,8 @@ impl EmbedError {
             EmbedError::TooLarge(_) => "too_large",
             EmbedError::UnsupportedMediaType(_) => "unsupported_media_type",
             EmbedError::Empty(_) => "empty",
+            EmbedError::InvalidHeader(_) => "invalid_header",
+            EmbedError::Forbidden(_) => "forbidden",
             EmbedError::Tokenizer(_) => "tokenizer",
             EmbedError::Backend(_) => "backend",
             EmbedError::Overloaded(_) => "overloaded",
@@ -182,6 +196,7 @@ impl EmbedError {
             EmbedError::ModelNotFound { .. } => "model_not_found",
             EmbedError::Remote { status, response } => match (status, response.error_type) {
                 (413, _) => "too_large",
+                (403, _) => "forbidden",
                 (_, ErrorType::Validation) => "validation",
                 (_, ErrorType::Empty) => "empty",
                 (_, ErrorType::Tokenizer) => "tokenizer",
@@ -237,6 +252,16 @@ mod tests {
                 ErrorType::Validation,
             ),
             (EmbedError::Tokenizer("x".into()), 422, ErrorType::Tokenizer),
+            (
+                EmbedError::InvalidHeader("x".into()),
+                400,
+                ErrorType::Validation,
+            ),
+            (
+                EmbedError::Forbidden("x".into()),
+                403,
+                ErrorType::Validation,
+            ),
             (EmbedError::Backend("x".into()), 424, ErrorType::Backend),
             (
                 EmbedError::Overloaded("x".into()),

@@ -264,6 +264,21 @@ pub struct Config {
     /// serving a local path).
     #[arg(long, env = "CACHE_REVISION")]
     pub cache_revision: Option<String>,
+
+    /// The tenants file (TOML, the gateway's; see docs/tenants.md): each tenant's weight (its
+    /// share of the upstream under contention), NATS account and cache group. Read again every
+    /// second. With it, a tenant it does not name is refused (403), except `default`. Unset:
+    /// every tenant has weight 1 and its own cache scope, and a caller from another NATS account
+    /// is the tenant named like the account.
+    #[arg(long, env = "TENANTS_FILE")]
+    pub tenants_file: Option<PathBuf>,
+
+    /// The NATS account of the gateway when it is not the worker's own: requests from it that
+    /// cross a service import may name their tenant (`Embatch-Tenant`). Requests from the
+    /// worker's own account always may; those from any other account are that account's
+    /// tenant. Unset: only the worker's own account is trusted.
+    #[arg(long, env = "TRUSTED_ACCOUNT")]
+    pub trusted_account: Option<String>,
 }
 
 /// `BATCH_COST`: a [`BatchCost`], or `auto` (from the upstream).

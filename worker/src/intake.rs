@@ -39,6 +39,7 @@ use crate::batcher::BatcherHandle;
 use crate::cache::{Cache, Plan, Usage};
 use crate::group::{Event, Group};
 use crate::micro::EndpointStats;
+use crate::tenant::TenantPolicy;
 use crate::tokens::Counter;
 pub use held::LARGE_BODY_BYTES;
 use held::{Held, HeldShare};
@@ -86,6 +87,8 @@ pub(crate) struct Intake {
     pub stats: EndpointStats,
     /// The cache and in-flight de-duplication every request goes through first.
     pub cache: Arc<Cache>,
+    /// Decides each request's tenant.
+    pub tenants: TenantPolicy,
 }
 
 /// How long shutdown waits for the server to confirm the drain (its PONG) while still admitting
@@ -109,6 +112,7 @@ pub(crate) async fn run(intake: Intake, stop: CancellationToken) {
         client,
         stats,
         cache,
+        tenants,
     } = intake;
     let mut reconnects = crate::reconnect::Reconnects::new(&client);
     let admitter = Arc::new(Admitter {
@@ -129,6 +133,7 @@ pub(crate) async fn run(intake: Intake, stop: CancellationToken) {
         client,
         stats,
         cache,
+        tenants,
     });
     loop {
         let event = tokio::select! {
@@ -211,6 +216,7 @@ struct Admitter {
     client: async_nats::Client,
     stats: EndpointStats,
     cache: Arc<Cache>,
+    tenants: TenantPolicy,
     /// Checked, and taught, by every reply.
     reply_limit: Arc<ReplyLimit>,
     acks: Acks,
@@ -257,6 +263,10 @@ impl Admitter {
             return;
         }
         let wants_ack = wants_ack(&request);
+        // Who it is for comes first, as authentication would (400 or 403 before anything).
+        if let Err(err) = self.tenants.resolve(request.headers.as_ref()) {
+            return self.refuse(err.into(), &request, wants_ack, received).await;
+        }
         let id = request
             .headers
             .as_ref()

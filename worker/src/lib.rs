@@ -17,6 +17,8 @@
 //! - [`bulk`]: the bulk lane: OpenAI-style batch jobs from NATS JetStream, behind interactive
 //!   traffic.
 //! - [`batcher`]: the batching actor: batch formation, overload control, fault isolation.
+//! - [`tenant`]: the tenant a request is served for, from its NATS account or, from a trusted
+//!   caller, its `Embatch-Tenant` header.
 //! - [`tokens`]: token counts per input (the model's tokenizer), before the batcher.
 //! - [`upstream`]: TEI over HTTP, or the built-in CPU model.
 //! - [`http`]: the admin HTTP server, `/metrics` and `/health`.
@@ -39,6 +41,7 @@ mod reconnect;
 mod respond;
 mod serve;
 pub mod telemetry;
+pub mod tenant;
 pub mod tokens;
 pub mod upstream;
 
@@ -85,6 +88,9 @@ pub enum WorkerError {
     /// The metrics recorder could not be installed.
     #[error("cannot install the metrics recorder: {0}")]
     Metrics(#[from] metrics_exporter_prometheus::BuildError),
+    /// The tenants file (`TENANTS_FILE`) could not be read or is not valid.
+    #[error(transparent)]
+    Tenants(#[from] embatch_runtime::tenants::TenantsError),
     /// The metrics/health server could not bind its address.
     #[error("cannot serve /metrics on {addr}: {source}")]
     Http {

@@ -61,7 +61,8 @@ pub(crate) struct Running {
 ///
 /// # Errors
 /// [`WorkerError::Service`] when a subscription cannot be made, [`WorkerError::Metrics`] or
-/// [`WorkerError::Http`] when the admin server (`--metrics-addr`) cannot start.
+/// [`WorkerError::Http`] when the admin server (`--metrics-addr`) cannot start,
+/// [`WorkerError::Tenants`] when `TENANTS_FILE` cannot be read or is not valid.
 pub(crate) async fn start<U: Upstream>(
     client: async_nats::Client,
     upstream: U,
@@ -71,6 +72,11 @@ pub(crate) async fn start<U: Upstream>(
     let stop = CancellationToken::new();
     let intake_stop = stop.child_token();
     let tasks = TaskTracker::new();
+    // Read before anything is joined: a broken file stops the worker at start.
+    let tenants = crate::tenant::TenantPolicy::new(
+        embatch_runtime::tenants::watch(config.tenants_file.as_deref(), stop.clone())?,
+        config.trusted_account.clone(),
+    );
     let upstream = Arc::new(upstream);
     let service_error = |what: &'static str| {
         move |source: async_nats::SubscribeError| WorkerError::Service {
@@ -235,6 +241,7 @@ pub(crate) async fn start<U: Upstream>(
             client: client.clone(),
             stats: embed_stats,
             cache,
+            tenants,
         },
         intake_stop.clone(),
     ));

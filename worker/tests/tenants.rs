@@ -1,0 +1,108 @@
+//! Tenants on a real nats-server with the TEI double: the tenant a request is served for
+//! (`Embatch-Tenant` from the worker's own account, 400 for a value that is not a name, 403
+//! for a tenant `TENANTS_FILE` lacks).
+
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use bytes::Bytes;
+use embatch_protocol::{DEFAULT_SUBJECT, headers};
+use embatch_testkit::{NatsServer, RunningWorker, TeiConfig, start_tei};
+
+/// The tenants of these tests: `search` (weight 2, NATS account `SEARCH`), `ads` (account
+/// `ADS`) and `partner`, which shares `search`'s cache (group `acme`).
+const TENANTS: &str = r#"
+[tenants.search]
+keys = ["sk-search"]
+weight = 2
+nats_account = "SEARCH"
+cache_group = "acme"
+
+[tenants.partner]
+keys = ["sk-partner"]
+cache_group = "acme"
+
+[tenants.ads]
+keys = ["sk-ads"]
+nats_account = "ADS"
+"#;
+
+/// A reply as a plain NATS client sees it.
+struct Reply {
+    status: u16,
+    /// `Embatch-Cache-Hits`, when present.
+    hits: Option<usize>,
+    payload: Bytes,
+}
+
+/// Sends `text` on the request subject, as `tenant` when given.
+async fn send(client: &async_nats::Client, text: &str, tenant: Option<&str>) -> Reply {
+    let mut request_headers = HeaderMap::new();
+    if let Some(tenant) = tenant {
+        request_headers.insert(headers::TENANT, tenant);
+    }
+    let body = serde_json::json!({ "inputs": [text] }).to_string();
+    let reply = tokio::time::timeout(
+        Duration::from_secs(30),
+        client.request_with_headers(DEFAULT_SUBJECT, request_headers, Bytes::from(body)),
+    )
+    .await
+    .expect("a reply within 30 s")
+    .expect("a reply");
+    let header = |name: &str| {
+        reply
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(name))
+            .map(|v| v.as_str().to_owned())
+    };
+    Reply {
+        status: header(headers::SERVICE_ERROR_CODE).map_or(200, |c| c.parse().expect("a code")),
+        hits: header(headers::CACHE_HITS).map(|h| h.parse().expect("a count")),
+        payload: reply.payload,
+    }
+}
+
+/// The tenants file in a temporary directory (kept alive by the returned guard).
+fn tenants_file() -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("tenants.toml");
+    std::fs::write(&path, TENANTS).expect("write the tenants file");
+    let path = path.to_string_lossy().into_owned();
+    (dir, path)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tenant_header_names_a_configured_tenant_or_is_refused() {
+    let nats = NatsServer::start();
+    let tei = start_tei(TeiConfig::instant()).await;
+    let (_dir, file) = tenants_file();
+    let worker = RunningWorker::start(
+        &nats,
+        &["--tei-url", tei.url.as_str(), "--tenants-file", &file],
+    )
+    .await;
+    let client = async_nats::connect(nats.url()).await.expect("connects");
+
+    assert_eq!(send(&client, "hello", Some("search")).await.status, 200);
+    assert_eq!(
+        send(&client, "hello", Some("search")).await.hits,
+        Some(1),
+        "its own entry"
+    );
+    assert_eq!(
+        send(&client, "bonjour", None).await.status,
+        200,
+        "no header: the default tenant"
+    );
+    let calls = tei.calls().len();
+    let invalid = send(&client, "hello", Some("a.b")).await;
+    assert_eq!(invalid.status, 400);
+    let body = String::from_utf8_lossy(&invalid.payload);
+    assert!(body.contains(headers::TENANT), "{body}");
+    let unknown = send(&client, "hello", Some("nobody")).await;
+    assert_eq!(unknown.status, 403);
+    assert!(String::from_utf8_lossy(&unknown.payload).contains("`nobody`"));
+    assert_eq!(tei.calls().len(), calls, "refused: no upstream work");
+    worker.stop().await;
+}
