@@ -114,6 +114,10 @@ pub struct SendOptions {
     /// [`headers::CACHE_CONTROL`]: `no-cache` or `no-store` bypass the workers' cache
     /// (HTTP's `Cache-Control` request directives); `None` uses it.
     pub cache_control: Option<String>,
+    /// [`headers::TENANT`]: the tenant the request is served for (the gateway sets the one
+    /// that authenticated); `None` sends no header, and the worker takes the caller's account's
+    /// tenant or `default`.
+    pub tenant: Option<std::sync::Arc<str>>,
 }
 
 /// Why a request failed, as the NATS client saw it. [`RequestError::Reply`] is an error the
@@ -341,6 +345,9 @@ impl EmbedClient {
         let mut request_headers = async_nats::HeaderMap::new();
         if let Some(cache_control) = &options.cache_control {
             request_headers.insert(headers::CACHE_CONTROL, cache_control.as_str());
+        }
+        if let Some(tenant) = &options.tenant {
+            request_headers.insert(headers::TENANT, &**tenant);
         }
         request_headers.insert(
             headers::DEADLINE_MS,

@@ -100,6 +100,14 @@ pub struct Config {
     #[arg(long, env = "BULK_COMPLETION_WINDOWS", default_value = "24h", value_parser = crate::bulk::parse_windows)]
     pub bulk_completion_windows: std::vec::Vec<(String, Duration)>,
 
+    /// The tenants file (TOML; see docs/tenants.md): tenants, their API keys, weights and
+    /// per-minute quotas. With it, every route but `/health`, `/metrics` and the OpenAPI
+    /// document needs `Authorization: Bearer <key>` (401 otherwise), and bulk files and batches
+    /// are scoped to their tenant. Read again every second: a changed key works, or stops
+    /// working, without a restart. Unset: open to every caller, as the tenant `default`.
+    #[arg(long, env = "TENANTS_FILE")]
+    pub tenants_file: Option<std::path::PathBuf>,
+
     /// Log format.
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,

@@ -16,6 +16,7 @@
 //!   `GET /api-doc/openapi.json`.
 //! - [`serve`]: the HTTP server loop: listen backlog, connection limit, header-read timeout.
 //! - [`fd_limit`]: the open-file limit, raised at start, and the connection cap it allows.
+//! - [`tenancy`]: the caller's tenant from its API key (`Authorization: Bearer`), or 401.
 //! - [`telemetry`]: logging, the Prometheus recorder and metric names.
 
 pub mod body;
@@ -29,6 +30,7 @@ pub mod openapi;
 pub mod routes;
 pub mod serve;
 pub mod telemetry;
+pub mod tenancy;
 
 use std::future::Future;
 
@@ -51,6 +53,9 @@ pub enum GatewayError {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// The tenants file could not be read or is not valid.
+    #[error(transparent)]
+    Tenants(#[from] embatch_runtime::tenants::TenantsError),
     /// The metrics recorder could not be installed.
     #[error("cannot install the metrics recorder: {0}")]
     Metrics(#[from] metrics_exporter_prometheus::BuildError),

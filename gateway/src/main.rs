@@ -28,6 +28,9 @@ async fn run(mut config: Config) -> Result<(), GatewayError> {
                 source,
             }
         })?;
-    let state = AppState::new(client, &config, Some(metrics));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let _stop_on_exit = stop.clone().drop_guard();
+    let tenants = embatch_runtime::tenants::watch(config.tenants_file.as_deref(), stop)?;
+    let state = AppState::new(client, &config, Some(metrics)).with_tenants(tenants);
     embatch_gateway::serve(listener, state, embatch_gateway::shutdown_signal()).await
 }

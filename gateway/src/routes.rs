@@ -11,13 +11,14 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::extract::{DefaultBodyLimit, Extension, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
 use embatch_client::{EmbedClient, Reply};
 use embatch_protocol::reply::Timings;
 use embatch_protocol::{EmbedError, EmbedRequest, ErrorResponse};
+use embatch_runtime::tenants::{Tenants, TenantsWatch};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
@@ -26,6 +27,7 @@ use crate::body::{BodyError, TimedBody};
 use crate::models::{Models, Route};
 use crate::openai::{EmbeddingsRequest, OpenAiError};
 use crate::serve::ServeLimits;
+use crate::tenancy::Caller;
 
 /// HTTP request header with which a client shortens its own timeout, in whole milliseconds
 /// (never lengthens it beyond `--request-timeout`).
@@ -67,6 +69,8 @@ pub struct AppState {
     pub openapi: Bytes,
     /// The Files and Batches routes' state (see [`crate::bulk`]).
     pub bulk: crate::bulk::Bulk,
+    /// The tenants in force (`TENANTS_FILE`; open without one): see [`crate::tenancy`].
+    pub tenants: TenantsWatch,
 }
 
 impl AppState {
@@ -110,7 +114,15 @@ impl AppState {
                 config.max_in_flight.clamp(1, Semaphore::MAX_PERMITS),
             )),
             openapi: crate::openapi::document_json(),
+            tenants: TenantsWatch::fixed(Tenants::open()),
         }
+    }
+
+    /// This state with `tenants` in force instead of an open gateway (the binary passes the
+    /// watch of `TENANTS_FILE`, see [`embatch_runtime::tenants::watch`]).
+    pub fn with_tenants(mut self, tenants: TenantsWatch) -> AppState {
+        self.tenants = tenants;
+        self
     }
 }
 
@@ -123,6 +135,16 @@ pub fn served() -> Vec<(&'static str, &'static str)> {
         .chain(crate::bulk::SERVED)
         .collect()
 }
+
+/// The routes that need no API key: liveness, metrics and the API's description (as TEI leaves
+/// `/health` and `/metrics` open under `--api-key`).
+pub const PUBLIC: [&str; 5] = [
+    "/health",
+    "/metrics",
+    "/models/{model}/health",
+    crate::openapi::DOCUMENT_PATHS[0],
+    crate::openapi::DOCUMENT_PATHS[1],
+];
 
 /// The routes: method (for [`served`]), path and handler.
 fn handlers() -> [(&'static str, &'static str, MethodRouter<Arc<AppState>>); 14] {
@@ -150,14 +172,24 @@ fn handlers() -> [(&'static str, &'static str, MethodRouter<Arc<AppState>>); 14]
 /// The gateway's router, apart from serving, so tests can drive it without a socket.
 pub fn app(state: AppState) -> Router {
     let limit = state.max_body_bytes;
-    handlers()
+    let (public, protected): (Vec<_>, Vec<_>) = handlers()
         .into_iter()
-        .fold(Router::new(), |router, (_, path, handler)| {
-            router.route(path, handler)
-        })
+        .partition(|(_, path, _)| PUBLIC.contains(path));
+    let routes = |routes: Vec<(_, &'static str, _)>| {
+        routes
+            .into_iter()
+            .fold(Router::new(), |router, (_, path, handler)| {
+                router.route(path, handler)
+            })
+    };
+    let authenticate =
+        axum::middleware::from_fn_with_state(state.tenants.clone(), crate::tenancy::authenticate);
+    routes(protected)
         .layer(DefaultBodyLimit::max(limit))
         // The Files and Batches routes, with their own body limits (after the layer above).
         .merge(crate::bulk::router(state.bulk.clone()))
+        .route_layer(authenticate)
+        .merge(routes(public))
         // Shared behind an `Arc`: axum clones the state for every request, and a deep clone (the
         // subject `String`, the NATS client's handles) was the gateway's own top symbol in the
         // profile.
@@ -271,11 +303,12 @@ fn header_model(request_headers: &HeaderMap) -> Option<&str> {
 )]
 pub(crate) async fn embed(
     State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
     request_headers: HeaderMap,
     TimedBody(body): TimedBody,
 ) -> Response {
     let model = header_model(&request_headers).map(str::to_owned);
-    embed_model(state, model, request_headers, body).await
+    embed_model(state, model, (request_headers, caller), body).await
 }
 
 /// `POST /models/{model}/embed` and `POST /models/{model}`: `POST /embed` for `model`.
@@ -298,10 +331,11 @@ pub(crate) async fn embed(
 pub(crate) async fn model_embed(
     State(state): State<Arc<AppState>>,
     Path(model): Path<String>,
+    Extension(caller): Extension<Caller>,
     request_headers: HeaderMap,
     TimedBody(body): TimedBody,
 ) -> Response {
-    embed_model(state, Some(model), request_headers, body).await
+    embed_model(state, Some(model), (request_headers, caller), body).await
 }
 
 /// The TEI embedding routes' common path: routes the request to `model` (`None`: the default
@@ -309,7 +343,7 @@ pub(crate) async fn model_embed(
 async fn embed_model(
     state: Arc<AppState>,
     model: Option<String>,
-    request_headers: HeaderMap,
+    (request_headers, caller): (HeaderMap, Caller),
     body: Result<Bytes, BodyError>,
 ) -> Response {
     let shared = Arc::clone(&state);
@@ -320,7 +354,8 @@ async fn embed_model(
         };
         let forwarded = async {
             let body = read_body(&state, &request_headers, body)?;
-            forward(&state, &route, &request_headers, body, started).await
+            let call = (&request_headers, &caller);
+            forward(&state, &route, call, body, started).await
         };
         let response = match forwarded.await {
             Ok(reply) => {
@@ -372,6 +407,7 @@ where
 )]
 pub(crate) async fn openai_embeddings(
     State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
     request_headers: HeaderMap,
     TimedBody(body): TimedBody,
 ) -> Response {
@@ -394,7 +430,7 @@ pub(crate) async fn openai_embeddings(
             let reply = send(
                 &state,
                 &route,
-                &request_headers,
+                (&request_headers, &caller),
                 Bytes::from(body),
                 timeout,
                 started,
@@ -453,8 +489,9 @@ fn with_cache_hits(mut response: Response, hits: Option<u64>) -> Response {
 
 /// The request's use of the workers' cache, from HTTP's `Cache-Control` request header
 /// (`no-cache`, `no-store`), passed on as [`embatch_protocol::headers::CACHE_CONTROL`].
-fn send_options(request_headers: &HeaderMap) -> embatch_client::SendOptions {
+fn send_options(request_headers: &HeaderMap, caller: &Caller) -> embatch_client::SendOptions {
     embatch_client::SendOptions {
+        tenant: Some(caller.0.name.clone()),
         cache_control: request_headers
             .get(axum::http::header::CACHE_CONTROL)
             .and_then(|v| v.to_str().ok())
@@ -489,14 +526,17 @@ fn read_body(
 async fn forward(
     state: &AppState,
     route: &Route,
-    request_headers: &HeaderMap,
+    call: Call<'_>,
     body: Bytes,
     started: Instant,
 ) -> Result<Reply, EmbedError> {
-    let timeout = client_timeout(request_headers, state.request_timeout)?;
+    let timeout = client_timeout(call.0, state.request_timeout)?;
     EmbedRequest::from_slice(&body)?.validate(state.max_client_batch_size)?;
-    send(state, route, request_headers, body, timeout, started).await
+    send(state, route, call, body, timeout, started).await
 }
+
+/// What a route passes on of the HTTP request: its headers and its authenticated caller.
+type Call<'a> = (&'a HeaderMap, &'a Caller);
 
 /// The path every embedding route shares once its body is a validated TEI `/embed` JSON: takes
 /// an in-flight permit and sends it as one NATS request with what is left of `timeout` (the
@@ -504,7 +544,7 @@ async fn forward(
 async fn send(
     state: &AppState,
     route: &Route,
-    request_headers: &HeaderMap,
+    (request_headers, caller): Call<'_>,
     body: Bytes,
     timeout: Duration,
     started: Instant,
@@ -518,7 +558,7 @@ async fn send(
     let remaining = timeout.saturating_sub(started.elapsed());
     route
         .client
-        .embed_with(body, remaining, &send_options(request_headers))
+        .embed_with(body, remaining, &send_options(request_headers, caller))
         .await
         .map_err(EmbedError::from)
 }

@@ -63,6 +63,10 @@ pub const META_PURPOSE: &str = "purpose";
 pub const META_FILENAME: &str = "filename";
 /// Object metadata key: creation time, Unix seconds.
 pub const META_CREATED_AT: &str = "created_at";
+/// Object metadata key: the tenant that owns the file (the uploader's, or its batch's for an
+/// output or error file). Absent on files stored before tenants existed: those are
+/// [`DEFAULT_TENANT`](crate::headers::DEFAULT_TENANT)'s.
+pub const META_TENANT: &str = "tenant";
 
 /// What a job message asks a worker to do (the last token of [`job_subject`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -334,6 +338,20 @@ pub struct BatchRecord {
     /// Bookkeeping, never served over HTTP.
     #[serde(default)]
     pub embatch: Progress,
+    /// The tenant that created the batch: only it may read or cancel it, and its output and
+    /// error files are its own. `None` on records written before tenants existed: those are
+    /// [`DEFAULT_TENANT`](crate::headers::DEFAULT_TENANT)'s ([`BatchRecord::owner`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+}
+
+impl BatchRecord {
+    /// The tenant that owns the batch.
+    pub fn owner(&self) -> &str {
+        self.tenant
+            .as_deref()
+            .unwrap_or(crate::headers::DEFAULT_TENANT)
+    }
 }
 
 /// A batch's bookkeeping in its [`BatchRecord`].

@@ -488,6 +488,20 @@ mod tests {
     }
 
     #[test]
+    fn the_shipped_example_is_valid_and_its_hashed_key_matches() {
+        let tenants = Tenants::parse(include_str!("../../examples/tenants.toml")).expect("valid");
+        assert_eq!(tenants.len(), 2);
+        let ads = tenants
+            .authenticate(Some("sk-ads-example"))
+            .expect("hashed key");
+        assert_eq!(&*ads.name, "ads");
+        let search = tenants
+            .authenticate(Some("sk-search-example"))
+            .expect("key");
+        assert_eq!(search.weight, 2);
+    }
+
+    #[test]
     fn debug_prints_no_key() {
         let tenants = Tenants::parse(FILE).expect("valid");
         let printed = format!("{tenants:?}");

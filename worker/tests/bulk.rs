@@ -87,6 +87,7 @@ async fn submit(store: &BulkStore, n: usize) -> String {
             metadata: None,
         },
         embatch: Progress::default(),
+        tenant: None,
     };
     store.create_batch(&record).await.expect("record created");
     store

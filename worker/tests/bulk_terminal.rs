@@ -103,6 +103,7 @@ async fn create(store: &BulkStore, file_id: &str, status: BatchStatus, job: JobK
             ending: (status == BatchStatus::Cancelling).then_some(BatchStatus::Cancelled),
             ..Progress::default()
         },
+        tenant: None,
     };
     store.create_batch(&record).await.expect("record created");
     store

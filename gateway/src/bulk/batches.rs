@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use axum::Json;
 use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Extension, Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use embatch_protocol::bulk::{
     Batch, BatchRecord, BatchStatus, JobKind, META_PURPOSE, Progress, RequestCounts, unix_now,
@@ -16,6 +16,7 @@ use futures::StreamExt;
 use serde::Deserialize;
 
 use super::{ApiError, Bulk, BulkErrors, json_ok, new_id, parse_limit, path_id};
+use crate::tenancy::Caller;
 
 /// Most batches in a page, and the default (OpenAI's).
 pub const LIST_LIMIT: (usize, usize) = (100, 20);
@@ -53,6 +54,7 @@ pub struct CreateBatch {
     responses((status = 200, description = "OpenAI's Batch object, `validating`.", body = Object), BulkErrors))]
 pub async fn create(
     State(bulk): State<Bulk>,
+    Extension(caller): Extension<Caller>,
     body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
     let body = match body {
@@ -69,13 +71,13 @@ pub async fn create(
             .into_response();
         }
     };
-    match create_batch(&bulk, &body).await {
+    match create_batch(&bulk, &caller, &body).await {
         Ok(batch) => json_ok(&batch),
         Err(err) => err.into_response(),
     }
 }
 
-async fn create_batch(bulk: &Bulk, body: &[u8]) -> Result<Batch, ApiError> {
+async fn create_batch(bulk: &Bulk, caller: &Caller, body: &[u8]) -> Result<Batch, ApiError> {
     let request: CreateBatch = serde_json::from_slice(body)
         .map_err(|e| ApiError::invalid("body", format!("invalid request body: {e}")))?;
     if !ENDPOINTS.contains(&request.endpoint.as_str()) {
@@ -123,7 +125,7 @@ async fn create_batch(bulk: &Bulk, body: &[u8]) -> Result<Batch, ApiError> {
             ));
         }
     }
-    let input = super::files::info(bulk, &request.input_file_id)
+    let input = super::files::info(bulk, &request.input_file_id, caller.name())
         .await
         .map_err(|err| match err.status {
             404 => ApiError {
@@ -166,6 +168,7 @@ async fn create_batch(bulk: &Bulk, body: &[u8]) -> Result<Batch, ApiError> {
             metadata: request.metadata,
         },
         embatch: Progress::default(),
+        tenant: Some(caller.name().to_owned()),
     };
     let store = bulk.store().await?;
     store.create_batch(&record).await?;
@@ -184,21 +187,24 @@ async fn create_batch(bulk: &Bulk, body: &[u8]) -> Result<Batch, ApiError> {
     responses((status = 200, description = "OpenAI's Batch object.", body = Object), BulkErrors))]
 pub async fn retrieve(
     State(bulk): State<Bulk>,
+    Extension(caller): Extension<Caller>,
     id: Result<Path<String>, PathRejection>,
 ) -> Response {
     let Some(id) = path_id(id) else {
         return no_batch("?").into_response();
     };
-    match get(&bulk, &id).await {
+    match get(&bulk, &id, &caller).await {
         Ok(batch) => json_ok(&batch),
         Err(err) => err.into_response(),
     }
 }
 
-async fn get(bulk: &Bulk, id: &str) -> Result<Batch, ApiError> {
+/// The batch `id` if `caller` owns it; 404 otherwise, as for a batch that does not exist (as
+/// OpenAI answers another project's id).
+async fn get(bulk: &Bulk, id: &str, caller: &Caller) -> Result<Batch, ApiError> {
     match bulk.store().await?.batch(id).await? {
-        Some((record, _)) => Ok(record.batch),
-        None => Err(no_batch(id)),
+        Some((record, _)) if record.owner() == caller.name() => Ok(record.batch),
+        _ => Err(no_batch(id)),
     }
 }
 
@@ -223,6 +229,7 @@ pub struct ListQuery {
     responses((status = 200, description = "`{\"object\": \"list\", \"data\": [Batch, ...], \"has_more\"}`, newest first.", body = Object), BulkErrors))]
 pub async fn list(
     State(bulk): State<Bulk>,
+    Extension(caller): Extension<Caller>,
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Response {
     let listed = async {
@@ -238,7 +245,9 @@ pub async fn list(
         let keys: Vec<String> = keys.filter_map(|k| async { k.ok() }).collect().await;
         let mut batches = Vec::with_capacity(keys.len());
         for key in keys {
-            if let Some((record, _)) = store.batch(&key).await? {
+            if let Some((record, _)) = store.batch(&key).await?
+                && record.owner() == caller.name()
+            {
                 batches.push(record.batch);
             }
         }
@@ -263,17 +272,23 @@ pub async fn list(
     description = "What finished is delivered; the status goes `cancelling`, then `cancelled`.",
     params(("id" = String, Path, description = "The batch id, `batch_...`.")),
     responses((status = 200, description = "OpenAI's Batch object.", body = Object), BulkErrors))]
-pub async fn cancel(State(bulk): State<Bulk>, id: Result<Path<String>, PathRejection>) -> Response {
+pub async fn cancel(
+    State(bulk): State<Bulk>,
+    Extension(caller): Extension<Caller>,
+    id: Result<Path<String>, PathRejection>,
+) -> Response {
     let Some(id) = path_id(id) else {
         return no_batch("?").into_response();
     };
-    match cancel_batch(&bulk, &id).await {
+    match cancel_batch(&bulk, &id, &caller).await {
         Ok(batch) => Json(batch).into_response(),
         Err(err) => err.into_response(),
     }
 }
 
-async fn cancel_batch(bulk: &Bulk, id: &str) -> Result<Batch, ApiError> {
+async fn cancel_batch(bulk: &Bulk, id: &str, caller: &Caller) -> Result<Batch, ApiError> {
+    // The owner never changes: checked once, before the update.
+    get(bulk, id, caller).await?;
     let store = bulk.store().await?;
     let now = unix_now();
     let record = store

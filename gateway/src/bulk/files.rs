@@ -2,15 +2,19 @@
 //! with its purpose, filename and creation time in the object's metadata.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use async_nats::jetstream::object_store::{InfoErrorKind, ObjectInfo, ObjectMetadata, PutError};
 use axum::body::Body;
 use axum::extract::multipart::{Field, MultipartError};
 use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{FromRequest, Multipart, Path, Query, State};
+use axum::extract::{Extension, FromRequest, Multipart, Path, Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use embatch_protocol::bulk::{FileObject, META_CREATED_AT, META_FILENAME, META_PURPOSE, unix_now};
+use embatch_protocol::bulk::{
+    FileObject, META_CREATED_AT, META_FILENAME, META_PURPOSE, META_TENANT, unix_now,
+};
+use embatch_protocol::headers::DEFAULT_TENANT;
 use embatch_runtime::bulk::BulkStore;
 use futures::StreamExt;
 use serde::Deserialize;
@@ -21,6 +25,7 @@ use super::upload::{
     CHUNK_OVERHEAD, Capped, Caps, FORM_ALLOWANCE, LINGER_TIMEOUT, RECORD_RESERVE, linger, no_room,
 };
 use super::{ApiError, Bulk, BulkErrors, json_ok, new_id, parse_limit, path_id};
+use crate::tenancy::Caller;
 
 /// Most files in a page, and the default (OpenAI's).
 pub const LIST_LIMIT: (usize, usize) = (10_000, 10_000);
@@ -46,15 +51,24 @@ pub fn file_object(info: &ObjectInfo) -> Option<FileObject> {
     })
 }
 
-/// The stored object `id`, or 404 (also for an id no object can have, such as one with `*` or a
-/// leading `.`).
-pub async fn info(bulk: &Bulk, id: &str) -> Result<ObjectInfo, ApiError> {
+/// The tenant that owns a stored file ([`META_TENANT`]; `default` for files stored before
+/// tenants existed).
+pub fn owner(info: &ObjectInfo) -> &str {
+    info.metadata
+        .get(META_TENANT)
+        .map_or(DEFAULT_TENANT, String::as_str)
+}
+
+/// The stored object `id` when `tenant` owns it, or 404 (also for another tenant's file, as
+/// OpenAI answers another project's id, and for an id no object can have, such as one with `*`
+/// or a leading `.`).
+pub async fn info(bulk: &Bulk, id: &str, tenant: &str) -> Result<ObjectInfo, ApiError> {
     let store = bulk.store().await?;
     if !embatch_runtime::bulk::is_valid_key(id) {
         return Err(no_file(id));
     }
     match store.files.info(id).await {
-        Ok(info) if !info.deleted => Ok(info),
+        Ok(info) if !info.deleted && owner(&info) == tenant => Ok(info),
         Ok(_) => Err(no_file(id)),
         Err(err)
             if matches!(
@@ -91,6 +105,9 @@ fn no_file(id: &str) -> ApiError {
     responses((status = 200, description = "OpenAI's File object.", body = Object), BulkErrors))]
 pub async fn upload(State(bulk): State<Bulk>, request: axum::extract::Request) -> Response {
     let (parts, body) = request.into_parts();
+    let Some(Caller(tenant)) = parts.extensions.get::<Caller>().cloned() else {
+        return ApiError::server(500, "the request has no authenticated tenant").into_response();
+    };
     let checked = async {
         // JetStream first: without it the answer is 503 whatever the form.
         let store = bulk.store().await?;
@@ -121,7 +138,12 @@ pub async fn upload(State(bulk): State<Bulk>, request: axum::extract::Request) -
     // then sees its body fail and discards what it stored. It answers through `answer`, then
     // reads what is left of a refused form.
     let (answer, answered) = tokio::sync::oneshot::channel();
-    tokio::spawn(upload_form(bulk.clone(), form, caps, answer));
+    tokio::spawn(upload_form(
+        bulk.clone(),
+        form,
+        (caps, tenant.name.clone()),
+        answer,
+    ));
     match answered.await {
         Ok(Ok(file)) => json_ok(&file),
         Ok(Err(err)) => err.into_response(),
@@ -154,10 +176,10 @@ fn multipart_error(e: MultipartError) -> ApiError {
 async fn upload_form(
     bulk: Bulk,
     mut form: Multipart,
-    caps: Caps,
+    (caps, tenant): (Caps, Arc<str>),
     answer: oneshot::Sender<Result<FileObject, ApiError>>,
 ) {
-    match read_form(&bulk, &mut form, caps).await {
+    match read_form(&bulk, &mut form, caps, &tenant).await {
         Ok(file) => {
             let _ = answer.send(Ok(file));
         }
@@ -186,7 +208,13 @@ impl From<ApiError> for Refusal {
     }
 }
 
-async fn read_form(bulk: &Bulk, form: &mut Multipart, caps: Caps) -> Result<FileObject, Refusal> {
+/// Reads the form and stores its file as `tenant`'s.
+async fn read_form(
+    bulk: &Bulk,
+    form: &mut Multipart,
+    caps: Caps,
+    tenant: &str,
+) -> Result<FileObject, Refusal> {
     let store = bulk.store().await?;
     let mut purpose = None;
     let mut stored: Option<ObjectInfo> = None;
@@ -194,7 +222,8 @@ async fn read_form(bulk: &Bulk, form: &mut Multipart, caps: Caps) -> Result<File
         match field.name() {
             Some("purpose") => purpose = Some(field.text().await.map_err(multipart_error)?),
             Some("file") if stored.is_none() => {
-                stored = Some(store_file(store, field, caps, purpose.as_deref()).await?);
+                let meta = file_metadata(&field, purpose.as_deref(), tenant);
+                stored = Some(store_file(store, field, caps, meta).await?);
             }
             _ => {}
         }
@@ -228,33 +257,38 @@ async fn read_form(bulk: &Bulk, form: &mut Multipart, caps: Caps) -> Result<File
         )
         .await
         .map_err(|e| ApiError::server(503, format!("cannot store the file's purpose: {e}")))?;
-    let info = self::info(bulk, &info.name).await?;
+    let info = self::info(bulk, &info.name, tenant).await?;
     file_object(&info).ok_or_else(|| no_file(&info.name).into())
 }
 
-/// Stores the file part as object `file-<nuid>`; a part cut short by a limit, a body error or
-/// an idle client is discarded whole.
-async fn store_file(
-    store: &BulkStore,
-    field: Field<'_>,
-    caps: Caps,
-    purpose: Option<&str>,
-) -> Result<ObjectInfo, Refusal> {
-    let id = new_id("file-");
+/// The metadata of a new file `file-<nuid>` of `tenant`, uploaded as `field` with `purpose`
+/// (when the form named it first).
+fn file_metadata(field: &Field<'_>, purpose: Option<&str>, tenant: &str) -> ObjectMetadata {
     let filename = field.file_name().unwrap_or("upload.jsonl").to_owned();
     let mut metadata = HashMap::from([
         (META_FILENAME.to_owned(), filename),
         (META_CREATED_AT.to_owned(), unix_now().to_string()),
+        (META_TENANT.to_owned(), tenant.to_owned()),
     ]);
     if let Some(purpose) = purpose {
         // The usual order (the `openai` SDK sends `purpose` first): no second write.
         metadata.insert(META_PURPOSE.to_owned(), purpose.to_owned());
     }
-    let meta = ObjectMetadata {
-        name: id.clone(),
+    ObjectMetadata {
+        name: new_id("file-"),
         metadata,
         ..Default::default()
-    };
+    }
+}
+
+/// Stores the file part as the object `meta` names; a part cut short by a limit, a body error
+/// or an idle client is discarded whole.
+async fn store_file(
+    store: &BulkStore,
+    field: Field<'_>,
+    caps: Caps,
+    meta: ObjectMetadata,
+) -> Result<ObjectInfo, Refusal> {
     let mut reader = Capped::new(field, caps);
     match (store.files.put(meta, &mut reader).await, reader.stop()) {
         (Ok(info), None) => Ok(info),
@@ -316,6 +350,7 @@ pub struct ListQuery {
     responses((status = 200, description = "`{\"object\": \"list\", \"data\": [File, ...], \"has_more\"}`, newest first.", body = Object), BulkErrors))]
 pub async fn list(
     State(bulk): State<Bulk>,
+    Extension(caller): Extension<Caller>,
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Response {
     let listed = async {
@@ -332,7 +367,8 @@ pub async fn list(
         while let Some(info) = objects.next().await {
             let info =
                 info.map_err(|e| ApiError::server(503, format!("cannot list files: {e}")))?;
-            if let Some(file) = file_object(&info)
+            if owner(&info) == caller.name()
+                && let Some(file) = file_object(&info)
                 && query.purpose.as_ref().is_none_or(|p| *p == file.purpose)
             {
                 files.push(file);
@@ -376,12 +412,13 @@ pub fn page<T: serde::Serialize>(
     responses((status = 200, description = "OpenAI's File object.", body = Object), BulkErrors))]
 pub async fn retrieve(
     State(bulk): State<Bulk>,
+    Extension(caller): Extension<Caller>,
     id: Result<Path<String>, PathRejection>,
 ) -> Response {
     let Some(id) = path_id(id) else {
         return no_file("?").into_response();
     };
-    match info(&bulk, &id).await {
+    match info(&bulk, &id, caller.name()).await {
         Ok(info) => match file_object(&info) {
             Some(file) => json_ok(&file),
             None => no_file(&id).into_response(),
@@ -398,13 +435,14 @@ pub async fn retrieve(
         content((String = "application/jsonl"), (String = "application/octet-stream"))), BulkErrors))]
 pub async fn content(
     State(bulk): State<Bulk>,
+    Extension(caller): Extension<Caller>,
     id: Result<Path<String>, PathRejection>,
 ) -> Response {
     let Some(id) = path_id(id) else {
         return no_file("?").into_response();
     };
     let opened = async {
-        let info = info(&bulk, &id).await?;
+        let info = info(&bulk, &id, caller.name()).await?;
         let store = bulk.store().await?;
         let object = store
             .files
@@ -442,12 +480,16 @@ pub async fn content(
 #[utoipa::path(delete, path = "/v1/files/{id}", operation_id = "delete_file", tag = "batch", summary = "Delete a file",
     params(("id" = String, Path, description = "The file id, `file-...`.")),
     responses((status = 200, description = "`{\"id\", \"object\": \"file\", \"deleted\": true}`.", body = Object), BulkErrors))]
-pub async fn delete(State(bulk): State<Bulk>, id: Result<Path<String>, PathRejection>) -> Response {
+pub async fn delete(
+    State(bulk): State<Bulk>,
+    Extension(caller): Extension<Caller>,
+    id: Result<Path<String>, PathRejection>,
+) -> Response {
     let Some(id) = path_id(id) else {
         return no_file("?").into_response();
     };
     let deleted = async {
-        info(&bulk, &id).await?;
+        info(&bulk, &id, caller.name()).await?;
         bulk.store()
             .await?
             .files

@@ -101,7 +101,14 @@ pub async fn start_gateway_at(
     let client = embatch_gateway::connect(&config)
         .await
         .expect("gateway connects");
-    let state = AppState::new(client, &config, metrics);
+    let mut state = AppState::new(client, &config, metrics);
+    if config.tenants_file.is_some() {
+        // Stopped with the test process.
+        let stop = tokio_util::sync::CancellationToken::new();
+        let tenants = embatch_runtime::tenants::watch(config.tenants_file.as_deref(), stop)
+            .expect("the tenants file loads");
+        state = state.with_tenants(tenants);
+    }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");

@@ -13,7 +13,7 @@ use async_nats::jetstream::consumer;
 use async_nats::jetstream::object_store::{GetErrorKind, ObjectMetadata};
 use embatch_protocol::bulk::{
     BatchRecord, BatchStatus, ChunkResult, META_CREATED_AT, META_FILENAME, META_PURPOSE,
-    results_subject, unix_now,
+    META_TENANT, results_subject, unix_now,
 };
 use futures::StreamExt;
 use tokio::io::AsyncWriteExt;
@@ -138,8 +138,13 @@ async fn deliver(
     );
     let (written, output_stored, errors_stored) = tokio::join!(
         write,
-        put_file(lane, &output_id, &output_name, output_reader),
-        put_file(lane, &error_id, &error_name, error_reader),
+        put_file(
+            lane,
+            &output_id,
+            (&output_name, record.owner()),
+            output_reader
+        ),
+        put_file(lane, &error_id, (&error_name, record.owner()), error_reader),
     );
     let (completed, failed) = written?;
     output_stored?;
@@ -395,12 +400,12 @@ async fn never_answered(
     Ok(missing)
 }
 
-/// Stores what `reader` yields as the output file `id` (`purpose: batch_output`); a rerun
-/// overwrites it.
+/// Stores what `reader` yields as the output file `id` (`purpose: batch_output`) named
+/// `filename`, owned by the batch's `tenant`; a rerun overwrites it.
 async fn put_file(
     lane: &Lane,
     id: &str,
-    filename: &str,
+    (filename, tenant): (&str, &str),
     mut reader: tokio::io::DuplexStream,
 ) -> Result<(), LaneError> {
     let meta = ObjectMetadata {
@@ -409,6 +414,7 @@ async fn put_file(
             (META_PURPOSE.to_owned(), "batch_output".to_owned()),
             (META_FILENAME.to_owned(), filename.to_owned()),
             (META_CREATED_AT.to_owned(), unix_now().to_string()),
+            (META_TENANT.to_owned(), tenant.to_owned()),
         ]
         .into_iter()
         .collect(),
