@@ -39,7 +39,7 @@ use crate::batcher::BatcherHandle;
 use crate::cache::{Cache, Plan, Usage};
 use crate::group::{Event, Group};
 use crate::micro::EndpointStats;
-use crate::tenant::TenantPolicy;
+use crate::tenant::{Caller, TenantPolicy};
 use crate::tokens::Counter;
 pub use held::LARGE_BODY_BYTES;
 use held::{Held, HeldShare};
@@ -231,6 +231,8 @@ struct Arrival {
     request: Message,
     received: Instant,
     wants_ack: bool,
+    /// Its tenant.
+    caller: Caller,
     /// Its entry among the withdrawable requests, when it carries an id.
     registered: Registration,
     /// Cancelled when it is withdrawn.
@@ -264,9 +266,10 @@ impl Admitter {
         }
         let wants_ack = wants_ack(&request);
         // Who it is for comes first, as authentication would (400 or 403 before anything).
-        if let Err(err) = self.tenants.resolve(request.headers.as_ref()) {
-            return self.refuse(err.into(), &request, wants_ack, received).await;
-        }
+        let caller = match self.tenants.resolve(request.headers.as_ref()) {
+            Ok(caller) => caller,
+            Err(err) => return self.refuse(err.into(), &request, wants_ack, received).await,
+        };
         let id = request
             .headers
             .as_ref()
@@ -302,6 +305,7 @@ impl Admitter {
             request,
             received,
             wants_ack,
+            caller,
             registered,
             cancelled,
             share: self.held.take(body),
@@ -322,7 +326,8 @@ impl Admitter {
     /// checked against (and teach) the reply limit.
     async fn admit(&self, mut arrival: Arrival) {
         let payload = std::mem::take(&mut arrival.request.payload);
-        let prepared = self.prepare(&arrival.request, &payload, arrival.received);
+        let scope = &arrival.caller.tenant.cache_scope;
+        let prepared = self.prepare(&arrival.request, &payload, arrival.received, scope);
         // The inputs are parsed (copied out): the body is not kept while the request waits,
         // only its reply subject and headers (a 2 MiB input is held once, not twice).
         drop(payload);
@@ -336,12 +341,13 @@ impl Admitter {
         let payload = std::mem::take(&mut arrival.request.payload);
         let mut request = arrival.request.clone();
         let received = arrival.received;
+        let scope = arrival.caller.tenant.cache_scope.clone();
         let prepared = match self.parsing.acquire().await {
             Ok(_permit) => {
                 let admitter = Arc::clone(&self);
                 tokio::task::spawn_blocking(move || {
                     request.payload = payload;
-                    admitter.prepare(&request, &request.payload, received)
+                    admitter.prepare(&request, &request.payload, received, &scope)
                 })
                 .await
                 .unwrap_or_else(|_| Err(EmbedError::Unavailable("the worker is stopping".into())))
@@ -352,7 +358,8 @@ impl Admitter {
     }
 
     /// Parses and validates `request` (whose body is `payload`), and plans its inputs against
-    /// the cache. CPU work: for a 2 MiB text, a copy and a SHA-256, a few milliseconds.
+    /// the cache in its tenant's cache `scope`. CPU work: for a 2 MiB text, a copy and a
+    /// SHA-256, a few milliseconds.
     ///
     /// # Errors
     /// As [`Admitter::parse`].
@@ -361,6 +368,7 @@ impl Admitter {
         request: &Message,
         payload: &[u8],
         received: Instant,
+        scope: &str,
     ) -> Result<(Parsed, Plan), EmbedError> {
         let parsed = self.parse(request, payload, received)?;
         let usage = Usage::from_header(
@@ -370,7 +378,9 @@ impl Admitter {
                 .and_then(|h| h.get(headers::CACHE_CONTROL))
                 .map(|v| v.as_str()),
         );
-        let plan = self.cache.plan(&parsed.inputs, &parsed.options, usage);
+        let plan = self
+            .cache
+            .plan(&parsed.inputs, &parsed.options, usage, scope);
         Ok((parsed, plan))
     }
 

@@ -106,3 +106,119 @@ async fn the_tenant_header_names_a_configured_tenant_or_is_refused() {
     assert_eq!(tei.calls().len(), calls, "refused: no upstream work");
     worker.stop().await;
 }
+
+/// How many times the double was sent `text`.
+fn sends(tei: &embatch_testkit::TeiDouble, text: &str) -> usize {
+    tei.calls()
+        .iter()
+        .flat_map(|call| call.inputs.iter())
+        .filter(|input| input.as_text() == Some(text))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_entries_and_hits_are_the_callers_own_scope() {
+    let nats = NatsServer::start_jetstream();
+    let tei = start_tei(TeiConfig::instant()).await;
+    let (_dir, file) = tenants_file();
+    let worker = RunningWorker::start(
+        &nats,
+        &[
+            "--tei-url",
+            tei.url.as_str(),
+            "--tenants-file",
+            &file,
+            "--cache-kv-timeout",
+            "5s",
+        ],
+    )
+    .await;
+    let client = async_nats::connect(nats.url()).await.expect("connects");
+
+    assert_eq!(
+        send(&client, "merger memo", Some("search")).await.hits,
+        Some(0)
+    );
+    let other = send(&client, "merger memo", Some("ads")).await;
+    assert_eq!(
+        (other.status, other.hits),
+        (200, Some(0)),
+        "another tenant's entry is no hit"
+    );
+    assert_eq!(
+        send(&client, "merger memo", Some("search")).await.hits,
+        Some(1)
+    );
+    assert_eq!(
+        send(&client, "merger memo", Some("partner")).await.hits,
+        Some(1),
+        "a tenant of the same cache group shares it"
+    );
+    assert_eq!(
+        send(&client, "merger memo", None).await.hits,
+        Some(0),
+        "the default tenant has a scope of its own"
+    );
+    assert_eq!(sends(&tei, "merger memo"), 3, "search, ads, default");
+    worker.stop().await;
+
+    // A second worker on the same bucket: the shared tier keeps the scopes apart too.
+    let second = RunningWorker::start(
+        &nats,
+        &[
+            "--tei-url",
+            tei.url.as_str(),
+            "--tenants-file",
+            &file,
+            "--cache-kv-timeout",
+            "5s",
+        ],
+    )
+    .await;
+    assert_eq!(
+        send(&client, "merger memo", Some("partner")).await.hits,
+        Some(1)
+    );
+    assert_eq!(
+        send(&client, "merger memo", Some("ads")).await.hits,
+        Some(1)
+    );
+    assert_eq!(sends(&tei, "merger memo"), 3, "all from the shared bucket");
+    second.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_input_in_flight_is_shared_within_a_scope_only() {
+    let nats = NatsServer::start();
+    let tei = start_tei(TeiConfig {
+        base: Duration::from_millis(400),
+        ..TeiConfig::instant()
+    })
+    .await;
+    let (_dir, file) = tenants_file();
+    let worker = RunningWorker::start(
+        &nats,
+        &["--tei-url", tei.url.as_str(), "--tenants-file", &file],
+    )
+    .await;
+    let client = async_nats::connect(nats.url()).await.expect("connects");
+
+    let leader = tokio::spawn({
+        let client = client.clone();
+        async move { send(&client, "in flight", Some("search")).await }
+    });
+    // Both arrive while the leader's call runs: `partner` (same cache group) waits for it,
+    // `ads` sends its own.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (partner, ads) = tokio::join!(
+        send(&client, "in flight", Some("partner")),
+        send(&client, "in flight", Some("ads")),
+    );
+    let leader = leader.await.expect("joins");
+    for reply in [&leader, &partner, &ads] {
+        assert_eq!(reply.status, 200);
+        assert_eq!(reply.payload, leader.payload);
+    }
+    assert_eq!(sends(&tei, "in flight"), 2, "once for acme, once for ads");
+    worker.stop().await;
+}

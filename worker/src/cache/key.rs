@@ -12,8 +12,13 @@
 //!   `prompt_name`, `dimensions` (an absent option and its default are different keys: the
 //!   upstream's default may change);
 //! - the exact input: the text's UTF-8 bytes, or the token ids (a text and the ids of the same
-//!   characters are different inputs).
+//!   characters are different inputs);
+//! - the tenant's cache scope (its `cache_group`, or its own name; see docs/tenants.md), except
+//!   for the scope [`DEFAULT_TENANT`]: its keys are those of the layout before tenants, so an
+//!   open deployment keeps its cache across the upgrade. Entries of one scope are never
+//!   answered, nor shared in flight, for another.
 
+use embatch_protocol::headers::DEFAULT_TENANT;
 use embatch_protocol::{EmbedOptions, Input, TruncationDirection};
 use sha2::{Digest, Sha256};
 
@@ -89,12 +94,16 @@ impl ModelIdentity {
         &self.text
     }
 
-    /// The hasher every key of a request with `options` starts from: the format, this model and
-    /// the options; [`Prefix::key`] adds one input.
-    pub(crate) fn prefix(&self, options: &EmbedOptions) -> Prefix {
+    /// The hasher every key of a request with `options` in the cache scope `scope` starts
+    /// from: the format, this model, the scope (none for [`DEFAULT_TENANT`]) and the options;
+    /// [`Prefix::key`] adds one input.
+    pub(crate) fn prefix(&self, options: &EmbedOptions, scope: &str) -> Prefix {
         let mut hasher = Sha256::new();
         field(&mut hasher, b'F', FORMAT);
         field(&mut hasher, b'M', self.text.as_bytes());
+        if scope != DEFAULT_TENANT {
+            field(&mut hasher, b'S', scope.as_bytes());
+        }
         field(&mut hasher, b'n', &[u8::from(options.normalize)]);
         let truncate = match options.truncate {
             None => 0,
@@ -155,7 +164,7 @@ pub(crate) fn test_key(text: &str) -> Key {
     let info = serde_json::json!({"model_id": "m"});
     ModelIdentity::from_info(&info, "")
         .expect("named")
-        .prefix(&embatch_protocol::EmbedOptions::default())
+        .prefix(&embatch_protocol::EmbedOptions::default(), DEFAULT_TENANT)
         .key(&embatch_protocol::Input::Text(text.into()))
 }
 
@@ -170,7 +179,7 @@ mod tests {
     }
 
     fn key(identity: &ModelIdentity, options: &EmbedOptions, input: &Input) -> Key {
-        identity.prefix(options).key(input)
+        identity.prefix(options, DEFAULT_TENANT).key(input)
     }
 
     #[test]
@@ -248,5 +257,27 @@ mod tests {
             "{text}"
         );
         assert!(text.ends_with(r#"revision="r1""#), "{text}");
+    }
+
+    #[test]
+    fn each_cache_scope_has_its_own_keys_and_the_default_keeps_the_old_ones() {
+        let model = identity("abc", "");
+        let text = Input::Text("hello".into());
+        let options = EmbedOptions::default();
+        let scoped = |scope| model.prefix(&options, scope).key(&text);
+        assert_ne!(scoped("search"), scoped("ads"));
+        assert_eq!(scoped("acme"), scoped("acme"));
+        assert_ne!(scoped("search"), scoped(DEFAULT_TENANT));
+        // The layout before tenants: format, model, options, input (no scope field).
+        let mut hasher = Sha256::new();
+        field(&mut hasher, b'F', FORMAT);
+        field(&mut hasher, b'M', model.text().as_bytes());
+        field(&mut hasher, b'n', &[1]);
+        field(&mut hasher, b't', &[0]);
+        field(&mut hasher, b'd', &[0]);
+        field(&mut hasher, b'p', &[]);
+        field(&mut hasher, b'm', &[]);
+        field(&mut hasher, b'T', b"hello");
+        assert_eq!(scoped(DEFAULT_TENANT), Key(hasher.finalize().into()));
     }
 }

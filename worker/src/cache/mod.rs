@@ -166,11 +166,18 @@ impl Cache {
         self.local.is_some() || self.shared.is_some()
     }
 
-    /// What each input of a request needs (see the module docs): LRU hits are filled in, keys
-    /// no one computes are led by this request, the others waited for. Cheap and synchronous:
-    /// a hash per input and a lock or two.
-    pub(crate) fn plan(&self, inputs: &[Input], options: &EmbedOptions, usage: Usage) -> Plan {
-        let prefix = self.identity.prefix(options);
+    /// What each input of a request of the cache scope `scope` (its tenant's, see
+    /// [`key`]) needs (see the module docs): LRU hits are filled in, keys no one computes are led
+    /// by this request, the others waited for. Keys, and so hits and inputs in flight, never
+    /// cross scopes. Cheap and synchronous: a hash per input and a lock or two.
+    pub(crate) fn plan(
+        &self,
+        inputs: &[Input],
+        options: &EmbedOptions,
+        usage: Usage,
+        scope: &str,
+    ) -> Plan {
+        let prefix = self.identity.prefix(options, scope);
         let reads = usage == Usage::Normal;
         let mut plan = Plan {
             results: Vec::with_capacity(inputs.len()),
