@@ -108,6 +108,13 @@ pub struct Config {
     #[arg(long, env = "TENANTS_FILE")]
     pub tenants_file: Option<std::path::PathBuf>,
 
+    /// The window tenants' quotas are counted in (e.g. 60s): `requests_per_minute` and
+    /// `tokens_per_minute` are scaled to it, and a window's counts start from zero when it ends
+    /// (windows are aligned to Unix time, so every gateway shares them). A shorter window
+    /// spreads a tenant's minute more evenly; give every gateway the same value.
+    #[arg(long, env = "QUOTA_WINDOW", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub quota_window: Duration,
+
     /// Log format.
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,

@@ -17,6 +17,8 @@
 //! - [`serve`]: the HTTP server loop: listen backlog, connection limit, header-read timeout.
 //! - [`fd_limit`]: the open-file limit, raised at start, and the connection cap it allows.
 //! - [`tenancy`]: the caller's tenant from its API key (`Authorization: Bearer`), or 401.
+//! - [`metering`], [`quota`], [`usage`]: each tenant's quotas (fleet-wide, on NATS), usage per
+//!   day (JetStream KV, `GET /v1/usage`) and metrics.
 //! - [`telemetry`]: logging, the Prometheus recorder and metric names.
 
 pub mod body;
@@ -24,13 +26,16 @@ pub mod bulk;
 pub mod config;
 pub mod fd_limit;
 pub mod info;
+pub mod metering;
 pub mod models;
 pub mod openai;
 pub mod openapi;
+pub mod quota;
 pub mod routes;
 pub mod serve;
 pub mod telemetry;
 pub mod tenancy;
+pub mod usage;
 
 use std::future::Future;
 

@@ -22,8 +22,10 @@ use embatch_runtime::tenants::{Tenants, TenantsWatch};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::body::{BodyError, TimedBody};
+use crate::metering::Used;
 use crate::models::{Models, Route};
 use crate::openai::{EmbeddingsRequest, OpenAiError};
 use crate::serve::ServeLimits;
@@ -71,6 +73,10 @@ pub struct AppState {
     pub bulk: crate::bulk::Bulk,
     /// The tenants in force (`TENANTS_FILE`; open without one): see [`crate::tenancy`].
     pub tenants: TenantsWatch,
+    /// Quotas and usage per tenant (see [`crate::metering`]).
+    pub meter: crate::metering::Meter,
+    /// Stops the quota exchange and the usage flusher when the last clone is dropped.
+    _background: Arc<DropGuard>,
 }
 
 impl AppState {
@@ -89,6 +95,13 @@ impl AppState {
                 completion_windows: config.bulk_completion_windows.clone(),
             },
         );
+        let background = CancellationToken::new();
+        let quotas = crate::quota::Quotas::new(config.quota_window);
+        crate::quota::sync::start(client.clone(), quotas.clone(), background.clone());
+        let meter = crate::metering::Meter {
+            quotas,
+            usage: crate::usage::UsageBook::start(client.clone(), background.clone()),
+        };
         let models = Models::start(
             client.clone(),
             &config.subject,
@@ -115,6 +128,8 @@ impl AppState {
             )),
             openapi: crate::openapi::document_json(),
             tenants: TenantsWatch::fixed(Tenants::open()),
+            meter,
+            _background: Arc::new(background.drop_guard()),
         }
     }
 
@@ -133,6 +148,7 @@ pub fn served() -> Vec<(&'static str, &'static str)> {
         .into_iter()
         .map(|(method, path, _)| (method, path))
         .chain(crate::bulk::SERVED)
+        .chain([("GET", "/v1/usage")])
         .collect()
 }
 
@@ -144,6 +160,17 @@ pub const PUBLIC: [&str; 5] = [
     "/models/{model}/health",
     crate::openapi::DOCUMENT_PATHS[0],
     crate::openapi::DOCUMENT_PATHS[1],
+];
+
+/// The embedding routes, whose requests count against their tenant's quota and usage
+/// ([`crate::metering`]).
+pub const METERED: [&str; 6] = [
+    "/embed",
+    "/",
+    "/v1/embeddings",
+    "/embeddings",
+    "/models/{model}/embed",
+    "/models/{model}",
 ];
 
 /// The routes: method (for [`served`]), path and handler.
@@ -175,6 +202,9 @@ pub fn app(state: AppState) -> Router {
     let (public, protected): (Vec<_>, Vec<_>) = handlers()
         .into_iter()
         .partition(|(_, path, _)| PUBLIC.contains(path));
+    let (metered, protected): (Vec<_>, Vec<_>) = protected
+        .into_iter()
+        .partition(|(_, path, _)| METERED.contains(path));
     let routes = |routes: Vec<(_, &'static str, _)>| {
         routes
             .into_iter()
@@ -184,8 +214,15 @@ pub fn app(state: AppState) -> Router {
     };
     let authenticate =
         axum::middleware::from_fn_with_state(state.tenants.clone(), crate::tenancy::authenticate);
-    routes(protected)
+    let meter = axum::middleware::from_fn_with_state(state.meter.clone(), crate::metering::meter);
+    let usage = Router::new()
+        .route("/v1/usage", get(crate::usage::route))
+        .with_state(state.meter.usage.clone());
+    routes(metered)
+        .route_layer(meter)
+        .merge(routes(protected))
         .layer(DefaultBodyLimit::max(limit))
+        .merge(usage)
         // The Files and Batches routes, with their own body limits (after the layer above).
         .merge(crate::bulk::router(state.bulk.clone()))
         .route_layer(authenticate)
@@ -358,9 +395,13 @@ async fn embed_model(
             forward(&state, &route, call, body, started).await
         };
         let response = match forwarded.await {
-            Ok(reply) => {
-                let hits = reply.cache_hits;
-                with_cache_hits(reply_response(reply.payload, &reply.timings, started), hits)
+            Ok((reply, inputs)) => {
+                let used = Used {
+                    inputs,
+                    tokens: reply.tokens.unwrap_or(0),
+                };
+                let response = reply_response(reply.payload, &reply.timings, started);
+                with_used(with_cache_hits(response, reply.cache_hits), used)
             }
             Err(err) => ApiError(err).into_response(),
         };
@@ -417,6 +458,7 @@ pub(crate) async fn openai_embeddings(
         let forwarded = async {
             let body = read_body(&state, &request_headers, body)?;
             let (request, shape) = EmbeddingsRequest::from_slice(&body)?.into_embed_request();
+            let used_inputs = request.inputs.len() as u64;
             let model = Some(shape.model.as_str())
                 .filter(|m| !m.is_empty())
                 .or_else(|| header_model(&request_headers));
@@ -438,7 +480,11 @@ pub(crate) async fn openai_embeddings(
             .await?;
             let body = crate::openai::response_body(&reply.payload, shape, reply.tokens)?;
             let response = reply_response(Bytes::from(body), &reply.timings, started);
-            Ok::<_, OpenAiError>(with_cache_hits(response, reply.cache_hits))
+            let used = Used {
+                inputs: used_inputs,
+                tokens: reply.tokens.unwrap_or(0),
+            };
+            Ok::<_, OpenAiError>(with_used(with_cache_hits(response, reply.cache_hits), used))
         };
         let response = match forwarded.await {
             Ok(response) => response,
@@ -487,6 +533,12 @@ fn with_cache_hits(mut response: Response, hits: Option<u64>) -> Response {
     response
 }
 
+/// `response` with the [`Used`] extension the metering layer reads.
+fn with_used(mut response: Response, used: Used) -> Response {
+    response.extensions_mut().insert(used);
+    response
+}
+
 /// The request's use of the workers' cache, from HTTP's `Cache-Control` request header
 /// (`no-cache`, `no-store`), passed on as [`embatch_protocol::headers::CACHE_CONTROL`].
 fn send_options(request_headers: &HeaderMap, caller: &Caller) -> embatch_client::SendOptions {
@@ -529,10 +581,14 @@ async fn forward(
     call: Call<'_>,
     body: Bytes,
     started: Instant,
-) -> Result<Reply, EmbedError> {
+) -> Result<(Reply, u64), EmbedError> {
     let timeout = client_timeout(call.0, state.request_timeout)?;
-    EmbedRequest::from_slice(&body)?.validate(state.max_client_batch_size)?;
-    send(state, route, call, body, timeout, started).await
+    let request = EmbedRequest::from_slice(&body)?;
+    request.validate(state.max_client_batch_size)?;
+    let inputs = request.inputs.len() as u64;
+    drop(request);
+    let reply = send(state, route, call, body, timeout, started).await?;
+    Ok((reply, inputs))
 }
 
 /// What a route passes on of the HTTP request: its headers and its authenticated caller.

@@ -15,6 +15,17 @@ pub mod names {
     pub const CONNECTIONS: &str = "embatch_gateway_connections";
     /// Counter: connections closed at once because `MAX_CONNECTIONS` were open.
     pub const CONNECTIONS_REFUSED: &str = "embatch_gateway_connections_refused_total";
+    /// Counter, labels `tenant` and `status`: embedding requests answered, per tenant (429s
+    /// are shed or over quota; 5xx and 424 failed).
+    pub const TENANT_REQUESTS: &str = "embatch_gateway_tenant_requests_total";
+    /// Counter, label `tenant`: inputs of the embedding requests answered 200.
+    pub const TENANT_INPUTS: &str = "embatch_gateway_tenant_inputs_total";
+    /// Counter, label `tenant`: tokens of the embedding requests answered 200, as the workers
+    /// counted them.
+    pub const TENANT_TOKENS: &str = "embatch_gateway_tenant_tokens_total";
+    /// Counter, labels `tenant` and `limit` (`requests`, `tokens`): requests refused 429 by the
+    /// tenant's quota.
+    pub const TENANT_QUOTA_REFUSED: &str = "embatch_gateway_tenant_quota_refused_total";
 }
 
 pub use embatch_runtime::{LogFormat, init_logging};
@@ -108,6 +119,22 @@ pub fn init_metrics() -> Result<PrometheusHandle, metrics_exporter_prometheus::B
         "Connections closed at once because MAX_CONNECTIONS were open."
     );
     metrics::counter!(names::CONNECTIONS_REFUSED).absolute(0);
+    metrics::describe_counter!(
+        names::TENANT_REQUESTS,
+        "Embedding requests answered, by tenant and HTTP status."
+    );
+    metrics::describe_counter!(
+        names::TENANT_INPUTS,
+        "Inputs of the embedding requests answered 200, by tenant."
+    );
+    metrics::describe_counter!(
+        names::TENANT_TOKENS,
+        "Tokens of the embedding requests answered 200, by tenant."
+    );
+    metrics::describe_counter!(
+        names::TENANT_QUOTA_REFUSED,
+        "Requests refused by their tenant's quota, by tenant and limit."
+    );
     metrics::describe_counter!(
         embatch_client::RETRIES,
         "NATS requests sent again, by reason: no_responders (no worker subscribed yet), \
