@@ -74,6 +74,43 @@ impl Api {
         Ok(Api { http, base })
     }
 
+    /// This client, sending `key` as `Authorization: Bearer <key>` on every call (a gateway
+    /// with a tenants file needs it; the calls then see only the key's tenant's files and
+    /// batches). `None`: no key, as for an open gateway.
+    ///
+    /// # Errors
+    /// [`CliError::Config`] when the key cannot be a header value.
+    pub fn with_key(mut self, key: Option<&str>) -> Result<Api, CliError> {
+        let Some(key) = key else {
+            return Ok(self);
+        };
+        let mut value = reqwest::header::HeaderValue::try_from(format!("Bearer {key}"))
+            .map_err(|_| CliError::Config("--api-key holds characters a header cannot".into()))?;
+        value.set_sensitive(true);
+        let headers =
+            reqwest::header::HeaderMap::from_iter([(reqwest::header::AUTHORIZATION, value)]);
+        self.http = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .default_headers(headers)
+            .build()
+            .map_err(|e| CliError::Config(format!("HTTP client: {e}")))?;
+        Ok(self)
+    }
+
+    /// `GET /v1/usage?date=DATE` (today when `None`): the key's tenant's usage of that day (UTC)
+    /// as the gateway answers it (`{"tenant", "date", "requests", "inputs", "tokens", "shed",
+    /// "failed"}`).
+    ///
+    /// # Errors
+    /// Network, API and decode errors.
+    pub async fn usage(&self, date: Option<&str>) -> Result<serde_json::Value, CliError> {
+        let mut url = self.url("v1/usage")?;
+        if let Some(date) = date {
+            url.query_pairs_mut().append_pair("date", date);
+        }
+        self.json("GET /v1/usage", self.http.get(url)).await
+    }
+
     fn url(&self, path: &str) -> Result<Url, CliError> {
         self.base
             .join(path)

@@ -19,6 +19,10 @@ pub struct Cli {
         global = true
     )]
     pub url: String,
+    /// The API key of your tenant, sent as `Authorization: Bearer <key>`; needed when the
+    /// gateway has a tenants file (it then shows each key only its tenant's files and batches).
+    #[arg(long, env = "EMBATCH_API_KEY", global = true, hide_env_values = true)]
+    pub api_key: Option<String>,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -34,6 +38,17 @@ pub enum Command {
     /// Cancel the batch submitted for FILE; it still delivers what it finished (run `batch`
     /// again to fetch that).
     Cancel(InputArgs),
+    /// Print your tenant's usage of one day (UTC) as JSON: requests, inputs, tokens, shed and
+    /// failed.
+    Usage(UsageArgs),
+}
+
+/// `embatch usage`.
+#[derive(Debug, Clone, Args)]
+pub struct UsageArgs {
+    /// The day, `YYYY-MM-DD` (UTC). Default: today.
+    #[arg(long)]
+    pub date: Option<String>,
 }
 
 /// What identifies a job: the input file and how it is read.

@@ -56,8 +56,8 @@ async fn prepare(api: &Api, args: &InputArgs) -> Result<Prepared, CliError> {
 /// # Errors
 /// [`CliError`]: input, network and API errors, a failed batch, a cancelled or expired one
 /// (after writing what it finished), Ctrl-C (the batch keeps running).
-pub async fn batch(url: &str, args: &BatchArgs) -> Result<Summary, CliError> {
-    let api = Api::new(url)?;
+pub async fn batch(api: &Api, args: &BatchArgs) -> Result<Summary, CliError> {
+    let api = api.clone();
     let prepared = prepare(&api, &args.input).await?;
     let mut progress = Progress::new(prepared.requests, prepared.inputs, args.quiet);
     progress.note(&format!(
@@ -249,10 +249,9 @@ pub fn failed_errors(batch: &Batch) -> String {
 ///
 /// # Errors
 /// Input, network and API errors; [`CliError::Config`] when no batch exists for the input.
-pub async fn cancel(url: &str, args: &InputArgs) -> Result<Batch, CliError> {
-    let api = Api::new(url)?;
+pub async fn cancel(api: &Api, args: &InputArgs) -> Result<Batch, CliError> {
     let prepared = prepare(&api, args).await?;
-    match resume::find_batch(&api, &prepared.sha256).await? {
+    match resume::find_batch(api, &prepared.sha256).await? {
         Some(batch) => api.cancel(&batch.id).await,
         None => Err(CliError::Config(format!(
             "no batch for {} (sha256 {}) on this gateway",

@@ -22,6 +22,11 @@ struct BulkStack {
 
 impl BulkStack {
     async fn start(tei: TeiConfig, jetstream: bool) -> BulkStack {
+        BulkStack::start_with(tei, jetstream, None).await
+    }
+
+    /// [`BulkStack::start`] with the gateway reading `tenants` (`--tenants-file`), if any.
+    async fn start_with(tei: TeiConfig, jetstream: bool, tenants: Option<&Path>) -> BulkStack {
         let nats = if jetstream {
             NatsServer::start_jetstream()
         } else {
@@ -34,7 +39,12 @@ impl BulkStack {
         let client = embatch_gateway::connect(&config)
             .await
             .expect("gateway connects");
-        let state = embatch_gateway::AppState::new(client, &config, None);
+        let mut state = embatch_gateway::AppState::new(client, &config, None);
+        if let Some(file) = tenants {
+            let stop = tokio_util::sync::CancellationToken::new();
+            let watch = embatch_runtime::tenants::watch(Some(file), stop).expect("tenants");
+            state = state.with_tenants(watch);
+        }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -283,4 +293,38 @@ async fn without_jetstream_the_error_says_so() {
         .await
         .expect("embeds");
     assert_eq!(reply.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_key_runs_its_job_and_reads_its_usage_and_no_key_is_refused() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let tenants = dir.path().join("tenants.toml");
+    std::fs::write(&tenants, "[tenants.cli]\nkeys = [\"sk-cli\"]\n").expect("write");
+    let stack = BulkStack::start_with(TeiConfig::instant(), true, Some(&tenants)).await;
+    let input = dir.path().join("texts.txt");
+    std::fs::write(&input, "first\nsecond\n").expect("write");
+    let output = dir.path().join("out.jsonl");
+    let args = batch_args(&input, &output);
+
+    let out = embatch(&stack.gateway, &args).await;
+    assert_ne!(out.status.code(), Some(0), "no key: refused");
+    assert!(text(&out.stderr).contains("401"), "{}", text(&out.stderr));
+
+    let mut keyed = vec!["--api-key".to_owned(), "sk-cli".to_owned()];
+    keyed.extend(args);
+    let out = embatch(&stack.gateway, &keyed).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(
+        std::fs::read_to_string(&output)
+            .expect("output")
+            .lines()
+            .count(),
+        2
+    );
+
+    let out = embatch(&stack.gateway, &["usage", "--api-key", "sk-cli"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let usage: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(usage["tenant"], "cli", "{usage}");
+    assert_eq!(usage["object"], "usage", "{usage}");
 }
