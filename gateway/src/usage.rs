@@ -79,10 +79,13 @@ pub fn utc_date(time: SystemTime) -> String {
     text
 }
 
+/// Counts not yet in the bucket, by tenant and day.
+type Pending = HashMap<(Arc<str>, String), DayUsage>;
+
 /// This gateway's counts not yet in the bucket, and the bucket once bound; cheap to clone.
 #[derive(Clone)]
 pub struct UsageBook {
-    pending: Arc<Mutex<HashMap<(Arc<str>, String), DayUsage>>>,
+    pending: Arc<Mutex<Pending>>,
     client: async_nats::Client,
     bucket: Arc<OnceCell<kv::Store>>,
 }
@@ -100,7 +103,7 @@ impl UsageBook {
         book
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(Arc<str>, String), DayUsage>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
         self.pending.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -155,7 +158,7 @@ impl UsageBook {
         self.merge_back(unwritten);
     }
 
-    fn merge_back(&self, counts: HashMap<(Arc<str>, String), DayUsage>) {
+    fn merge_back(&self, counts: Pending) {
         let mut pending = self.lock();
         for (key, usage) in counts {
             pending.entry(key).or_default().add(&usage);

@@ -216,7 +216,8 @@ impl Quotas {
         let mut state = self.lock();
         state.roll(window);
         let dirty = std::mem::take(&mut state.dirty);
-        if !dirty && !(force && !state.own.is_empty()) {
+        let refresh = force && !state.own.is_empty();
+        if !dirty && !refresh {
             return None;
         }
         let own = state.own.iter().map(|(t, c)| (t.to_string(), *c)).collect();
