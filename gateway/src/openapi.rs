@@ -79,6 +79,7 @@ const ALIASES: [(&str, &str, &str); 4] = [
         crate::bulk::batches::list,
         crate::bulk::batches::retrieve,
         crate::bulk::batches::cancel,
+        crate::usage::route,
     ),
     components(schemas(
         EmbedRequest,
@@ -121,7 +122,31 @@ pub fn document() -> Document {
         }
         doc.paths.paths.insert(alias.to_owned(), item);
     }
+    add_bearer_scheme(&mut doc);
     doc
+}
+
+/// Declares the API keys of a gateway with a tenants file (docs/tenants.md): HTTP bearer
+/// authentication, optional for the document as a whole because an open gateway needs none
+/// (`security: [{}, {"bearer": []}]`).
+fn add_bearer_scheme(doc: &mut Document) {
+    use utoipa::openapi::security::{
+        HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme,
+    };
+    let scheme = HttpBuilder::new()
+        .scheme(HttpAuthScheme::Bearer)
+        .description(Some(
+            "A tenant's API key, `Authorization: Bearer <key>`, when the gateway has a tenants \
+             file; a missing or unknown key gets 401. /health, /metrics and this document need none.",
+        ))
+        .build();
+    doc.components
+        .get_or_insert_with(Default::default)
+        .add_security_scheme("bearer", SecurityScheme::Http(scheme));
+    doc.security = Some(vec![
+        SecurityRequirement::default(),
+        SecurityRequirement::new("bearer", Vec::<String>::new()),
+    ]);
 }
 
 /// [`document`], serialized as JSON: the body of `GET /openapi.json`.

@@ -247,6 +247,13 @@ pub struct UsageQuery {
 /// `GET /v1/usage?date=YYYY-MM-DD`: the caller's usage of that day (UTC; default today),
 /// `{"object": "usage", "tenant", "date", "requests", "inputs", "tokens", "shed", "failed"}`.
 /// 400 for a date not written `YYYY-MM-DD`, 503 without JetStream.
+#[utoipa::path(get, path = "/v1/usage", operation_id = "usage", tag = "batch", summary = "Your tenant's usage of one day",
+    description = "Embedding requests, inputs, tokens, shed (429) and failed (5xx, 424) answers of \
+                   the caller's tenant on one UTC day, across every gateway (counts reach the \
+                   store within 5 s).",
+    params(("date" = Option<String>, Query, description = "The day, `YYYY-MM-DD` (UTC); default today.")),
+    responses((status = 200, description = "`{\"object\": \"usage\", \"tenant\", \"date\", \"requests\", \"inputs\", \"tokens\", \"shed\", \"failed\"}`.", body = Object),
+        crate::bulk::BulkErrors))]
 pub async fn route(
     State(book): State<UsageBook>,
     Extension(caller): Extension<Caller>,
