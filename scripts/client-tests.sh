@@ -2,6 +2,8 @@
 # Real clients against a real stack: starts nats-server, one worker on the built-in model and the
 # gateway (debug builds, free loopback ports), then calls them through unmodified, pinned client
 # libraries and the examples of docs/nats-contract.md:
+#   - Python with API keys (tests/clients/test_tenants.py) against a second gateway that reads
+#     tests/clients/tenants.toml: openai's api_key and huggingface_hub's token, and their 401s;
 #   - Python (tests/clients/test_clients.py, pins in tests/clients/requirements.txt, venv in
 #     ${XDG_CACHE_HOME:-~/.cache}/embatch/client-venv): huggingface_hub, openai (base64 and float,
 #     and a bulk job through files + batches, tests/clients/openai_batch.py), llama-index's TEI
@@ -77,6 +79,12 @@ done
 pids+=($!)
 "$bin_dir/embatch-gateway" --nats-url "$nats_url" --listen "127.0.0.1:$gateway_port" >"$tmp/gateway.log" 2>&1 &
 pids+=($!)
+# A second gateway on the same NATS, with tenants (tests/clients/test_tenants.py).
+keyed_port=$(free_port)
+keyed_gateway="http://127.0.0.1:$keyed_port"
+"$bin_dir/embatch-gateway" --nats-url "$nats_url" --listen "127.0.0.1:$keyed_port" \
+  --tenants-file tests/clients/tenants.toml >"$tmp/gateway-tenants.log" 2>&1 &
+pids+=($!)
 for _ in $(seq 1 300); do
   if curl -fsS "$gateway/health" >/dev/null 2>&1; then break; fi
   for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null || break 2; done
@@ -102,6 +110,16 @@ set -e
 while IFS= read -r line; do results+=("$line"); done < <(grep -E '^(PASS|FAIL)  ' "$tmp/python.out" | sed 's/ — .*//')
 if [ "$python_status" -ne 0 ] && ! grep -q '^FAIL  ' "$tmp/python.out"; then
   record FAIL "tests/clients/test_clients.py exited $python_status"
+fi
+
+step "Python client libraries against the gateway with tenants (API keys, 401s)"
+set +e
+(cd tests/clients && env -u HF_TOKEN "$venv/bin/python" test_tenants.py "$keyed_gateway") 2>&1 | tee "$tmp/tenants.out"
+tenants_status=${PIPESTATUS[0]}
+set -e
+while IFS= read -r line; do results+=("$line"); done < <(grep -E '^(PASS|FAIL)  ' "$tmp/tenants.out" | sed 's/ — .*//')
+if [ "$tenants_status" -ne 0 ] && ! grep -q '^FAIL  ' "$tmp/tenants.out"; then
+  record FAIL "tests/clients/test_tenants.py exited $tenants_status"
 fi
 
 # expect_vector LABEL CMD...: the example embeds one text: exit 0, one line "[nats] 384 dims ...".
