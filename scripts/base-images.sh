@@ -4,7 +4,7 @@
 #   debian:bookworm-slim        runtime base of the gateway and worker images
 #   rust:1.95-slim-bookworm     the builder stage (RUST_VERSION in Dockerfile)
 #   python:3.12-slim-bookworm   the model stage (PYTHON_VERSION in Dockerfile)
-#   nats:2.10-alpine            the nats service of compose.yaml
+#   nats:<minor>-alpine         the nats service of compose.yaml (the minor of nats/VERSION)
 #
 # For each tag: kept if the engine already has it, else pulled, else (no registry reachable, e.g.
 # offline or air-gapped) built here as a stand-in under the same tag, from Debian packages and
@@ -16,8 +16,9 @@
 #                              and PATH as in the official image;
 #   python:3.12-slim-bookworm  that + a CPython 3.12 from this machine (pyenv, PYTHON312 or
 #                              python3.12 on PATH), pip pointed at the system CA bundle;
-#   nats:2.10-alpine           that + a static nats-server v2.10.22 (go install, CGO off) + wget for
-#                              the health check, with the official entrypoint and config path.
+#   nats:<minor>-alpine        that + a static nats-server of the version in nats/VERSION (go
+#                              install, CGO off) + wget for the health check, with the official
+#                              entrypoint and config path; a stand-in of another version is rebuilt.
 # Stand-ins carry the label org.embatch.stand-in=true and trust this machine's extra CA
 # certificates (/usr/local/share/ca-certificates), so builds behind a TLS-inspecting proxy can
 # reach crates.io and PyPI. Each stand-in is reported on stderr as "STAND-IN".
@@ -35,7 +36,7 @@ log() { printf 'base-images: %s\n' "$*" >&2; }
 rust_version=$(sed -n 's/^ARG RUST_VERSION=//p' "$root/Dockerfile")
 python_version=$(sed -n 's/^ARG PYTHON_VERSION=//p' "$root/Dockerfile")
 nats_image=$(sed -n 's/^ *image: \(nats:[^ ]*\)$/\1/p' "$root/compose.yaml")
-nats_server_version=v2.10.22
+nats_server_version=$(tr -d '[:space:]' <"$root/nats/VERSION")
 label=org.embatch.stand-in=true
 
 # have TAG: the engine has it. get TAG: have or pull it.
@@ -228,17 +229,30 @@ COPY nats-server.conf /etc/nats/nats-server.conf
 EXPOSE 4222 6222 8222
 ENTRYPOINT ["docker-entrypoint.sh"]
 CMD ["nats-server", "--config", "/etc/nats/nats-server.conf"]
-LABEL $label
+LABEL $label org.embatch.nats-server=$nats_server_version
 EOF
   docker_build -q -t "$tag" "$ctx" >/dev/null
   rm -rf "$ctx"
+}
+
+# A nats stand-in built for another nats/VERSION (same minor, so the same tag) is rebuilt.
+nats_stand_in_stale() {
+  local built
+  is_stand_in "$nats_image" || return 1
+  built=$(docker image inspect -f '{{index .Config.Labels "org.embatch.nats-server"}}' "$nats_image")
+  [[ $built != "$nats_server_version" ]]
 }
 
 # debian first: the other stand-ins build on it.
 get debian:bookworm-slim || build_debian
 get "rust:$rust_version-slim-bookworm" || build_rust
 get "python:$python_version-slim-bookworm" || build_python
-get "$nats_image" || build_nats
+if nats_stand_in_stale; then
+  log "$nats_image: a stand-in of another nats-server than $nats_server_version; rebuilding"
+  build_nats
+else
+  get "$nats_image" || build_nats
+fi
 
 for tag in debian:bookworm-slim "rust:$rust_version-slim-bookworm" \
   "python:$python_version-slim-bookworm" "$nats_image"; do

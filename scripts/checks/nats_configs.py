@@ -1,6 +1,11 @@
 #!/usr/bin/env python3
-"""Checks the NATS server configs with the nats-server that will run them:
+"""Checks the NATS server configs with the nats-server that will run them, and that every place
+that names a nats-server release names the one pinned in nats/VERSION:
 
+- the nats-server given reports exactly nats/VERSION (scripts/install-nats-server.sh installs it);
+- compose.yaml's nats image tag, and the nats subchart's image tag in the Helm values
+  (nats.container.image.tag; required in values.yaml, or the subchart runs its own default), name
+  the pinned minor (nats:2.15-alpine) or the pinned release (2.15.2-alpine) for v2.15.2;
 - nats/nats.conf and nats/cluster/*.conf pass `nats-server -c FILE -t`;
 - each one, started on its own on free loopback ports, reports the expected max_payload in /varz,
   and JetStream enabled with the expected file store limit (a cluster node gets its store
@@ -14,6 +19,7 @@ Usage: nats_configs.py NATS_SERVER   Prints "ok MSG" / "fail MSG" per check (Pyt
 import glob
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -24,6 +30,8 @@ import urllib.request
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 EXPECTED_MAX_PAYLOAD = 8 * 1024 * 1024  # 8 MiB, see the arithmetic in nats/nats.conf
 EXPECTED_MAX_FILE_STORE = 10 * 1024 ** 3  # jetstream.max_file_store: 10GB in every config
+HELM_VALUES = ["deploy/helm/embatch/values.yaml", "deploy/helm/embatch/values-gpu.yaml",
+               "deploy/helm/embatch/ci/*.yaml"]
 failures = 0
 
 
@@ -31,6 +39,60 @@ def check(good, msg):
     global failures
     failures += not good
     print(("ok " if good else "fail ") + msg)
+
+
+def pinned_version():
+    """nats/VERSION: one release tag, e.g. v2.15.2."""
+    with open(os.path.join(ROOT, "nats", "VERSION")) as f:
+        version = f.read().strip()
+    if not re.fullmatch(r"v\d+\.\d+\.\d+", version):
+        sys.exit(f"nats/VERSION must hold one release such as v2.15.2, not {version!r}")
+    return version
+
+
+def tag_names_pin(tag, version):
+    """An image tag such as 2.15-alpine or 2.15.2-alpine names the pinned minor or release."""
+    release = version[1:]
+    minor = release.rsplit(".", 1)[0]
+    return tag.split("-", 1)[0] in (minor, release)
+
+
+def yaml_scalar(path, keys):
+    """The plain scalar at KEYS (a path of block-mapping keys) in the YAML file PATH, or None.
+    Enough for the values files here (block mappings, # comments); no YAML library needed."""
+    stack = []  # (indent, key) of the mappings the current line is in
+    with open(path) as f:
+        for line in f:
+            m = re.match(r"^( *)([A-Za-z0-9_.-]+):(?:\s+(.*?))?\s*$", line.split(" #")[0])
+            if not m or line.lstrip().startswith("#"):
+                continue
+            indent, key, value = len(m.group(1)), m.group(2), m.group(3)
+            while stack and stack[-1][0] >= indent:
+                stack.pop()
+            stack.append((indent, key))
+            if [k for _, k in stack] == keys and value:
+                return value.strip("'\"")
+    return None
+
+
+def versions_pinned(server, version):
+    got = subprocess.run([server, "--version"], capture_output=True, text=True).stdout.strip()
+    check(got == f"nats-server: {version}",
+          f"{server} reports {got!r}; the pin (nats/VERSION) is {version}")
+    with open(os.path.join(ROOT, "compose.yaml")) as f:
+        images = re.findall(r"^\s*image:\s*[\"']?nats:([^\s\"']+)", f.read(), re.M)
+    check(len(images) == 1 and tag_names_pin(images[0], version),
+          f"compose.yaml: nats image tag {' '.join(images) or 'missing'} names the pin {version} "
+          f"(its minor or release)")
+    for pattern in HELM_VALUES:
+        for path in sorted(glob.glob(os.path.join(ROOT, pattern))):
+            rel = os.path.relpath(path, ROOT)
+            tag = yaml_scalar(path, ["nats", "container", "image", "tag"])
+            if tag is None and not rel.endswith("/values.yaml"):
+                continue  # a values file that leaves the tag to values.yaml
+            check(tag is not None and tag_names_pin(tag, version),
+                  f"{rel}: nats.container.image.tag {tag or 'missing'} names the pin {version} "
+                  f"(its minor or release)")
 
 
 def config_files():
@@ -111,6 +173,7 @@ def main():
     server = sys.argv[1]
     version = subprocess.run([server, "--version"], capture_output=True, text=True).stdout.strip()
     print(f"info using {server} ({version})")
+    versions_pinned(server, pinned_version())
     with tempfile.TemporaryDirectory(prefix="embatch-nats-check-") as tmp:
         for conf in config_files():
             syntax_ok(server, conf)
