@@ -81,6 +81,16 @@ pub struct RunArgs {
     #[arg(long)]
     pub model: Option<String>,
 
+    /// With --url: a tenant's API key, sent as `Authorization: Bearer <key>` (a gateway with a
+    /// tenants file needs one; docs/tenants.md). Never printed.
+    #[arg(
+        long,
+        env = "EMBATCH_API_KEY",
+        hide_env_values = true,
+        requires = "url"
+    )]
+    pub api_key: Option<String>,
+
     /// Closed loop: this many workers, each sending its next request when the previous one
     /// completed (default 1 when --rate is not given).
     #[arg(long, short = 'c', conflicts_with = "rate")]
@@ -181,6 +191,8 @@ pub enum TargetSpec {
         url: String,
         /// `--model`: the `Embatch-Model` header's value; `None` sends no header.
         model: Option<String>,
+        /// `--api-key`: sent as `Authorization: Bearer`; `None` sends no header.
+        api_key: Option<embatch_runtime::Secret>,
     },
     /// `--nats`, `--subject` and the NATS credentials.
     Nats {
@@ -234,6 +246,7 @@ impl RunArgs {
             (Some(url), None) => TargetSpec::Http {
                 url,
                 model: self.model,
+                api_key: self.api_key.map(embatch_runtime::Secret::from),
             },
             (None, Some(url)) => TargetSpec::Nats {
                 url,
@@ -469,6 +482,7 @@ mod tests {
             TargetSpec::Http {
                 url: "http://127.0.0.1:1/embed".into(),
                 model: Some("BAAI/bge-small-en-v1.5".into()),
+                api_key: None,
             }
         );
         let c = run_config(&[

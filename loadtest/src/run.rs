@@ -32,9 +32,15 @@ pub async fn run(config: &RunConfig) -> Result<Report, LoadtestError> {
     let factory = PayloadFactory::new(Arc::new(corpus), config.inputs_per_request, config.seed)
         .truncating(config.truncate);
     let target = match &config.target {
-        TargetSpec::Http { url, model } => {
-            Target::Http(HttpTarget::new(url, config.timeout)?.with_model(model.as_deref())?)
-        }
+        TargetSpec::Http {
+            url,
+            model,
+            api_key,
+        } => Target::Http(
+            HttpTarget::new(url, config.timeout)?
+                .with_model(model.as_deref())?
+                .with_api_key(api_key.as_ref().map(embatch_runtime::Secret::expose))?,
+        ),
         TargetSpec::Nats { url, subject, auth } => {
             Target::Nats(NatsTarget::connect(url, subject, config.timeout, auth).await?)
         }
@@ -75,10 +81,13 @@ pub async fn run(config: &RunConfig) -> Result<Report, LoadtestError> {
     };
     let info = RunInfo {
         target: match &config.target {
-            TargetSpec::Http { url, model: None } => url.clone(),
+            TargetSpec::Http {
+                url, model: None, ..
+            } => url.clone(),
             TargetSpec::Http {
                 url,
                 model: Some(model),
+                ..
             } => format!("{url} model {model}"),
             // The URL may carry credentials: shown redacted.
             TargetSpec::Nats { url, subject, .. } => {

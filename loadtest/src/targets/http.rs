@@ -66,6 +66,21 @@ impl HttpTarget {
         Ok(self)
     }
 
+    /// The same target sending `key` as `Authorization: Bearer <key>` on every request (a
+    /// gateway with a tenants file); `None` leaves the target as it is.
+    ///
+    /// # Errors
+    /// [`LoadtestError::Config`] when the key cannot be a header value.
+    pub fn with_api_key(mut self, key: Option<&str>) -> Result<HttpTarget, LoadtestError> {
+        if let Some(key) = key {
+            let mut value = HeaderValue::from_str(&format!("Bearer {key}"))
+                .map_err(|_| LoadtestError::Config("--api-key: not a header value".to_owned()))?;
+            value.set_sensitive(true);
+            self.headers.insert(reqwest::header::AUTHORIZATION, value);
+        }
+        Ok(self)
+    }
+
     /// Sends one request and classifies its outcome.
     pub async fn send(&self, payload: Payload) -> Outcome {
         let response = self
