@@ -847,3 +847,8 @@ from .twomodels import RENDERERS as TWO_MODELS_RENDERERS, SHOWS as TWO_MODELS_SH
 
 RENDERERS.update(TWO_MODELS_RENDERERS)
 SHOWS.update(TWO_MODELS_SHOWS)
+# The tenants scenario's table (loadtest/bench/tenants.py).
+from .tenants import RENDERERS as TENANTS_RENDERERS, SHOWS as TENANTS_SHOWS  # noqa: E402
+
+RENDERERS.update(TENANTS_RENDERERS)
+SHOWS.update(TENANTS_SHOWS)

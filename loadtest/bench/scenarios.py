@@ -937,3 +937,5 @@ from . import cache  # noqa: E402,F401
 from . import steady  # noqa: E402,F401
 # The two-models scenario lives in twomodels.py, likewise.
 from . import twomodels  # noqa: E402,F401
+# The tenants scenario lives in tenants.py, likewise.
+from . import tenants  # noqa: E402,F401

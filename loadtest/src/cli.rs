@@ -91,6 +91,11 @@ pub struct RunArgs {
     )]
     pub api_key: Option<String>,
 
+    /// With --nats: the tenant to send as the `Embatch-Tenant` header (a worker takes it from
+    /// its own NATS account; docs/tenants.md). Unset: no header (the tenant `default`).
+    #[arg(long, requires = "nats")]
+    pub tenant: Option<String>,
+
     /// Closed loop: this many workers, each sending its next request when the previous one
     /// completed (default 1 when --rate is not given).
     #[arg(long, short = 'c', conflicts_with = "rate")]
@@ -202,6 +207,8 @@ pub enum TargetSpec {
         subject: String,
         /// Credentials and TLS.
         auth: Box<embatch_runtime::NatsAuth>,
+        /// `--tenant`: the `Embatch-Tenant` header's value; `None` sends none.
+        tenant: Option<String>,
     },
 }
 
@@ -259,6 +266,7 @@ impl RunArgs {
                     None => self.subject,
                 },
                 auth: Box::new(self.nats_auth),
+                tenant: self.tenant,
             },
             _ => {
                 return Err(LoadtestError::Config(
@@ -453,7 +461,8 @@ mod tests {
             TargetSpec::Nats {
                 url: "nats://127.0.0.1:4222".into(),
                 auth: Box::default(),
-                subject: "emb".into()
+                subject: "emb".into(),
+                tenant: None,
             }
         );
         assert_eq!(

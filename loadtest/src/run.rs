@@ -13,6 +13,35 @@ use crate::report::{Report, RunInfo};
 use crate::stats::Recorder;
 use crate::targets::{HttpTarget, NatsTarget, Target};
 
+/// The target of `config`: an HTTP client, or a NATS connection.
+///
+/// # Errors
+/// A bad URL, model or key, or a failed initial NATS connection.
+async fn connect(config: &RunConfig) -> Result<Target, LoadtestError> {
+    let target = match &config.target {
+        TargetSpec::Http {
+            url,
+            model,
+            api_key,
+        } => Target::Http(
+            HttpTarget::new(url, config.timeout)?
+                .with_model(model.as_deref())?
+                .with_api_key(api_key.as_ref().map(embatch_runtime::Secret::expose))?,
+        ),
+        TargetSpec::Nats {
+            url,
+            subject,
+            auth,
+            tenant,
+        } => Target::Nats(
+            NatsTarget::connect(url, subject, config.timeout, auth)
+                .await?
+                .for_tenant(tenant.as_deref()),
+        ),
+    };
+    Ok(target)
+}
+
 /// Connects to the target and runs the load described by `config`.
 ///
 /// # Errors
@@ -31,20 +60,7 @@ pub async fn run(config: &RunConfig) -> Result<Report, LoadtestError> {
     };
     let factory = PayloadFactory::new(Arc::new(corpus), config.inputs_per_request, config.seed)
         .truncating(config.truncate);
-    let target = match &config.target {
-        TargetSpec::Http {
-            url,
-            model,
-            api_key,
-        } => Target::Http(
-            HttpTarget::new(url, config.timeout)?
-                .with_model(model.as_deref())?
-                .with_api_key(api_key.as_ref().map(embatch_runtime::Secret::expose))?,
-        ),
-        TargetSpec::Nats { url, subject, auth } => {
-            Target::Nats(NatsTarget::connect(url, subject, config.timeout, auth).await?)
-        }
-    };
+    let target = connect(config).await?;
     tracing::info!(target = %target.describe(), load = ?config.load, plan = ?config.plan, "starting");
 
     let recorder = Arc::new(Recorder::new(config.timeout));

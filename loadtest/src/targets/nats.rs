@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use embatch_client::{EmbedClient, RequestError};
+use embatch_client::{EmbedClient, RequestError, SendOptions};
 use embatch_runtime::{NatsAuth, ServerList};
 
 use crate::LoadtestError;
@@ -15,6 +15,8 @@ pub struct NatsTarget {
     client: EmbedClient,
     url: String,
     timeout: Duration,
+    /// Sent with every request (the tenant).
+    options: SendOptions,
 }
 
 impl NatsTarget {
@@ -40,12 +42,23 @@ impl NatsTarget {
             client: EmbedClient::new(nats, subject),
             url: servers.to_string(),
             timeout,
+            options: SendOptions::default(),
         })
+    }
+
+    /// The same target sending `tenant` as the `Embatch-Tenant` header (`--tenant`); `None`
+    /// sends none.
+    pub fn for_tenant(mut self, tenant: Option<&str>) -> NatsTarget {
+        self.options.tenant = tenant.map(std::sync::Arc::from);
+        self
     }
 
     /// Sends one request and classifies its reply.
     pub async fn send(&self, payload: Payload) -> Outcome {
-        match self.client.embed(payload.body, self.timeout).await {
+        let sent = self
+            .client
+            .embed_with(payload.body, self.timeout, &self.options);
+        match sent.await {
             Ok(reply) => check_embeddings(&reply.payload, payload.inputs),
             Err(err) => Err(classify_request_error(&err)),
         }
