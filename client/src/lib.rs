@@ -28,6 +28,7 @@ pub mod fleet;
 mod inbox;
 pub mod models;
 mod servers;
+pub mod trace;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +42,7 @@ use tokio::time::Instant;
 pub use inbox::{ACK_TIMEOUT_MAX, ACK_TIMEOUT_MIN};
 
 pub use servers::{ServerList, with_url_credentials};
+pub use trace::TraceContext;
 
 /// Connects to NATS as `name` (shown by `nats server report connections` and in the monitoring
 /// endpoints).
@@ -118,6 +120,9 @@ pub struct SendOptions {
     /// that authenticated); `None` sends no header, and the worker takes the caller's account's
     /// tenant or `default`.
     pub tenant: Option<std::sync::Arc<str>>,
+    /// The W3C trace context to send ([`headers::TRACEPARENT`], [`headers::TRACESTATE`]): the
+    /// worker's spans for the request become children of it. `None` sends none.
+    pub trace: Option<TraceContext>,
 }
 
 /// Why a request failed, as the NATS client saw it. [`RequestError::Reply`] is an error the
@@ -348,6 +353,9 @@ impl EmbedClient {
         }
         if let Some(tenant) = &options.tenant {
             request_headers.insert(headers::TENANT, &**tenant);
+        }
+        if let Some(trace) = &options.trace {
+            trace.inject(&mut request_headers);
         }
         request_headers.insert(
             headers::DEADLINE_MS,

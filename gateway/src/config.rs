@@ -119,6 +119,10 @@ pub struct Config {
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
 
+    /// Distributed tracing over OTLP (`--otlp-endpoint`, `--otlp-protocol`); off by default.
+    #[command(flatten)]
+    pub otel: embatch_runtime::tracing_otel::OtelArgs,
+
     /// The stack's default model (same setting as the workers'): where TEI's routes and OpenAI
     /// requests without a `model` go, on its model subject. Unset: the plain subject, answered
     /// by every worker that serves the default model (all of them when the workers leave it

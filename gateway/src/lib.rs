@@ -20,6 +20,7 @@
 //! - [`metering`], [`quota`], [`usage`]: each tenant's quotas (fleet-wide, on NATS), usage per
 //!   day (JetStream KV, `GET /v1/usage`) and metrics.
 //! - [`telemetry`]: logging, the Prometheus recorder and metric names.
+//! - [`trace`]: each HTTP request's span and the W3C trace context sent on to the workers.
 
 pub mod body;
 pub mod bulk;
@@ -35,6 +36,7 @@ pub mod routes;
 pub mod serve;
 pub mod telemetry;
 pub mod tenancy;
+pub mod trace;
 pub mod usage;
 
 use std::future::Future;
@@ -64,6 +66,9 @@ pub enum GatewayError {
     /// The metrics recorder could not be installed.
     #[error("cannot install the metrics recorder: {0}")]
     Metrics(#[from] metrics_exporter_prometheus::BuildError),
+    /// Tracing could not be set up (`--otlp-endpoint`).
+    #[error(transparent)]
+    Tracing(#[from] embatch_runtime::tracing_otel::OtelError),
 }
 
 /// Connects to NATS as the gateway (`embatch-gateway`), to the servers of `--nats-url` in the
@@ -94,6 +99,7 @@ pub async fn serve(
         .unwrap_or_else(|_| "?".into());
     tracing::info!(%addr, subject = %state.client.subject(), "gateway listening");
     let limits = state.limits;
-    serve::run(listener, app(state), limits, shutdown).await;
+    let app = app(state).layer(axum::middleware::from_fn(trace::request_span));
+    serve::run(listener, app, limits, shutdown).await;
     Ok(())
 }

@@ -11,9 +11,16 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let config = Config::parse();
-    telemetry::init_logging(config.log_format);
+    let tracing =
+        embatch_runtime::tracing_otel::init(config.log_format, &config.otel, "embatch-gateway");
+    let tracing = match tracing {
+        Ok(tracing) => tracing,
+        Err(err) => return embatch_runtime::exit_code(Err(GatewayError::Tracing(err))),
+    };
     embatch_runtime::disable_transparent_huge_pages();
-    embatch_runtime::exit_code(run(config).await)
+    let code = embatch_runtime::exit_code(run(config).await);
+    tracing.shutdown().await;
+    code
 }
 
 async fn run(mut config: Config) -> Result<(), GatewayError> {

@@ -540,7 +540,8 @@ fn with_used(mut response: Response, used: Used) -> Response {
 }
 
 /// The request's use of the workers' cache, from HTTP's `Cache-Control` request header
-/// (`no-cache`, `no-store`), passed on as [`embatch_protocol::headers::CACHE_CONTROL`].
+/// (`no-cache`, `no-store`), passed on as [`embatch_protocol::headers::CACHE_CONTROL`]; its trace
+/// context ([`crate::trace::outgoing`]).
 fn send_options(request_headers: &HeaderMap, caller: &Caller) -> embatch_client::SendOptions {
     embatch_client::SendOptions {
         tenant: Some(caller.0.name.clone()),
@@ -548,6 +549,7 @@ fn send_options(request_headers: &HeaderMap, caller: &Caller) -> embatch_client:
             .get(axum::http::header::CACHE_CONTROL)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned),
+        trace: crate::trace::outgoing(request_headers),
     }
 }
 

@@ -172,6 +172,18 @@ pub const CACHE_HITS: &str = "Embatch-Cache-Hits";
 /// Absent: [`DEFAULT_TENANT`]. It scopes the cache and the fair share of the upstream.
 pub const TENANT: &str = "Embatch-Tenant";
 
+/// Request header (optional): the W3C Trace Context `traceparent` of the caller's span
+/// (`00-<trace id>-<parent span id>-<flags>`), as HTTP carries it, lower-case as the W3C
+/// specification writes it. A worker with tracing on starts its spans for the request as children
+/// of it, and sends its own on to TEI; without tracing it is ignored. The gateway sends the
+/// context of its own request span, or, with its tracing off, the HTTP request's `traceparent` as
+/// it came. Added in v1 as an optional header: a worker that predates it ignores it.
+pub const TRACEPARENT: &str = "traceparent";
+
+/// Request header (optional): the W3C Trace Context `tracestate` that goes with
+/// [`TRACEPARENT`] (vendor-specific key=value pairs), passed on unchanged.
+pub const TRACESTATE: &str = "tracestate";
+
 /// The tenant of requests that name none: an open gateway's one implicit tenant.
 pub const DEFAULT_TENANT: &str = "default";
 

@@ -1,7 +1,8 @@
 //! Process plumbing shared by `embatch-gateway`, `embatch-worker` and `embatch-loadtest` (not
 //! part of the wire contract, which lives in `embatch-protocol`): the settings every binary
-//! shares ([`NatsArgs`], [`Secret`], [`OptionalAddr`]), log setup, the Prometheus recorder,
-//! the shutdown signal and the process's memory setting ([`disable_transparent_huge_pages`]).
+//! shares ([`NatsArgs`], [`Secret`], [`OptionalAddr`]), log setup, distributed tracing over
+//! OTLP ([`tracing_otel`]), the Prometheus recorder, the shutdown signal and the process's memory
+//! setting ([`disable_transparent_huge_pages`]).
 
 mod addr;
 pub mod bulk;
@@ -9,6 +10,7 @@ mod memory;
 mod nats;
 mod secret;
 pub mod tenants;
+pub mod tracing_otel;
 
 pub use addr::OptionalAddr;
 pub use memory::disable_transparent_huge_pages;
@@ -31,10 +33,8 @@ pub enum LogFormat {
 /// collector). A second call is a no-op.
 pub fn init_logging(format: LogFormat) {
     use std::io::IsTerminal;
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+        .with_env_filter(log_filter())
         .with_ansi(std::io::stdout().is_terminal());
     let result = match format {
         LogFormat::Text => builder.try_init(),
@@ -43,6 +43,12 @@ pub fn init_logging(format: LogFormat) {
     if result.is_err() {
         tracing::debug!("a tracing subscriber was already installed");
     }
+}
+
+/// The log filter: `RUST_LOG`, or `info` when it is unset or invalid.
+pub(crate) fn log_filter() -> tracing_subscriber::EnvFilter {
+    tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
 }
 
 /// Histogram buckets of every `*_seconds` metric: 0.5 ms to 30 s.

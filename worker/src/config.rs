@@ -214,6 +214,10 @@ pub struct Config {
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
 
+    /// Distributed tracing over OTLP (`--otlp-endpoint`, `--otlp-protocol`); off by default.
+    #[command(flatten)]
+    pub otel: embatch_runtime::tracing_otel::OtelArgs,
+
     /// The name this worker's model is served and routed by (the OpenAI `model` field, the
     /// model subject `<subject>.<name>`, `/v1/models`). Unset: the model id, TEI's `/info`
     /// `model_id` or the built-in model's (e.g. sentence-transformers/all-MiniLM-L6-v2).

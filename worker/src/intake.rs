@@ -34,6 +34,7 @@ use embatch_protocol::{EmbedError, EmbedRequest, PROTOCOL_VERSION, headers};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
 use crate::batcher::BatcherHandle;
 use crate::cache::{Cache, Plan, Usage};
@@ -143,7 +144,9 @@ pub(crate) async fn run(intake: Intake, stop: CancellationToken) {
         match event {
             Event::Request(request) => {
                 reconnects.check(&admitter.batcher);
-                admitter.receive(request, group.state().is_member()).await;
+                let span = crate::trace::request_span(&request);
+                let member = group.state().is_member();
+                admitter.receive(request, member).instrument(span).await;
                 group.admitted().await;
             }
             Event::Control(control) => group.control(control).await,
@@ -156,7 +159,10 @@ pub(crate) async fn run(intake: Intake, stop: CancellationToken) {
     // acknowledged, and acknowledging clients resend it (see `crate::group`).
     while let Ok(event) = tokio::time::timeout(DRAIN_TIMEOUT, group.next()).await {
         match event {
-            Event::Request(request) => admitter.receive(request, false).await,
+            Event::Request(request) => {
+                let span = crate::trace::request_span(&request);
+                admitter.receive(request, false).instrument(span).await;
+            }
             Event::Ended => break,
             Event::Control(_) => {}
         }
@@ -316,7 +322,9 @@ impl Admitter {
             // the buffer, about twice the body's size, is freed now, not once it is parsed.
             let mut arrival = arrival;
             arrival.request.payload = bytes::Bytes::copy_from_slice(&arrival.request.payload);
-            self.replies.spawn(Arc::clone(self).admit_large(arrival));
+            let admit = Arc::clone(self).admit_large(arrival);
+            self.replies
+                .spawn(admit.instrument(crate::trace::current()));
         } else {
             self.admit(arrival).await;
         }
@@ -426,7 +434,9 @@ impl Admitter {
                 )
             }),
         };
-        self.replies.spawn(task.run());
+        crate::trace::admitted(received, None);
+        self.replies
+            .spawn(task.run().instrument(crate::trace::current()));
     }
 
     /// Answers a request whose every input is a hit of the in-process LRU (or a repeat of one)
@@ -461,6 +471,7 @@ impl Admitter {
 
     /// Answers `err` to `request` at once (refused before any work), counted.
     async fn refuse(&self, err: EmbedError, request: &Message, wants_ack: bool, received: Instant) {
+        crate::trace::admitted(received, Some(err.status()));
         metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => err.kind()).increment(1);
         let mut reply = answer(Err(err), None);
         if wants_ack {

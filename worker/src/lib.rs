@@ -22,7 +22,8 @@
 //! - [`tokens`]: token counts per input (the model's tokenizer), before the batcher.
 //! - [`upstream`]: TEI over HTTP, or the built-in CPU model.
 //! - [`http`]: the admin HTTP server, `/metrics` and `/health`.
-//! - [`telemetry`]: logging, the Prometheus recorder and metric names.
+//! - [`telemetry`]: logging, the Prometheus recorder and metric names; `trace`: the spans of a
+//!   request in the worker, exported over OTLP with `--otlp-endpoint`.
 
 pub mod batcher;
 pub mod bulk;
@@ -43,6 +44,7 @@ mod serve;
 pub mod telemetry;
 pub mod tenant;
 pub mod tokens;
+mod trace;
 pub mod upstream;
 
 use std::future::Future;
@@ -91,6 +93,9 @@ pub enum WorkerError {
     /// The tenants file (`TENANTS_FILE`) could not be read or is not valid.
     #[error(transparent)]
     Tenants(#[from] embatch_runtime::tenants::TenantsError),
+    /// Tracing could not be set up (`--otlp-endpoint`).
+    #[error(transparent)]
+    Tracing(#[from] embatch_runtime::tracing_otel::OtelError),
     /// The metrics/health server could not bind its address.
     #[error("cannot serve /metrics on {addr}: {source}")]
     Http {

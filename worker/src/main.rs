@@ -1,7 +1,7 @@
 //! `embatch-worker`: parses the configuration, connects to NATS, loads the upstream and serves (see the library docs).
 
 use clap::Parser;
-use embatch_worker::{Config, WorkerError, telemetry};
+use embatch_worker::{Config, WorkerError};
 
 /// mimalloc instead of glibc's malloc: a request allocates and frees many small buffers across
 /// threads (docs/design/allocator.md).
@@ -10,13 +10,21 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    embatch_runtime::exit_code(run(Config::parse()).await)
+    let config = Config::parse();
+    let tracing =
+        embatch_runtime::tracing_otel::init(config.log_format, &config.otel, "embatch-worker");
+    let tracing = match tracing {
+        Ok(tracing) => tracing,
+        Err(err) => return embatch_runtime::exit_code(Err(WorkerError::Tracing(err))),
+    };
+    let code = embatch_runtime::exit_code(run(config).await);
+    tracing.shutdown().await;
+    code
 }
 
-/// Logs, connects, loads the upstream, then serves until SIGINT or SIGTERM (the library's
+/// Connects, loads the upstream, then serves until SIGINT or SIGTERM (the library's
 /// [`embatch_worker::run`] owns every task and the shutdown sequence).
 async fn run(config: Config) -> Result<(), WorkerError> {
-    telemetry::init_logging(config.log_format);
     embatch_runtime::disable_transparent_huge_pages();
     tracing::info!(config = ?config, "starting embatch-worker");
     let client = embatch_worker::connect(&config).await?;

@@ -64,6 +64,7 @@ impl Answer {
         stats: &EndpointStats,
         received: Instant,
     ) {
+        crate::trace::answered(self.error.as_ref().and_then(|e| u16::try_from(e.code).ok()));
         stats.record(received.elapsed(), self.error);
         if let Some(inbox) = request.reply.clone()
             && let Err(err) = client

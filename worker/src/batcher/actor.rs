@@ -543,6 +543,17 @@ impl<U: Upstream> Actor<U> {
             requests = segments.len(),
             probe
         );
+        if embatch_runtime::tracing_otel::enabled() {
+            // Tracing: the batch is a child of its oldest request (in that request's trace),
+            // linked to every request it serves (docs/design/tracing.md).
+            let oldest = segments.iter().find_map(|segment| {
+                let request = self.requests.get(&segment.request)?;
+                (!request.is_bulk()).then_some(&request.span)
+            });
+            if let Some(oldest) = oldest {
+                embatch_runtime::tracing_otel::set_parent(&span, oldest);
+            }
+        }
         for segment in &segments {
             if let Some(request) = self.requests.get_mut(&segment.request) {
                 if request.is_bulk() {
@@ -553,6 +564,7 @@ impl<U: Upstream> Actor<U> {
                     request.first_call = Some(now);
                     metrics::histogram!(names::QUEUE_WAIT)
                         .record((now - request.accepted).as_secs_f64());
+                    crate::trace::queue_waited(&request.span, request.accepted, now);
                 }
             }
         }

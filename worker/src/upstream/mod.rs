@@ -206,8 +206,9 @@ pub enum AnyUpstream {
     Local(local::LocalUpstream),
 }
 
-impl Upstream for AnyUpstream {
-    async fn embed(
+impl AnyUpstream {
+    /// One call to the chosen upstream ([`Upstream::embed`] without its span).
+    async fn call(
         &self,
         inputs: &[Input],
         options: &EmbedOptions,
@@ -216,6 +217,29 @@ impl Upstream for AnyUpstream {
             AnyUpstream::Tei(u) => u.embed(inputs, options).await,
             AnyUpstream::Local(u) => u.embed(inputs, options).await,
         }
+    }
+}
+
+impl Upstream for AnyUpstream {
+    async fn embed(
+        &self,
+        inputs: &[Input],
+        options: &EmbedOptions,
+    ) -> Result<Vec<Embedding>, UpstreamError> {
+        if !embatch_runtime::tracing_otel::enabled() {
+            return self.call(inputs, options).await;
+        }
+        let kind = match self {
+            AnyUpstream::Tei(_) => "tei",
+            AnyUpstream::Local(_) => "local",
+        };
+        let span = crate::trace::upstream_call(kind, inputs.len());
+        let result =
+            tracing::Instrument::instrument(self.call(inputs, options), span.clone()).await;
+        if let Err(err) = &result {
+            crate::trace::upstream_failed(&span, err);
+        }
+        result
     }
 
     fn max_batch_size(&self) -> usize {

@@ -176,12 +176,18 @@ impl Upstream for TeiUpstream {
         // copied whole into a buffer that lives as long as the call.
         let request = TeiRequest { inputs, options };
         let (body, writer) = body::body(&request);
-        let send = self
+        let mut post = self
             .client
             .post(&self.embed_url)
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(reqwest::Body::wrap(body))
-            .send();
+            .header(reqwest::header::CONTENT_TYPE, "application/json");
+        if let Some(trace) = crate::trace::upstream_context() {
+            // TEI continues the trace (its own spans, when it exports them).
+            post = post.header(embatch_protocol::headers::TRACEPARENT, trace.traceparent());
+            if let Some(state) = trace.tracestate() {
+                post = post.header(embatch_protocol::headers::TRACESTATE, state);
+            }
+        }
+        let send = post.body(reqwest::Body::wrap(body)).send();
         let write = writer.write(&request);
         tokio::pin!(send, write);
         let mut writing = true;
