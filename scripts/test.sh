@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what the tests need (nats-server, both models' weights), then runs
-# every test of the workspace. Tests start their own nats-server on free ports.
+# every test of the workspace, the real client libraries (scripts/client-tests.sh) and the tracing
+# check against a real OTLP receiver (scripts/trace-check.sh, which builds Jaeger the first time).
+# Tests start their own nats-server on free ports.
 #
 # Usage: scripts/test.sh [extra cargo test args]
 set -euo pipefail
@@ -15,3 +17,4 @@ EMBATCH_BGE_MODEL_DIR=$(scripts/fetch-model.sh --model bge-small-en-v1.5)
 
 cargo test --workspace --locked --no-fail-fast "$@"
 scripts/client-tests.sh
+scripts/trace-check.sh
