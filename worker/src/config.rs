@@ -388,6 +388,7 @@ impl Config {
                 .filter(|d| !d.is_empty())
                 .unwrap_or_default(),
             subject: self.subject.clone(),
+            tenants: crate::tenant::TenantPolicy::open(),
         }
     }
 }

@@ -36,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::batcher::BatcherHandle;
+use crate::batcher::{BatcherHandle, Share};
 use crate::cache::{Cache, Plan, Usage};
 use crate::group::{Event, Group};
 use crate::micro::EndpointStats;
@@ -415,7 +415,8 @@ impl Admitter {
         {
             self.batcher.absorb_resent(inputs);
         }
-        let work = match self.hand_over(parsed, plan) {
+        let share = Share::of(&arrival.caller.tenant);
+        let work = match self.hand_over(parsed, plan, share) {
             Ok(work) => work,
             Err(err) => return self.refuse(err, request, wants_ack, received).await,
         };
@@ -488,7 +489,7 @@ impl Admitter {
     ///
     /// # Errors
     /// The batcher's refusal (413, 429, 504), or 429 when too many inputs wait to be counted.
-    fn hand_over(&self, parsed: Parsed, plan: Plan) -> Result<Work, EmbedError> {
+    fn hand_over(&self, parsed: Parsed, plan: Plan, share: Share) -> Result<Work, EmbedError> {
         let Parsed {
             mut inputs,
             options,
@@ -500,9 +501,9 @@ impl Admitter {
                 None
             } else {
                 let counted = self.counter.count_now(misses, options.clone());
-                Some(self.batcher.submit(
-                    counted.inputs,
-                    counted.lengths,
+                Some(self.batcher.submit_as(
+                    share.clone(),
+                    (counted.inputs, counted.lengths),
                     counted.options,
                     deadline,
                 )?)
@@ -525,6 +526,7 @@ impl Admitter {
             inputs,
             options,
             deadline,
+            share,
             counter: self.counter.clone(),
             // Held only while the task may still submit (see `Admitter`).
             batcher: submits_later.then(|| self.batcher.clone()),

@@ -214,6 +214,7 @@ pub(crate) async fn start<U: Upstream>(
         tasks.spawn(probes.run(intake_stop.clone()));
     }
     let mut bulk_config = config.bulk();
+    bulk_config.tenants = tenants.clone();
     bulk_config.model = served.model.name.clone();
     if bulk_config.default_model.is_empty() {
         bulk_config.default_model = served.model.name.clone();

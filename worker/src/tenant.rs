@@ -197,6 +197,33 @@ impl TenantPolicy {
         .ok_or(TenantError::UnknownAccount(account))
     }
 
+    /// The tenant that owns a bulk batch (`owner`, its record's `tenant`, written by the
+    /// gateway that authenticated it): the configured tenant of that name, else an implicit one
+    /// of weight 1 (a batch of a tenant removed since, or of a direct NATS caller), labelled
+    /// [`OTHER_LABEL`] unless it is the default tenant.
+    pub fn owner(&self, owner: &str) -> Caller {
+        let tenants = self.tenants.current();
+        if owner == headers::DEFAULT_TENANT {
+            return match tenants.by_name(owner).filter(|_| !tenants.is_open()) {
+                Some(tenant) => Caller {
+                    label: tenant.name.clone(),
+                    tenant,
+                },
+                None => self.default.clone(),
+            };
+        }
+        match tenants.by_name(owner) {
+            Some(tenant) if !tenants.is_open() => Caller {
+                label: tenant.name.clone(),
+                tenant,
+            },
+            _ => Caller {
+                tenant: Arc::new(Tenant::implicit(owner)),
+                label: self.other.clone(),
+            },
+        }
+    }
+
     /// The tenant a trusted caller names (`named`, the [`headers::TENANT`] value).
     fn named(&self, tenants: &Tenants, named: Option<&str>) -> Result<Caller, TenantError> {
         let name = named.unwrap_or(headers::DEFAULT_TENANT);
@@ -316,6 +343,16 @@ mod tests {
             policy.decide(Some(&info("$G")), None),
             Err(TenantError::UnknownAccount(_))
         ));
+    }
+
+    #[test]
+    fn a_bulk_batch_is_its_owners_with_a_bounded_label() {
+        let policy = closed(None);
+        let search = policy.owner("search");
+        assert_eq!((&*search.label, search.tenant.weight), ("search", 2));
+        assert_eq!(&*policy.owner("gone").label, OTHER_LABEL);
+        assert_eq!(&*policy.owner("default").label, "default");
+        assert_eq!(&*TenantPolicy::open().owner("x").label, OTHER_LABEL);
     }
 
     #[test]

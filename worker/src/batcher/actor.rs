@@ -1,76 +1,34 @@
 //! The actor: one task owning the queue, the supervised batch tasks and the replies; the one
 //! place that records metrics.
 
+mod admit;
+mod answer;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use bytes::Bytes;
 use embatch_protocol::EmbedError;
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::task::{JoinError, JoinSet};
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::admission::{Ask, Ledger, ShedReason};
+use super::admission::{Ledger, ShedReason};
 use super::isolate::{self, CallOutcome, Done};
 use super::queue::{Formed, Queue, Removed, Take};
 use super::shape;
-use super::{BulkJob, BulkOutcome, Job, Outcome, Refused, Reply, Sent, Shared};
+use super::{Sent, Shared};
 use crate::telemetry::names;
-use crate::upstream::{Embedding, Upstream, UpstreamError};
+use crate::upstream::{Upstream, UpstreamError};
+use answer::{Pending, answer};
 
 /// Counts a request refused at admission (by the actor, or by the handle's stateless checks).
 pub(super) fn count_shed(reason: ShedReason) {
     if let Some(label) = reason.label() {
         metrics::counter!(names::SHED, "reason" => label).increment(1);
-    }
-}
-
-/// An accepted request until it is answered.
-struct Pending {
-    results: Vec<Option<Embedding>>,
-    received: usize,
-    accepted: Instant,
-    first_call: Option<Instant>,
-    /// To the request's relay (see [`relay`]).
-    reply: ReplyTo,
-    span: tracing::Span,
-    /// Bytes of input text: with `results.len()` inputs, its share of the bounds (0 for bulk).
-    bytes: usize,
-}
-
-/// Where a request's outcome goes: an interactive caller (its assembled reply), or the bulk
-/// lane (the embeddings themselves; a bulk request holds no share of the bounds).
-enum ReplyTo {
-    Interactive(oneshot::Sender<Outcome>),
-    Bulk(oneshot::Sender<BulkOutcome>),
-}
-
-impl Pending {
-    /// A request of `inputs` inputs accepted at `accepted`, none answered yet.
-    fn new(
-        inputs: usize,
-        accepted: Instant,
-        reply: ReplyTo,
-        span: tracing::Span,
-        bytes: usize,
-    ) -> Pending {
-        Pending {
-            results: (0..inputs).map(|_| None).collect(),
-            received: 0,
-            accepted,
-            first_call: None,
-            reply,
-            span,
-            bytes,
-        }
-    }
-
-    fn is_bulk(&self) -> bool {
-        matches!(self.reply, ReplyTo::Bulk(_))
     }
 }
 
@@ -96,6 +54,9 @@ pub(super) struct Actor<U> {
     /// fill a batch of the same options or while nothing interactive waits.
     bulk: Queue,
     requests: HashMap<u64, Pending>,
+    /// Interactive inputs held (accepted, not answered) by tenant, and the tenant's weight:
+    /// whose share of the bounds is the largest when a full queue must shed.
+    held: HashMap<Arc<str>, (usize, u32)>,
     batches: JoinSet<Done>,
     running: HashMap<tokio::task::Id, Running>,
     /// One per request: forwards its outcome to the caller, or reports that the caller went away.
@@ -106,27 +67,6 @@ pub(super) struct Actor<U> {
     received: usize,
     /// When the last interactive request reached the actor (see [`Actor::bulk_batch`]).
     last_interactive: Option<Instant>,
-}
-
-/// Forwards the actor's answer to the caller's receiver; resolves to `Some(id)` when the caller
-/// dropped its receiver first (the request is cancelled).
-fn relay<T: Send + 'static>(
-    id: u64,
-    answer: oneshot::Receiver<T>,
-    mut caller: oneshot::Sender<T>,
-) -> BoxFuture<'static, Option<u64>> {
-    Box::pin(async move {
-        tokio::select! {
-            biased;
-            outcome = answer => {
-                if let Ok(outcome) = outcome {
-                    let _ = caller.send(outcome);
-                }
-                None
-            }
-            () = caller.closed() => Some(id),
-        }
-    })
 }
 
 impl<U: Upstream> Actor<U> {
@@ -143,6 +83,7 @@ impl<U: Upstream> Actor<U> {
             queue: Queue::default(),
             bulk: Queue::default(),
             requests: HashMap::new(),
+            held: HashMap::new(),
             batches: JoinSet::new(),
             running: HashMap::new(),
             relays: FuturesUnordered::new(),
@@ -214,115 +155,6 @@ impl<U: Upstream> Actor<U> {
         }
     }
 
-    /// Admits `job` (answering the refusal, and counting it, when not) and queues it.
-    fn enqueue(&mut self, job: Job) {
-        let Job {
-            inputs,
-            lengths,
-            bytes,
-            options,
-            deadline,
-            accepted,
-            reply,
-            admission,
-            span,
-        } = job;
-        let ask = Ask {
-            inputs: inputs.len(),
-            tokens: lengths.iter().map(|&t| u64::from(t)).sum(),
-            bytes,
-            deadline,
-        };
-        self.received += ask.inputs;
-        self.last_interactive = Some(Instant::now());
-        if let Some(until) = self
-            .shared
-            .backlog_until
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
-        {
-            self.ledger.absorb_backlog_until(until);
-        }
-        if let Some((inputs, at)) = self
-            .shared
-            .resent
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
-        {
-            self.ledger
-                .excuse_resent(inputs, at, embatch_protocol::headers::RESEND_BACKLOG_WINDOW);
-        }
-        let admitted = self
-            .ledger
-            .admit(&self.shared.limits, ask, Instant::now())
-            .map_err(|shed| {
-                count_shed(shed.reason);
-                Refused {
-                    error: shed.error,
-                    retry_after: shed.retry_after,
-                }
-            });
-        match (admission, admitted) {
-            (Some(admission), admitted) => {
-                let ok = admitted.is_ok();
-                if admission.send(admitted).is_err() && ok {
-                    // The submitter went away before the answer: nothing to serve.
-                    self.ledger.release(ask.inputs, ask.bytes);
-                    self.unqueue(Removed {
-                        inputs: ask.inputs,
-                        tokens: ask.tokens,
-                    });
-                    return;
-                }
-                if !ok {
-                    return;
-                }
-            }
-            (None, Err(refused)) => {
-                metrics::counter!(names::REQUESTS, "outcome" => refused.error.kind()).increment(1);
-                let _ = reply.send(Err(refused.error));
-                return;
-            }
-            (None, Ok(())) => {}
-        }
-        let id = self.next_id;
-        self.next_id += 1;
-        let n = inputs.len();
-        self.queue
-            .push(id, inputs, &lengths, options, accepted, deadline);
-        let (tx, rx) = oneshot::channel();
-        self.relays.push(relay(id, rx, reply));
-        self.requests.insert(
-            id,
-            Pending::new(n, accepted, ReplyTo::Interactive(tx), span, bytes),
-        );
-    }
-
-    /// Queues a bulk request apart from the interactive queue: no admission, no share of the
-    /// bounds, no deadline (the bulk lane drops its receiver to cancel it).
-    fn enqueue_bulk(&mut self, job: BulkJob) {
-        let BulkJob {
-            inputs,
-            lengths,
-            options,
-            reply,
-        } = job;
-        let id = self.next_id;
-        self.next_id += 1;
-        let n = inputs.len();
-        let now = Instant::now();
-        self.bulk
-            .push(id, inputs, &lengths, options, now, now + BULK_DEADLINE);
-        let (tx, rx) = oneshot::channel();
-        self.relays.push(relay(id, rx, reply));
-        self.requests.insert(
-            id,
-            Pending::new(n, now, ReplyTo::Bulk(tx), tracing::Span::none(), 0),
-        );
-    }
-
     /// Removes what is left of request `id` from its queue (interactive or bulk); returns what
     /// was removed.
     fn dequeue(&mut self, id: u64) -> Removed {
@@ -374,6 +206,12 @@ impl<U: Upstream> Actor<U> {
         let request = self.requests.remove(&id)?;
         if !request.is_bulk() {
             self.ledger.release(request.results.len(), request.bytes);
+            if let Some(held) = self.held.get_mut(&request.tenant) {
+                held.0 = held.0.saturating_sub(request.results.len());
+                if held.0 == 0 {
+                    self.held.remove(&request.tenant);
+                }
+            }
         }
         Some(request)
     }
@@ -721,74 +559,3 @@ const BULK_QUIET_FALLBACK: std::time::Duration = std::time::Duration::from_milli
 /// How long a bulk request may wait in the batcher: the bulk lane cancels it (drops its
 /// receiver) long before; this only gives the queue a deadline to order by.
 const BULK_DEADLINE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
-
-/// Joins a request's raw JSON vectors into TEI's response body, `[v0,v1,...]`.
-fn assemble(
-    results: &[Option<Embedding>],
-    accepted: Instant,
-    first_call: Option<Instant>,
-    now: Instant,
-) -> Outcome {
-    let len: usize = results.iter().flatten().map(|v| v.json().len() + 1).sum();
-    let mut body = Vec::with_capacity(len + 2);
-    body.push(b'[');
-    for (i, vector) in results.iter().enumerate() {
-        let Some(vector) = vector else {
-            return Err(EmbedError::Backend(format!(
-                "missing embedding for input {i}"
-            )));
-        };
-        if i > 0 {
-            body.push(b',');
-        }
-        body.extend_from_slice(vector.json());
-    }
-    body.push(b']');
-    let first_call = first_call.unwrap_or(now);
-    Ok(Reply {
-        payload: Bytes::from(body),
-        queue_time: first_call - accepted,
-        inference_time: now - first_call,
-    })
-}
-
-/// Delivers a request's outcome (the caller may have gone away: nothing to do then): its
-/// embeddings once every input has one (`Ok(now)`), or the error that ends it. An interactive
-/// outcome is recorded in the request metrics; a bulk one is the bulk lane's to count.
-fn answer(request: Pending, result: Result<Instant, EmbedError>) {
-    let Pending {
-        results,
-        accepted,
-        first_call,
-        reply,
-        span,
-        ..
-    } = request;
-    match reply {
-        ReplyTo::Bulk(reply) => {
-            let outcome = result.and_then(|_| {
-                results
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, v)| {
-                        v.ok_or_else(|| {
-                            EmbedError::Backend(format!("missing embedding for input {i}"))
-                        })
-                    })
-                    .collect()
-            });
-            let _ = reply.send(outcome);
-        }
-        ReplyTo::Interactive(reply) => {
-            let outcome = result.and_then(|now| assemble(&results, accepted, first_call, now));
-            let label = match &outcome {
-                Ok(_) => "ok",
-                Err(e) => e.kind(),
-            };
-            span.record("outcome", label);
-            metrics::counter!(names::REQUESTS, "outcome" => label).increment(1);
-            metrics::histogram!(names::REQUEST_TIME).record(accepted.elapsed().as_secs_f64());
-            let _ = reply.send(outcome);
-        }
-    }
-}

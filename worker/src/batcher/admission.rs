@@ -13,6 +13,7 @@ use std::time::Duration;
 use embatch_protocol::EmbedError;
 use tokio::time::Instant;
 
+use super::fair::Ahead;
 use super::fastest::Fastest;
 use super::shape::TokenBudget;
 
@@ -233,6 +234,9 @@ pub(super) enum ShedReason {
     QueueDelay,
     /// Expected finish after the deadline (429).
     Deadline,
+    /// Queued, then shed to make room under `QUEUE_CAP` / `MAX_QUEUE_BYTES` for a tenant under
+    /// its share: its tenant was the furthest over its share (429).
+    FairShare,
 }
 
 impl ShedReason {
@@ -245,17 +249,25 @@ impl ShedReason {
             ShedReason::QueueBytes => Some("queue_bytes"),
             ShedReason::QueueDelay => Some("queue_delay"),
             ShedReason::Deadline => Some("deadline"),
+            ShedReason::FairShare => Some("fair_share"),
         }
     }
 
     /// Every label, for metrics that start at 0.
-    pub const LABELS: [&'static str; 5] = [
+    pub const LABELS: [&'static str; 6] = [
         "queue_full",
         "queue_bytes",
         "queue_delay",
         "deadline",
         "expired",
+        "fair_share",
     ];
+
+    /// Whether this refusal is a full queue (`QUEUE_CAP`, `MAX_QUEUE_BYTES`), where queued work
+    /// of a tenant over its share may make room.
+    pub fn is_full(self) -> bool {
+        matches!(self, ShedReason::QueueFull | ShedReason::QueueBytes)
+    }
 }
 
 /// A refusal: the error to answer and, for 429s, an estimate of when a retry could be admitted.
@@ -277,6 +289,9 @@ pub(super) struct Ask {
     pub bytes: usize,
     /// Absolute deadline.
     pub deadline: Instant,
+    /// The queue's work ahead of it and beside it under the fair share, while other tenants'
+    /// inputs wait (`None`: everything queued is ahead of it).
+    pub ahead: Option<Ahead>,
 }
 
 /// What the worker holds and does: owned by the actor, published to the handle as a copy.
@@ -628,20 +643,32 @@ impl Ledger {
         }
     }
 
-    /// When `ask` would start and finish with the work queued now.
+    /// When `ask` would start and finish with the work queued now (only the work
+    /// [`Ask::ahead`] says, under the fair share).
     fn plan(&self, limits: &Limits, ask: Ask, now: Instant, call: Duration) -> Plan {
-        let start = self.start_wait(limits, call);
+        let (ahead_inputs, ahead_tokens) = ask
+            .ahead
+            .map_or((self.queued_inputs, self.queued_tokens), |a| {
+                (a.inputs.min(self.queued_inputs), a.tokens)
+            });
+        let start = self.start_wait_behind(limits, call, ahead_inputs, ahead_tokens);
         let unexcused = self.queued_inputs - self.excused_queued.min(self.queued_inputs);
         let unexcused_start = if unexcused == self.queued_inputs {
             start
         } else {
-            // Tokens in proportion to inputs: which tokens the excused inputs hold is not kept.
-            let tokens = (self.queued_tokens as f64 * unexcused as f64
-                / self.queued_inputs.max(1) as f64) as u64;
-            self.start_wait_behind(limits, call, unexcused, tokens)
+            // In proportion to inputs: which inputs and tokens are excused is not kept.
+            let share = unexcused as f64 / self.queued_inputs.max(1) as f64;
+            let inputs = (ahead_inputs as f64 * share) as usize;
+            let tokens = (ahead_tokens as f64 * share) as u64;
+            self.start_wait_behind(limits, call, inputs, tokens)
         };
+        // Other tenants' inputs sent while its own are stretch its own work.
+        let (beside_inputs, beside_tokens) = ask
+            .ahead
+            .map_or((0, 0), |a| (a.alongside_inputs, a.alongside_tokens));
         let own_batches = limits.calls_for(ask.inputs, ask.tokens);
-        let own_rounds = u32::try_from(own_batches.div_ceil(limits.slots)).unwrap_or(u32::MAX);
+        let stretched = limits.calls_for(ask.inputs + beside_inputs, ask.tokens + beside_tokens);
+        let own_rounds = u32::try_from(stretched.div_ceil(limits.slots)).unwrap_or(u32::MAX);
         let budget = ask.deadline.saturating_duration_since(now);
         Plan {
             unexcused_start,

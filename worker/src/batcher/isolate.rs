@@ -221,8 +221,15 @@ async fn call_range<U: Upstream>(
     );
     let span = head.at..tail.at + tail.len;
     let batch = inputs.get(span.clone())?;
+    let scopes = scopes_of(&segments[range.clone()], batch.len());
     let started = Instant::now();
-    let outcome = embed_by_length(upstream, batch, lengths.get(span.clone()), options).await;
+    let outcome = embed_by_length(
+        upstream,
+        (batch, scopes.as_deref()),
+        lengths.get(span.clone()),
+        options,
+    )
+    .await;
     let mut call = Call {
         elapsed: started.elapsed(),
         outcome: CallOutcome::Ok,
@@ -271,16 +278,40 @@ async fn call_range<U: Upstream>(
     Some((call, suspect))
 }
 
+/// The cache scope of each input of the batch `segments` cover (`inputs` of them), as small
+/// numbers, so that equal inputs are folded only within one scope; `None` when every segment
+/// has the same scope (the usual case: nothing to tell apart).
+fn scopes_of(segments: &[Segment], inputs: usize) -> Option<Vec<u32>> {
+    let first = &segments.first()?.scope;
+    if segments.iter().all(|s| s.scope == *first) {
+        return None;
+    }
+    let mut seen: Vec<&str> = Vec::new();
+    let mut scopes = Vec::with_capacity(inputs);
+    for segment in segments {
+        let index = seen
+            .iter()
+            .position(|s| **s == *segment.scope)
+            .unwrap_or_else(|| {
+                seen.push(&segment.scope);
+                seen.len() - 1
+            });
+        let index = u32::try_from(index).unwrap_or(u32::MAX);
+        scopes.extend(std::iter::repeat_n(index, segment.len));
+    }
+    Some(scopes)
+}
+
 /// Embeds `batch`, each distinct input once ([`Unique`]: an input repeated in the batch is sent
 /// once and its embedding handed to every position holding it), in length order
 /// ([`embed_in_order`]); returns one embedding per input of `batch`, in its order.
 async fn embed_by_length<U: Upstream>(
     upstream: &U,
-    batch: &[Input],
+    (batch, scopes): (&[Input], Option<&[u32]>),
     lengths: Option<&[u32]>,
     options: &EmbedOptions,
 ) -> Result<Vec<Embedding>, UpstreamError> {
-    let Some(unique) = Unique::of(batch) else {
+    let Some(unique) = Unique::of(batch, scopes) else {
         return embed_in_order(upstream, batch, lengths, options).await;
     };
     metrics::counter!(crate::telemetry::names::DEDUP_INPUTS, "where" => "batch")
@@ -365,6 +396,7 @@ mod tests {
                 indices: vec![0],
                 at: i,
                 len: 1,
+                scope: "default".into(),
             })
             .collect();
         (inputs, segments)

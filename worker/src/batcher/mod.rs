@@ -7,6 +7,7 @@
 //! the actor publishes after each step (for the queue-group membership's load).
 //!
 //! - `admission`: the queue bounds, the call-time estimate and the admit decision;
+//! - `fair`: the upstream shared between tenants by weight ([`Share`]);
 //! - `queue`: groups by options, due times, batch formation;
 //! - `shape`: the token budget, the cost model and the length shaping of a batch;
 //! - `actor`: the select loop, the supervised batch tasks, and every metric;
@@ -108,6 +109,7 @@
 
 mod actor;
 mod admission;
+mod fair;
 mod fastest;
 mod isolate;
 mod queue;
@@ -128,6 +130,7 @@ use tokio::time::Instant;
 
 pub use admission::{AUTO_CALLS, QueueDelay};
 use admission::{Ask, Ledger, Limits};
+pub use fair::Share;
 pub use shape::{
     BUILTIN_MAX_BATCH_TOKENS, BatchCost, TEI_DEFAULT_MAX_BATCH_TOKENS, TokenBudget,
     estimate_lengths,
@@ -136,7 +139,7 @@ pub use shape::{
 use crate::upstream::{Embedding, Upstream};
 
 /// Every `reason` label of `embatch_worker_requests_shed_total`.
-pub const SHED_REASONS: [&str; 5] = admission::ShedReason::LABELS;
+pub const SHED_REASONS: [&str; 6] = admission::ShedReason::LABELS;
 
 /// Batching and overload limits (see the module docs).
 #[derive(Debug, Clone)]
@@ -268,6 +271,8 @@ struct BulkJob {
     /// Tokens of each input.
     lengths: Vec<u32>,
     options: EmbedOptions,
+    /// The batch's tenant: bulk inputs are shared between tenants too.
+    share: Share,
     reply: oneshot::Sender<BulkOutcome>,
 }
 
@@ -279,6 +284,8 @@ struct Job {
     /// Bytes of input text.
     bytes: usize,
     options: EmbedOptions,
+    /// Its tenant's share of the upstream.
+    share: Share,
     deadline: Instant,
     accepted: Instant,
     reply: oneshot::Sender<Outcome>,
@@ -343,7 +350,23 @@ impl BatcherHandle {
         options: EmbedOptions,
         deadline: Instant,
     ) -> Result<oneshot::Receiver<Outcome>, EmbedError> {
-        let (job, rx) = self.job((inputs, lengths), options, deadline, None)?;
+        self.submit_as(Share::default(), (inputs, lengths), options, deadline)
+    }
+
+    /// [`BatcherHandle::submit`] for the tenant of `share`: under contention, the upstream is
+    /// shared between tenants by weight, and a full queue sheds first from the tenant furthest
+    /// over its share (see docs/design/fair-share.md).
+    ///
+    /// # Errors
+    /// As [`BatcherHandle::submit`].
+    pub fn submit_as(
+        &self,
+        share: Share,
+        (inputs, lengths): (Vec<Input>, Vec<u32>),
+        options: EmbedOptions,
+        deadline: Instant,
+    ) -> Result<oneshot::Receiver<Outcome>, EmbedError> {
+        let (job, rx) = self.job(share, (inputs, lengths), options, deadline, None)?;
         self.send(job)?;
         Ok(rx)
     }
@@ -363,13 +386,29 @@ impl BatcherHandle {
         options: EmbedOptions,
         deadline: Instant,
     ) -> Result<oneshot::Receiver<Outcome>, Refused> {
+        self.try_submit_as(Share::default(), (inputs, lengths), options, deadline)
+            .await
+    }
+
+    /// [`BatcherHandle::try_submit`] for the tenant of `share` (see
+    /// [`BatcherHandle::submit_as`]).
+    ///
+    /// # Errors
+    /// As [`BatcherHandle::try_submit`].
+    pub async fn try_submit_as(
+        &self,
+        share: Share,
+        (inputs, lengths): (Vec<Input>, Vec<u32>),
+        options: EmbedOptions,
+        deadline: Instant,
+    ) -> Result<oneshot::Receiver<Outcome>, Refused> {
         let refused = |error| Refused {
             error,
             retry_after: None,
         };
         let (answer, admission) = oneshot::channel();
         let (job, rx) = self
-            .job((inputs, lengths), options, deadline, Some(answer))
+            .job(share, (inputs, lengths), options, deadline, Some(answer))
             .map_err(refused)?;
         self.send(job).map_err(refused)?;
         match admission.await {
@@ -382,6 +421,7 @@ impl BatcherHandle {
     /// The job for a request that passed [`admission::validate`], and its outcome's receiver.
     fn job(
         &self,
+        share: Share,
         (inputs, lengths): (Vec<Input>, Vec<u32>),
         options: EmbedOptions,
         deadline: Instant,
@@ -398,6 +438,7 @@ impl BatcherHandle {
             tokens: lengths.iter().map(|&t| u64::from(t)).sum(),
             bytes: inputs.iter().map(Input::size_bytes).sum(),
             deadline,
+            ahead: None,
         };
         if let Err(shed) = admission::validate(&self.shared.limits, ask, now) {
             actor::count_shed(shed.reason);
@@ -415,6 +456,7 @@ impl BatcherHandle {
             lengths,
             bytes: ask.bytes,
             options,
+            share,
             deadline,
             accepted: now,
             reply,
@@ -525,6 +567,22 @@ impl BulkGate {
         lengths: Vec<u32>,
         options: EmbedOptions,
     ) -> BulkOutcome {
+        self.embed_as(Share::default(), inputs, lengths, options)
+            .await
+    }
+
+    /// [`BulkGate::embed`] for the tenant of `share`: bulk inputs of several tenants are shared
+    /// by weight too, behind every tenant's interactive traffic.
+    ///
+    /// # Errors
+    /// As [`BulkGate::embed`].
+    pub async fn embed_as(
+        &self,
+        share: Share,
+        inputs: Vec<Input>,
+        lengths: Vec<u32>,
+        options: EmbedOptions,
+    ) -> BulkOutcome {
         if inputs.is_empty() {
             return Ok(Vec::new());
         }
@@ -539,6 +597,7 @@ impl BulkGate {
             inputs,
             lengths,
             options,
+            share,
             reply,
         }))
         .map_err(|_| stopped())?;

@@ -1,16 +1,32 @@
-//! The queue: requests grouped by options, due times and batch formation.
+//! The queue: requests grouped by options, due times and batch formation, shared between
+//! tenants by weight ([`super::fair`]).
 //!
 //! Plain data: no channels, no metrics, no clock reads (every function takes `now`).
+//!
+//! A queue holding one tenant's inputs forms batches in arrival order, exactly as without
+//! tenants. While several tenants' inputs wait, each group's candidates are the tenants' inputs
+//! interleaved by their served marks (`collect::fair`), so the most owed tenant's oldest input
+//! heads the batch; the group whose most owed tenant is the most owed goes first among those
+//! due; and a group holding the most owed tenant's inputs that waited `MAX_WAIT_TIME` leaves
+//! even partial, into any free slot, when no group due otherwise holds that tenant (it would be
+//! passed over while other tenants' full batches take every slot).
+
+mod collect;
+mod group;
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
 use embatch_protocol::{EmbedOptions, Input};
 use tokio::time::Instant;
 
-use super::fastest::Fastest;
+use super::fair::{Ahead, Fair, Share, units};
 use super::shape::{self, MAX_WINDOW, TokenBudget, WINDOW_BATCHES};
+pub(super) use collect::Take;
+use collect::{Candidate, Collected};
+use group::{Group, cut, left_group};
 
 /// tokio's timer fires on whole-millisecond ticks, rounding a deadline up by as much as 1 ms. The
 /// flush timer aims this much early so that a batch leaves no later than `max_wait` after its
@@ -33,6 +49,8 @@ struct Entry {
     /// Some of its inputs were sent upstream.
     started: bool,
     options: EmbedOptions,
+    /// Its tenant's share.
+    share: Share,
     accepted: Instant,
     deadline: Instant,
 }
@@ -40,30 +58,6 @@ struct Entry {
 impl Entry {
     fn tokens(&self) -> u64 {
         self.waiting.iter().map(|w| u64::from(w.tokens)).sum()
-    }
-}
-
-/// Requests sharing one set of options, oldest first.
-#[derive(Default)]
-struct Group {
-    queue: VecDeque<u64>,
-    /// Inputs of this group not yet sent upstream.
-    inputs: usize,
-    /// Their tokens.
-    tokens: u64,
-}
-
-impl Group {
-    /// Drops the ids of requests that left the queue from the front, so the front is always a
-    /// waiting request (its age makes the group due) or the group is empty.
-    fn settle(&mut self, entries: &HashMap<u64, Entry>) {
-        while self
-            .queue
-            .front()
-            .is_some_and(|id| !entries.contains_key(id))
-        {
-            self.queue.pop_front();
-        }
     }
 }
 
@@ -79,67 +73,20 @@ pub(super) struct Segment {
     pub at: usize,
     /// Inputs (`indices.len()`).
     pub len: usize,
+    /// The request's cache scope: equal inputs are sent once per scope (see `unique`).
+    pub scope: Arc<str>,
 }
 
-/// How to form the next batch.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Take {
-    /// The current time.
-    pub now: Instant,
-    /// Most inputs in the batch.
-    pub batch_limit: usize,
-    /// Most tokens the batch may cost, and how its cost is counted.
-    pub budget: TokenBudget,
-    /// `MAX_WAIT_TIME`.
-    pub max_wait: Duration,
-    /// Send every group now, full or not (shutdown, or an idle upstream with dispatch when idle).
-    pub flush_all: bool,
-    /// A group that is not full may leave when its head waited `max_wait`; otherwise only a full
-    /// batch may (every partial-batch slot is taken).
-    pub partial: bool,
-    /// A request not yet started whose deadline comes before this instant (now + one call time)
-    /// would not be wanted by the time its answer came: it is expired instead of sent.
-    pub cutoff: Instant,
-    /// One such request whose deadline has not yet passed may be sent anyway, to re-measure the
-    /// call time (a probe).
-    pub probe_allowed: bool,
-    /// The fastest recent calls by size: a request whose deadline comes before now + the floor
-    /// of its size is expired, probe or not (no call of that size is expected to end sooner).
-    pub floor: Fastest,
-}
-
-/// What [`Queue::take`] does with a waiting request.
-enum Verdict {
-    /// It may go in the batch.
-    Send,
-    /// It would come too late by the estimate, but goes as the batch's probe.
-    Probe,
-    /// It cannot be answered in time: 504, no upstream work.
-    Expire,
-}
-
-impl Take {
-    /// The verdict on `entry`; `probing`: the batch already carries a probe. A request that
-    /// started goes on; one due before the fastest recent call of its size would end expires,
-    /// probe or not; one due before the cutoff expires unless it may be the probe.
-    fn verdict(&self, entry: &Entry, probing: bool) -> Verdict {
-        if entry.started {
-            return Verdict::Send;
-        }
-        let hopeless = self
-            .floor
-            .floor(entry.waiting.len(), entry.tokens(), self.now)
-            .is_some_and(|floor| self.now + floor > entry.deadline);
-        if hopeless {
-            Verdict::Expire
-        } else if self.cutoff < entry.deadline {
-            Verdict::Send
-        } else if self.probe_allowed && !probing && self.now < entry.deadline {
-            Verdict::Probe
-        } else {
-            Verdict::Expire
-        }
-    }
+/// A request as the queue takes it.
+pub(super) struct Arrival {
+    pub inputs: Vec<Input>,
+    /// Token count of each input.
+    pub lengths: Vec<u32>,
+    pub options: EmbedOptions,
+    /// Its tenant's share of the upstream.
+    pub share: Share,
+    pub accepted: Instant,
+    pub deadline: Instant,
 }
 
 /// A batch taken from the queue (possibly empty when every candidate had expired).
@@ -176,19 +123,13 @@ pub(super) struct Queue {
     /// queue otherwise (sent, cancelled, failed) are dropped when they reach the top, or all at
     /// once when they outnumber the waiting requests (see [`Queue::push`]).
     deadlines: BinaryHeap<Reverse<(Instant, u64)>>,
+    /// The tenants' served marks.
+    fair: Fair,
 }
 
 /// The deadline index is rebuilt when it holds more than this many entries beyond twice the
 /// waiting requests (amortised O(1) per request).
 const DEADLINES_SLACK: usize = 1024;
-
-/// A candidate of [`Queue::take`]: a request and the position of the input in its `waiting`.
-#[derive(Clone, Copy)]
-struct Candidate {
-    request: u64,
-    at: usize,
-    tokens: u32,
-}
 
 impl Queue {
     /// Inputs not yet sent upstream.
@@ -196,16 +137,16 @@ impl Queue {
         self.inputs
     }
 
-    /// Appends a request, with the token count of each input, to the group of its options.
-    pub fn push(
-        &mut self,
-        id: u64,
-        inputs: Vec<Input>,
-        lengths: &[u32],
-        options: EmbedOptions,
-        accepted: Instant,
-        deadline: Instant,
-    ) {
+    /// Appends a request to the group of its options (and to its tenant's lane there).
+    pub fn push(&mut self, id: u64, arrival: Arrival) {
+        let Arrival {
+            inputs,
+            lengths,
+            options,
+            share,
+            accepted,
+            deadline,
+        } = arrival;
         let n = inputs.len();
         if self.deadlines.len() >= 2 * self.entries.len() + DEADLINES_SLACK {
             let entries = &self.entries;
@@ -226,20 +167,25 @@ impl Queue {
             waiting,
             started: false,
             options,
+            share,
             accepted,
             deadline,
         };
         let tokens = entry.tokens();
+        self.fair.arrive(&entry.share, n, tokens);
         let group = self.groups.entry(entry.options.clone()).or_default();
         group.queue.push_back(id);
+        let lane = group.lanes.entry(entry.share.tenant.clone()).or_default();
+        lane.ids.push_back(id);
+        lane.inputs += n;
         group.inputs += n;
         group.tokens += tokens;
         self.inputs += n;
         self.entries.insert(id, entry);
     }
 
-    /// Removes what is left of a request (cancelled, or failed by another of its calls).
-    /// Returns the inputs and tokens removed.
+    /// Removes what is left of a request (cancelled, failed by another of its calls, or shed for
+    /// a tenant under its share). Returns the inputs and tokens removed.
     pub fn remove(&mut self, id: u64) -> Removed {
         let Some(entry) = self.entries.remove(&id) else {
             return Removed::default();
@@ -248,10 +194,9 @@ impl Queue {
             inputs: entry.waiting.len(),
             tokens: entry.tokens(),
         };
-        self.inputs -= left.inputs;
         if let Some(group) = self.groups.get_mut(&entry.options) {
-            group.inputs -= left.inputs;
-            group.tokens -= left.tokens;
+            let counts = (&mut self.inputs, &mut self.fair);
+            left_group(group, counts, &entry.share.tenant, left);
             // Its id stays in the group's order until it reaches the front: no scan.
             group.settle(&self.entries);
             if group.queue.is_empty() {
@@ -302,83 +247,134 @@ impl Queue {
             .min()
     }
 
-    /// Takes one batch from the oldest due group: one holding a full batch (`batch_limit`
-    /// inputs, or tokens enough to fill the budget), any with `flush_all`, or, with `partial`,
-    /// one whose head waited `max_wait`. The batch holds the group's oldest waiting input and
-    /// is shaped by [`shape::select`] among the group's first
-    /// `WINDOW_BATCHES × batch_limit` waiting inputs. `None` when no group is due.
-    pub fn take(&mut self, take: Take) -> Option<Formed> {
-        let key = self
-            .groups
-            .iter()
-            .filter_map(|(key, g)| {
-                let head = self.entries.get(g.queue.front()?)?;
-                let ready = take.flush_all
-                    || g.inputs >= take.batch_limit
-                    || g.tokens >= take.budget.max_batch_tokens
-                    || (take.partial && take.now + TIMER_SLACK >= head.accepted + take.max_wait);
-                ready.then_some((head.accepted, key))
+    /// The work a new request of `share` asking `units` units would find ahead of it and beside
+    /// it under the fair share; `None` when no other tenant waits (see [`Fair::ahead`]).
+    pub fn ahead(&self, share: &Share, units: u64, cost: shape::BatchCost) -> Option<Ahead> {
+        self.fair.ahead(share, units, cost)
+    }
+
+    /// The newest request of `tenant` none of whose inputs was sent yet (what sheds first when
+    /// the tenant is furthest over its share).
+    pub fn newest_unstarted(&self, tenant: &str) -> Option<u64> {
+        self.groups
+            .values()
+            .filter_map(|group| {
+                let lane = group.lanes.get(tenant)?;
+                lane.ids.iter().rev().find_map(|id| {
+                    let entry = self.entries.get(id)?;
+                    (!entry.started).then_some((entry.accepted, *id))
+                })
             })
-            .min_by_key(|(accepted, _)| *accepted)
-            .map(|(_, key)| key.clone())?;
+            .max()
+            .map(|(_, id)| id)
+    }
+
+    /// The group the next batch comes from, `None` when none is due: among the groups that are
+    /// due (holding a full batch, any with `flush_all`, or with `partial` one whose head waited
+    /// `max_wait`), the one whose most owed tenant is the most owed (by tenants' served marks;
+    /// all equal with one tenant), then the oldest head. While several tenants wait and no due
+    /// group holds the most owed tenant, a group holding it whose head waited `max_wait` is due
+    /// too.
+    fn due_group(&self, take: &Take, contended: bool) -> Option<EmbedOptions> {
+        let mut best: Option<(f64, Instant, &EmbedOptions)> = None;
+        let mut owed_waiting: Option<(Instant, &EmbedOptions)> = None;
+        let owed = contended.then(|| self.fair.most_owed()).flatten();
+        for (key, g) in &self.groups {
+            let Some(head) = g.queue.front().and_then(|id| self.entries.get(id)) else {
+                continue;
+            };
+            let rank = if contended { g.rank(&self.fair) } else { 0.0 };
+            let waited = take.now + TIMER_SLACK >= head.accepted + take.max_wait;
+            let ready = take.flush_all
+                || g.inputs >= take.batch_limit
+                || g.tokens >= take.budget.max_batch_tokens
+                || (take.partial && waited);
+            if ready {
+                let better = best.is_none_or(|(r, at, _)| {
+                    rank.total_cmp(&r).then(head.accepted.cmp(&at)).is_lt()
+                });
+                if better {
+                    best = Some((rank, head.accepted, key));
+                }
+            } else if waited
+                && owed.is_some_and(|o| rank <= o)
+                && owed_waiting.is_none_or(|(at, _)| head.accepted < at)
+            {
+                owed_waiting = Some((head.accepted, key));
+            }
+        }
+        let passed_over = owed.is_some_and(|o| best.is_none_or(|(r, _, _)| r > o));
+        match (best, owed_waiting) {
+            (_, Some((_, key))) if passed_over => Some(key.clone()),
+            (Some((_, _, key)), _) => Some(key.clone()),
+            (None, _) => None,
+        }
+    }
+
+    /// Takes one batch from the group [`Queue::due_group`] picks. The batch holds the group's
+    /// first candidate, its oldest waiting input or, while several tenants wait, the most owed
+    /// tenant's oldest, and is shaped by [`shape::select`] among the group's first
+    /// `WINDOW_BATCHES × batch_limit` candidates (in arrival order, or interleaved by the
+    /// tenants' marks: `collect`). Every input sent is charged to its tenant. `None` when no
+    /// group is due.
+    pub fn take(&mut self, take: Take) -> Option<Formed> {
+        let contended = self.fair.contended();
+        let key = self.due_group(&take, contended)?;
+        let window = take
+            .batch_limit
+            .saturating_mul(WINDOW_BATCHES)
+            .clamp(1, MAX_WINDOW);
+        let group = self.groups.get_mut(&key)?;
+        let Collected {
+            candidates,
+            expired,
+            probe,
+        } = if contended {
+            collect::fair(group, &self.entries, &self.fair, &take, window)
+        } else {
+            collect::fifo(group, &self.entries, &take, window)
+        };
         let mut formed = Formed {
             options: key.clone(),
             inputs: Vec::new(),
             lengths: Vec::new(),
             segments: Vec::new(),
-            expired: Vec::new(),
+            expired: Vec::with_capacity(expired.len()),
             probe: false,
         };
-        let window = take
-            .batch_limit
-            .saturating_mul(WINDOW_BATCHES)
-            .clamp(1, MAX_WINDOW);
-        let mut probe: Option<u64> = None;
-        let mut candidates: Vec<Candidate> = Vec::new();
-        let group = self.groups.get_mut(&key)?;
-        let mut expired = Removed::default();
-        for &id in &group.queue {
-            if candidates.len() >= window {
-                break;
+        for id in expired {
+            if let Some(entry) = self.entries.remove(&id) {
+                let left = Removed {
+                    inputs: entry.waiting.len(),
+                    tokens: entry.tokens(),
+                };
+                let counts = (&mut self.inputs, &mut self.fair);
+                left_group(group, counts, &entry.share.tenant, left);
+                formed.expired.push((id, left));
             }
-            let Some(entry) = self.entries.get(&id) else {
-                continue;
-            };
-            match take.verdict(entry, probe.is_some()) {
-                Verdict::Send => {}
-                Verdict::Probe => probe = Some(id),
-                Verdict::Expire => {
-                    let left = Removed {
-                        inputs: entry.waiting.len(),
-                        tokens: entry.tokens(),
-                    };
-                    expired.inputs += left.inputs;
-                    expired.tokens += left.tokens;
-                    formed.expired.push((id, left));
-                    continue;
-                }
-            }
-            let room = window - candidates.len();
-            candidates.extend(entry.waiting.iter().take(room).enumerate().map(|(at, w)| {
-                Candidate {
-                    request: id,
-                    at,
-                    tokens: w.tokens,
-                }
-            }));
         }
-        for (id, _) in &formed.expired {
-            self.entries.remove(id);
+        if let Some(head) = candidates
+            .first()
+            .and_then(|c| self.entries.get(&c.request))
+        {
+            self.fair.mark_head(&head.share.tenant);
         }
-        group.inputs -= expired.inputs;
-        group.tokens -= expired.tokens;
-        self.inputs -= expired.inputs;
         let tokens: Vec<u32> = candidates.iter().map(|c| c.tokens).collect();
-        let mut picked = shape::select(&tokens, take.batch_limit, take.budget)
+        let mut picked: Vec<Candidate> = shape::select(&tokens, take.batch_limit, take.budget)
             .into_iter()
             .map(|i| candidates[i])
-            .peekable();
-        // `picked` is in candidate order: by request in queue order, then by input.
+            .collect();
+        if contended {
+            // One run per request, in the order its first candidate came, inputs ascending.
+            let mut first: HashMap<u64, usize> = HashMap::new();
+            for (rank, c) in candidates.iter().enumerate() {
+                first.entry(c.request).or_insert(rank);
+            }
+            picked.sort_by_key(|c| (first.get(&c.request).copied(), c.at));
+        }
+        // What left, by tenant: charged and counted once per tenant, not per request.
+        let mut sent: Vec<(Arc<str>, Removed)> = Vec::with_capacity(1);
+        let mut picked = picked.into_iter().peekable();
         while let Some(first) = picked.next() {
             let mut ats = vec![first.at];
             while let Some(next) = picked.next_if(|c| c.request == first.request) {
@@ -388,36 +384,29 @@ impl Queue {
                 continue;
             };
             formed.probe |= probe == Some(first.request);
-            entry.started = true;
-            let mut segment = Segment {
-                request: first.request,
-                indices: Vec::with_capacity(ats.len()),
-                at: formed.inputs.len(),
-                len: ats.len(),
-            };
-            let mut taken = 0u64;
-            let mut next = ats.iter().copied().peekable();
-            let mut position = 0;
-            entry.waiting.retain_mut(|w| {
-                let pick = next.next_if_eq(&position).is_some();
-                position += 1;
-                if pick {
-                    segment.indices.push(w.index);
-                    formed
-                        .inputs
-                        .push(std::mem::replace(&mut w.input, Input::Ids(Vec::new())));
-                    formed.lengths.push(w.tokens);
-                    taken += u64::from(w.tokens);
+            let (segment, taken) = cut(entry, first.request, &ats, &mut formed);
+            match sent.iter_mut().find(|(t, _)| *t == entry.share.tenant) {
+                Some((_, left)) => {
+                    left.inputs += segment.len;
+                    left.tokens += taken;
                 }
-                !pick
-            });
-            group.inputs -= segment.len;
-            group.tokens -= taken;
-            self.inputs -= segment.len;
+                None => sent.push((
+                    entry.share.tenant.clone(),
+                    Removed {
+                        inputs: segment.len,
+                        tokens: taken,
+                    },
+                )),
+            }
             if entry.waiting.is_empty() {
                 self.entries.remove(&first.request);
             }
             formed.segments.push(segment);
+        }
+        for (tenant, left) in sent {
+            self.fair
+                .charge(&tenant, units(take.budget.cost, left.inputs, left.tokens));
+            left_group(group, (&mut self.inputs, &mut self.fair), &tenant, left);
         }
         group.settle(&self.entries);
         if group.queue.is_empty() {
@@ -457,8 +446,10 @@ impl Queue {
                 indices: Vec::new(),
                 at: formed.inputs.len(),
                 len: 0,
+                scope: entry.share.scope.clone(),
             };
             let mut taken = 0;
+            let mut tokens = 0;
             for w in &mut entry.waiting {
                 let n = formed.inputs.len() + 1;
                 let cost = budget
@@ -475,7 +466,7 @@ impl Queue {
                     .inputs
                     .push(std::mem::replace(&mut w.input, Input::Ids(Vec::new())));
                 formed.lengths.push(w.tokens);
-                added.tokens += u64::from(w.tokens);
+                tokens += u64::from(w.tokens);
                 taken += 1;
             }
             if taken == 0 {
@@ -484,15 +475,21 @@ impl Queue {
             entry.waiting.drain(..taken);
             entry.started = true;
             segment.len = taken;
-            added.inputs += taken;
-            group.inputs -= taken;
+            let tenant = entry.share.tenant.clone();
             if entry.waiting.is_empty() {
                 self.entries.remove(&id);
             }
+            let left = Removed {
+                inputs: taken,
+                tokens,
+            };
+            added.inputs += taken;
+            added.tokens += tokens;
+            self.fair
+                .charge(&tenant, units(budget.cost, left.inputs, left.tokens));
+            left_group(group, (&mut self.inputs, &mut self.fair), &tenant, left);
             formed.segments.push(segment);
         }
-        group.tokens -= added.tokens;
-        self.inputs -= added.inputs;
         group.settle(&self.entries);
         if group.queue.is_empty() {
             self.groups.remove(&formed.options);
@@ -502,360 +499,4 @@ impl Queue {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Pushes a request whose inputs all count 1 token (count batching).
-    fn push(
-        queue: &mut Queue,
-        id: u64,
-        inputs: Vec<Input>,
-        options: EmbedOptions,
-        accepted: Instant,
-        deadline: Instant,
-    ) {
-        let lengths = vec![1; inputs.len()];
-        queue.push(id, inputs, &lengths, options, accepted, deadline);
-    }
-
-    fn take(now: Instant, batch_limit: usize) -> Take {
-        Take {
-            now,
-            batch_limit,
-            budget: TokenBudget::default(),
-            max_wait: Duration::from_millis(5),
-            flush_all: false,
-            partial: true,
-            cutoff: now,
-            probe_allowed: false,
-            floor: Fastest::default(),
-        }
-    }
-
-    fn texts(prefix: &str, n: usize) -> Vec<Input> {
-        (0..n)
-            .map(|i| Input::from(format!("{prefix}{i}")))
-            .collect()
-    }
-
-    #[test]
-    fn a_group_is_due_when_full_or_when_its_head_waited_max_wait() {
-        let t0 = Instant::now();
-        let mut queue = Queue::default();
-        push(
-            &mut queue,
-            1,
-            texts("a", 2),
-            EmbedOptions::default(),
-            t0,
-            t0 + Duration::from_secs(9),
-        );
-        assert!(queue.take(take(t0, 4)).is_none(), "neither full nor due");
-        assert_eq!(
-            queue.next_due(Duration::from_millis(5)),
-            Some(t0 + Duration::from_millis(5) - TIMER_SLACK)
-        );
-        let formed = queue
-            .take(take(t0 + Duration::from_millis(5), 4))
-            .expect("due");
-        assert_eq!(formed.inputs, texts("a", 2));
-        assert_eq!(queue.inputs(), 0);
-        assert_eq!(queue.next_due(Duration::from_millis(5)), None);
-    }
-
-    #[test]
-    fn a_large_request_is_split_into_segments_and_options_never_mix() {
-        let t0 = Instant::now();
-        let far = t0 + Duration::from_secs(9);
-        let other = EmbedOptions {
-            normalize: false,
-            ..EmbedOptions::default()
-        };
-        let mut queue = Queue::default();
-        push(
-            &mut queue,
-            1,
-            texts("a", 3),
-            EmbedOptions::default(),
-            t0,
-            far,
-        );
-        push(&mut queue, 2, texts("b", 1), other.clone(), t0, far);
-        push(
-            &mut queue,
-            3,
-            texts("c", 3),
-            EmbedOptions::default(),
-            t0,
-            far,
-        );
-        let first = queue.take(take(t0, 4)).expect("full group");
-        assert_eq!(first.options, EmbedOptions::default());
-        assert_eq!(first.inputs, ["a0", "a1", "a2", "c0"]);
-        assert_eq!(
-            first.segments,
-            [
-                Segment {
-                    request: 1,
-                    indices: vec![0, 1, 2],
-                    at: 0,
-                    len: 3
-                },
-                Segment {
-                    request: 3,
-                    indices: vec![0],
-                    at: 3,
-                    len: 1
-                },
-            ]
-        );
-        let all = Take {
-            flush_all: true,
-            ..take(t0, 4)
-        };
-        let mut rest = [
-            queue.take(all).expect("flush"),
-            queue.take(all).expect("flush"),
-        ];
-        rest.sort_by_key(|f| f.inputs.len());
-        assert_eq!(rest[0].options, other);
-        assert_eq!(rest[1].inputs, ["c1", "c2"]);
-        assert_eq!(
-            rest[1].segments[0],
-            Segment {
-                request: 3,
-                indices: vec![1, 2],
-                at: 0,
-                len: 2
-            }
-        );
-        assert!(queue.take(all).is_none());
-    }
-
-    #[test]
-    fn requests_that_cannot_finish_in_time_expire_unless_one_may_probe() {
-        let t0 = Instant::now();
-        let mut queue = Queue::default();
-        for id in 0..3 {
-            push(
-                &mut queue,
-                id,
-                texts("x", 1),
-                EmbedOptions::default(),
-                t0,
-                t0 + Duration::from_millis(50),
-            );
-        }
-        push(
-            &mut queue,
-            3,
-            texts("ok", 1),
-            EmbedOptions::default(),
-            t0,
-            t0 + Duration::from_secs(9),
-        );
-        let formed = queue
-            .take(Take {
-                cutoff: t0 + Duration::from_millis(100),
-                probe_allowed: true,
-                flush_all: true,
-                ..take(t0, 8)
-            })
-            .expect("due");
-        assert!(formed.probe);
-        assert_eq!(
-            formed
-                .segments
-                .iter()
-                .map(|s| s.request)
-                .collect::<Vec<_>>(),
-            [0, 3]
-        );
-        assert_eq!(
-            formed.expired,
-            [
-                (
-                    1,
-                    Removed {
-                        inputs: 1,
-                        tokens: 1
-                    }
-                ),
-                (
-                    2,
-                    Removed {
-                        inputs: 1,
-                        tokens: 1
-                    }
-                )
-            ]
-        );
-        assert_eq!(queue.inputs(), 0);
-    }
-
-    #[test]
-    fn a_request_due_before_the_fastest_call_expires_even_when_a_probe_is_allowed() {
-        let t0 = Instant::now();
-        let mut queue = Queue::default();
-        // Due in 5 ms and in 50 ms; the fastest one-input call lately took 22 ms.
-        for (id, due) in [(0, 5), (1, 50)] {
-            push(
-                &mut queue,
-                id,
-                texts("x", 1),
-                EmbedOptions::default(),
-                t0,
-                t0 + Duration::from_millis(due),
-            );
-        }
-        let mut floor = Fastest::default();
-        floor.record(Duration::from_millis(22), 1, 1, t0);
-        floor.record(Duration::from_millis(23), 1, 1, t0);
-        let formed = queue
-            .take(Take {
-                probe_allowed: true,
-                flush_all: true,
-                floor,
-                ..take(t0, 8)
-            })
-            .expect("due");
-        assert!(!formed.probe, "the hopeless request is no probe");
-        assert_eq!(
-            formed
-                .segments
-                .iter()
-                .map(|s| s.request)
-                .collect::<Vec<_>>(),
-            [1]
-        );
-        assert_eq!(
-            formed.expired,
-            [(
-                0,
-                Removed {
-                    inputs: 1,
-                    tokens: 1
-                }
-            )]
-        );
-    }
-
-    #[test]
-    fn expiry_follows_the_earliest_deadline_and_skips_requests_that_left() {
-        let t0 = Instant::now();
-        let at = |ms| t0 + Duration::from_millis(ms);
-        let mut queue = Queue::default();
-        push(
-            &mut queue,
-            1,
-            texts("a", 1),
-            EmbedOptions::default(),
-            t0,
-            at(300),
-        );
-        push(
-            &mut queue,
-            2,
-            texts("b", 2),
-            EmbedOptions::default(),
-            t0,
-            at(100),
-        );
-        push(
-            &mut queue,
-            3,
-            texts("c", 1),
-            EmbedOptions::default(),
-            t0,
-            at(200),
-        );
-        assert_eq!(queue.next_deadline(), Some(at(100)));
-        assert_eq!(queue.remove(2).inputs, 2);
-        assert_eq!(
-            queue.next_deadline(),
-            Some(at(200)),
-            "a removed request is skipped"
-        );
-        assert!(queue.expire(at(199)).is_empty());
-        assert_eq!(
-            queue
-                .expire(at(300))
-                .iter()
-                .map(|(id, removed)| (*id, removed.inputs))
-                .collect::<Vec<_>>(),
-            [(3, 1), (1, 1)]
-        );
-        assert_eq!(queue.inputs(), 0);
-        assert_eq!(queue.next_deadline(), None);
-        assert!(
-            queue
-                .take(Take {
-                    flush_all: true,
-                    ..take(t0, 8)
-                })
-                .is_none()
-        );
-    }
-
-    #[test]
-    fn a_group_whose_head_left_is_due_by_its_next_request() {
-        let t0 = Instant::now();
-        let far = t0 + Duration::from_secs(9);
-        let mut queue = Queue::default();
-        push(
-            &mut queue,
-            1,
-            texts("a", 1),
-            EmbedOptions::default(),
-            t0,
-            far,
-        );
-        let later = t0 + Duration::from_millis(3);
-        push(
-            &mut queue,
-            2,
-            texts("b", 1),
-            EmbedOptions::default(),
-            later,
-            far,
-        );
-        queue.remove(1);
-        assert_eq!(
-            queue.next_due(Duration::from_millis(5)),
-            Some(later + Duration::from_millis(5) - TIMER_SLACK)
-        );
-        assert!(queue.take(take(t0 + Duration::from_millis(5), 8)).is_none());
-        let formed = queue
-            .take(take(later + Duration::from_millis(5), 8))
-            .expect("due by its own age");
-        assert_eq!(formed.inputs, ["b0"]);
-    }
-
-    #[test]
-    fn removing_a_request_frees_its_inputs_and_keeps_the_rest_in_order() {
-        let t0 = Instant::now();
-        let far = t0 + Duration::from_secs(9);
-        let mut queue = Queue::default();
-        push(
-            &mut queue,
-            1,
-            texts("a", 2),
-            EmbedOptions::default(),
-            t0,
-            far,
-        );
-        push(
-            &mut queue,
-            2,
-            texts("b", 2),
-            EmbedOptions::default(),
-            t0,
-            far,
-        );
-        assert_eq!(queue.remove(1).inputs, 2);
-        assert_eq!(queue.remove(1).inputs, 0, "already gone");
-        assert_eq!(queue.inputs(), 2);
-        let formed = queue.take(take(t0, 2)).expect("full");
-        assert_eq!(formed.inputs, ["b0", "b1"]);
-    }
-}
+mod tests;

@@ -5,7 +5,8 @@
 //! embed to the same vector: sending both is upstream work done twice. The worker's
 //! single-flight (`crate::cache`) keeps most duplicates out of the batcher; these are the ones
 //! left (the cache bypassed per request, a resent copy retried alone, inputs repeated inside
-//! a bisected half).
+//! a bisected half). Equal inputs of different cache scopes (tenants, see `crate::tenant`) are
+//! not folded: sharing work is sharing an answer, and it stays within a scope.
 
 use std::collections::HashMap;
 
@@ -37,14 +38,17 @@ pub(super) struct Unique {
 }
 
 impl Unique {
-    /// The distinct inputs of `batch`; `None` when every input is distinct (nothing to fold).
-    pub fn of(batch: &[Input]) -> Option<Unique> {
-        let mut seen: HashMap<InputRef<'_>, usize> = HashMap::with_capacity(batch.len());
+    /// The distinct inputs of `batch`, each position of which is in the cache scope
+    /// `scopes[position]` (`None`: all in one); `None` when every input is distinct (nothing to
+    /// fold).
+    pub fn of(batch: &[Input], scopes: Option<&[u32]>) -> Option<Unique> {
+        let mut seen: HashMap<(u32, InputRef<'_>), usize> = HashMap::with_capacity(batch.len());
         let mut firsts = Vec::with_capacity(batch.len());
         let mut source = Vec::with_capacity(batch.len());
         for (at, input) in batch.iter().enumerate() {
             let next = firsts.len();
-            let index = *seen.entry(InputRef::from(input)).or_insert(next);
+            let scope = scopes.and_then(|s| s.get(at)).copied().unwrap_or(0);
+            let index = *seen.entry((scope, InputRef::from(input))).or_insert(next);
             if index == next {
                 firsts.push(at);
             }
@@ -95,7 +99,7 @@ mod tests {
             Input::Ids(vec![1, 2]),
             text("b"),
         ];
-        let unique = Unique::of(&batch).expect("duplicates");
+        let unique = Unique::of(&batch, None).expect("duplicates");
         assert_eq!(unique.firsts, [0, 1, 3]);
         assert_eq!(unique.source, [0, 1, 0, 2, 2, 1]);
         assert_eq!(unique.folded(), 3);
@@ -113,9 +117,18 @@ mod tests {
     fn distinct_inputs_need_no_folding() {
         // A text and the ids of the same characters are different inputs.
         assert_eq!(
-            Unique::of(&[text("a"), text("A"), Input::Ids(vec![97])]),
+            Unique::of(&[text("a"), text("A"), Input::Ids(vec![97])], None),
             None
         );
-        assert_eq!(Unique::of(&[]), None);
+        assert_eq!(Unique::of(&[], None), None);
+    }
+
+    #[test]
+    fn equal_inputs_of_different_scopes_are_both_sent() {
+        let batch = [text("a"), text("a"), text("a")];
+        let unique = Unique::of(&batch, Some(&[0, 1, 0])).expect("one fold");
+        assert_eq!(unique.firsts, [0, 1]);
+        assert_eq!(unique.source, [0, 1, 0]);
+        assert_eq!(Unique::of(&batch[..2], Some(&[0, 1])), None);
     }
 }

@@ -37,8 +37,9 @@ use super::error::{LaneError, RenderError, nats};
 use super::jobs::ending_of;
 use super::progress::Progress;
 use super::{Lane, PullConsumer, delivered, render, with_progress};
-use crate::batcher::BulkGate;
+use crate::batcher::{BulkGate, Share};
 use crate::telemetry::names;
+use crate::tenant::Caller;
 
 /// Work items a worker holds at once (pulled, embedding, or finishing). An item spends several
 /// NATS round trips besides its embedding (its batch's record, the results, the progress, the
@@ -156,7 +157,8 @@ async fn handle(
         expire(lane, &item.batch_id).await?;
         return Ok(Disposition::Ack);
     }
-    let (results, rejected) = match embed_lines(item, gate).await {
+    let owner = lane.config.tenants.owner(record.owner());
+    let (results, rejected) = match embed_lines(item, gate, &owner).await {
         Ok(done) => done,
         Err(err) => {
             if delivered(message) < lane.config.max_deliver {
@@ -213,18 +215,25 @@ pub(super) async fn mark_expiring(lane: &Lane, batch_id: &str) -> Result<BatchRe
         .await
 }
 
-/// Embeds the item's lines, each a bulk request of the batcher (all at once, so they share
-/// calls), and renders their output lines. Returns the output lines and whether a line was
-/// rejected.
+/// Embeds the item's lines for the batch's `owner`, each a bulk request of the batcher (all at
+/// once, so they share calls), and renders their output lines. Returns the output lines and
+/// whether a line was rejected.
 ///
 /// # Errors
 /// The upstream's failure when it is not an input's fault (the item is redelivered).
-async fn embed_lines(item: &Item, gate: &BulkGate) -> Result<(Vec<LineResult>, bool), LaneError> {
-    let embedded = futures::future::join_all(item.lines.iter().map(|line| async move {
+async fn embed_lines(
+    item: &Item,
+    gate: &BulkGate,
+    owner: &Caller,
+) -> Result<(Vec<LineResult>, bool), LaneError> {
+    let share = Share::of(&owner.tenant);
+    let embedded = futures::future::join_all(item.lines.iter().map(|line| async {
         let started = std::time::Instant::now();
         let inputs = line.request.inputs.as_slice().to_vec();
         let n = inputs.len();
-        let outcome = gate.embed(inputs, Vec::new(), line.request.options()).await;
+        let outcome = gate
+            .embed_as(share.clone(), inputs, Vec::new(), line.request.options())
+            .await;
         let label = match &outcome {
             Ok(_) => {
                 metrics::counter!(names::BULK_INPUTS).increment(n as u64);

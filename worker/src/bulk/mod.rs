@@ -84,6 +84,9 @@ pub struct BulkConfig {
     /// `EMBATCH_SUBJECT`: where discovery finds the models served (a line naming another model
     /// fails validation).
     pub subject: String,
+    /// The tenants in force: a batch's inputs are shared with other tenants' by its owner's
+    /// weight, and counted under its owner (`crate::tenant`).
+    pub tenants: crate::tenant::TenantPolicy,
 }
 
 /// Runs the bulk lane until `stop`: binds the store (retrying every [`RETRY`] while JetStream

@@ -4,7 +4,7 @@
 use embatch_protocol::{EmbedError, EmbedOptions, Input};
 use tokio::time::Instant;
 
-use crate::batcher::{BatcherHandle, Outcome, Reply};
+use crate::batcher::{BatcherHandle, Outcome, Reply, Share};
 use crate::cache::{Answered, Cache, Plan};
 use crate::tokens::{Counter, Reservation};
 
@@ -26,6 +26,8 @@ pub(super) struct Work {
     pub(super) inputs: Vec<Input>,
     pub(super) options: EmbedOptions,
     pub(super) deadline: Instant,
+    /// Its tenant's share of the upstream.
+    pub(super) share: Share,
     pub(super) counter: Counter,
     /// Present while the task may still submit: misses not yet submitted, or inputs in flight
     /// for other requests that it may have to send itself.
@@ -62,6 +64,7 @@ impl Work {
             mut inputs,
             options,
             deadline,
+            share,
             counter,
             batcher,
         } = self;
@@ -75,8 +78,14 @@ impl Work {
                 if misses.is_empty() {
                     (None, None)
                 } else {
-                    let (receiver, lengths) =
-                        submit(&counter, batcher.as_ref(), misses, &options, deadline).await?;
+                    let (receiver, lengths) = submit(
+                        &counter,
+                        (batcher.as_ref(), &share),
+                        misses,
+                        &options,
+                        deadline,
+                    )
+                    .await?;
                     (Some(receiver), lengths)
                 }
             }
@@ -91,8 +100,14 @@ impl Work {
         let abandoned = plan.wait(deadline).await?;
         if !abandoned.is_empty() {
             let (positions, retried): (Vec<usize>, Vec<_>) = abandoned.into_iter().unzip();
-            let (receiver, lengths) =
-                submit(&counter, batcher.as_ref(), retried, &options, deadline).await?;
+            let (receiver, lengths) = submit(
+                &counter,
+                (batcher.as_ref(), &share),
+                retried,
+                &options,
+                deadline,
+            )
+            .await?;
             *batcher_answered = true;
             let reply = receive(receiver).await?;
             timing = timing.or(Some((reply.queue_time, reply.inference_time)));
@@ -102,15 +117,15 @@ impl Work {
     }
 }
 
-/// Counts `inputs` and submits them to `batcher`: the receiver of their outcome, and their
-/// token counts when a tokenizer counted them.
+/// Counts `inputs` and submits them to `batcher` for the tenant of `share`: the receiver of
+/// their outcome, and their token counts when a tokenizer counted them.
 ///
 /// # Errors
 /// The count's error, the batcher's refusal; 503 without a batcher (cannot happen: a task
 /// that may submit holds one).
 async fn submit(
     counter: &Counter,
-    batcher: Option<&BatcherHandle>,
+    (batcher, share): (Option<&BatcherHandle>, &Share),
     inputs: Vec<Input>,
     options: &EmbedOptions,
     deadline: Instant,
@@ -120,7 +135,12 @@ async fn submit(
     let counted = counter.count(inputs, options.clone()).await?;
     let lengths = counted.tokens().is_some().then(|| counted.lengths.clone());
     // The seam to the token budget: `counted.lengths`, one count per input.
-    let receiver = batcher.submit(counted.inputs, counted.lengths, counted.options, deadline)?;
+    let receiver = batcher.submit_as(
+        share.clone(),
+        (counted.inputs, counted.lengths),
+        counted.options,
+        deadline,
+    )?;
     Ok((receiver, lengths))
 }
 

@@ -26,6 +26,7 @@ fn ask(inputs: usize, deadline: Instant) -> Ask {
         tokens: inputs as u64,
         bytes: inputs * 10,
         deadline,
+        ahead: None,
     }
 }
 
@@ -231,6 +232,7 @@ fn the_byte_bound_sheds_429_and_a_request_larger_than_it_is_413() {
         tokens: 1,
         bytes: 101,
         deadline: far,
+        ahead: None,
     };
     let err = ledger
         .admit(&limits, big, now)

@@ -3,6 +3,8 @@
 
 mod batching;
 mod bulk;
+mod fair;
+mod fair_report;
 mod faults;
 mod overload;
 mod tokens;
