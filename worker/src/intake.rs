@@ -40,6 +40,7 @@ use crate::batcher::{BatcherHandle, Share};
 use crate::cache::{Cache, Plan, Usage};
 use crate::group::{Event, Group};
 use crate::micro::EndpointStats;
+use crate::telemetry::{self, Traffic};
 use crate::tenant::{Caller, TenantPolicy};
 use crate::tokens::Counter;
 pub use held::LARGE_BODY_BYTES;
@@ -274,7 +275,10 @@ impl Admitter {
         // Who it is for comes first, as authentication would (400 or 403 before anything).
         let caller = match self.tenants.resolve(request.headers.as_ref()) {
             Ok(caller) => caller,
-            Err(err) => return self.refuse(err.into(), &request, wants_ack, received).await,
+            Err(err) => {
+                let err = err.into();
+                return self.refuse(err, &request, wants_ack, received, None).await;
+            }
         };
         let id = request
             .headers
@@ -300,7 +304,9 @@ impl Admitter {
                  (MAX_QUEUE_BYTES = {max}); retry in ~{} ms",
                 self.batcher.retry_after_hint().as_millis().max(1)
             ));
-            return self.refuse(err, &request, wants_ack, received).await;
+            return self
+                .refuse(err, &request, wants_ack, received, Some(&caller))
+                .await;
         }
         let cancelled = CancellationToken::new();
         let registered = Registration(id.map(|id| {
@@ -397,14 +403,21 @@ impl Admitter {
     async fn admit_prepared(&self, arrival: Arrival, prepared: Result<(Parsed, Plan), EmbedError>) {
         let (request, received, wants_ack) =
             (&arrival.request, arrival.received, arrival.wants_ack);
+        let caller = Some(&arrival.caller);
         let (parsed, plan) = match prepared {
             Ok(prepared) => prepared,
-            Err(err) => return self.refuse(err, request, wants_ack, received).await,
+            Err(err) => return self.refuse(err, request, wants_ack, received, caller).await,
         };
         let inputs = parsed.inputs.len();
         if plan.is_answered() {
             return self
-                .answer_at_once(plan, inputs, request, wants_ack, received)
+                .answer_at_once(
+                    plan,
+                    (inputs, &arrival.caller),
+                    request,
+                    wants_ack,
+                    received,
+                )
                 .await;
         }
         // A copy resent after a loss is admitted by deadline (see `headers::ATTEMPT`).
@@ -418,7 +431,7 @@ impl Admitter {
         let share = Share::of(&arrival.caller.tenant);
         let work = match self.hand_over(parsed, plan, share) {
             Ok(work) => work,
-            Err(err) => return self.refuse(err, request, wants_ack, received).await,
+            Err(err) => return self.refuse(err, request, wants_ack, received, caller).await,
         };
         let task = ReplyTask {
             work,
@@ -445,7 +458,7 @@ impl Admitter {
     async fn answer_at_once(
         &self,
         plan: Plan,
-        inputs: usize,
+        (inputs, caller): (usize, &Caller),
         request: &Message,
         wants_ack: bool,
         received: Instant,
@@ -459,6 +472,15 @@ impl Admitter {
             Err(err) => err.kind(),
         };
         metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => label).increment(1);
+        let (status, tokens) = outcome
+            .as_ref()
+            .map_or_else(|err| (err.status(), None), |a| (200, a.tokens));
+        telemetry::count_tenant(
+            &caller.label,
+            Traffic::Interactive,
+            status,
+            (inputs, tokens),
+        );
         let mut reply = served(outcome, None);
         if wants_ack {
             reply = reply.header(headers::ACK_DELAY_MS, &self.acks.delay_ms);
@@ -471,8 +493,19 @@ impl Admitter {
     }
 
     /// Answers `err` to `request` at once (refused before any work), counted.
-    async fn refuse(&self, err: EmbedError, request: &Message, wants_ack: bool, received: Instant) {
+    /// Counted per tenant when its tenant is known (`caller`).
+    async fn refuse(
+        &self,
+        err: EmbedError,
+        request: &Message,
+        wants_ack: bool,
+        received: Instant,
+        caller: Option<&Caller>,
+    ) {
         crate::trace::admitted(received, Some(err.status()));
+        if let Some(caller) = caller {
+            telemetry::count_tenant(&caller.label, Traffic::Interactive, err.status(), (0, None));
+        }
         metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => err.kind()).increment(1);
         let mut reply = answer(Err(err), None);
         if wants_ack {

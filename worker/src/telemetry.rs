@@ -10,7 +10,8 @@ pub mod names {
     pub const REQUESTS: &str = "embatch_worker_requests_total";
     /// Counter, label `reason`: requests shed at admission. `queue_full` (`QUEUE_CAP`),
     /// `queue_bytes` (`MAX_QUEUE_BYTES`), `queue_delay` (`MAX_QUEUE_DELAY`), `deadline` (cannot
-    /// finish in time), `expired` (deadline already passed).
+    /// finish in time), `expired` (deadline already passed), `fair_share` (queued, then shed to
+    /// make room for a tenant under its share: its tenant held the most for its weight).
     pub const SHED: &str = "embatch_worker_requests_shed_total";
     /// Histogram: seconds from acceptance to the request's first upstream call.
     pub const QUEUE_WAIT: &str = "embatch_worker_queue_wait_seconds";
@@ -87,6 +88,69 @@ pub mod names {
     /// Histogram: seconds from a request's arrival to its reply for requests answered entirely
     /// from the cache (what a hit costs in the worker).
     pub const CACHE_HIT_TIME: &str = "embatch_worker_cache_hit_seconds";
+    /// Counter, labels `tenant` (bounded by the configuration, see `crate::tenant`), `lane`
+    /// (`interactive`: requests answered; `bulk`: bulk lines embedded) and `outcome` (`ok`;
+    /// `shed`: 429; `failed`: 424, 503, 504 and any other 5xx; `refused`: any other 4xx):
+    /// requests per tenant. A request refused before its tenant is known (400 or 403 for its
+    /// tenant) is counted in [`REQUESTS`] only.
+    pub const TENANT_REQUESTS: &str = "embatch_worker_tenant_requests_total";
+    /// Counter, labels `tenant` and `lane`: inputs of the tenant's requests answered 200 (bulk:
+    /// of its lines embedded).
+    pub const TENANT_INPUTS: &str = "embatch_worker_tenant_inputs_total";
+    /// Counter, labels `tenant` and `lane`: tokens of the tenant's requests answered 200, as
+    /// the model's tokenizer counted them (none when the worker has no tokenizer; bulk lines
+    /// are not counted by one and add none).
+    pub const TENANT_TOKENS: &str = "embatch_worker_tenant_tokens_total";
+}
+
+/// The `lane` label of the per-tenant metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Traffic {
+    /// Requests on the request subjects.
+    Interactive,
+    /// Lines of bulk jobs.
+    Bulk,
+}
+
+impl Traffic {
+    fn label(self) -> &'static str {
+        match self {
+            Traffic::Interactive => "interactive",
+            Traffic::Bulk => "bulk",
+        }
+    }
+}
+
+/// The `outcome` of [`names::TENANT_REQUESTS`] for an answer of HTTP-style `status`.
+pub fn tenant_outcome(status: u16) -> &'static str {
+    match status {
+        200..=299 => "ok",
+        429 => "shed",
+        424 | 500..=599 => "failed",
+        _ => "refused",
+    }
+}
+
+/// Counts one request (or bulk line) of the tenant labelled `tenant` in `lane`, answered with
+/// `status`; for a 200, its `inputs` and, when counted, its `tokens`.
+pub fn count_tenant(
+    tenant: &std::sync::Arc<str>,
+    lane: Traffic,
+    status: u16,
+    (inputs, tokens): (usize, Option<u64>),
+) {
+    let outcome = tenant_outcome(status);
+    metrics::counter!(names::TENANT_REQUESTS, "tenant" => tenant.clone(), "lane" => lane.label(), "outcome" => outcome)
+        .increment(1);
+    if outcome != "ok" {
+        return;
+    }
+    metrics::counter!(names::TENANT_INPUTS, "tenant" => tenant.clone(), "lane" => lane.label())
+        .increment(inputs as u64);
+    if let Some(tokens) = tokens {
+        metrics::counter!(names::TENANT_TOKENS, "tenant" => tenant.clone(), "lane" => lane.label())
+            .increment(tokens);
+    }
 }
 
 pub use embatch_runtime::{LogFormat, init_logging};
@@ -161,6 +225,18 @@ fn describe() {
         "Requests answered, by outcome (ok or the error kind)."
     );
     describe_counter!(names::SHED, "Requests shed at admission, by reason.");
+    describe_counter!(
+        names::TENANT_REQUESTS,
+        "Requests (and bulk lines) per tenant, by lane and outcome (ok, shed, failed, refused)."
+    );
+    describe_counter!(
+        names::TENANT_INPUTS,
+        "Inputs of requests answered 200 per tenant, by lane."
+    );
+    describe_counter!(
+        names::TENANT_TOKENS,
+        "Tokens of requests answered 200 per tenant, by lane (as the tokenizer counts them)."
+    );
     describe_histogram!(
         names::QUEUE_WAIT,
         metrics::Unit::Seconds,
@@ -265,5 +341,28 @@ fn describe() {
     );
     for reason in crate::batcher::SHED_REASONS {
         metrics::counter!(names::SHED, "reason" => reason).absolute(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tenants_answers_fall_in_four_outcomes() {
+        let cases = [
+            (200, "ok"),
+            (429, "shed"),
+            (424, "failed"),
+            (503, "failed"),
+            (504, "failed"),
+            (400, "refused"),
+            (403, "refused"),
+            (413, "refused"),
+            (422, "refused"),
+        ];
+        for (status, outcome) in cases {
+            assert_eq!(tenant_outcome(status), outcome, "{status}");
+        }
     }
 }

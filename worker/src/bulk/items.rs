@@ -38,7 +38,7 @@ use super::jobs::ending_of;
 use super::progress::Progress;
 use super::{Lane, PullConsumer, delivered, render, with_progress};
 use crate::batcher::{BulkGate, Share};
-use crate::telemetry::names;
+use crate::telemetry::{Traffic, count_tenant, names};
 use crate::tenant::Caller;
 
 /// Work items a worker holds at once (pulled, embedding, or finishing). An item spends several
@@ -243,6 +243,8 @@ async fn embed_lines(
             Err(_) => "failed",
         };
         metrics::counter!(names::BULK_LINES, "outcome" => label).increment(1);
+        let status = outcome.as_ref().map_or_else(EmbedError::status, |_| 200);
+        count_tenant(&owner.label, Traffic::Bulk, status, (n, None));
         metrics::histogram!(names::BULK_UPSTREAM_TIME).record(started.elapsed().as_secs_f64());
         outcome
     }))

@@ -13,6 +13,7 @@ use crate::batcher::Outcome;
 use crate::cache::{Answered, Cache, Stash};
 use crate::micro::EndpointStats;
 use crate::respond::Answer;
+use crate::telemetry::{Traffic, count_tenant};
 
 /// Bytes a reply may need per input, learnt from the replies sent (the largest seen), so a
 /// request whose reply cannot fit `max_payload` is refused before any upstream work.
@@ -105,6 +106,7 @@ impl ReplyTask {
             cancelled,
             share: _share,
             hand_back,
+            caller,
             ..
         } = arrival;
         let mut ack_at = ack.as_ref().map(|_| received + headers::ACK_DELAY);
@@ -132,6 +134,15 @@ impl ReplyTask {
             stash,
             all_hits,
         } = settled;
+        let (status, tokens) = outcome
+            .as_ref()
+            .map_or_else(|err| (err.status(), None), |a| (200, a.tokens));
+        count_tenant(
+            &caller.label,
+            Traffic::Interactive,
+            status,
+            (inputs, tokens),
+        );
         let mut reply = served(outcome, timing);
         if let Some((_, delay_ms)) = &ack {
             // Whether acknowledged or not (an acknowledgement can be lost, e.g. while the
