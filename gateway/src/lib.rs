@@ -99,7 +99,11 @@ pub async fn serve(
         .unwrap_or_else(|_| "?".into());
     tracing::info!(%addr, subject = %state.client.subject(), "gateway listening");
     let limits = state.limits;
-    let app = app(state).layer(axum::middleware::from_fn(trace::request_span));
+    let mut app = app(state);
+    if embatch_runtime::tracing_otel::enabled() {
+        // Only with tracing on: a middleware layer costs every request a boxed service call.
+        app = app.layer(axum::middleware::from_fn(trace::request_span));
+    }
     serve::run(listener, app, limits, shutdown).await;
     Ok(())
 }

@@ -14,10 +14,10 @@ use embatch_protocol::headers;
 use embatch_runtime::tracing_otel;
 use tracing::Instrument;
 
-/// Middleware: with tracing on, runs each `POST` request (the embedding routes, files and
-/// batches) in a span of kind `server` named after its method and path (`POST /embed`), a child
-/// of the caller's `traceparent` when it sent one, with the response's status; other requests
-/// (health checks, metrics scrapes) and every request with tracing off pass through untraced.
+/// Middleware, layered by [`crate::serve`] only with tracing on: runs each `POST` request (the
+/// embedding routes, files and batches) in a span of kind `server` named after its method and
+/// path (`POST /embed`), a child of the caller's `traceparent` when it sent one, with the
+/// response's status; other requests (health checks, metrics scrapes) pass through untraced.
 pub async fn request_span(request: Request, next: Next) -> Response {
     if !tracing_otel::enabled() || request.method() != axum::http::Method::POST {
         return next.run(request).await;
