@@ -102,6 +102,9 @@ pub(super) struct Fair {
 impl Fair {
     /// `inputs` inputs of `tokens` tokens of `share`'s tenant start waiting.
     pub fn arrive(&mut self, share: &Share, inputs: usize, tokens: u64) {
+        if inputs == 0 {
+            return;
+        }
         let now = self.now;
         let account = self
             .accounts

@@ -7,9 +7,9 @@
 //! tenants. While several tenants' inputs wait, each group's candidates are the tenants' inputs
 //! interleaved by their served marks (`collect::fair`), so the most owed tenant's oldest input
 //! heads the batch; the group whose most owed tenant is the most owed goes first among those
-//! due; and a group holding the most owed tenant's inputs that waited `MAX_WAIT_TIME` leaves
-//! even partial, into any free slot, when no group due otherwise holds that tenant (it would be
-//! passed over while other tenants' full batches take every slot).
+//! due; and when the groups due hold other tenants only, a group holding the most owed
+//! tenant's inputs that waited `MAX_WAIT_TIME` leaves instead, even partial, into any free slot
+//! (it would be passed over while other tenants' full batches take every slot).
 
 mod collect;
 mod group;
@@ -272,9 +272,9 @@ impl Queue {
     /// The group the next batch comes from, `None` when none is due: among the groups that are
     /// due (holding a full batch, any with `flush_all`, or with `partial` one whose head waited
     /// `max_wait`), the one whose most owed tenant is the most owed (by tenants' served marks;
-    /// all equal with one tenant), then the oldest head. While several tenants wait and no due
-    /// group holds the most owed tenant, a group holding it whose head waited `max_wait` is due
-    /// too.
+    /// all equal with one tenant), then the oldest head. While several tenants wait and the
+    /// groups due hold other tenants only, a group holding the most owed tenant whose head
+    /// waited `max_wait` goes instead.
     fn due_group(&self, take: &Take, contended: bool) -> Option<EmbedOptions> {
         let mut best: Option<(f64, Instant, &EmbedOptions)> = None;
         let mut owed_waiting: Option<(Instant, &EmbedOptions)> = None;
@@ -303,7 +303,9 @@ impl Queue {
                 owed_waiting = Some((head.accepted, key));
             }
         }
-        let passed_over = owed.is_some_and(|o| best.is_none_or(|(r, _, _)| r > o));
+        // Only when another tenant's group would go instead: with none due, the owed tenant's
+        // partial group waits as any partial group does.
+        let passed_over = matches!((owed, best), (Some(o), Some((r, _, _))) if r > o);
         match (best, owed_waiting) {
             (_, Some((_, key))) if passed_over => Some(key.clone()),
             (Some((_, _, key)), _) => Some(key.clone()),

@@ -234,3 +234,37 @@ async fn the_queue_delay_bound_sheds_a_backlogged_tenant_not_a_light_one() {
         outcome(rx).await.expect("ok");
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn tenants_waiting_in_a_partial_batch_keep_the_batching_rules() {
+    // Two slots, the last for full batches: a partial batch of two tenants, due by
+    // MAX_WAIT_TIME while a call runs, keeps filling until that call ends, as with one tenant.
+    let (upstream, batcher, _task) = start(Duration::from_millis(10), config(10, 5, 2));
+    let (a, b) = (tenant("a", 1), tenant("b", 1));
+    let first: Vec<_> = (0..10)
+        .map(|i| submit_one(&batcher, &a, format!("a{i}"), EmbedOptions::default()))
+        .collect();
+    let mut later = vec![
+        submit_one(&batcher, &a, "a-late".into(), EmbedOptions::default()),
+        submit_one(&batcher, &b, "b-late".into(), EmbedOptions::default()),
+    ];
+    // Past MAX_WAIT_TIME, an arrival makes the batcher look again.
+    tokio::time::sleep(Duration::from_millis(6)).await;
+    later.push(submit_one(
+        &batcher,
+        &b,
+        "b-later".into(),
+        EmbedOptions::default(),
+    ));
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(
+        upstream.calls().len(),
+        1,
+        "no partial batch into the last slot"
+    );
+    for rx in first.into_iter().chain(later) {
+        outcome(rx).await.expect("ok");
+    }
+    let sizes: Vec<usize> = upstream.calls().iter().map(|(i, _)| i.len()).collect();
+    assert_eq!(sizes, [10, 3]);
+}
