@@ -6,9 +6,9 @@ when embatch.json differs from what this prints, or when a query names a metric 
 workers do not export. The chart ships a copy (deploy/helm/embatch/files/embatch-dashboard.json),
 which the same check keeps identical; `--write` updates both.
 
-Template variables: datasource, namespace, model, tenant. No metric has a `tenant` label yet: the
-variable lists nothing and its "All" (`.*`) matches every series, so the queries already filter
-by it and will narrow once a tenant label exists.
+Template variables: datasource, namespace, model, tenant. The tenant variable lists the tenants of
+the workers' per-tenant metrics (`embatch_worker_tenant_*`); its "All" (`.*`) also matches series
+without a `tenant` label, so every query filters by it and the per-tenant ones narrow.
 """
 
 import json
@@ -84,7 +84,8 @@ ROWS = [
               unit="reqps"),
         panel("Load shed by reason", "Requests refused at admission (429, or 504 for `expired`): "
               "queue_full (QUEUE_CAP), queue_bytes (MAX_QUEUE_BYTES), queue_delay (MAX_QUEUE_DELAY), "
-              "deadline (cannot finish in time), expired.",
+              "deadline (cannot finish in time), expired, fair_share (queued, then shed for a tenant "
+              "under its share).",
               [(rate("embatch_worker_requests_shed_total", by="model, reason"), "{{model}} {{reason}}")],
               unit="reqps", stack=True),
         panel("Shed ratio", "Shed requests over all requests the workers answered.",
@@ -108,6 +109,26 @@ ROWS = [
                 "retries/s {{reason}}"),
                (f'sum(rate(embatch_gateway_connections_refused_total{{namespace=~"$namespace"}}[{RATE}]))',
                 "refused connections/s")]),
+    ]),
+    ("Tenants", [
+        panel("Requests by tenant", "Requests (and bulk lines) the workers answered per tenant: ok, "
+              "shed (429), failed (424, 5xx), refused (other 4xx).",
+              [(rate("embatch_worker_tenant_requests_total", by="tenant, outcome"),
+                "{{tenant}} {{outcome}}")],
+              unit="reqps", stack=True),
+        panel("Inputs and tokens by tenant", "Inputs and tokens of the requests answered 200, per "
+              "tenant and lane (interactive, bulk): each tenant's share of the upstream.",
+              [(rate("embatch_worker_tenant_inputs_total", by="tenant, lane"),
+                "inputs {{tenant}} {{lane}}"),
+               (rate("embatch_worker_tenant_tokens_total", by="tenant, lane"),
+                "tokens {{tenant}} {{lane}}")],
+              unit="ops"),
+        panel("Shed ratio by tenant", "Each tenant's shed requests over its requests: under "
+              "contention the tenant furthest over its share sheds first.",
+              [(ratio(rate("embatch_worker_tenant_requests_total", 'outcome="shed"', by="tenant"),
+                      rate("embatch_worker_tenant_requests_total", by="tenant")),
+                "{{tenant}}")],
+              unit="percentunit", minimum=0),
     ]),
     ("Latency", [
         panel("Gateway latency p50 / p99", "Embedding requests as the gateways see them.",
@@ -255,8 +276,9 @@ def dashboard():
     return {
         "title": "embatch",
         "uid": "embatch",
-        "description": "embatch gateways and workers: goodput, shedding, latency, batching, "
-                       "queue-group membership, cache and bulk jobs (docs/observability.md).",
+        "description": "embatch gateways and workers: goodput, shedding, tenants, latency, "
+                       "batching, queue-group membership, cache and bulk jobs "
+                       "(docs/observability.md).",
         "tags": ["embatch"],
         "editable": True,
         "graphTooltip": 1,
@@ -275,8 +297,8 @@ def dashboard():
             variable("model", "Model",
                      'label_values(embatch_worker_queue_group_member{namespace=~"$namespace"}, model)',
                      multi=True),
-            variable("tenant", "Tenant", "label_values(embatch_worker_requests_total, tenant)",
-                     multi=True),
+            variable("tenant", "Tenant",
+                     "label_values(embatch_worker_tenant_requests_total, tenant)", multi=True),
         ]},
         "panels": panels,
     }
