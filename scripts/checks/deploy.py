@@ -11,6 +11,7 @@
                      which it fires and one in which it does not.
   env MANIFEST...    in rendered manifests, every environment variable of a `gateway` or `worker`
                      container is a variable of the README's configuration tables for that binary
+                     (its own, NATS connection's or Tracing's)
                      (or RUST_LOG, HF_HOME, HF_HUB_OFFLINE); and every `config` key of the chart's
                      values.yaml is such a variable, set to the README's default.
   keda PROMTOOL MANIFEST TEMPLATE
@@ -201,7 +202,7 @@ def readme_tables():
     """{section: {VAR: default or None}} from the README's configuration tables."""
     sections, current = {}, None
     for line in read("README.md").splitlines():
-        m = re.match(r"^### (NATS connection|Worker|Gateway)\b", line)
+        m = re.match(r"^### (NATS connection|Tracing|Worker|Gateway)\b", line)
         if m:
             current = m.group(1)
             sections[current] = {}
@@ -218,11 +219,12 @@ def readme_tables():
 
 def env(manifests):
     tables = readme_tables()
-    check(set(tables) == {"NATS connection", "Worker", "Gateway"} and all(tables.values()),
+    check(set(tables) == {"NATS connection", "Tracing", "Worker", "Gateway"} and all(tables.values()),
           "README: configuration tables found (" + ", ".join(f"{k}: {len(v)}" for k, v in tables.items()) + ")")
+    both = set(tables.get("NATS connection", {})) | set(tables.get("Tracing", {})) | NOT_FLAGS
     allowed = {
-        "gateway": set(tables.get("Gateway", {})) | set(tables.get("NATS connection", {})) | NOT_FLAGS,
-        "worker": set(tables.get("Worker", {})) | set(tables.get("NATS connection", {})) | NOT_FLAGS,
+        "gateway": set(tables.get("Gateway", {})) | both,
+        "worker": set(tables.get("Worker", {})) | both,
     }
     for path in manifests:
         seen, bad = 0, []
@@ -250,7 +252,7 @@ def env(manifests):
             if var in NOT_FLAGS:
                 continue
             for b in binaries:
-                table = {**tables.get(b, {}), **tables.get("NATS connection", {})}
+                table = {**tables.get(b, {}), **tables.get("NATS connection", {}), **tables.get("Tracing", {})}
                 if var not in table:
                     wrong.append(f"{var} is not a {b.lower()} setting")
                 elif table[var] is not None and str(value) != table[var]:
