@@ -318,6 +318,11 @@ pub fn record_interval(
     let Some(tracer) = TRACER.get() else {
         return;
     };
+    let parent = parent.context();
+    if !parent.span().span_context().is_sampled() {
+        // Not recorded (its trace was sampled out): the sampler would say so too, later.
+        return;
+    }
     let now = (Instant::now(), SystemTime::now());
     let at = |instant: Instant| now.1 - now.0.saturating_duration_since(instant);
     let mut span = tracer
@@ -325,7 +330,7 @@ pub fn record_interval(
         .with_kind(SpanKind::Internal)
         .with_start_time(at(start))
         .with_attributes(attributes)
-        .start_with_context(tracer, &parent.context());
+        .start_with_context(tracer, &parent);
     span.end_with_timestamp(at(end));
 }
 
