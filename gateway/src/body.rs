@@ -17,7 +17,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequest, Request};
 use embatch_protocol::EmbedError;
 
-use crate::routes::AppState;
+use crate::state::AppState;
 
 /// Why a request body could not be read.
 #[derive(Debug)]

@@ -4,6 +4,8 @@
 //! # Layout
 //! - [`config`]: every setting, as a CLI flag and an environment variable.
 //! - [`body`]: the embedding routes' request body, read within `BODY_READ_TIMEOUT` (408).
+//! - [`app`]: the router: every route, which need an API key, which count against quotas.
+//! - [`state`]: [`AppState`], what the routes share.
 //! - [`routes`]: `POST /embed` (and `POST /`), `POST /v1/embeddings` (and `POST /embeddings`),
 //!   `GET /info`, `GET /health`, `GET /metrics`, `GET /openapi.json` and the error → HTTP mapping.
 //! - [`bulk`]: OpenAI's Files and Batches APIs (`/v1/files`, `/v1/batches`): bulk embedding
@@ -22,6 +24,7 @@
 //! - [`telemetry`]: logging, the Prometheus recorder and metric names.
 //! - [`trace`]: each HTTP request's span and the W3C trace context sent on to the workers.
 
+pub mod app;
 pub mod body;
 pub mod bulk;
 pub mod config;
@@ -34,6 +37,7 @@ pub mod openapi;
 pub mod quota;
 pub mod routes;
 pub mod serve;
+pub mod state;
 pub mod telemetry;
 pub mod tenancy;
 pub mod trace;
@@ -41,9 +45,10 @@ pub mod usage;
 
 use std::future::Future;
 
+pub use app::app;
 pub use config::Config;
 pub use embatch_runtime::shutdown_signal;
-pub use routes::{AppState, app};
+pub use state::AppState;
 
 /// Why the gateway could not start or run.
 #[derive(Debug, thiserror::Error)]

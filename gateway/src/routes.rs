@@ -9,27 +9,23 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Extension, Path, Query, State};
+use axum::extract::{Extension, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{MethodRouter, get, post};
-use embatch_client::{EmbedClient, Reply};
+use embatch_client::Reply;
 use embatch_protocol::reply::Timings;
 use embatch_protocol::{EmbedError, EmbedRequest, ErrorResponse};
-use embatch_runtime::tenants::{Tenants, TenantsWatch};
-use metrics_exporter_prometheus::PrometheusHandle;
-use tokio::sync::Semaphore;
 use tokio::time::Instant;
-use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::body::{BodyError, TimedBody};
 use crate::metering::Used;
-use crate::models::{Models, Route};
+use crate::models::Route;
 use crate::openai::{EmbeddingsRequest, OpenAiError};
-use crate::serve::ServeLimits;
 use crate::tenancy::Caller;
+
+pub use crate::app::{METERED, PUBLIC, served};
+pub use crate::state::AppState;
 
 /// HTTP request header with which a client shortens its own timeout, in whole milliseconds
 /// (never lengthens it beyond `--request-timeout`).
@@ -40,198 +36,6 @@ pub const TIMEOUT_HEADER: &str = "x-embatch-timeout-ms";
 /// then go to that model instead of the default one. On the OpenAI route the body's `model`
 /// wins; the header applies when the body names none. A model no worker serves: 404.
 pub const MODEL_HEADER: &str = "embatch-model";
-
-/// What the routes share.
-#[derive(Clone)]
-pub struct AppState {
-    /// Sends requests of the default route (no model named) over the NATS connection.
-    pub client: EmbedClient,
-    /// The models served, live, and the route of each (see [`crate::models`]).
-    pub models: Models,
-    /// Longest end-to-end time of a request.
-    pub request_timeout: Duration,
-    /// Most inputs in one request (413 beyond).
-    pub max_client_batch_size: usize,
-    /// Largest body in bytes (413 beyond).
-    pub max_body_bytes: usize,
-    /// Longest time to receive a whole request body once its headers are in (408 beyond; see
-    /// [`crate::body`]).
-    pub body_read_timeout: Duration,
-    /// How long `/health` waits for a worker's ping reply, and `/info` for a worker's info.
-    pub health_timeout: Duration,
-    /// Renders `/metrics`; `None` when no recorder is installed (tests).
-    pub metrics: Option<PrometheusHandle>,
-    /// Connection limits of the HTTP server.
-    pub limits: ServeLimits,
-    /// Most `/embed` requests in flight (`MAX_IN_FLIGHT`).
-    pub max_in_flight: usize,
-    /// One permit per `/embed` request in flight (`MAX_IN_FLIGHT`); none left: 429.
-    pub in_flight: Arc<Semaphore>,
-    /// The body of `GET /openapi.json`: [`crate::openapi::document`], serialized.
-    pub openapi: Bytes,
-    /// The Files and Batches routes' state (see [`crate::bulk`]).
-    pub bulk: crate::bulk::Bulk,
-    /// The tenants in force (`TENANTS_FILE`; open without one): see [`crate::tenancy`].
-    pub tenants: TenantsWatch,
-    /// Quotas and usage per tenant (see [`crate::metering`]).
-    pub meter: crate::metering::Meter,
-    /// Stops the quota exchange and the usage flusher when the last clone is dropped.
-    _background: Arc<DropGuard>,
-}
-
-impl AppState {
-    /// The state for `config`, on an open NATS connection; `metrics` renders `/metrics` (`None`:
-    /// 404).
-    pub fn new(
-        client: async_nats::Client,
-        config: &crate::Config,
-        metrics: Option<PrometheusHandle>,
-    ) -> AppState {
-        let bulk = crate::bulk::Bulk::new(
-            client.clone(),
-            crate::bulk::BulkLimits {
-                max_file_bytes: config.bulk_max_file_bytes,
-                files_max_bytes: config.bulk_files_max_bytes,
-                completion_windows: config.bulk_completion_windows.clone(),
-            },
-        );
-        let background = CancellationToken::new();
-        let quotas = crate::quota::Quotas::new(config.quota_window);
-        crate::quota::sync::start(client.clone(), quotas.clone(), background.clone());
-        let meter = crate::metering::Meter {
-            quotas,
-            usage: crate::usage::UsageBook::start(client.clone(), background.clone()),
-        };
-        let models = Models::start(
-            client.clone(),
-            &config.subject,
-            config.default_model.as_deref(),
-        );
-        AppState {
-            bulk,
-            client: models.default_route().client.clone(),
-            models,
-            request_timeout: config.request_timeout,
-            max_client_batch_size: config.max_client_batch_size,
-            max_body_bytes: config.max_body_bytes,
-            body_read_timeout: config.body_read_timeout,
-            health_timeout: config.health_timeout,
-            metrics,
-            limits: ServeLimits {
-                max_connections: config.max_connections,
-                header_read_timeout: config.header_read_timeout,
-                shutdown_grace: config.shutdown_grace,
-            },
-            max_in_flight: config.max_in_flight,
-            in_flight: Arc::new(Semaphore::new(
-                config.max_in_flight.clamp(1, Semaphore::MAX_PERMITS),
-            )),
-            openapi: crate::openapi::document_json(),
-            tenants: TenantsWatch::fixed(Tenants::open()),
-            meter,
-            _background: Arc::new(background.drop_guard()),
-        }
-    }
-
-    /// This state with `tenants` in force instead of an open gateway (the binary passes the
-    /// watch of `TENANTS_FILE`, see [`embatch_runtime::tenants::watch`]).
-    pub fn with_tenants(mut self, tenants: TenantsWatch) -> AppState {
-        self.tenants = tenants;
-        self
-    }
-}
-
-/// Every route the gateway serves, as `(method, path)`: exactly what [`app`] registers (the
-/// OpenAPI document describes each; `tests/openapi.rs` checks both).
-pub fn served() -> Vec<(&'static str, &'static str)> {
-    handlers()
-        .into_iter()
-        .map(|(method, path, _)| (method, path))
-        .chain(crate::bulk::SERVED)
-        .chain([("GET", "/v1/usage")])
-        .collect()
-}
-
-/// The routes that need no API key: liveness, metrics and the API's description (as TEI leaves
-/// `/health` and `/metrics` open under `--api-key`).
-pub const PUBLIC: [&str; 5] = [
-    "/health",
-    "/metrics",
-    "/models/{model}/health",
-    crate::openapi::DOCUMENT_PATHS[0],
-    crate::openapi::DOCUMENT_PATHS[1],
-];
-
-/// The embedding routes, whose requests count against their tenant's quota and usage
-/// ([`crate::metering`]).
-pub const METERED: [&str; 6] = [
-    "/embed",
-    "/",
-    "/v1/embeddings",
-    "/embeddings",
-    "/models/{model}/embed",
-    "/models/{model}",
-];
-
-/// The routes: method (for [`served`]), path and handler.
-fn handlers() -> [(&'static str, &'static str, MethodRouter<Arc<AppState>>); 14] {
-    [
-        ("POST", "/embed", post(embed)),
-        // TEI's compat route (`huggingface_hub`'s `InferenceClient(base_url=...)` posts here).
-        ("POST", "/", post(embed)),
-        ("POST", "/v1/embeddings", post(openai_embeddings)),
-        ("POST", "/embeddings", post(openai_embeddings)),
-        ("GET", "/info", get(info)),
-        ("GET", "/health", get(health)),
-        ("GET", "/metrics", get(metrics)),
-        ("GET", "/v1/models", get(list_models)),
-        // TEI's routes under a model's path prefix, for clients that can only set a base URL
-        // (`/` in a model name percent-encoded: `/models/BAAI%2Fbge-small-en-v1.5/embed`).
-        ("POST", "/models/{model}/embed", post(model_embed)),
-        ("POST", "/models/{model}", post(model_embed)),
-        ("GET", "/models/{model}/info", get(model_info)),
-        ("GET", "/models/{model}/health", get(model_health)),
-        ("GET", crate::openapi::DOCUMENT_PATHS[0], get(openapi)),
-        ("GET", crate::openapi::DOCUMENT_PATHS[1], get(openapi)),
-    ]
-}
-
-/// The gateway's router, apart from serving, so tests can drive it without a socket.
-pub fn app(state: AppState) -> Router {
-    let limit = state.max_body_bytes;
-    let (public, protected): (Vec<_>, Vec<_>) = handlers()
-        .into_iter()
-        .partition(|(_, path, _)| PUBLIC.contains(path));
-    let (metered, protected): (Vec<_>, Vec<_>) = protected
-        .into_iter()
-        .partition(|(_, path, _)| METERED.contains(path));
-    let routes = |routes: Vec<(_, &'static str, _)>| {
-        routes
-            .into_iter()
-            .fold(Router::new(), |router, (_, path, handler)| {
-                router.route(path, handler)
-            })
-    };
-    let authenticate =
-        axum::middleware::from_fn_with_state(state.tenants.clone(), crate::tenancy::authenticate);
-    let meter = axum::middleware::from_fn_with_state(state.meter.clone(), crate::metering::meter);
-    let usage = Router::new()
-        .route("/v1/usage", get(crate::usage::route))
-        .with_state(state.meter.usage.clone());
-    routes(metered)
-        .route_layer(meter)
-        .merge(routes(protected))
-        .layer(DefaultBodyLimit::max(limit))
-        .merge(usage)
-        // The Files and Batches routes, with their own body limits (after the layer above).
-        .merge(crate::bulk::router(state.bulk.clone()))
-        .route_layer(authenticate)
-        .merge(routes(public))
-        // Shared behind an `Arc`: axum clones the state for every request, and a deep clone (the
-        // subject `String`, the NATS client's handles) was the gateway's own top symbol in the
-        // profile.
-        .with_state(Arc::new(state))
-}
 
 /// An error answered in TEI's shape: its status and `{"error": ..., "error_type": ...}`.
 struct ApiError(EmbedError);
