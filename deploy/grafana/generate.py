@@ -129,6 +129,20 @@ ROWS = [
                       rate("embatch_worker_tenant_requests_total", by="tenant")),
                 "{{tenant}}")],
               unit="percentunit", minimum=0),
+        panel("Gateway answers by tenant", "Embedding requests the gateways answered per tenant "
+              "and HTTP status, with the inputs and tokens of those answered 200 "
+              "(docs/tenants.md, Usage).",
+              [(rate("embatch_gateway_tenant_requests_total", by="tenant, status"),
+                "{{tenant}} {{status}}"),
+               (rate("embatch_gateway_tenant_inputs_total", by="tenant"), "inputs {{tenant}}"),
+               (rate("embatch_gateway_tenant_tokens_total", by="tenant"), "tokens {{tenant}}")],
+              unit="ops"),
+        panel("Quota refusals by tenant", "Requests the gateways refused 429 because the "
+              "tenant's requests_per_minute or tokens_per_minute was spent (docs/tenants.md, "
+              "Quotas).",
+              [(rate("embatch_gateway_tenant_quota_refused_total", by="tenant, limit"),
+                "{{tenant}} {{limit}}")],
+              unit="reqps", stack=True),
     ]),
     ("Latency", [
         panel("Gateway latency p50 / p99", "Embedding requests as the gateways see them.",
