@@ -35,6 +35,7 @@ async fn closed_loop_through_nats_and_a_worker_is_batched() {
             url: nats.url(),
             subject: embatch_protocol::DEFAULT_SUBJECT.into(),
             auth: Default::default(),
+            tenant: None,
         },
         load: LoadModel::Closed { concurrency: 16 },
         plan: Plan {
