@@ -159,21 +159,26 @@ CHECKS = [
 ]
 
 
-def main() -> int:
-    gateway, nats_url = sys.argv[1].rstrip("/"), sys.argv[2]
+def run_checks(checks, args, name: str) -> int:
+    """Runs each (package, what, check) with `args`, printing one PASS/FAIL line per check and
+    a summary naming `name`; 1 when any check failed."""
     failed = 0
-    for package, what, check in CHECKS:
+    for package, what, check in checks:
         label = f"{package} {version(package)}: {what}"
         start = time.monotonic()
         try:
-            detail = check(gateway, nats_url)
+            detail = check(*args)
             print(f"PASS  {label} — {detail} ({time.monotonic() - start:.1f}s)", flush=True)
         except Exception as error:  # noqa: BLE001 - every failure is reported, then counted
             failed += 1
             print(f"FAIL  {label} — {type(error).__name__}: {error}", flush=True)
             traceback.print_exc()
-    print(f"python clients: {len(CHECKS) - failed} of {len(CHECKS)} checks passed")
+    print(f"{name}: {len(checks) - failed} of {len(checks)} checks passed")
     return 1 if failed else 0
+
+
+def main() -> int:
+    return run_checks(CHECKS, (sys.argv[1].rstrip("/"), sys.argv[2]), "python clients")
 
 
 if __name__ == "__main__":

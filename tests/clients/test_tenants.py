@@ -9,11 +9,8 @@ Prints one PASS/FAIL line per check, then a summary; exits 1 when any check fail
 """
 
 import sys
-import time
-import traceback
-from importlib.metadata import version
 
-from test_clients import DIMS, TEXTS, compare
+from test_clients import DIMS, EXPECTED, TEXTS, compare, run_checks
 
 KEY = "sk-clients-test"
 
@@ -48,7 +45,7 @@ def check_huggingface_hub_token(gateway: str) -> str:
     client = InferenceClient(base_url=gateway, token=KEY)
     out = np.atleast_2d(client.feature_extraction(TEXTS[0]))
     assert out.shape == (1, DIMS), f"shape {out.shape}"
-    return compare([out[0]], TEXTS[:1], __import__("test_clients").EXPECTED[:1])
+    return compare([out[0]], TEXTS[:1], EXPECTED[:1])
 
 
 def check_huggingface_hub_no_token(gateway: str) -> str:
@@ -74,20 +71,7 @@ CHECKS = [
 
 
 def main() -> int:
-    gateway = sys.argv[1].rstrip("/")
-    failed = 0
-    for package, what, check in CHECKS:
-        label = f"{package} {version(package)}: {what}"
-        start = time.monotonic()
-        try:
-            detail = check(gateway)
-            print(f"PASS  {label} — {detail} ({time.monotonic() - start:.1f}s)", flush=True)
-        except Exception as error:  # noqa: BLE001 - every failure is reported, then counted
-            failed += 1
-            print(f"FAIL  {label} — {type(error).__name__}: {error}", flush=True)
-            traceback.print_exc()
-    print(f"tenant clients: {len(CHECKS) - failed} of {len(CHECKS)} checks passed")
-    return 1 if failed else 0
+    return run_checks(CHECKS, (sys.argv[1].rstrip("/"),), "tenant clients")
 
 
 if __name__ == "__main__":
