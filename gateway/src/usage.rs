@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_nats::jetstream::{self, kv};
 use axum::extract::{Extension, Query, State};
@@ -79,8 +79,22 @@ pub fn utc_date(time: SystemTime) -> String {
     text
 }
 
-/// Counts not yet in the bucket, by tenant and day.
-type Pending = HashMap<(Arc<str>, String), DayUsage>;
+/// Seconds in a UTC day (Unix time has no leap seconds).
+const DAY_SECS: u64 = 24 * 3600;
+
+/// The UTC day of `time`, as days since the Unix epoch (cheap: counted per request).
+fn day_number(time: SystemTime) -> u64 {
+    time.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() / DAY_SECS)
+}
+
+/// The date `YYYY-MM-DD` of day number `day`.
+fn date_of(day: u64) -> String {
+    utc_date(UNIX_EPOCH + Duration::from_secs(day * DAY_SECS))
+}
+
+/// Counts not yet in the bucket, by tenant and day number ([`day_number`]).
+type Pending = HashMap<(Arc<str>, u64), DayUsage>;
 
 /// This gateway's counts not yet in the bucket, and the bucket once bound; cheap to clone.
 #[derive(Clone)]
@@ -109,7 +123,7 @@ impl UsageBook {
 
     /// Counts `usage` for `tenant` today.
     pub fn record(&self, tenant: &Arc<str>, usage: DayUsage) {
-        let key = (tenant.clone(), utc_date(SystemTime::now()));
+        let key = (tenant.clone(), day_number(SystemTime::now()));
         self.lock().entry(key).or_default().add(&usage);
     }
 
@@ -150,8 +164,9 @@ impl UsageBook {
         };
         let mut unwritten = HashMap::new();
         for ((tenant, day), usage) in pending {
-            if let Err(err) = add_to(bucket, &key(&tenant, &day), &usage).await {
-                tracing::warn!(%err, %tenant, %day, "cannot add to the usage bucket; retried next flush");
+            let date = date_of(day);
+            if let Err(err) = add_to(bucket, &key(&tenant, &date), &usage).await {
+                tracing::warn!(%err, %tenant, %date, "cannot add to the usage bucket; retried next flush");
                 unwritten.insert((tenant, day), usage);
             }
         }
@@ -165,14 +180,17 @@ impl UsageBook {
         }
     }
 
-    /// `tenant`'s usage on `day`: the bucket's and this gateway's unflushed counts.
+    /// `tenant`'s usage on `day` (`YYYY-MM-DD`): the bucket's and this gateway's unflushed
+    /// counts.
     ///
     /// # Errors
     /// [`UsageError::Unavailable`] without JetStream.
     pub async fn day(&self, tenant: &Arc<str>, day: &str) -> Result<DayUsage, UsageError> {
+        let number =
+            humantime::parse_rfc3339(&format!("{day}T00:00:00Z")).map_or(u64::MAX, day_number);
         let mut usage = self
             .lock()
-            .get(&(tenant.clone(), day.to_owned()))
+            .get(&(tenant.clone(), number))
             .copied()
             .unwrap_or_default();
         let bucket = self.bucket().await?;
@@ -277,5 +295,19 @@ pub async fn route(
             (StatusCode::OK, axum::Json(body)).into_response()
         }
         Err(err) => crate::bulk::ApiError::server(503, err.to_string()).into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_day_number_names_its_utc_date() {
+        let time = humantime::parse_rfc3339("2026-11-27T23:59:59Z").expect("time");
+        assert_eq!(date_of(day_number(time)), "2026-11-27");
+        assert_eq!(utc_date(time), "2026-11-27");
+        let next = time + Duration::from_secs(1);
+        assert_eq!(date_of(day_number(next)), "2026-11-28");
     }
 }
