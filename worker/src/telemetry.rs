@@ -219,7 +219,18 @@ pub fn init_model_metrics(
 /// HELP texts for every metric, and the shed counters at 0 so that dashboards and alerts see
 /// them before the first request is shed.
 fn describe() {
-    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_requests();
+    describe_batches();
+    describe_bulk();
+    describe_cache();
+    for reason in crate::batcher::SHED_REASONS {
+        metrics::counter!(names::SHED, "reason" => reason).absolute(0);
+    }
+}
+
+/// HELP texts of the requests' counters (all, shed, per tenant) and latencies.
+fn describe_requests() {
+    use metrics::{describe_counter, describe_histogram};
     describe_counter!(
         names::REQUESTS,
         "Requests answered, by outcome (ok or the error kind)."
@@ -252,6 +263,11 @@ fn describe() {
         metrics::Unit::Seconds,
         "Acceptance to answer."
     );
+}
+
+/// HELP texts of the upstream calls, the queue and the queue-group membership.
+fn describe_batches() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
     describe_histogram!(names::BATCH_INPUTS, "Inputs per upstream call.");
     describe_histogram!(names::BATCH_REQUESTS, "Requests per upstream call.");
     describe_histogram!(names::BATCH_TOKENS, "Tokens per upstream call.");
@@ -279,6 +295,11 @@ fn describe() {
         names::MEMBERSHIP_CHANGES,
         "Queue-group membership changes, by event (joined, left) and new state (full, upstream_unhealthy, ...)."
     );
+}
+
+/// HELP texts of the bulk lane.
+fn describe_bulk() {
+    use metrics::{describe_counter, describe_histogram};
     describe_counter!(
         names::BULK_LINES,
         "Bulk lines embedded through the batcher, by outcome (ok, rejected, failed)."
@@ -305,6 +326,11 @@ fn describe() {
         names::BULK_JOBS_STALLED,
         "Bulk jobs (validation, finalization) abandoned for making no progress, and redelivered."
     );
+}
+
+/// HELP texts of the cache and of dedup.
+fn describe_cache() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
     describe_counter!(
         names::DEDUP_INPUTS,
         "Inputs that caused no upstream work of their own, by where they were folded (batch, flight)."
@@ -339,9 +365,6 @@ fn describe() {
         metrics::Unit::Seconds,
         "Arrival to reply of requests answered entirely from the cache."
     );
-    for reason in crate::batcher::SHED_REASONS {
-        metrics::counter!(names::SHED, "reason" => reason).absolute(0);
-    }
 }
 
 #[cfg(test)]
