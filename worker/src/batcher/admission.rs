@@ -6,56 +6,19 @@
 //! the queue-group membership, the retry-after hint). The handle runs only [`validate`], which
 //! needs no state.
 
-use std::fmt;
-use std::str::FromStr;
 use std::time::Duration;
 
 use embatch_protocol::EmbedError;
 use tokio::time::Instant;
 
+mod delay;
+
+pub(super) use delay::steer_bound;
+pub use delay::{AUTO_CALLS, AUTO_FLOOR, QueueDelay, QueueDelayError};
+
 use super::fair::Ahead;
 use super::fastest::Fastest;
 use super::shape::TokenBudget;
-
-/// Bound on the time a request may expect to wait in the queue before its first upstream call
-/// (`MAX_QUEUE_DELAY`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum QueueDelay {
-    /// [`AUTO_CALLS`] × the measured upstream call time + `MAX_WAIT_TIME`: the queue a busy
-    /// upstream needs to never idle, plus as much again as slack (see the module docs of
-    /// [`crate::batcher`]). No bound until the first call was measured.
-    #[default]
-    Auto,
-    /// A fixed bound.
-    Fixed(Duration),
-}
-
-/// Upstream call times [`QueueDelay::Auto`] allows as queue wait (plus `MAX_WAIT_TIME`).
-pub const AUTO_CALLS: u32 = 2;
-
-impl FromStr for QueueDelay {
-    type Err = String;
-
-    /// `auto`, or a duration with unit (`250ms`, `2s`).
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let s = s.trim();
-        if s.eq_ignore_ascii_case("auto") {
-            return Ok(QueueDelay::Auto);
-        }
-        humantime::parse_duration(s)
-            .map(QueueDelay::Fixed)
-            .map_err(|err| format!("expected `auto` or a duration such as `500ms`: {err}"))
-    }
-}
-
-impl fmt::Display for QueueDelay {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            QueueDelay::Auto => f.write_str("auto"),
-            QueueDelay::Fixed(d) => write!(f, "{}", humantime::format_duration(*d)),
-        }
-    }
-}
 
 /// The limits admission enforces (normalised: every count at least 1).
 #[derive(Debug, Clone)]
@@ -534,13 +497,7 @@ impl Ledger {
                 "the queue ahead needs ~{} ms, more than MAX_QUEUE_DELAY = {} ms ({})",
                 plan.unexcused_start.as_millis(),
                 plan.bound.as_millis(),
-                match limits.max_queue_delay {
-                    QueueDelay::Auto => format!(
-                        "auto: {AUTO_CALLS} x the {} ms upstream call + MAX_WAIT_TIME",
-                        call.as_millis()
-                    ),
-                    QueueDelay::Fixed(_) => "fixed".into(),
-                }
+                delay::describe(limits, call)
             );
             (
                 ShedReason::QueueDelay,
@@ -675,7 +632,7 @@ impl Ledger {
             finish: start.saturating_add(call.saturating_mul(own_rounds)),
             budget,
             allowed: budget.mul_f64(ADMISSION_HEADROOM),
-            bound: Ledger::delay_bound(limits, call),
+            bound: delay::shed_bound(limits, call),
             // A request that needs several upstream calls waits longer than the bound for its
             // own work alone: its deadline, QUEUE_CAP and MAX_QUEUE_BYTES bound it instead.
             bulk: own_batches > 1,
@@ -703,16 +660,6 @@ impl Ledger {
         call.mul_f64(batches as f64 / limits.slots as f64)
     }
 
-    /// `MAX_QUEUE_DELAY` in effect with the upstream call time `call`.
-    pub fn delay_bound(limits: &Limits, call: Duration) -> Duration {
-        match limits.max_queue_delay {
-            QueueDelay::Fixed(bound) => bound,
-            QueueDelay::Auto => call
-                .saturating_mul(AUTO_CALLS)
-                .saturating_add(limits.max_wait),
-        }
-    }
-
     /// Time for `inputs` inputs to drain at the estimated pace, at least one call time.
     fn drain_time(&self, limits: &Limits, inputs: usize, call: Option<Duration>) -> Duration {
         let Some(call) = call else {
@@ -731,7 +678,7 @@ impl Ledger {
         };
         let over_delay = self
             .start_wait(limits, call)
-            .saturating_sub(Ledger::delay_bound(limits, call));
+            .saturating_sub(delay::shed_bound(limits, call));
         let over_cap = (self.held_inputs + 1).saturating_sub(limits.queue_cap);
         let over_cap = if over_cap > 0 {
             self.drain_time(limits, over_cap, Some(call))

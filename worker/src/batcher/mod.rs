@@ -65,12 +65,16 @@
 //!   A request of several calls waits longer than the bound for its own work alone: its
 //!   deadline, `queue_cap` and `max_queue_bytes` bound it (a closed-loop indexing client with
 //!   8 requests of 512 inputs in flight is served, not shed).
-//! - `max_queue_delay` defaults to `auto`: 2 × the measured call time + `max_wait`. A queue
-//!   longer than what keeps the upstream busy adds latency, never throughput: with every slot
-//!   busy, the next batch of each slot must be ready when it frees, which is one call time of
-//!   queued work; `auto` allows as much again as slack for bursts and for the estimate's error
-//!   (it assumes full batches), plus the `max_wait` a forming batch may spend. For a request
-//!   that fits one call, a client's deadline can only tighten the bound.
+//! - `max_queue_delay` defaults to `auto`: the larger of [`AUTO_FLOOR`] (500 ms) and 2 × the
+//!   measured call time + `max_wait`. A queue longer than what keeps the upstream busy adds
+//!   latency, never throughput: with every slot busy, the next batch of each slot must be ready
+//!   when it frees, which is one call time of queued work; 2 calls allow as much again as slack
+//!   for bursts and for the estimate's error (it assumes full batches), plus the `max_wait` a
+//!   forming batch may spend. Beyond that a worker steers new work to peers with room
+//!   (membership), but it sheds only beyond the floor too: in front of a fast upstream, a closed
+//!   loop of a few hundred callers keeps a standing queue of many calls with no overload, and a
+//!   429 only makes them resend (docs/design/queue-delay-floor.md). For a request that fits one
+//!   call, a client's deadline can only tighten the bound.
 //! - The call-time estimate is a moving average that leans to fresh news: a sample's weight
 //!   grows with the time since the previous one, a faster sample weighs at least 1/2 (a slower
 //!   one 1/4: an estimate too high sheds the calls that would correct it, one too low corrects
@@ -128,7 +132,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-pub use admission::{AUTO_CALLS, QueueDelay};
+pub use admission::{AUTO_CALLS, AUTO_FLOOR, QueueDelay, QueueDelayError};
 use admission::{Ask, Ledger, Limits};
 pub use fair::Share;
 pub use shape::{
@@ -487,7 +491,7 @@ impl BatcherHandle {
         crate::membership::Load {
             start_wait: call.map(|call| ledger.start_wait(&self.shared.limits, call)),
             call,
-            bound: call.map(|call| Ledger::delay_bound(&self.shared.limits, call)),
+            bound: call.map(|call| admission::steer_bound(&self.shared.limits, call)),
             failed_calls: *self.shared.failed_calls.borrow(),
             peer_has_room: false, // the batcher knows no peers; see `crate::group`
             stalled: ledger.stalled(

@@ -16,6 +16,14 @@ fn limits() -> Limits {
     }
 }
 
+/// [`limits`] with the bound `auto` has for 100 ms calls without its floor (205 ms).
+fn two_calls() -> Limits {
+    Limits {
+        max_queue_delay: QueueDelay::Fixed(Duration::from_millis(205)),
+        ..limits()
+    }
+}
+
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
@@ -159,26 +167,26 @@ fn a_slower_sample_is_learnt_at_a_normal_pace() {
 fn the_queue_delay_bound_sheds_without_a_client_deadline() {
     let limits = limits();
     let mut ledger = Ledger::default();
-    let now = after_calls(&mut ledger, Instant::now(), 3, ms(100));
+    let now = after_calls(&mut ledger, Instant::now(), 3, ms(300));
     let far = now + Duration::from_secs(3_600);
-    // Auto bound: 2 × 100 ms + 5 ms. 8 inputs ahead = 2 batches + the running one = 300 ms.
+    // Auto bound: 2 × 300 ms + 5 ms. 8 inputs ahead = 2 batches + the running one = 900 ms.
     ledger.in_flight = 1;
     ledger.queued_inputs = 8;
     let err = ledger
         .admit(&limits, ask(1, far), now)
         .expect_err("too deep");
-    assert_shed(&err, ShedReason::QueueDelay, "MAX_QUEUE_DELAY = 205 ms");
+    assert_shed(&err, ShedReason::QueueDelay, "MAX_QUEUE_DELAY = 605 ms");
     assert_eq!(
         err.retry_after,
-        Some(ms(100)),
-        "over by 95 ms, at least one call"
+        Some(ms(300)),
+        "over by 295 ms, at least one call"
     );
-    // 4 inputs ahead: 1 batch + the running one = 200 ms, within the bound.
+    // 4 inputs ahead: 1 batch + the running one = 600 ms, within the bound.
     ledger.queued_inputs = 4;
     ledger.admit(&limits, ask(1, far), now).expect("fits");
     // A fixed bound replaces auto.
     let fixed = Limits {
-        max_queue_delay: QueueDelay::Fixed(ms(150)),
+        max_queue_delay: QueueDelay::Fixed(ms(450)),
         ..limits
     };
     let err = ledger
@@ -187,9 +195,34 @@ fn the_queue_delay_bound_sheds_without_a_client_deadline() {
     assert!(
         err.error
             .to_string()
-            .contains("MAX_QUEUE_DELAY = 150 ms (fixed)"),
+            .contains("MAX_QUEUE_DELAY = 450 ms (fixed)"),
         "{}",
         err.error
+    );
+}
+
+#[test]
+fn auto_sheds_no_queue_shorter_than_its_floor() {
+    // 10 ms calls: 2 calls + MAX_WAIT_TIME is 25 ms, but 48 batches queued behind the running call
+    // (490 ms, a closed loop of a few hundred callers) is no overload: admitted up to AUTO_FLOOR.
+    let limits = limits();
+    let mut ledger = Ledger::default();
+    let now = after_calls(&mut ledger, Instant::now(), 3, ms(10));
+    let far = now + Duration::from_secs(30);
+    ledger.in_flight = 1;
+    ledger.queued_inputs = 4 * 48;
+    ledger
+        .admit(&limits, ask(1, far), now)
+        .expect("480 ms < 500 ms");
+    assert_eq!(steer_bound(&limits, ms(10)), ms(25), "steers away at 25 ms");
+    ledger.queued_inputs = 4 * 51;
+    let err = ledger
+        .admit(&limits, ask(1, far), now)
+        .expect_err("510 ms > 500 ms");
+    assert_shed(
+        &err,
+        ShedReason::QueueDelay,
+        "MAX_QUEUE_DELAY = 500 ms (auto: the larger of 500 ms",
     );
 }
 
@@ -283,17 +316,17 @@ fn retry_after_is_at_least_a_call_and_covers_the_excess_queue() {
     let now = after_calls(&mut ledger, now, 3, ms(100));
     assert_eq!(ledger.retry_after(&limits, now), ms(100));
     ledger.in_flight = 1;
-    ledger.queued_inputs = 40; // 10 batches + the running one: 1.1 s, bound 205 ms
-    assert_eq!(ledger.retry_after(&limits, now), ms(895));
+    ledger.queued_inputs = 40; // 10 batches + the running one: 1.1 s, bound AUTO_FLOOR
+    assert_eq!(ledger.retry_after(&limits, now), ms(600));
 }
 
 #[test]
 fn resent_copies_are_admitted_by_deadline_for_their_own_inputs_only() {
-    let limits = limits();
+    let limits = two_calls();
     let mut ledger = Ledger::default();
     let now = after_calls(&mut ledger, Instant::now(), 3, ms(100));
     let far = now + Duration::from_secs(3_600);
-    // Auto bound: 2 × 100 ms + 5 ms. 4 inputs ahead = 1 batch + the running one = 200 ms.
+    // Bound: 205 ms. 4 inputs ahead = 1 batch + the running one = 200 ms.
     ledger.in_flight = 1;
     ledger.queued_inputs = 4;
     ledger.queued_tokens = 4;
@@ -329,7 +362,7 @@ fn resent_copies_are_admitted_by_deadline_for_their_own_inputs_only() {
 
 #[test]
 fn resent_credit_lapses_and_excused_inputs_leave_with_the_queue() {
-    let limits = limits();
+    let limits = two_calls();
     let mut ledger = Ledger::default();
     let now = after_calls(&mut ledger, Instant::now(), 3, ms(100));
     let far = now + Duration::from_secs(3_600);
