@@ -5,6 +5,7 @@
 #   rust:1.95-slim-bookworm     the builder stage (RUST_VERSION in Dockerfile)
 #   python:3.12-slim-bookworm   the model stage (PYTHON_VERSION in Dockerfile)
 #   nats:<minor>-alpine         the nats service of compose.yaml (the minor of nats/VERSION)
+#   prom/prometheus:v<ver>      the prometheus service of compose.yaml's observe profile
 #
 # For each tag: kept if the engine already has it, else pulled, else (no registry reachable, e.g.
 # offline or air-gapped) built here as a stand-in under the same tag, from Debian packages and
@@ -19,6 +20,9 @@
 #   nats:<minor>-alpine        that + a static nats-server of the version in nats/VERSION (go
 #                              install, CGO off) + wget for the health check, with the official
 #                              entrypoint and config path; a stand-in of another version is rebuilt.
+#   prom/prometheus:v<ver>     that + Debian's `prometheus` package, which must be <ver> (bookworm
+#                              has 2.42.0, hence compose.yaml's pin) + wget for the health check,
+#                              with the official image's entrypoint, user, paths and port.
 # Stand-ins carry the label org.embatch.stand-in=true and trust this machine's extra CA
 # certificates (/usr/local/share/ca-certificates), so builds behind a TLS-inspecting proxy can
 # reach crates.io and PyPI. Each stand-in is reported on stderr as "STAND-IN".
@@ -37,6 +41,7 @@ rust_version=$(sed -n 's/^ARG RUST_VERSION=//p' "$root/Dockerfile")
 python_version=$(sed -n 's/^ARG PYTHON_VERSION=//p' "$root/Dockerfile")
 nats_image=$(sed -n 's/^ *image: \(nats:[^ ]*\)$/\1/p' "$root/compose.yaml")
 nats_server_version=$(tr -d '[:space:]' <"$root/nats/VERSION")
+prometheus_image=$(sed -n 's/^ *image: \(prom\/prometheus:[^ ]*\)$/\1/p' "$root/compose.yaml")
 label=org.embatch.stand-in=true
 
 # have TAG: the engine has it. get TAG: have or pull it.
@@ -235,6 +240,38 @@ EOF
   rm -rf "$ctx"
 }
 
+build_prometheus() {
+  local tag=$prometheus_image ctx=$tmp/prometheus want=${prometheus_image##*:v} have_version
+  # Debian's package version, e.g. 2.42.0+ds-5+deb12u1: its upstream part must be the pin.
+  have_version=$(apt-cache policy prometheus 2>/dev/null | sed -n 's/^ *Candidate: \([0-9.]*\).*/\1/p')
+  [[ $have_version == "$want" ]] || {
+    log "$tag: Debian's prometheus package is ${have_version:-unknown} here, not $want; cannot build a stand-in"
+    return 1
+  }
+  log "STAND-IN $tag: debian:bookworm-slim + Debian's prometheus $have_version + wget"
+  mkdir -p "$ctx"
+  # policy-rc.d: the package's maintainer scripts must not start the service inside the build.
+  # /bin/prometheus is the official image's entrypoint (bookworm's /bin is /usr/bin); the
+  # official image runs as nobody in /prometheus, its TSDB volume.
+  cat >"$ctx/Dockerfile" <<EOF
+FROM debian:bookworm-slim
+RUN printf '#!/bin/sh\\nexit 101\\n' >/usr/sbin/policy-rc.d && chmod 0755 /usr/sbin/policy-rc.d \\
+ && apt-get update && apt-get install -y --no-install-recommends prometheus wget \\
+ && rm -rf /var/lib/apt/lists/* /usr/sbin/policy-rc.d \\
+ && mkdir -p /prometheus && chown nobody:nogroup /prometheus \\
+ && /bin/prometheus --version
+USER nobody
+WORKDIR /prometheus
+VOLUME /prometheus
+EXPOSE 9090
+ENTRYPOINT ["/bin/prometheus"]
+CMD ["--config.file=/etc/prometheus/prometheus.yml", "--storage.tsdb.path=/prometheus"]
+LABEL $label org.embatch.prometheus=$have_version
+EOF
+  docker_build -q -t "$tag" "$ctx" >/dev/null
+  rm -rf "$ctx"
+}
+
 # A nats stand-in built for another nats/VERSION (same minor, so the same tag) is rebuilt.
 nats_stand_in_stale() {
   local built
@@ -253,9 +290,10 @@ if nats_stand_in_stale; then
 else
   get "$nats_image" || build_nats
 fi
+get "$prometheus_image" || build_prometheus
 
 for tag in debian:bookworm-slim "rust:$rust_version-slim-bookworm" \
-  "python:$python_version-slim-bookworm" "$nats_image"; do
+  "python:$python_version-slim-bookworm" "$nats_image" "$prometheus_image"; do
   have "$tag" || { log "$tag: missing"; exit 1; }
   if is_stand_in "$tag"; then kind="STAND-IN built from Debian packages"; else kind=official; fi
   log "$tag: $kind, $(docker image inspect -f '{{.Size}}' "$tag" | awk '{printf "%.0f MB", $1/1e6}')"

@@ -7,7 +7,9 @@
 #             Operator; nothing skipped); renders that must fail do, with the chart's message;
 #             every env var the containers get is a setting of the README's tables, and the
 #             values' settings carry the README's defaults (scripts/checks/deploy.py env).
-#   rules     deploy/prometheus/embatch-rules.yaml: promtool check rules and test rules.
+#   rules     deploy/prometheus/embatch-rules.yaml: promtool check rules and test rules;
+#             compose's Prometheus config (deploy/prometheus/compose-prometheus.yml, which loads
+#             those rules): promtool check config.
 #   metrics   the dashboard (deploy/grafana/embatch.json) and the rules name only metrics the
 #             source exports; the chart's copies are identical (scripts/checks/deploy.py metrics).
 #   keda      the ScaledObjects' Prometheus queries give the replicas expected on synthetic
@@ -158,6 +160,7 @@ if enabled rules; then
   try "promtool check rules embatch-rules.yaml" "$promtool" check rules "$root/deploy/prometheus/embatch-rules.yaml"
   # shellcheck disable=SC2016 # expanded by the inner shell
   try "promtool test rules embatch-rules.test.yaml" bash -c 'cd "$1" && "$2" test rules embatch-rules.test.yaml' _ "$root/deploy/prometheus" "$promtool"
+  try "promtool check config compose-prometheus.yml (with its rules)" "$promtool" check config "$root/deploy/prometheus/compose-prometheus.yml"
 fi
 
 if enabled metrics; then

@@ -2,7 +2,7 @@
 """Checks compose.yaml as Compose itself renders it (`docker compose config --format json`):
 
 - it renders for every supported profile set (none, gpu, cpu, local, gpu+local, cpu+local,
-  local+bge), once
+  local+bge, local+observe), once
   with .env.example, once with .env if there is one and once with no env file at all (compose.yaml's
   own defaults), and each profile set enables exactly the expected services; an env file's own
   COMPOSE_PROFILES, if set, renders too;
@@ -32,6 +32,7 @@ PROFILE_SETS = {
     ("gpu", "local"): "gateway nats tei-gpu worker worker-local",
     ("cpu", "local"): "gateway nats tei-cpu worker worker-local",
     ("local", "bge"): "gateway nats worker-bge worker-local",
+    ("local", "observe"): "gateway nats prometheus worker-local",
 }
 # The sets whose services together cover every service; the structure checks read these.
 STRUCTURE_SETS = (("gpu", "local"), ("cpu", "local"), ("local", "bge"))
