@@ -41,6 +41,25 @@ def ratio(num, den):
     return f"{num}\n  /\n{den}"
 
 
+# What each zero_when_none fallback counts as present: a model with a worker scraped, a tenant the
+# workers or the gateways have answered.
+PRESENT = {
+    "model": "embatch_worker_queue_group_member",
+    "worker tenant": "embatch_worker_tenant_requests_total",
+    "gateway tenant": "embatch_gateway_tenant_requests_total",
+}
+
+
+def zero_when_none(expr, present="model"):
+    """A query over a counter that exists only from its first event (a fault, a pressure, a shed
+    tenant), with 0 for each model (or tenant) present that has none yet: the panel then says
+    "none" rather than "No data", and still shows nothing when nothing is scraped. Honest for
+    rates and increases: no event is a rate of 0. The fallback is one line after `or on(...)`,
+    so that scripts/checks/observe.py can evaluate the query without it."""
+    on = present.split()[-1]
+    return f"({expr}\n  or on({on})\n0 * sum by ({on}) ({PRESENT[present]}{sel()}))"
+
+
 def panel(title, description, targets, unit="short", kind="timeseries", stack=False, w=8, h=8,
           minimum=None, maximum=None):
     defaults = {"unit": unit}
@@ -125,7 +144,8 @@ ROWS = [
               unit="ops"),
         panel("Shed ratio by tenant", "Each tenant's shed requests over its requests: under "
               "contention the tenant furthest over its share sheds first.",
-              [(ratio(rate("embatch_worker_tenant_requests_total", 'outcome="shed"', by="tenant"),
+              [(ratio(zero_when_none(rate("embatch_worker_tenant_requests_total", 'outcome="shed"',
+                                          by="tenant"), "worker tenant"),
                       rate("embatch_worker_tenant_requests_total", by="tenant")),
                 "{{tenant}}")],
               unit="percentunit", minimum=0),
@@ -140,7 +160,8 @@ ROWS = [
         panel("Quota refusals by tenant", "Requests the gateways refused 429 because the "
               "tenant's requests_per_minute or tokens_per_minute was spent (docs/tenants.md, "
               "Quotas).",
-              [(rate("embatch_gateway_tenant_quota_refused_total", by="tenant, limit"),
+              [(zero_when_none(rate("embatch_gateway_tenant_quota_refused_total", by="tenant, limit"),
+                               "gateway tenant"),
                 "{{tenant}} {{limit}}")],
               unit="reqps", stack=True),
     ]),
@@ -197,7 +218,8 @@ ROWS = [
               unit="reqps", stack=True),
         panel("Inputs without upstream work", "Inputs folded into an equal one in flight or in the "
               "same call, and batch tasks that panicked.",
-              [(rate("embatch_worker_dedup_inputs_total", by="model, where"), "dedup {{model}} {{where}}"),
+              [(zero_when_none(rate("embatch_worker_dedup_inputs_total", by="model, where")),
+                "dedup {{model}} {{where}}"),
                (f"sum by (model) (increase(embatch_worker_batches_crashed_total{sel()}[{RATE}]))",
                 "panicked {{model}}")]),
     ]),
@@ -209,7 +231,8 @@ ROWS = [
               w=12),
         panel("Membership changes", "Joins and leaves by the new state: joined, full, "
               "upstream_unhealthy, stopping.",
-              [(f"sum by (model, event, state) (increase(embatch_worker_membership_changes_total{sel()}[{RATE}]))",
+              [(zero_when_none(f"sum by (model, event, state) "
+                               f"(increase(embatch_worker_membership_changes_total{sel()}[{RATE}]))"),
                 "{{model}} {{event}} {{state}}")],
               w=12),
     ]),
@@ -226,10 +249,12 @@ ROWS = [
               unit="ops"),
         panel("Cache errors and pressure", "KV calls failed or timed out by op; writes dropped; "
               "shared reads skipped while the bucket is cold; LRU evictions.",
-              [(rate("embatch_worker_cache_kv_errors_total", by="model, op"), "kv error {{model}} {{op}}"),
-               (rate("embatch_worker_cache_writes_dropped_total"), "writes dropped {{model}}"),
-               (rate("embatch_worker_cache_shared_reads_skipped_total"), "reads skipped {{model}}"),
-               (rate("embatch_worker_cache_evictions_total"), "evictions {{model}}")],
+              [(zero_when_none(rate("embatch_worker_cache_kv_errors_total", by="model, op")),
+                "kv error {{model}} {{op}}"),
+               (zero_when_none(rate("embatch_worker_cache_writes_dropped_total")), "writes dropped {{model}}"),
+               (zero_when_none(rate("embatch_worker_cache_shared_reads_skipped_total")),
+                "reads skipped {{model}}"),
+               (zero_when_none(rate("embatch_worker_cache_evictions_total")), "evictions {{model}}")],
               unit="ops"),
         panel("Cache memory", "Bytes held by the workers' in-process LRUs (each at most "
               "CACHE_LOCAL_BYTES).",
@@ -249,9 +274,9 @@ ROWS = [
         panel("Bulk lines and stalls", "Bulk lines by outcome; jobs abandoned for no progress and "
               "messages given back by the sweep.",
               [(rate("embatch_worker_bulk_lines_total", by="model, outcome"), "lines {{model}} {{outcome}}"),
-               (f"sum by (model) (increase(embatch_worker_bulk_jobs_stalled_total{sel()}[{RATE}]))",
+               (zero_when_none(f"sum by (model) (increase(embatch_worker_bulk_jobs_stalled_total{sel()}[{RATE}]))"),
                 "stalled jobs {{model}}"),
-               (f"sum by (model) (increase(embatch_worker_bulk_swept_total{sel()}[{RATE}]))",
+               (zero_when_none(f"sum by (model) (increase(embatch_worker_bulk_swept_total{sel()}[{RATE}]))"),
                 "swept {{model}}")]),
     ]),
 ]
