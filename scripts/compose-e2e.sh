@@ -18,19 +18,24 @@
 #                scale 3 -> 1 -> 3 under a steady 20 req/s trickle with 0 errors.
 #   6. bulk      a 1,500-line bulk job (OpenAI's Files + Batches API) completes across a kill -9
 #                of a worker container, each custom_id once (scripts/checks/bulk_job.py).
-#   7. models    two real models: fetches bge-small-en-v1.5 on the host (scripts/fetch-model.sh,
+#   7. observe   `--profile observe` adds Prometheus: every target (gateway, each of the 3
+#                workers, itself) is up; after 20 s of traffic (new and repeated inputs, one input
+#                twice, OpenAI's route) beside a 200-line bulk job, every query of the Grafana
+#                dashboard returns numbers, fault-only ones at their zero fallback; the alerts
+#                loaded and evaluate without error (scripts/checks/observe.py); then `down -v`.
+#   8. models    two real models: fetches bge-small-en-v1.5 on the host (scripts/fetch-model.sh,
 #                Maven), adds `--profile bge`, and checks that /v1/models lists both, that the
 #                OpenAI `model` field reaches bge and TEI's /embed MiniLM (each against its
 #                reference vectors in testdata/), then `down -v` of both profiles.
-#   8. down      `down -v` leaves no container, network or volume of the project.
-#   9. docs      every `docker compose` and `curl` command in the fenced blocks of docs/compose.md
+#   9. down      `down -v` leaves no container, network or volume of the project.
+#  10. docs      every `docker compose` and `curl` command in the fenced blocks of docs/compose.md
 #                and in compose.yaml's comments is one this script ran as written (doc_files).
 # On exit (trap, also on failure or Ctrl-C): `down -v`, then the dockerd this script started is
 # stopped by its PID and the links, nft tables and ip_forward it changed are put back.
 #
 # Usage: scripts/compose-e2e.sh          (.ci/run runs it last; CI=true adds nothing special)
-# Env: GATEWAY_PORT, NATS_MONITOR_PORT (host ports; free ones are picked when 8080/8222 are busy),
-#      E2E_TRICKLE_RATE (req/s, 20). Prints a summary; exits non-zero when any check fails.
+# Env: GATEWAY_PORT, NATS_MONITOR_PORT, PROMETHEUS_PORT (host ports; free ones are picked when
+#      8080/8222/9090 are busy), E2E_TRICKLE_RATE (req/s, 20). Prints a summary; exits non-zero when any check fails.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$PWD
@@ -68,10 +73,10 @@ cleanup() {
   if ((project_up)); then
     if ((status != 0 || failures > 0)); then
       echo "--- the stack's last log lines"
-      docker compose --profile local --profile bge logs --no-color --tail 40 2>&1 | tail -n 120
+      docker compose --profile local --profile bge --profile observe logs --no-color --tail 40 2>&1 | tail -n 160
     fi
-    echo "cleanup: docker compose --profile local --profile bge down -v"
-    docker compose --profile local --profile bge down -v --remove-orphans >/dev/null 2>&1
+    echo "cleanup: docker compose --profile local --profile bge --profile observe down -v"
+    docker compose --profile local --profile bge --profile observe down -v --remove-orphans >/dev/null 2>&1
   fi
   engine_stop
   rm -rf "$tmp"
@@ -79,6 +84,23 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
+
+# report CMD...: runs a check program of scripts/checks that prints "ok MSG", "fail MSG" or
+# "info MSG" lines, and counts them; a non-zero exit without a "fail" line is a failure too.
+report() {
+  local line status=0 out
+  out=$("$@" 2>&1) || status=$?
+  while IFS= read -r line; do
+    case $line in
+      ok\ *) ok "${line#ok }" ;;
+      fail\ *) fail "${line#fail }" ;;
+      info\ *) echo "      ${line#info }" ;;
+      *) [[ -z $line ]] || echo "      $line" ;;
+    esac
+  done <<<"$out"
+  ((status == 0)) || grep -q '^fail ' <<<"$out" || fail "$*: exited with status $status"
+  printf '%s\n' "$out" >"$tmp/report.out"
+}
 
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 port_busy() { python3 -c "import socket,sys; s=socket.socket(); sys.exit(s.connect_ex(('127.0.0.1', $1)) != 0)"; }
@@ -90,7 +112,7 @@ compose_install
 engine_start
 echo "docker $(docker version --format '{{.Server.Version}}'), $(docker compose version)"
 # A stack left over from an interrupted run would be reused by `up`.
-docker compose --profile local --profile bge --profile cpu down -v --remove-orphans >/dev/null 2>&1 || true
+docker compose --profile local --profile bge --profile cpu --profile observe down -v --remove-orphans >/dev/null 2>&1 || true
 
 step "2. base images"
 scripts/base-images.sh 2>&1 | tee "$tmp/bases.log"
@@ -137,8 +159,14 @@ if port_busy "${NATS_MONITOR_PORT:-8222}"; then
   export NATS_MONITOR_PORT=$(free_port)
   echo "port 8222 is busy here: NATS_MONITOR_PORT=$NATS_MONITOR_PORT"
 fi
+if port_busy "${PROMETHEUS_PORT:-9090}"; then
+  PROMETHEUS_PORT=$(free_port)
+  export PROMETHEUS_PORT
+  echo "port 9090 is busy here: PROMETHEUS_PORT=$PROMETHEUS_PORT"
+fi
 gw=localhost:${GATEWAY_PORT:-8080}
 monitor=127.0.0.1:${NATS_MONITOR_PORT:-8222}
+prom=localhost:${PROMETHEUS_PORT:-9090}
 python3 scripts/checks/traffic.py first200 "http://$gw/embed" 300 >"$tmp/first200.json" &
 poller=$!
 project_up=1
@@ -271,7 +299,37 @@ fi
 note "bulk job across a worker kill: $bulk"
 docker compose --profile local up -d --wait --scale worker-local=3 >/dev/null
 
-step "7. two models: MiniLM (the default) and bge-small-en-v1.5 (--profile bge)"
+step "7. observe: Prometheus beside the stack (--profile observe)"
+t=$SECONDS
+docs docker compose --profile local --profile observe up -d --wait --scale worker-local=3
+note "up -d --wait adding Prometheus: $((SECONDS - t)) s"
+# The first scrapes, and Docker's DNS listing the 3 replicas of worker-local.
+report python3 scripts/checks/observe.py targets "http://$prom" 3 60
+# The docs' examples, as written: each answers with data.
+answered() { python3 -c 'import json, sys; r = json.loads(sys.argv[1])["data"]; sys.exit(not (r.get("activeTargets") or r.get("result")))' "$1" 2>/dev/null; }
+out=$(docs curl -s "$prom/api/v1/targets")
+if answered "$out"; then ok "the docs' targets example lists the targets"; else fail "the docs' targets example: ${out:0:300}"; fi
+# Traffic while Prometheus scrapes every 5 s: the rates, quantiles and ratios need samples that
+# grow within the dashboard's rate window. The bulk job feeds the bulk panels (no fault: `true`).
+python3 scripts/checks/bulk_job.py "http://$gw" 200 true 120 >"$tmp/observe-bulk.json" 2>&1 &
+bulker=$!
+if traffic=$(python3 scripts/checks/observe.py traffic "http://$gw" 20); then
+  ok "observe traffic: $traffic"
+else
+  fail "observe traffic: $traffic"
+fi
+if wait "$bulker"; then ok "observe bulk job: $(cat "$tmp/observe-bulk.json")"; else fail "observe bulk job: $(cat "$tmp/observe-bulk.json")"; fi
+# Two scrapes and a rule evaluation after the traffic; a 1m window still holds all of it, as
+# Grafana's $__rate_interval does with its default 15 s scrape interval.
+sleep 11
+report python3 scripts/checks/observe.py dashboard "http://$prom" deploy/grafana/embatch.json 1m
+note "observe: $(sed -n 's/^ok dashboard: //p' "$tmp/report.out")"
+report python3 scripts/checks/observe.py rules "http://$prom" deploy/prometheus/embatch-rules.yaml
+out=$(docs curl -s "$prom/api/v1/query" --data-urlencode 'query=sum by (model) (rate(embatch_worker_requests_total[1m]))')
+if answered "$out"; then ok "the docs' query example: ${out:0:200}"; else fail "the docs' query example: ${out:0:300}"; fi
+docs docker compose --profile local --profile observe down -v
+
+step "8. two models: MiniLM (the default) and bge-small-en-v1.5 (--profile bge)"
 t=$SECONDS
 scripts/fetch-model.sh --model bge-small-en-v1.5 >/dev/null
 note "fetch of bge-small-en-v1.5 on the host: $((SECONDS - t)) s"
@@ -315,7 +373,7 @@ else
 fi
 docs docker compose --profile local --profile bge down -v
 
-step "8. down"
+step "9. down"
 docs docker compose --profile local down -v
 project_up=0
 left=$(
@@ -329,13 +387,14 @@ else
   fail "down -v left: $left"
 fi
 
-step "9. the docs' commands"
+step "10. the docs' commands"
 missing=0
 while IFS=$'\t' read -r file command; do
   found=0
   grep -qxF -- "$command" "$tmp/ran" && found=1
   # The gateway's host port differs only when 8080 was busy here.
   [[ $found == 0 && -n ${GATEWAY_PORT:-} && $command == *localhost:8080* ]] && found=1
+  [[ $found == 0 && -n ${PROMETHEUS_PORT:-} && $command == *localhost:9090* ]] && found=1
   if ((found == 0)); then
     fail "$file shows \`$command\`, which this test does not run as written"
     missing=$((missing + 1))
