@@ -203,6 +203,10 @@ pub struct Faults {
     /// `Backend` when the model fails on an input of the batch it ran. `None`: such a call is
     /// rejected 422 `Validation` at once, as TEI's validation does.
     pub poison_status: Option<u16>,
+    /// `Some(status)`: `GET /health` answers this status while calls are served as usual, as
+    /// a server whose health check lags behind its work (TEI's `/health` waits behind the
+    /// batches it runs).
+    pub health_status: Option<u16>,
 }
 
 impl Faults {
@@ -590,16 +594,22 @@ async fn info(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
     }))
 }
 
-/// 200, or 503 (as TEI answers while its model cannot run) while [`Faults::fail_with`] holds a
-/// 5xx status: a failing server also fails its health check.
+/// [`Faults::health_status`] when set; else 200, or 503 (as TEI answers while its model cannot
+/// run) while [`Faults::fail_with`] holds a 5xx status: a failing server also fails its health
+/// check.
 async fn health(State(state): State<Arc<AppState>>) -> StatusCode {
-    let failing = state
+    let faults = state
         .faults
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .fail_with
-        .is_some_and(|status| status >= 500);
-    if failing {
+        .clone();
+    if let Some(status) = faults
+        .health_status
+        .and_then(|s| StatusCode::from_u16(s).ok())
+    {
+        return status;
+    }
+    if faults.fail_with.is_some_and(|status| status >= 500) {
         StatusCode::SERVICE_UNAVAILABLE
     } else {
         StatusCode::OK

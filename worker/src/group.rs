@@ -94,6 +94,8 @@ pub(crate) struct Group {
     heartbeat: Interval,
     /// What this worker last announced: its state and whether it had room.
     announced: (MemberState, bool),
+    /// [`BatcherHandle::answered_calls`] at the last probe result.
+    answered_at_probe: u64,
     /// The queue wait requests met on admission, smoothed ([`ROOM_SMOOTHING`] per admitted
     /// request): whether this worker has room for a peer's share.
     typical_wait: Duration,
@@ -135,6 +137,7 @@ impl Group {
             ),
             announced: (MemberState::Stopping, false),
             typical_wait: Duration::ZERO,
+            answered_at_probe: batcher.answered_calls(),
             announcements,
             heartbeat,
             failures,
@@ -195,6 +198,12 @@ impl Group {
     pub async fn control(&mut self, control: Control) {
         match control {
             Control::Probe(ok) => {
+                // A probe that failed while the upstream kept answering this worker's calls is
+                // no failure: the upstream is busy, not sick (TEI's /health queues behind the
+                // batches; a Python server's threads wait for the GIL).
+                let answered = self.batcher.answered_calls();
+                let ok = ok || answered != self.answered_at_probe;
+                self.answered_at_probe = answered;
                 let load = self.load();
                 let (transition, recovered) = self.membership.probed(ok, load);
                 if recovered {

@@ -40,8 +40,13 @@ pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 /// Interval of the probe while the worker is out because its upstream failed: it rejoins within
 /// this (plus the probe's own time) of the upstream's recovery.
 pub const PROBE_INTERVAL_UNHEALTHY: Duration = Duration::from_millis(250);
-/// Longest a probe may take before it counts as failed.
-pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Longest a probe may take before it counts as failed: 5 s. A probe asks whether the upstream
+/// is alive, not how fast it is (admission learns that from the calls): a server busy with other
+/// callers' work answers `/health` late (a Python model server with 64 connections took more than
+/// 1 s). A hung upstream is found sooner by the calls that stall ([`STALL_CALLS`]), and a dead
+/// one refuses the probe at once. A probe that fails while the upstream answers the worker's own
+/// calls does not count (see `crate::group`).
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// An upstream with calls in flight that started or finished none for this many of its
 /// measured call times (the longer of the usual and the longest seen lately) is stalled
 /// ([`Load::stalled`]).

@@ -125,6 +125,41 @@ async fn a_worker_leaves_while_its_upstream_fails_and_rejoins_when_it_recovers()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_probes_do_not_count_while_the_upstream_answers_calls() {
+    let nats = NatsServer::start();
+    let tei = start_tei(TeiConfig::instant()).await;
+    let worker =
+        RunningWorker::start(&nats, &["--tei-url", &tei.url, "--max-wait-time", "1ms"]).await;
+    let raw = connect(&nats).await;
+    let client = EmbedClient::new(raw.clone(), "embed");
+    assert_eq!(embed(&client, "before").await, Ok(200));
+    // /health fails while calls are served: busy, not sick. Probes come every second; four of
+    // them fail while a call is answered every 200 ms.
+    tei.set_faults(Faults {
+        health_status: Some(503),
+        ..Faults::default()
+    });
+    for i in 0..22 {
+        assert_eq!(embed(&client, &format!("busy {i}")).await, Ok(200));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        state(&raw).await.as_deref(),
+        Some(membership::JOINED),
+        "the worker stays while its calls are answered"
+    );
+    // No calls: the failing probes count, and the worker leaves after two.
+    wait_for_state(&raw, membership::UPSTREAM_UNHEALTHY, Duration::from_secs(5))
+        .await
+        .expect("an idle worker whose upstream fails /health leaves");
+    tei.set_faults(Faults::default());
+    wait_for_state(&raw, membership::JOINED, Duration::from_secs(5))
+        .await
+        .expect("and rejoins once /health answers");
+    worker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_go_to_the_worker_with_capacity_and_none_is_lost() {
     let nats = NatsServer::start();
     // ~53 req/s at batch 8 with two calls in flight, against ~3,000 req/s.

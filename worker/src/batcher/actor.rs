@@ -461,6 +461,9 @@ impl<U: Upstream> Actor<U> {
                 .increment(1);
             if call.outcome == CallOutcome::Ok {
                 self.shared
+                    .answered_calls
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.shared
                     .failed_calls
                     .send_if_modified(|n| std::mem::take(n) != 0);
             } else if call.unhealthy {

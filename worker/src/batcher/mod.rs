@@ -123,7 +123,7 @@ mod tests;
 mod unique;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -247,6 +247,9 @@ struct Shared {
     /// Upstream calls that failed as an unhealthy upstream fails, in a row (reset by a success
     /// or by [`BatcherHandle::reset_failures`]); watched by the queue-group membership.
     failed_calls: watch::Sender<u32>,
+    /// Upstream calls answered with embeddings since the start; read by the queue-group
+    /// membership, which takes answered calls as a sign of health stronger than a slow probe.
+    answered_calls: AtomicU64,
     /// Set by [`BatcherHandle::absorb_backlog`], taken by the actor at its next admission.
     backlog_until: std::sync::Mutex<Option<Instant>>,
     /// Most calls in flight (of any kind) under which a batch of bulk inputs alone may start
@@ -507,6 +510,12 @@ impl BatcherHandle {
         self.shared.failed_calls.send_replace(0);
     }
 
+    /// Upstream calls answered with embeddings since the worker started (a count that only
+    /// grows).
+    pub fn answered_calls(&self) -> u64 {
+        self.shared.answered_calls.load(Ordering::Relaxed)
+    }
+
     /// Notified when the count of failed upstream calls in a row changes (the membership
     /// re-decides at once instead of at the next request or probe).
     pub fn failures(&self) -> watch::Receiver<u32> {
@@ -664,6 +673,7 @@ pub fn spawn<U: Upstream>(
         ledger: watch::Sender::new(Ledger::default()),
         in_transit: AtomicUsize::new(0),
         failed_calls: watch::Sender::new(0),
+        answered_calls: AtomicU64::new(0),
         backlog_until: std::sync::Mutex::new(None),
         bulk_calls: AtomicUsize::new(1),
         resent: std::sync::Mutex::new(None),
