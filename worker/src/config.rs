@@ -121,10 +121,9 @@ pub struct Config {
     /// upstream call is admitted with, whatever its deadline; beyond it 429 at once. It keeps
     /// the queue short for callers whose own timeout the worker cannot see. A request that
     /// needs several calls (more inputs than MAX_BATCH_SIZE) is bounded by its deadline,
-    /// QUEUE_CAP and MAX_QUEUE_BYTES instead. `auto`: the larger of 500 ms and 2 x the measured
-    /// upstream call time + MAX_WAIT_TIME (the queue that keeps the upstream busy, plus as much
-    /// slack; a worker steers new work to peers with room beyond the latter); or a duration
-    /// (e.g. 200ms).
+    /// QUEUE_CAP and MAX_QUEUE_BYTES instead. `auto`: 2 x the measured upstream call time +
+    /// MAX_WAIT_TIME (the queue that keeps the upstream busy, plus as much slack), but at least
+    /// 500 ms while fewer than 1,024 inputs are queued; or a duration (e.g. 200ms).
     #[arg(long, env = "MAX_QUEUE_DELAY", default_value = "auto")]
     pub max_queue_delay: QueueDelay,
 

@@ -142,7 +142,7 @@ pub struct Load {
     pub call: Option<Duration>,
     /// The queue wait the worker is meant to keep below with that call time (`MAX_QUEUE_DELAY`;
     /// `auto` = 2 × the call time + `MAX_WAIT_TIME`, where admission sheds only beyond 500 ms
-    /// at least); `None` before the first measurement.
+    /// while the queue is short in inputs); `None` before the first measurement.
     pub bound: Option<Duration>,
     /// Upstream calls that failed in a row (refused, 5xx, timeout), since the last success.
     pub failed_calls: u32,

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 mod delay;
 
 pub(super) use delay::steer_bound;
-pub use delay::{AUTO_CALLS, AUTO_FLOOR, QueueDelay, QueueDelayError};
+pub use delay::{AUTO_CALLS, AUTO_FLOOR, AUTO_FLOOR_INPUTS, QueueDelay, QueueDelayError};
 
 use super::fair::Ahead;
 use super::fastest::Fastest;
@@ -632,7 +632,7 @@ impl Ledger {
             finish: start.saturating_add(call.saturating_mul(own_rounds)),
             budget,
             allowed: budget.mul_f64(ADMISSION_HEADROOM),
-            bound: delay::shed_bound(limits, call),
+            bound: delay::shed_bound(limits, call, self.queued_inputs),
             // A request that needs several upstream calls waits longer than the bound for its
             // own work alone: its deadline, QUEUE_CAP and MAX_QUEUE_BYTES bound it instead.
             bulk: own_batches > 1,
@@ -678,7 +678,7 @@ impl Ledger {
         };
         let over_delay = self
             .start_wait(limits, call)
-            .saturating_sub(delay::shed_bound(limits, call));
+            .saturating_sub(delay::shed_bound(limits, call, self.queued_inputs));
         let over_cap = (self.held_inputs + 1).saturating_sub(limits.queue_cap);
         let over_cap = if over_cap > 0 {
             self.drain_time(limits, over_cap, Some(call))

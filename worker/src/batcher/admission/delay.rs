@@ -27,12 +27,19 @@ pub enum QueueDelay {
 /// member has room), but sheds only beyond [`AUTO_FLOOR`].
 pub const AUTO_CALLS: u32 = 2;
 
-/// Least queue wait [`QueueDelay::Auto`] admits: 500 ms. Below it, queueing is cheap for every
-/// client we know of (their timeouts are seconds to minutes) and shedding is not: a closed loop
-/// of a few hundred callers in front of a fast upstream keeps a standing queue of several calls
-/// without any overload, and a 429 only makes it resend at once. Under real overload, a
-/// success then waits at most this much longer than with the bare call-time bound.
+/// Queue wait [`QueueDelay::Auto`] admits while fewer than [`AUTO_FLOOR_INPUTS`] inputs are
+/// queued: 500 ms. A closed loop of a few hundred callers in front of a fast upstream keeps a
+/// standing queue of many calls without any overload, and a 429 only makes each caller resend
+/// (or fail, if it does not retry); such a queue is short in time and in inputs.
 pub const AUTO_FLOOR: Duration = Duration::from_millis(500);
+
+/// Queued inputs beyond which [`QueueDelay::Auto`] is back to its call-time bound: 1,024, twice
+/// the concurrent requests TEI admits by default (`--max-concurrent-requests` 512). No closed
+/// loop of up to a thousand single-input callers (or 32 callers of 32 inputs) reaches it, while
+/// an open loop over capacity does within a second, and its successes then wait the call-time
+/// bound, not [`AUTO_FLOOR`] (a client with its own timeout of 1-2 s and no deadline header
+/// keeps its goodput).
+pub const AUTO_FLOOR_INPUTS: usize = 1_024;
 
 /// `MAX_QUEUE_DELAY` is neither `auto` nor a duration.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -73,12 +80,15 @@ pub(in crate::batcher) fn steer_bound(limits: &Limits, call: Duration) -> Durati
     }
 }
 
-/// `MAX_QUEUE_DELAY` in effect with the upstream call time `call`: the expected queue wait
-/// beyond which admission answers 429. For `auto`, [`steer_bound`] but at least [`AUTO_FLOOR`].
-pub(in crate::batcher) fn shed_bound(limits: &Limits, call: Duration) -> Duration {
+/// `MAX_QUEUE_DELAY` in effect with the upstream call time `call` and `queued` inputs in the
+/// queue: the expected queue wait beyond which admission answers 429. For `auto`,
+/// [`steer_bound`], but at least [`AUTO_FLOOR`] while fewer than [`AUTO_FLOOR_INPUTS`] are
+/// queued.
+pub(in crate::batcher) fn shed_bound(limits: &Limits, call: Duration, queued: usize) -> Duration {
     match limits.max_queue_delay {
         QueueDelay::Fixed(bound) => bound,
-        QueueDelay::Auto => steer_bound(limits, call).max(AUTO_FLOOR),
+        QueueDelay::Auto if queued < AUTO_FLOOR_INPUTS => steer_bound(limits, call).max(AUTO_FLOOR),
+        QueueDelay::Auto => steer_bound(limits, call),
     }
 }
 
@@ -86,9 +96,10 @@ pub(in crate::batcher) fn shed_bound(limits: &Limits, call: Duration) -> Duratio
 pub(in crate::batcher) fn describe(limits: &Limits, call: Duration) -> String {
     match limits.max_queue_delay {
         QueueDelay::Auto => format!(
-            "auto: the larger of {} ms and {AUTO_CALLS} x the {} ms upstream call + MAX_WAIT_TIME",
-            AUTO_FLOOR.as_millis(),
-            call.as_millis()
+            "auto: {AUTO_CALLS} x the {} ms upstream call + MAX_WAIT_TIME, at least {} ms while \
+             fewer than {AUTO_FLOOR_INPUTS} inputs are queued",
+            call.as_millis(),
+            AUTO_FLOOR.as_millis()
         ),
         QueueDelay::Fixed(_) => "fixed".into(),
     }

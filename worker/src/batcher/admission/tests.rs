@@ -222,8 +222,35 @@ fn auto_sheds_no_queue_shorter_than_its_floor() {
     assert_shed(
         &err,
         ShedReason::QueueDelay,
-        "MAX_QUEUE_DELAY = 500 ms (auto: the larger of 500 ms",
+        "MAX_QUEUE_DELAY = 500 ms (auto: 2 x the 10 ms",
     );
+}
+
+#[test]
+fn auto_is_back_to_its_call_time_bound_once_the_queue_is_long_in_inputs() {
+    // 128 inputs per call, 2 slots, 8 ms calls: the call-time bound is 2 x 8 + 5 = 21 ms.
+    let limits = Limits {
+        batch_limit: 128,
+        slots: 2,
+        queue_cap: 10_000,
+        ..limits()
+    };
+    let mut ledger = Ledger::default();
+    let now = after_calls(&mut ledger, Instant::now(), 3, ms(8));
+    let far = now + Duration::from_secs(30);
+    ledger.in_flight = 2;
+    // 1,023 inputs = 8 batches ahead: 36 ms, over 21 ms but a short queue: admitted.
+    ledger.queued_inputs = AUTO_FLOOR_INPUTS - 1;
+    ledger
+        .admit(&limits, ask(1, far), now)
+        .expect("under AUTO_FLOOR");
+    // 1,024 inputs (the admitted one included): the same wait, shed (an open loop over
+    // capacity fills the queue; its successes keep the call-time latency).
+    assert_eq!(ledger.queued_inputs, AUTO_FLOOR_INPUTS);
+    let err = ledger
+        .admit(&limits, ask(1, far), now)
+        .expect_err("a long queue");
+    assert_shed(&err, ShedReason::QueueDelay, "MAX_QUEUE_DELAY = 21 ms");
 }
 
 #[test]
