@@ -123,6 +123,20 @@ pub struct SendOptions {
     /// The W3C trace context to send ([`headers::TRACEPARENT`], [`headers::TRACESTATE`]): the
     /// worker's spans for the request become children of it. `None` sends none.
     pub trace: Option<TraceContext>,
+    /// What the request asks for, which decides the subject it is sent on.
+    pub operation: Operation,
+}
+
+/// What a request asks the workers for: the subject it is sent on, derived from the client's
+/// subject. Cancels, heartbeats and discovery are the client's subject's either way.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Operation {
+    /// Embeddings: TEI's `/embed` body on the client's subject.
+    #[default]
+    Embed,
+    /// Rerank scores: TEI's `/rerank` body on
+    /// [`embatch_protocol::rerank::rerank_subject`] of the client's subject (contract v1.2).
+    Rerank,
 }
 
 /// Why a request failed, as the NATS client saw it. [`RequestError::Reply`] is an error the
@@ -337,6 +351,21 @@ impl EmbedClient {
         delivery::deliver(self, body, budget, options).await
     }
 
+    /// Sends `body` (TEI's `POST /rerank` JSON, passed through unparsed) on the rerank subject,
+    /// as [`EmbedClient::embed`] sends an embed request (the same deadline, acknowledgements,
+    /// resends and cancels); the reply's payload is TEI's `/rerank` reply, `[{"index",
+    /// "score", "text"?}, ...]` sorted by score.
+    ///
+    /// # Errors
+    /// See [`RequestError`].
+    pub async fn rerank(&self, body: Bytes, budget: Duration) -> Result<Reply, RequestError> {
+        let options = SendOptions {
+            operation: Operation::Rerank,
+            ..SendOptions::default()
+        };
+        self.embed_with(body, budget, &options).await
+    }
+
     /// Publishes copy `attempt` (1-based) of a request: `body` with its headers, replies to
     /// `reply`; a resent copy says which it is ([`headers::ATTEMPT`]).
     async fn publish(
@@ -367,9 +396,13 @@ impl EmbedClient {
         if attempt > 1 {
             request_headers.insert(headers::ATTEMPT, attempt.to_string().as_str());
         }
+        let subject = match options.operation {
+            Operation::Embed => self.subject.clone(),
+            Operation::Rerank => embatch_protocol::rerank::rerank_subject(&self.subject),
+        };
         self.nats
             .publish_with_reply_and_headers(
-                self.subject.clone(),
+                subject,
                 reply.to_owned(),
                 request_headers,
                 body.clone(),

@@ -8,8 +8,8 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{MethodRouter, get, post};
 
 use crate::routes::{
-    embed, health, info, list_models, metrics, model_embed, model_health, model_info,
-    openai_embeddings, openapi,
+    cohere_rerank_v1, cohere_rerank_v2, embed, health, info, list_models, metrics, model_embed,
+    model_health, model_info, model_rerank, openai_embeddings, openapi, rerank,
 };
 use crate::state::AppState;
 
@@ -36,23 +36,32 @@ pub const PUBLIC: [&str; 5] = [
 
 /// The embedding routes, whose requests count against their tenant's quota and usage
 /// ([`crate::metering`]).
-pub const METERED: [&str; 6] = [
+pub const METERED: [&str; 10] = [
     "/embed",
     "/",
     "/v1/embeddings",
     "/embeddings",
     "/models/{model}/embed",
     "/models/{model}",
+    "/rerank",
+    "/models/{model}/rerank",
+    "/v1/rerank",
+    "/v2/rerank",
 ];
 
 /// The routes: method (for [`served`]), path and handler.
-fn handlers() -> [(&'static str, &'static str, MethodRouter<Arc<AppState>>); 14] {
+fn handlers() -> [(&'static str, &'static str, MethodRouter<Arc<AppState>>); 18] {
     [
         ("POST", "/embed", post(embed)),
         // TEI's compat route (`huggingface_hub`'s `InferenceClient(base_url=...)` posts here).
         ("POST", "/", post(embed)),
         ("POST", "/v1/embeddings", post(openai_embeddings)),
         ("POST", "/embeddings", post(openai_embeddings)),
+        // TEI's `/rerank`, and Cohere's (and Jina's) rerank API.
+        ("POST", "/rerank", post(rerank)),
+        ("POST", "/models/{model}/rerank", post(model_rerank)),
+        ("POST", "/v1/rerank", post(cohere_rerank_v1)),
+        ("POST", "/v2/rerank", post(cohere_rerank_v2)),
         ("GET", "/info", get(info)),
         ("GET", "/health", get(health)),
         ("GET", "/metrics", get(metrics)),

@@ -27,6 +27,7 @@
 pub mod app;
 pub mod body;
 pub mod bulk;
+pub mod cohere;
 pub mod config;
 pub mod fd_limit;
 pub mod info;

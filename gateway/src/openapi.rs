@@ -35,7 +35,8 @@ pub const DOCUMENT_PATHS: [&str; 2] = ["/openapi.json", "/api-doc/openapi.json"]
 
 /// Paths served by the same handler as another path: `(alias, original, alias's operationId)`.
 /// The alias gets a copy of the original's operations (operationIds must be unique).
-const ALIASES: [(&str, &str, &str); 4] = [
+const ALIASES: [(&str, &str, &str); 5] = [
+    ("/v2/rerank", "/v1/rerank", "cohere_rerank_v2"),
     (
         "/models/{model}",
         "/models/{model}/embed",
@@ -66,6 +67,9 @@ const ALIASES: [(&str, &str, &str); 4] = [
         crate::routes::meta::health,
         crate::routes::meta::metrics,
         crate::routes::model_embed,
+        crate::routes::rerank::rerank,
+        crate::routes::rerank::model_rerank,
+        crate::routes::rerank::cohere_rerank_v1,
         crate::routes::meta::model_info,
         crate::routes::meta::model_health,
         crate::routes::meta::list_models,
@@ -99,10 +103,19 @@ const ALIASES: [(&str, &str, &str); 4] = [
         Info,
         crate::models::ModelList,
         crate::models::ModelObject,
+        embatch_protocol::RerankRequest,
+        embatch_protocol::rerank::Rank,
+        crate::cohere::CohereRerankRequest,
+        crate::cohere::Document,
+        crate::cohere::CohereRerankResponse,
+        crate::cohere::RerankResult,
+        crate::cohere::ResultDocument,
     )),
     tags(
         (name = "tei", description = "Hugging Face text-embeddings-inference 1.9.3's HTTP API."),
         (name = "openai", description = "OpenAI's embeddings API."),
+        (name = "rerank", description = "Cohere's rerank API (v1 and v2), as Jina's and the \
+                                         frameworks' rerankers speak it."),
         (name = "operations", description = "Health, metrics and this document."),
         (name = "batch", description = "OpenAI's Files and Batches APIs: bulk embedding jobs on \
                                         NATS JetStream (503 without JetStream)."),
@@ -199,7 +212,10 @@ impl IntoResponses for OpenAiOk {
 }
 
 /// A 200 with a JSON `body` and TEI's timing headers (whole ms, as TEI sends them).
-fn ok_with_timings(description: &str, body: RefOr<Schema>) -> BTreeMap<String, RefOr<Response>> {
+pub(crate) fn ok_with_timings(
+    description: &str,
+    body: RefOr<Schema>,
+) -> BTreeMap<String, RefOr<Response>> {
     let timings = [
         (
             "x-queue-time",

@@ -28,8 +28,10 @@ pub use crate::app::{METERED, PUBLIC, served};
 pub use crate::state::AppState;
 pub use meta::ModelQuery;
 pub(crate) use meta::{health, info, list_models, metrics, model_health, model_info, openapi};
+pub(crate) use rerank::{cohere_rerank_v1, cohere_rerank_v2, model_rerank, rerank};
 
 pub(crate) mod meta;
+pub(crate) mod rerank;
 
 /// HTTP request header with which a client shortens its own timeout, in whole milliseconds
 /// (never lengthens it beyond `--request-timeout`).
@@ -358,6 +360,7 @@ fn send_options(request_headers: &HeaderMap, caller: &Caller) -> embatch_client:
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned),
         trace: crate::trace::outgoing(request_headers),
+        operation: embatch_client::Operation::Embed,
     }
 }
 
@@ -410,10 +413,24 @@ type Call<'a> = (&'a HeaderMap, &'a Caller);
 async fn send(
     state: &AppState,
     route: &Route,
-    (request_headers, caller): Call<'_>,
+    call: Call<'_>,
     body: Bytes,
     timeout: Duration,
     started: Instant,
+) -> Result<Reply, EmbedError> {
+    let operation = embatch_client::Operation::Embed;
+    send_as(state, route, call, body, (timeout, started), operation).await
+}
+
+/// [`send`] for `operation`: an embed request, or a rerank request (TEI's `/rerank` body) on
+/// the route's rerank subject.
+async fn send_as(
+    state: &AppState,
+    route: &Route,
+    (request_headers, caller): Call<'_>,
+    body: Bytes,
+    (timeout, started): (Duration, Instant),
+    operation: embatch_client::Operation,
 ) -> Result<Reply, EmbedError> {
     let Ok(_permit) = state.in_flight.try_acquire() else {
         return Err(EmbedError::Overloaded(format!(
@@ -422,9 +439,13 @@ async fn send(
         )));
     };
     let remaining = timeout.saturating_sub(started.elapsed());
+    let options = embatch_client::SendOptions {
+        operation,
+        ..send_options(request_headers, caller)
+    };
     route
         .client
-        .embed_with(body, remaining, &send_options(request_headers, caller))
+        .embed_with(body, remaining, &options)
         .await
         .map_err(EmbedError::from)
 }

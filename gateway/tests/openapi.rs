@@ -434,3 +434,67 @@ async fn the_429_has_the_documented_retry_after() {
     }
     stack.worker.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rerank_routes_answer_as_documented() {
+    let reranker = TeiConfig {
+        reranker: true,
+        ..TeiConfig::instant()
+    };
+    let (stack, gateway) = stack_with_gateway(reranker, &[], 1 << 20, 4).await;
+    let doc = fetch_document(&gateway.url).await;
+    let url = gateway.url.as_str();
+
+    let request = r#"{"query":"q","texts":["alpha","beta"],"return_text":true}"#;
+    let (status, headers, body) = post(url, "/rerank", request, Some("application/json")).await;
+    assert_eq!(status, 200, "{body}");
+    let schema = response_schema(&doc, "post", "/rerank", 200);
+    assert_type(&doc, schema, &body, "/rerank");
+    for rank in body.as_array().expect("ranks") {
+        assert_fields(&doc, &schema["items"], rank, "/rerank rank");
+    }
+    assert_documented_headers(&doc, "/rerank", 200, &headers);
+
+    let cohere = r#"{"query":"q","documents":["alpha",{"text":"beta"}],"return_documents":true}"#;
+    for path in ["/v1/rerank", "/v2/rerank"] {
+        let (status, headers, body) = post(url, path, cohere, Some("application/json")).await;
+        assert_eq!(status, 200, "{body}");
+        let schema = response_schema(&doc, "post", path, 200);
+        assert_fields(&doc, schema, &body, path);
+        for result in body["results"].as_array().expect("results") {
+            let item = &schema["properties"]["results"]["items"];
+            assert_fields(&doc, item, result, &format!("{path} result"));
+        }
+        assert_documented_headers(&doc, path, 200, &headers);
+    }
+
+    let errors = [
+        ("/rerank", r#"{"query":"q","texts":[]}"#, 400, "Empty"),
+        (
+            "/rerank",
+            r#"{"query":"q","texts":["a","b","c","d","e"]}"#,
+            422,
+            "Validation",
+        ),
+        ("/rerank", "{not json", 400, "Validation"),
+        (
+            "/v2/rerank",
+            r#"{"query":"q","documents":[]}"#,
+            400,
+            "Empty",
+        ),
+        (
+            "/v1/rerank",
+            r#"{"query":"q","documents":["a"],"top_n":0}"#,
+            422,
+            "Validation",
+        ),
+    ];
+    for (path, request, want, error_type) in errors {
+        let (status, _, body) = post(url, path, request, Some("application/json")).await;
+        assert_eq!(status, want, "{path} {request}: {body}");
+        assert_tei_error_shape(&doc, path, status, &body);
+        assert_eq!(body["error_type"], error_type, "{body}");
+    }
+    stack.worker.stop().await;
+}

@@ -209,6 +209,11 @@ impl LocalModel {
             .map(|(i, input)| match input {
                 Input::Text(text) => self.encoder.encode(text, prompt, truncate),
                 Input::Ids(ids) => self.encoder.encode_ids(i, ids, prompt, truncate),
+                // An embedding model has no classifier head to score pairs with (as TEI 1.9.3
+                // answers `/rerank` on an embedding model).
+                Input::Pair(..) => Err(EmbedError::Backend(
+                    embatch_protocol::rerank::NOT_A_RERANKER.into(),
+                )),
             })
             .collect::<Result<Vec<Tokens>, EmbedError>>()?;
 

@@ -132,11 +132,39 @@ impl Encoder {
                 let tokens = match input {
                     Input::Text(text) => self.encode(text, prompt, truncate)?,
                     Input::Ids(ids) => self.encode_ids(i, ids, prompt, truncate)?,
+                    Input::Pair(query, text) => return self.count_pair(query, text, truncate),
                 };
                 // At most `max_input_length` tokens, itself a `usize` read from a config file.
                 Ok(u32::try_from(tokens.ids.len()).unwrap_or(u32::MAX))
             })
             .collect()
+    }
+
+    /// The token count of a (query, text) pair as a cross-encoder sees it (TEI 1.9.3 encodes a
+    /// rerank pair as one dual input): both sequences with the tokenizer's pair template
+    /// (`[CLS] q [SEP] t [SEP]` for BERT), at most [`Encoder::max_input_length`] when
+    /// truncating.
+    ///
+    /// # Errors
+    /// [`EmbedError::Validation`] (422) with TEI's message for a pair over the limit when not
+    /// truncating; [`EmbedError::Tokenizer`] when the tokenizer fails.
+    pub fn count_pair(
+        &self,
+        query: &str,
+        text: &str,
+        truncate: Option<TruncationDirection>,
+    ) -> Result<u32, EmbedError> {
+        let encoding = self
+            .tokenizer
+            .encode_fast((query, text), true)
+            .map_err(|err| EmbedError::Tokenizer(err.to_string()))?;
+        let (given, max) = (encoding.len(), self.max_input_length);
+        if given > max && truncate.is_none() {
+            return Err(EmbedError::Validation(format!(
+                "`inputs` must have less than {max} tokens. Given: {given}"
+            )));
+        }
+        Ok(u32::try_from(given.min(max)).unwrap_or(u32::MAX))
     }
 
     /// The text of the prompt `name`.

@@ -34,7 +34,7 @@ use std::fmt;
 /// Tokens the plain subject already uses for its own derived subjects (`<subject>.cancel`,
 /// `.info`, `.members`, `.alive`): a model whose token is one of them would collide, and a
 /// worker refuses to start with it.
-pub const RESERVED_TOKENS: &[&str] = &["cancel", "info", "members", "alive"];
+pub const RESERVED_TOKENS: &[&str] = &["cancel", "info", "members", "alive", "rerank"];
 
 /// The subject token of model `name`: see the module docs for the encoding. Empty for an empty
 /// name (which [`check_name`] refuses).

@@ -56,14 +56,20 @@ pub enum Input {
     Text(String),
     /// `[101, 7592, 102]`: token ids of the model's vocabulary.
     Ids(Vec<u32>),
+    /// `["query", "text"]`: one (query, text) pair of a rerank request, scored together by a
+    /// cross-encoder (as TEI 1.9.3's `/predict` takes a pair). Never parsed from an `/embed`
+    /// body: built by [`crate::rerank::RerankRequest::into_parts`].
+    Pair(String, String),
 }
 
 impl Input {
-    /// `true` for `""` and `[]` (TEI 1.9.3 answers 400 `Empty` for either).
+    /// `true` for `""` and `[]` (TEI 1.9.3 answers 400 `Empty` for either); a pair never is
+    /// (TEI 1.9.3's `/rerank` scores an empty text against its query).
     pub fn is_empty(&self) -> bool {
         match self {
             Input::Text(text) => text.is_empty(),
             Input::Ids(ids) => ids.is_empty(),
+            Input::Pair(..) => false,
         }
     }
 
@@ -71,7 +77,7 @@ impl Input {
     pub fn as_text(&self) -> Option<&str> {
         match self {
             Input::Text(text) => Some(text),
-            Input::Ids(_) => None,
+            Input::Ids(_) | Input::Pair(..) => None,
         }
     }
 
@@ -81,6 +87,7 @@ impl Input {
         match self {
             Input::Text(text) => text.len(),
             Input::Ids(ids) => ids.len() * std::mem::size_of::<u32>(),
+            Input::Pair(query, text) => query.len() + text.len(),
         }
     }
 }
@@ -288,6 +295,26 @@ pub struct EmbedOptions {
     /// See [`EmbedRequest::dimensions`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dimensions: Option<usize>,
+    /// What the upstream computes for each input: embeddings (`/embed`, the default, left out
+    /// when serialized, so an `/embed` body is unchanged) or rerank scores of (query, text)
+    /// pairs. Part of the batching key: embeddings and scores never share an upstream call.
+    #[serde(skip_serializing)]
+    pub task: Task,
+}
+
+/// What an upstream call computes: the batching key's kind of work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Task {
+    /// One embedding per input (TEI 1.9.3's `/embed`).
+    #[default]
+    Embed,
+    /// One relevance score per [`Input::Pair`], as TEI 1.9.3's `/rerank` and `/predict` compute
+    /// it with the model's classifier head: the sigmoid of the logit, or the logit itself with
+    /// `raw_scores`.
+    Rerank {
+        /// TEI's `raw_scores`: the logit instead of its sigmoid.
+        raw_scores: bool,
+    },
 }
 
 impl Default for EmbedOptions {
@@ -298,6 +325,7 @@ impl Default for EmbedOptions {
             truncation_direction: None,
             prompt_name: None,
             dimensions: None,
+            task: Task::Embed,
         }
     }
 }
@@ -315,33 +343,7 @@ impl EmbedRequest {
     ///   object (TEI 1.9.3 answers 422 for a top-level array, which serde alone would read as
     ///   the fields in order).
     pub fn from_slice(body: &[u8]) -> Result<EmbedRequest, EmbedError> {
-        let not_an_object = || {
-            EmbedError::Validation(
-                "the request body must be a JSON object, e.g. {\"inputs\": \"text\"}".into(),
-            )
-        };
-        let mut de = serde_json::Deserializer::from_slice(body);
-        let request: EmbedRequest = match serde_path_to_error::deserialize(&mut de) {
-            Ok(request) => request,
-            Err(err) if err.inner().is_syntax() || err.inner().is_eof() => {
-                return Err(invalid_json(&err));
-            }
-            Err(_) if first_byte(body) != Some(b'{') => return Err(not_an_object()),
-            Err(err) => {
-                let path = err.path().to_string();
-                let inner = err.into_inner();
-                return Err(if path == "." || path.is_empty() {
-                    EmbedError::Validation(format!("invalid request body: {inner}"))
-                } else {
-                    EmbedError::Validation(format!("`{path}`: {inner}"))
-                });
-            }
-        };
-        de.end().map_err(|err| invalid_json(&err))?;
-        if first_byte(body) != Some(b'{') {
-            return Err(not_an_object());
-        }
-        Ok(request)
+        parse_object(body, "{\"inputs\": \"text\"}")
     }
 
     /// Checks the limits a request must meet before it is queued.
@@ -383,6 +385,7 @@ impl EmbedRequest {
             truncation_direction: self.truncation_direction,
             prompt_name: self.prompt_name.clone(),
             dimensions: self.dimensions,
+            task: Task::Embed,
         }
     }
 
@@ -391,6 +394,44 @@ impl EmbedRequest {
         let options = self.options();
         (self.inputs.into_vec(), options)
     }
+}
+
+/// Parses a JSON object body into `T`, with the status TEI 1.9.3's JSON extractor (axum's
+/// `Json`) gives each failure: [`EmbedError::InvalidJson`] (400) for a body that is not JSON,
+/// [`EmbedError::Validation`] (422) naming the field for JSON of the wrong shape, and for a
+/// body that is not an object (`example` shows one in the message). Shared by every request
+/// body of the contract (`/embed`'s and `/rerank`'s).
+pub fn parse_object<T: serde::de::DeserializeOwned>(
+    body: &[u8],
+    example: &str,
+) -> Result<T, EmbedError> {
+    let not_an_object = || {
+        EmbedError::Validation(format!(
+            "the request body must be a JSON object, e.g. {example}"
+        ))
+    };
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let request: T = match serde_path_to_error::deserialize(&mut de) {
+        Ok(request) => request,
+        Err(err) if err.inner().is_syntax() || err.inner().is_eof() => {
+            return Err(invalid_json(&err));
+        }
+        Err(_) if first_byte(body) != Some(b'{') => return Err(not_an_object()),
+        Err(err) => {
+            let path = err.path().to_string();
+            let inner = err.into_inner();
+            return Err(if path == "." || path.is_empty() {
+                EmbedError::Validation(format!("invalid request body: {inner}"))
+            } else {
+                EmbedError::Validation(format!("`{path}`: {inner}"))
+            });
+        }
+    };
+    de.end().map_err(|err| invalid_json(&err))?;
+    if first_byte(body) != Some(b'{') {
+        return Err(not_an_object());
+    }
+    Ok(request)
 }
 
 /// The first byte of `body` that is not JSON whitespace.

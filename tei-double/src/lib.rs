@@ -85,6 +85,10 @@ pub struct Config {
     pub max_client_batch_size: usize,
     /// `model_id` announced by `/info`.
     pub model_id: String,
+    /// A reranker: `/info`'s `model_type` is `reranker` and `/rerank` and `/predict` score
+    /// pairs (see the `rerank` module); else `embedding`, and those routes answer 424 as TEI
+    /// does. `/embed` answers either way.
+    pub reranker: bool,
 }
 
 impl Default for Config {
@@ -99,6 +103,7 @@ impl Default for Config {
             dim: 384,
             max_client_batch_size: 512,
             model_id: "embatch/tei-double".into(),
+            reranker: false,
         }
     }
 }
@@ -165,6 +170,7 @@ pub fn tokens_of(input: &Input) -> u32 {
     let n = match input {
         Input::Text(text) => text.len().div_ceil(4) + 2,
         Input::Ids(ids) => ids.len(),
+        Input::Pair(query, text) => (query.len() + text.len()).div_ceil(4) + 3,
     };
     u32::try_from(n).unwrap_or(u32::MAX).min(MAX_INPUT_LENGTH)
 }
@@ -304,6 +310,8 @@ fn new_state(config: Config, calls: Option<CallLog>, faults: SharedFaults) -> Ar
 fn router(state: &Arc<AppState>) -> Router {
     Router::new()
         .route("/embed", post(embed))
+        .route("/rerank", post(rerank::rerank))
+        .route("/predict", post(rerank::predict))
         .route("/info", get(info))
         .route("/health", get(health))
         .with_state(Arc::clone(state))
@@ -580,7 +588,11 @@ async fn info(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
         "model_id": c.model_id,
         "model_sha": null,
         "model_dtype": if c.pad_group.is_some() { "float32" } else { "float16" },
-        "model_type": {"embedding": {"pooling": "mean"}},
+        "model_type": if c.reranker {
+            serde_json::json!({"reranker": {"id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}})
+        } else {
+            serde_json::json!({"embedding": {"pooling": "mean"}})
+        },
         "max_concurrent_requests": 512,
         "max_input_length": MAX_INPUT_LENGTH,
         "max_batch_tokens": 16384,
@@ -616,8 +628,9 @@ async fn health(State(state): State<Arc<AppState>>) -> StatusCode {
     }
 }
 
+mod rerank;
 mod vectors;
-pub use vectors::{embedding, embedding_of};
+pub use vectors::{embedding, embedding_of, logit, rerank_score};
 
 #[cfg(test)]
 mod tests;

@@ -15,6 +15,34 @@ pub fn embedding_of(
             let key = serde_json::to_string(ids).unwrap_or_default();
             embedding(&key, dim, dimensions, normalize)
         }
+        embatch_protocol::Input::Pair(..) => {
+            let key = serde_json::to_string(input).unwrap_or_default();
+            embedding(&key, dim, dimensions, normalize)
+        }
+    }
+}
+
+/// The double's deterministic logit of a (query, text) pair, the same on `/rerank` and
+/// `/predict`: in [-8, 8), from a 64-bit FNV-1a hash of the query, a NUL byte and the text,
+/// expanded once with splitmix64. What a cross-encoder's one-class head would output.
+pub fn logit(query: &str, text: &str) -> f32 {
+    let mut bytes = Vec::with_capacity(query.len() + text.len() + 1);
+    bytes.extend_from_slice(query.as_bytes());
+    bytes.push(0);
+    bytes.extend_from_slice(text.as_bytes());
+    let mut state = fnv1a(&bytes);
+    let bits = splitmix64(&mut state) >> 40; // 24 random bits
+    (bits as f32 / (1u64 << 20) as f32) - 8.0
+}
+
+/// The double's score of a pair as TEI 1.9.3 reports it: [`logit`] with `raw_scores`, else its
+/// sigmoid `1 / (1 + e^-logit)` (TEI's one-class reranker).
+pub fn rerank_score(query: &str, text: &str, raw_scores: bool) -> f32 {
+    let logit = logit(query, text);
+    if raw_scores {
+        logit
+    } else {
+        1.0 / (1.0 + (-logit).exp())
     }
 }
 

@@ -23,6 +23,7 @@
 
 mod held;
 mod reply;
+mod rerank;
 mod withdraw;
 mod work;
 
@@ -46,6 +47,7 @@ use crate::tokens::Counter;
 pub use held::LARGE_BODY_BYTES;
 use held::{Held, HeldShare};
 use reply::{ReplyLimit, ReplyTask, answer, served};
+pub use rerank::RerankConfig;
 use withdraw::Registration;
 pub(crate) use withdraw::{Withdrawable, withdraw};
 use work::{Parsed, Submitted, Work, take_misses};
@@ -64,6 +66,8 @@ pub struct IntakeConfig {
     /// Most bytes of input held, accepted and not yet answered (`MAX_QUEUE_BYTES`): a body over
     /// [`LARGE_BODY_BYTES`] that would take the worker past it is refused before it is parsed.
     pub max_queue_bytes: usize,
+    /// The rerank subjects and whether the model reranks.
+    pub rerank: RerankConfig,
 }
 
 /// What the intake runs on ([`run`]): where requests come from, where they go and where their
@@ -409,10 +413,11 @@ impl Admitter {
             Err(err) => return self.refuse(err, request, wants_ack, received, caller).await,
         };
         let inputs = parsed.inputs.len();
+        let rerank = parsed.rerank.clone();
         if plan.is_answered() {
             return self
                 .answer_at_once(
-                    plan,
+                    (plan, rerank),
                     (inputs, &arrival.caller),
                     request,
                     wants_ack,
@@ -436,6 +441,7 @@ impl Admitter {
         let task = ReplyTask {
             work,
             inputs,
+            rerank,
             arrival,
             reply_limit: Arc::clone(&self.reply_limit),
             client: self.client.clone(),
@@ -457,16 +463,21 @@ impl Admitter {
     /// at once, without the batch queue or admission.
     async fn answer_at_once(
         &self,
-        plan: Plan,
+        (plan, rerank): (Plan, Option<rerank::Shape>),
         (inputs, caller): (usize, &Caller),
         request: &Message,
         wants_ack: bool,
         received: Instant,
     ) {
+        let is_rerank = rerank.is_some();
         let outcome = plan.answer().and_then(|answered| {
-            self.reply_limit.observe(inputs, answered.payload.len())?;
+            // A rerank reply (a score per pair) says nothing of an embedding reply's size.
+            if !is_rerank {
+                self.reply_limit.observe(inputs, answered.payload.len())?;
+            }
             Ok(answered)
         });
+        let outcome = rerank::shaped(outcome, rerank);
         let label = match &outcome {
             Ok(_) => "ok",
             Err(err) => err.kind(),
@@ -527,6 +538,7 @@ impl Admitter {
             mut inputs,
             options,
             deadline,
+            rerank: _,
         } = parsed;
         let submitted = if !plan.reads_shared(&self.cache) && self.counter.is_immediate() {
             let misses = take_misses(&plan, &mut inputs);
@@ -595,6 +607,17 @@ impl Admitter {
             })?,
             None => self.config.default_deadline,
         };
+        let deadline = received + budget;
+        if self.config.rerank.serves(&request.subject) {
+            let max = self.config.max_client_batch_size;
+            let (inputs, options, shape) = self.config.rerank.parse(payload, max)?;
+            return Ok(Parsed {
+                inputs,
+                options,
+                deadline,
+                rerank: Some(shape),
+            });
+        }
         let body = EmbedRequest::from_slice(payload)?;
         body.validate(self.config.max_client_batch_size)?;
         let (inputs, options) = body.into_parts();
@@ -602,7 +625,8 @@ impl Admitter {
         Ok(Parsed {
             inputs,
             options,
-            deadline: received + budget,
+            deadline,
+            rerank: None,
         })
     }
 }

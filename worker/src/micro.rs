@@ -77,6 +77,19 @@ impl EndpointStats {
         }))
     }
 
+    /// Another endpoint, `name` on `subject`, that shares these counters (the rerank endpoint,
+    /// served by the embed endpoint's intake): listed apart by `$SRV.INFO`, counted together.
+    pub(crate) fn also_as(&self, name: &str, subject: &str) -> EndpointStats {
+        EndpointStats(Arc::new(Endpoint {
+            info: endpoint::Info {
+                name: name.to_owned(),
+                subject: subject.to_owned(),
+                ..self.0.info.clone()
+            },
+            counters: Arc::clone(&self.0.counters),
+        }))
+    }
+
     /// Counts one answered request that took `elapsed` from receipt to reply; `error` is the
     /// status code and one-line message of an error reply (`last_error` shows `code:message`).
     pub(crate) fn record(&self, elapsed: Duration, error: Option<ServiceError>) {

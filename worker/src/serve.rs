@@ -105,6 +105,11 @@ pub(crate) async fn start<U: Upstream>(
         endpoints.push(embed_stats.also_on(subject));
         endpoints.push(info_stats.also_on(info_subject));
     }
+    // Rerank requests (contract v1.2) share the intake, and its counters, with embeddings.
+    for subject in &served.subjects {
+        let rerank_subject = embatch_protocol::rerank::rerank_subject(subject);
+        endpoints.push(embed_stats.also_as("rerank", &rerank_subject));
+    }
     let membership = membership::Membership::new(config.membership);
     let (state, state_rx) = tokio::sync::watch::channel(membership.state());
     let heartbeat_state = state_rx.clone();
@@ -145,6 +150,8 @@ pub(crate) async fn start<U: Upstream>(
     tracing::info!(source = %counter.source(), "token counts");
     // The token budget's defaults come from what the upstream reports of itself.
     let upstream_info = upstream.info().await.ok();
+    let rerank =
+        intake::RerankConfig::new(&served.subjects, &served.model.name, upstream_info.as_ref());
     let (batcher, batcher_task) = batcher::spawn(
         Arc::clone(&upstream),
         config.batcher(upstream_info.as_ref()),
@@ -165,7 +172,13 @@ pub(crate) async fn start<U: Upstream>(
         client.clone(),
         group::Address {
             subject: config.subject.clone(),
-            subjects: served.subjects.clone(),
+            // The rerank subjects join and leave with the embedding subjects.
+            subjects: served
+                .subjects
+                .iter()
+                .chain(&rerank.subjects)
+                .cloned()
+                .collect(),
             queue_group: config.queue_group.clone(),
             speaker: crate::peers::Speaker {
                 id: id.clone(),
@@ -236,6 +249,7 @@ pub(crate) async fn start<U: Upstream>(
                 max_payload: client.server_info().max_payload,
                 worker_id: id,
                 max_queue_bytes: config.max_queue_bytes,
+                rerank,
             },
             replies: replies.clone(),
             withdrawable,

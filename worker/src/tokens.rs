@@ -406,6 +406,11 @@ impl TeiTokenize {
     ) -> Result<(Vec<u32>, bool), EmbedError> {
         #[derive(Deserialize)]
         struct Token {}
+        if inputs.iter().any(|i| matches!(i, Input::Pair(..))) {
+            // TEI's `/tokenize` has no pairs: rerank pairs count as inputs, and no count is
+            // reported.
+            return Ok((vec![1; inputs.len()], false));
+        }
         let texts: Vec<&str> = inputs.iter().filter_map(Input::as_text).collect();
         let answered = if texts.is_empty() {
             Some(Vec::new())
@@ -436,6 +441,7 @@ impl TeiTokenize {
                 let given = match input {
                     Input::Text(_) => counted.next().unwrap_or(1),
                     Input::Ids(ids) => ids.len(),
+                    Input::Pair(..) => 1,
                 };
                 limit(given, self.max_input_length, truncate)
             })

@@ -127,6 +127,10 @@ pub fn estimate_lengths(inputs: &[Input]) -> Vec<u32> {
         .map(|input| match input {
             Input::Text(text) => u32::try_from(text.len().div_ceil(4) + 2).unwrap_or(u32::MAX),
             Input::Ids(ids) => u32::try_from(ids.len()).unwrap_or(u32::MAX),
+            // Both sequences and the pair template's 3 special tokens.
+            Input::Pair(query, text) => {
+                u32::try_from((query.len() + text.len()).div_ceil(4) + 3).unwrap_or(u32::MAX)
+            }
         })
         .collect()
 }

@@ -17,6 +17,7 @@ use embatch_protocol::Input;
 enum InputRef<'a> {
     Text(&'a str),
     Ids(&'a [u32]),
+    Pair(&'a str, &'a str),
 }
 
 impl<'a> From<&'a Input> for InputRef<'a> {
@@ -24,6 +25,7 @@ impl<'a> From<&'a Input> for InputRef<'a> {
         match input {
             Input::Text(text) => InputRef::Text(text),
             Input::Ids(ids) => InputRef::Ids(ids),
+            Input::Pair(query, text) => InputRef::Pair(query, text),
         }
     }
 }

@@ -19,7 +19,7 @@
 //!   answered, nor shared in flight, for another.
 
 use embatch_protocol::headers::DEFAULT_TENANT;
-use embatch_protocol::{EmbedOptions, Input, TruncationDirection};
+use embatch_protocol::{EmbedOptions, Input, Task, TruncationDirection};
 use sha2::{Digest, Sha256};
 
 /// The key layout's version, hashed first.
@@ -125,6 +125,10 @@ impl ModelIdentity {
             None => field(&mut hasher, b'm', &[]),
             Some(dimensions) => field(&mut hasher, b'D', &(dimensions as u64).to_le_bytes()),
         }
+        // Only a rerank adds a field: the keys of embeddings stay those of earlier workers.
+        if let Task::Rerank { raw_scores } = options.task {
+            field(&mut hasher, b'R', &[u8::from(raw_scores)]);
+        }
         Prefix(hasher)
     }
 }
@@ -145,6 +149,10 @@ impl Prefix {
                 for id in ids {
                     hasher.update(id.to_le_bytes());
                 }
+            }
+            Input::Pair(query, text) => {
+                field(&mut hasher, b'Q', query.as_bytes());
+                field(&mut hasher, b'X', text.as_bytes());
             }
         }
         Key(hasher.finalize().into())

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use async_nats::HeaderMap;
 use embatch_protocol::{EmbedError, headers, reply};
 
+use super::rerank::{Shape, shaped};
 use super::work::{Timing, Work};
 use super::{Arrival, acknowledge, sleep_until};
 use crate::batcher::Outcome;
@@ -72,6 +73,8 @@ pub(super) struct ReplyTask {
     pub(super) work: Work,
     /// The request's inputs.
     pub(super) inputs: usize,
+    /// How to shape the reply of a rerank request.
+    pub(super) rerank: Option<Shape>,
     /// The request (its payload dropped), its registration and its share of what is held,
     /// released when the task ends.
     pub(super) arrival: Arrival,
@@ -92,6 +95,7 @@ impl ReplyTask {
         let ReplyTask {
             work,
             inputs,
+            rerank,
             arrival,
             reply_limit,
             client,
@@ -127,13 +131,16 @@ impl ReplyTask {
             }
         };
         drop(registered);
-        let settled = settle(outcome, batcher_answered, hand_back, inputs, &reply_limit);
+        // A rerank reply (a score per pair) says nothing of an embedding reply's size.
+        let limit = rerank.is_none().then_some(&*reply_limit);
+        let settled = settle(outcome, batcher_answered, hand_back, inputs, limit);
         let Settled {
             outcome,
             timing,
             stash,
             all_hits,
         } = settled;
+        let outcome = shaped(outcome, rerank);
         let (status, tokens) = outcome
             .as_ref()
             .map_or_else(|err| (err.status(), None), |a| (200, a.tokens));
@@ -171,14 +178,14 @@ struct Settled {
 
 /// Counts a request's outcome (unless the batcher did: `batcher_answered`), turns a 429 of a
 /// request that asks to be handed back (`hand_back`) into a 503 to resend on, takes its new
-/// results out for the cache, and checks (and teaches) `reply_limit` with the reply for
-/// `inputs` inputs.
+/// results out for the cache, and checks (and teaches) `reply_limit`, when given, with the
+/// reply for `inputs` inputs.
 fn settle(
     outcome: Result<(Answered, Timing), EmbedError>,
     batcher_answered: bool,
     hand_back: bool,
     inputs: usize,
-    reply_limit: &ReplyLimit,
+    reply_limit: Option<&ReplyLimit>,
 ) -> Settled {
     if !batcher_answered {
         let label = match &outcome {
@@ -206,7 +213,9 @@ fn settle(
         Err(_) => Stash::default(),
     };
     let outcome = outcome.and_then(|(answered, timing)| {
-        reply_limit.observe(inputs, answered.payload.len())?;
+        if let Some(reply_limit) = reply_limit {
+            reply_limit.observe(inputs, answered.payload.len())?;
+        }
         Ok((answered, timing))
     });
     let (outcome, timing) = match outcome {

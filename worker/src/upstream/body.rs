@@ -105,8 +105,9 @@ impl Out {
                     }
                     self.chunk.push(b'"');
                 }
-                // Token ids: at most a few thousand numbers.
-                Input::Ids(_) => {
+                // Token ids: at most a few thousand numbers. (A rerank pair never goes to
+                // `/embed`; written as TEI's pair `["q","t"]` if it did.)
+                Input::Ids(_) | Input::Pair(..) => {
                     let _ = serde_json::to_writer(&mut self.chunk, input);
                 }
             }
@@ -255,6 +256,7 @@ mod tests {
                 truncation_direction: Some(TruncationDirection::Left),
                 prompt_name: Some("query \"q\"".into()),
                 dimensions: Some(64),
+                ..EmbedOptions::default()
             },
         ];
         for options in &options {

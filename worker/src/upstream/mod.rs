@@ -8,6 +8,7 @@
 mod body;
 mod embedding;
 pub mod local;
+mod rerank;
 pub mod tei;
 
 use std::future::Future;
@@ -141,7 +142,10 @@ impl From<UpstreamError> for EmbedError {
 /// An embedding backend the batcher sends whole batches to.
 pub trait Upstream: Send + Sync + 'static {
     /// Embeds `inputs` (at most [`Upstream::max_batch_size`] of them) with `options`.
-    /// Returns exactly one embedding per input, in order.
+    /// Returns exactly one embedding per input, in order. With [`embatch_protocol::Task::Rerank`]
+    /// options the inputs are (query, text) pairs and each "embedding" is the pair's score as a
+    /// one-element array (`[0.93]`), so the batcher, the cache and the reply assembly treat
+    /// scores as they treat vectors.
     fn embed(
         &self,
         inputs: &[Input],

@@ -12,9 +12,9 @@ use super::{Embedding, Upstream, UpstreamError};
 
 /// A pooled HTTP client for one TEI server.
 pub struct TeiUpstream {
-    client: reqwest::Client,
+    pub(super) client: reqwest::Client,
     /// `{tei_url}`, without a trailing `/`.
-    base_url: String,
+    pub(super) base_url: String,
     embed_url: String,
     /// `{tei_url}/info`.
     info_url: String,
@@ -25,7 +25,7 @@ pub struct TeiUpstream {
     info: tokio::sync::OnceCell<serde_json::Value>,
     max_batch_size: usize,
     /// `UPSTREAM_TIMEOUT`, reported in [`UpstreamError::Timeout`].
-    timeout: Duration,
+    pub(super) timeout: Duration,
 }
 
 /// How to reach one TEI server.
@@ -171,6 +171,9 @@ impl Upstream for TeiUpstream {
         inputs: &[Input],
         options: &EmbedOptions,
     ) -> Result<Vec<Embedding>, UpstreamError> {
+        if let embatch_protocol::Task::Rerank { raw_scores } = options.task {
+            return self.rerank(inputs, options, raw_scores).await;
+        }
         let n = inputs.len();
         // The body is written while it is sent (see `body`): a batch of long inputs is not
         // copied whole into a buffer that lives as long as the call.
@@ -322,10 +325,22 @@ impl Upstream for TeiUpstream {
     }
 }
 
+/// An error status's body: TEI's error body passed through ([`UpstreamError::Status`]), or the
+/// text of another ([`UpstreamError::Http`]).
+pub(super) fn status_error(status: u16, body: &[u8]) -> UpstreamError {
+    match serde_json::from_slice::<ErrorResponse>(body) {
+        Ok(response) => UpstreamError::Status { status, response },
+        Err(_) => UpstreamError::Http {
+            status,
+            body: String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned(),
+        },
+    }
+}
+
 /// Connection refused / DNS, or a connection that broke during the call (the upstream died
 /// mid-call) → unreachable (503: not the inputs' fault, so a client resends to another worker);
 /// timeouts → 424.
-fn transport_error(err: reqwest::Error, timeout: Duration) -> UpstreamError {
+pub(super) fn transport_error(err: reqwest::Error, timeout: Duration) -> UpstreamError {
     if let Some(reason) = tls_failure(&err) {
         UpstreamError::Tls(reason)
     } else if err.is_timeout() {

@@ -61,6 +61,7 @@ impl Upstream for Recording {
             .map(|input| match input {
                 Input::Text(text) => text.clone(),
                 Input::Ids(ids) => format!("{ids:?}"),
+                Input::Pair(query, text) => format!("{query}|{text}"),
             })
             .collect();
         self.calls

@@ -1,0 +1,297 @@
+//! The rerank routes: TEI 1.9.3's `POST /rerank` (and `POST /models/{model}/rerank`), and
+//! Cohere's `POST /v1/rerank` and `POST /v2/rerank` ([`crate::cohere`]). Each HTTP request is
+//! one NATS request on the model's rerank subject (`<subject>.rerank`, contract v1.2) through
+//! the path the embedding routes take (deadline, in-flight limit, acknowledgements, resends,
+//! tenant, metering), so the workers batch the pairs of every caller together.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Extension, Path, State};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use embatch_client::Operation;
+use embatch_protocol::rerank::Rank;
+use embatch_protocol::{EmbedError, ErrorResponse, RerankRequest};
+use utoipa::openapi::{Ref, RefOr, Response as DocResponse};
+use utoipa::{IntoResponses, PartialSchema, ToSchema};
+
+use super::{
+    ApiError, client_timeout, counted, header_model, read_body, reply_response, routed, send_as,
+    with_cache_hits, with_used,
+};
+use crate::body::{BodyError, TimedBody};
+use crate::cohere::{CohereRerankRequest, CohereRerankResponse};
+use crate::metering::Used;
+use crate::state::AppState;
+use crate::tenancy::Caller;
+
+/// `POST /rerank`: TEI 1.9.3's `/rerank` for the default model (or the `Embatch-Model`
+/// header's); the body is checked and forwarded as it is, and the worker's reply is the body.
+#[utoipa::path(
+    post,
+    path = "/rerank",
+    tag = "tei",
+    summary = "Rerank texts against a query (TEI's /rerank)",
+    description = "Exactly TEI 1.9.3's `POST /rerank`: one score per text, the ranks sorted by \
+                   score, highest first; `text` echoed with `return_text`. Pairs of every \
+                   caller are batched together. A model that is not a reranker: 424, as TEI.",
+    request_body(content = RerankRequest, content_type = "application/json",
+        example = json!({"query": "What is Deep Learning?",
+                         "texts": ["Deep Learning is ...", "Cheese is ..."]})),
+    params(crate::openapi::TimeoutHeader),
+    responses(RerankOk, RerankErrors),
+)]
+pub(crate) async fn rerank(
+    State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
+    request_headers: HeaderMap,
+    TimedBody(body): TimedBody,
+) -> Response {
+    let model = header_model(&request_headers).map(str::to_owned);
+    rerank_model(state, model, (request_headers, caller), body).await
+}
+
+/// `POST /models/{model}/rerank`: `POST /rerank` for `model`.
+#[utoipa::path(
+    post,
+    path = "/models/{model}/rerank",
+    tag = "tei",
+    summary = "Rerank texts with a named model (TEI's /rerank)",
+    description = "`POST /rerank` for the model named in the path (percent-encode a `/` in its \
+                   name). A model no worker serves: 404.",
+    params(
+        ("model" = String, Path, description = "The model's name, as `GET /v1/models` lists it."),
+        crate::openapi::TimeoutHeader,
+    ),
+    request_body(content = RerankRequest, content_type = "application/json"),
+    responses(RerankOk, RerankErrors),
+)]
+pub(crate) async fn model_rerank(
+    State(state): State<Arc<AppState>>,
+    Path(model): Path<String>,
+    Extension(caller): Extension<Caller>,
+    request_headers: HeaderMap,
+    TimedBody(body): TimedBody,
+) -> Response {
+    rerank_model(state, Some(model), (request_headers, caller), body).await
+}
+
+/// The TEI rerank routes' common path: routes the request to `model` (`None`: the default)
+/// and forwards it.
+async fn rerank_model(
+    state: Arc<AppState>,
+    model: Option<String>,
+    (request_headers, caller): (HeaderMap, Caller),
+    body: Result<Bytes, BodyError>,
+) -> Response {
+    let shared = Arc::clone(&state);
+    counted(shared.models.default_route(), |started| async move {
+        let route = match state.models.route(model.as_deref()).await {
+            Ok(route) => route,
+            Err(err) => return ApiError(err).into_response(),
+        };
+        let forwarded = async {
+            let body = read_body(&state, &request_headers, body)?;
+            let timeout = client_timeout(&request_headers, state.request_timeout)?;
+            let request = RerankRequest::from_slice(&body)?;
+            request.validate(state.max_client_batch_size)?;
+            let texts = request.texts.len() as u64;
+            drop(request);
+            let call = (&request_headers, &caller);
+            let reply = send_as(
+                &state,
+                &route,
+                call,
+                body,
+                (timeout, started),
+                Operation::Rerank,
+            )
+            .await?;
+            Ok::<_, EmbedError>((reply, texts))
+        };
+        let response = match forwarded.await {
+            Ok((reply, texts)) => {
+                let used = Used {
+                    inputs: texts,
+                    tokens: reply.tokens.unwrap_or(0),
+                };
+                let response = reply_response(reply.payload, &reply.timings, started);
+                with_used(with_cache_hits(response, reply.cache_hits), used)
+            }
+            Err(err) => ApiError(err).into_response(),
+        };
+        routed(response, Some(route))
+    })
+    .await
+}
+
+/// `POST /v1/rerank`: Cohere's rerank API, v1 (documents as strings or `{"text"}` objects).
+#[utoipa::path(
+    post,
+    path = "/v1/rerank",
+    tag = "rerank",
+    summary = "Rerank documents (Cohere's and Jina's rerank API)",
+    description = "Cohere's `POST /v1/rerank` (and, at `/v2/rerank`, its v2), which Jina's \
+                   rerank API and LangChain's, LlamaIndex's and RAGFlow's rerankers also speak: \
+                   `relevance_score` is the sigmoid of the model's logit (TEI's default score), \
+                   results most relevant first, `top_n` of them, each with its `document` when \
+                   `return_documents`. `model` picks the model as on `/v1/embeddings`. Documents \
+                   over the model's token limit are truncated. Errors have TEI's body and the \
+                   statuses of `POST /rerank`.",
+    request_body(content = CohereRerankRequest, content_type = "application/json",
+        example = json!({"model": "reranker", "query": "What is the capital of the United States?",
+                         "documents": ["Carson City is the capital city of Nevada.",
+                                       "Washington, D.C. is the capital of the United States."],
+                         "top_n": 1, "return_documents": true})),
+    params(crate::openapi::TimeoutHeader),
+    responses(CohereOk, RerankErrors),
+)]
+pub(crate) async fn cohere_rerank_v1(
+    State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
+    request_headers: HeaderMap,
+    TimedBody(body): TimedBody,
+) -> Response {
+    cohere_rerank(state, (request_headers, caller), body, "1").await
+}
+
+/// `POST /v2/rerank`: Cohere's rerank API, v2 (the same route; `meta.api_version` says `2`).
+pub(crate) async fn cohere_rerank_v2(
+    State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
+    request_headers: HeaderMap,
+    TimedBody(body): TimedBody,
+) -> Response {
+    cohere_rerank(state, (request_headers, caller), body, "2").await
+}
+
+/// The Cohere routes' path: translates, routes by `model`, sends on the rerank subject and
+/// re-shapes TEI's ranks into Cohere's response.
+async fn cohere_rerank(
+    state: Arc<AppState>,
+    (request_headers, caller): (HeaderMap, Caller),
+    body: Result<Bytes, BodyError>,
+    version: &'static str,
+) -> Response {
+    let shared = Arc::clone(&state);
+    counted(shared.models.default_route(), |started| async move {
+        let mut taken = None;
+        let forwarded = async {
+            let body = read_body(&state, &request_headers, body)?;
+            let max = state.max_client_batch_size;
+            let translated = CohereRerankRequest::translate(&body, max, version)?;
+            let model = translated
+                .model
+                .as_deref()
+                .filter(|m| !m.is_empty())
+                .or_else(|| header_model(&request_headers));
+            let route = state.models.route(model).await?;
+            taken = Some(Arc::clone(&route));
+            let timeout = client_timeout(&request_headers, state.request_timeout)?;
+            let texts = translated.request.texts.len() as u64;
+            let body = serde_json::to_vec(&translated.request).map_err(|e| {
+                EmbedError::Validation(format!("cannot translate the request: {e}"))
+            })?;
+            let call = (&request_headers, &caller);
+            let body = Bytes::from(body);
+            let reply = send_as(
+                &state,
+                &route,
+                call,
+                body,
+                (timeout, started),
+                Operation::Rerank,
+            )
+            .await?;
+            let shaped = translated.shape.response(&reply.payload, reply.tokens)?;
+            let response = reply_response(Bytes::from(shaped), &reply.timings, started);
+            let used = Used {
+                inputs: texts,
+                tokens: reply.tokens.unwrap_or(0),
+            };
+            Ok::<_, EmbedError>(with_used(with_cache_hits(response, reply.cache_hits), used))
+        };
+        let response = match forwarded.await {
+            Ok(response) => response,
+            Err(err) => ApiError(err).into_response(),
+        };
+        routed(response, taken)
+    })
+    .await
+}
+
+/// The 200 of `POST /rerank`: TEI's ranks, highest score first, with the timing headers. A
+/// declaration for the document.
+pub struct RerankOk;
+
+impl IntoResponses for RerankOk {
+    fn responses() -> BTreeMap<String, RefOr<DocResponse>> {
+        crate::openapi::ok_with_timings(
+            "One rank per text, highest score first: `index` in `texts`, `score` (the sigmoid \
+             of the logit, or the logit with `raw_scores`), `text` with `return_text`.",
+            Vec::<Rank>::schema(),
+        )
+    }
+}
+
+/// The 200 of `POST /v1/rerank` and `POST /v2/rerank`: Cohere's rerank response, with the
+/// timing headers. A declaration for the document.
+pub struct CohereOk;
+
+impl IntoResponses for CohereOk {
+    fn responses() -> BTreeMap<String, RefOr<DocResponse>> {
+        crate::openapi::ok_with_timings(
+            "The results, most relevant first (`top_n` of them).",
+            Ref::from_schema_name(CohereRerankResponse::name()).into(),
+        )
+    }
+}
+
+/// The error statuses of the rerank routes, each with TEI's error body: a declaration for the
+/// document, never built (the handlers answer [`EmbedError`]s).
+#[derive(IntoResponses)]
+#[allow(dead_code)] // Never built: its variants exist for the document.
+pub enum RerankErrors {
+    /// `Empty`: no texts (documents), as TEI 1.9.3 answers. `Validation`: the body is not
+    /// JSON.
+    #[response(status = 400)]
+    Empty(ErrorResponse),
+    /// `Validation`: no worker serves the model the request names.
+    #[response(status = 404)]
+    ModelNotFound(ErrorResponse),
+    /// `Timeout`: the body did not arrive within `BODY_READ_TIMEOUT`.
+    #[response(status = 408)]
+    BodyTimeout(ErrorResponse),
+    /// `Validation`: the body is over `MAX_BODY_BYTES`, or the reply could not fit the NATS
+    /// server's `max_payload`.
+    #[response(status = 413)]
+    TooLarge(ErrorResponse),
+    /// `Validation`: the body is not declared as JSON.
+    #[response(status = 415)]
+    UnsupportedMediaType(ErrorResponse),
+    /// `Validation` or `Tokenizer`: JSON of the wrong shape, more than `MAX_CLIENT_BATCH_SIZE`
+    /// texts ("batch size N > maximum allowed batch size M", as TEI 1.9.3), `top_n` of 0, an
+    /// invalid `x-embatch-timeout-ms`, a pair over the model's token limit with
+    /// `truncate: false`.
+    #[response(status = 422)]
+    Validation(ErrorResponse),
+    /// `Backend`: the model is not a reranker ("model is not a re-ranker model", as TEI 1.9.3),
+    /// or the upstream failed.
+    #[response(status = 424)]
+    Backend(ErrorResponse),
+    /// `Overloaded`: load shedding, as `POST /embed`'s 429.
+    #[response(
+        status = 429,
+        headers(("Retry-After" = u64, description = "Seconds to wait before retrying: 1."))
+    )]
+    Overloaded(ErrorResponse),
+    /// `Unhealthy`: no worker listens, the gateway is not connected to NATS, or the upstream is
+    /// unreachable.
+    #[response(status = 503)]
+    Unavailable(ErrorResponse),
+    /// `Timeout`: the deadline passed before the answer.
+    #[response(status = 504)]
+    Timeout(ErrorResponse),
+}

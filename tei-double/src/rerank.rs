@@ -1,0 +1,217 @@
+//! The double's `POST /rerank` and `POST /predict`, in TEI 1.9.3's shapes: deterministic scores
+//! of (query, text) pairs ([`crate::rerank_score`]), the same for a pair on either route, as TEI
+//! computes both with the same classifier head.
+//!
+//! - `/rerank` `{"query", "texts", "raw_scores", "return_text", "truncate",
+//!   "truncation_direction"}` → `[{"index", "text"?, "score"}, ...]` sorted by score, highest
+//!   first; no texts → 400 `Empty` "`texts` cannot be empty"; more than
+//!   `max_client_batch_size` → 422 `Validation` "batch size N > maximum allowed batch size M".
+//! - `/predict` `{"inputs": [["q", "t"], ...], "raw_scores", ...}` → one list of predictions per
+//!   pair, `[[{"score", "label": "LABEL_0"}], ...]` (TEI's batch shape); a single pair
+//!   `["q", "t"]` → one list `[{"score", "label"}]`.
+//! - A model that is not a reranker ([`crate::Config::reranker`] off) → 424 `Backend`, as TEI
+//!   answers.
+//!
+//! Calls are recorded in the call log like `/embed`'s, their inputs as pairs and their options
+//! as `{"route": "/rerank" | "/predict", "raw_scores": ...}`; a pair holding [`crate::POISON`]
+//! is refused 422 as on `/embed`. Each call costs the cost model's time for its pairs.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use embatch_protocol::rerank::{NOT_A_RERANKER, Rank};
+use embatch_protocol::{EmbedError, Input, RerankRequest, TruncationDirection};
+use serde::{Deserialize, Serialize};
+
+use crate::{AppState, POISON, RecordedCall, error_response, injected_failure, precise_sleep};
+
+/// TEI 1.9.3's `/predict` input: one sequence or pair, or a batch of them.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum PredictInputs {
+    Batch(Vec<Vec<String>>),
+    Single(Vec<String>),
+    Text(String),
+}
+
+/// TEI 1.9.3's `/predict` body.
+#[derive(Deserialize)]
+struct PredictRequest {
+    inputs: PredictInputs,
+    #[serde(default)]
+    raw_scores: bool,
+    #[serde(default)]
+    truncate: Option<bool>,
+    #[serde(default)]
+    truncation_direction: Option<TruncationDirection>,
+}
+
+/// One prediction of TEI's `/predict` reply.
+#[derive(Serialize)]
+struct Prediction {
+    score: f32,
+    label: &'static str,
+}
+
+/// `POST /rerank`.
+pub(crate) async fn rerank(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let arrived = Instant::now();
+    let request = match RerankRequest::from_slice(&body) {
+        Ok(r) => r,
+        Err(err) => return error_response(&err),
+    };
+    let pairs: Vec<Input> = request
+        .texts
+        .iter()
+        .map(|t| Input::Pair(request.query.clone(), t.clone()))
+        .collect();
+    let options = serde_json::json!({
+        "route": "/rerank", "raw_scores": request.raw_scores,
+        "truncate": request.truncate, "truncation_direction": request.truncation_direction,
+    });
+    let checked = request
+        .validate(state.config.max_client_batch_size)
+        .and_then(|()| check(&state, &pairs));
+    if let Err(response) = call(&state, (pairs, options, arrived), checked).await {
+        return response;
+    }
+    let mut ranks: Vec<Rank> = request
+        .texts
+        .iter()
+        .enumerate()
+        .map(|(index, text)| Rank {
+            index,
+            text: request.return_text.then(|| text.clone()),
+            score: crate::rerank_score(&request.query, text, request.raw_scores),
+        })
+        .collect();
+    // As TEI: ascending, then reversed.
+    ranks.sort_by(|a, b| a.score.total_cmp(&b.score));
+    ranks.reverse();
+    Json(ranks).into_response()
+}
+
+/// `POST /predict`.
+pub(crate) async fn predict(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let arrived = Instant::now();
+    let request: PredictRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(err) => return error_response(&EmbedError::Validation(err.to_string())),
+    };
+    let (sequences, batch) = match request.inputs {
+        PredictInputs::Batch(batch) => (batch, true),
+        PredictInputs::Single(sequence) => (vec![sequence], false),
+        PredictInputs::Text(text) => (vec![vec![text]], false),
+    };
+    let pairs: Result<Vec<Input>, EmbedError> = sequences
+        .into_iter()
+        .map(|mut s| match (s.pop(), s.pop(), s.is_empty()) {
+            (Some(text), Some(query), true) => Ok(Input::Pair(query, text)),
+            _ => Err(EmbedError::Validation(
+                "the double scores pairs only: each sequence must be [query, text]".into(),
+            )),
+        })
+        .collect();
+    let pairs = match pairs {
+        Ok(pairs) => pairs,
+        Err(err) => return error_response(&err),
+    };
+    let options = serde_json::json!({
+        "route": "/predict", "raw_scores": request.raw_scores,
+        "truncate": request.truncate, "truncation_direction": request.truncation_direction,
+    });
+    let max = state.config.max_client_batch_size;
+    let checked = if pairs.len() > max {
+        Err(EmbedError::Validation(format!(
+            "batch size {} > maximum allowed batch size {max}",
+            pairs.len()
+        )))
+    } else {
+        check(&state, &pairs)
+    };
+    let scored: Vec<Vec<Prediction>> = pairs
+        .iter()
+        .filter_map(|p| match p {
+            Input::Pair(query, text) => Some(vec![Prediction {
+                score: crate::rerank_score(query, text, request.raw_scores),
+                label: "LABEL_0",
+            }]),
+            _ => None,
+        })
+        .collect();
+    if let Err(response) = call(&state, (pairs, options, arrived), checked).await {
+        return response;
+    }
+    if batch {
+        Json(scored).into_response()
+    } else {
+        Json(scored.into_iter().next().unwrap_or_default()).into_response()
+    }
+}
+
+/// The model's and the poison checks of a call's pairs.
+fn check(state: &AppState, pairs: &[Input]) -> Result<(), EmbedError> {
+    if !state.config.reranker {
+        return Err(EmbedError::Remote {
+            status: 424,
+            response: embatch_protocol::ErrorResponse {
+                error: NOT_A_RERANKER.into(),
+                error_type: embatch_protocol::ErrorType::Backend,
+            },
+        });
+    }
+    let poisoned = pairs.iter().position(|p| match p {
+        Input::Pair(query, text) => query.contains(POISON) || text.contains(POISON),
+        _ => false,
+    });
+    match poisoned {
+        Some(i) => Err(EmbedError::Validation(format!(
+            "pair {i} contains the poison marker `{POISON}`"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Records the call, applies the faults and the cost model: `Err` with the response to send
+/// when the call fails (`checked`, or an injected failure).
+async fn call(
+    state: &AppState,
+    (pairs, options, arrived): (Vec<Input>, serde_json::Value, Instant),
+    checked: Result<(), EmbedError>,
+) -> Result<(), Response> {
+    let faults = state
+        .faults
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    let cost = state.config.cost_of(&pairs);
+    if let Some(calls) = &state.calls {
+        calls.push(RecordedCall {
+            inputs: pairs,
+            options,
+            status: faults
+                .fail_with
+                .unwrap_or_else(|| checked.as_ref().map_or_else(EmbedError::status, |()| 200)),
+            authorization: None,
+            at: arrived,
+        });
+    }
+    if !faults.delay.is_zero() {
+        tokio::time::sleep(faults.delay).await;
+    }
+    if let Some(status) = faults.fail_with {
+        return Err(injected_failure(status));
+    }
+    checked.map_err(|err| error_response(&err))?;
+    let Ok(_gpu) = state.gpu.acquire().await else {
+        return Err(error_response(&EmbedError::Unavailable(
+            "shutting down".into(),
+        )));
+    };
+    precise_sleep(cost).await;
+    Ok(())
+}
