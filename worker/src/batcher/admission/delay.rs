@@ -33,13 +33,13 @@ pub const AUTO_CALLS: u32 = 2;
 /// (or fail, if it does not retry); such a queue is short in time and in inputs.
 pub const AUTO_FLOOR: Duration = Duration::from_millis(500);
 
-/// Queued inputs beyond which [`QueueDelay::Auto`] is back to its call-time bound: 1,024, twice
-/// the concurrent requests TEI admits by default (`--max-concurrent-requests` 512). No closed
-/// loop of up to a thousand single-input callers (or 32 callers of 32 inputs) reaches it, while
-/// an open loop over capacity does within a second, and its successes then wait the call-time
-/// bound, not [`AUTO_FLOOR`] (a client with its own timeout of 1-2 s and no deadline header
-/// keeps its goodput).
-pub const AUTO_FLOOR_INPUTS: usize = 1_024;
+/// Queued inputs from which [`QueueDelay::Auto`] is back to its call-time bound: 512, as many as
+/// the concurrent requests TEI admits by default (`--max-concurrent-requests`). No closed loop
+/// of up to 511 single-input callers (or 15 callers of 32 inputs) reaches it, while an open loop
+/// over capacity does within a second, and its successes then wait about the call-time bound,
+/// not [`AUTO_FLOOR`] (a client with its own timeout of 1-2 s and no deadline header keeps its
+/// goodput).
+pub const AUTO_FLOOR_INPUTS: usize = 512;
 
 /// `MAX_QUEUE_DELAY` is neither `auto` nor a duration.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

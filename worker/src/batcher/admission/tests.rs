@@ -228,9 +228,9 @@ fn auto_sheds_no_queue_shorter_than_its_floor() {
 
 #[test]
 fn auto_is_back_to_its_call_time_bound_once_the_queue_is_long_in_inputs() {
-    // 128 inputs per call, 2 slots, 8 ms calls: the call-time bound is 2 x 8 + 5 = 21 ms.
+    // 64 inputs per call, 2 slots, 8 ms calls: the call-time bound is 2 x 8 + 5 = 21 ms.
     let limits = Limits {
-        batch_limit: 128,
+        batch_limit: 64,
         slots: 2,
         queue_cap: 10_000,
         ..limits()
@@ -239,12 +239,12 @@ fn auto_is_back_to_its_call_time_bound_once_the_queue_is_long_in_inputs() {
     let now = after_calls(&mut ledger, Instant::now(), 3, ms(8));
     let far = now + Duration::from_secs(30);
     ledger.in_flight = 2;
-    // 1,023 inputs = 8 batches ahead: 36 ms, over 21 ms but a short queue: admitted.
+    // 511 inputs = 8 batches ahead: 36 ms, over 21 ms but a short queue: admitted.
     ledger.queued_inputs = AUTO_FLOOR_INPUTS - 1;
     ledger
         .admit(&limits, ask(1, far), now)
         .expect("under AUTO_FLOOR");
-    // 1,024 inputs (the admitted one included): the same wait, shed (an open loop over
+    // 512 inputs (the admitted one included): the same wait, shed (an open loop over
     // capacity fills the queue; its successes keep the call-time latency).
     assert_eq!(ledger.queued_inputs, AUTO_FLOOR_INPUTS);
     let err = ledger
