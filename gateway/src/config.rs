@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::Parser;
-use embatch_runtime::NatsArgs;
+use embatch_runtime::{JetStreamArgs, NatsArgs};
 
 use crate::telemetry::LogFormat;
 
@@ -16,6 +16,10 @@ pub struct Config {
     /// NATS servers and credentials (`--nats-url`, `--nats-creds`, `--nats-tls-ca`, ...).
     #[command(flatten)]
     pub nats: NatsArgs,
+
+    /// Replicas of what the gateway creates in JetStream (`--jetstream-replicas`).
+    #[command(flatten)]
+    pub jetstream: JetStreamArgs,
 
     /// Address to serve HTTP on (IP:PORT).
     #[arg(long, env = "LISTEN_ADDR", default_value = "0.0.0.0:8080")]

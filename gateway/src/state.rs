@@ -66,6 +66,7 @@ impl AppState {
                 max_file_bytes: config.bulk_max_file_bytes,
                 files_max_bytes: config.bulk_files_max_bytes,
                 completion_windows: config.bulk_completion_windows.clone(),
+                replicas: config.jetstream.jetstream_replicas,
             },
         );
         let background = CancellationToken::new();
@@ -73,7 +74,11 @@ impl AppState {
         crate::quota::sync::start(client.clone(), quotas.clone(), background.clone());
         let meter = crate::metering::Meter {
             quotas,
-            usage: crate::usage::UsageBook::start(client.clone(), background.clone()),
+            usage: crate::usage::UsageBook::start(
+                client.clone(),
+                config.jetstream.jetstream_replicas,
+                background.clone(),
+            ),
         };
         let models = Models::start(
             client.clone(),

@@ -17,6 +17,7 @@ use async_nats::jetstream::{self, kv};
 use axum::extract::{Extension, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use embatch_runtime::Replicas;
 use serde::{Deserialize, Serialize};
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
@@ -102,16 +103,22 @@ pub struct UsageBook {
     pending: Arc<Mutex<Pending>>,
     client: async_nats::Client,
     bucket: Arc<OnceCell<kv::Store>>,
+    replicas: Replicas,
 }
 
 impl UsageBook {
-    /// A book writing to [`BUCKET`] over `client`; its flusher runs until `stop`. Needs a tokio
-    /// runtime.
-    pub fn start(client: async_nats::Client, stop: CancellationToken) -> UsageBook {
+    /// A book writing to [`BUCKET`] over `client` (created with `replicas` copies, or brought to
+    /// them, when first written to); its flusher runs until `stop`. Needs a tokio runtime.
+    pub fn start(
+        client: async_nats::Client,
+        replicas: Replicas,
+        stop: CancellationToken,
+    ) -> UsageBook {
         let book = UsageBook {
             pending: Arc::default(),
             client,
             bucket: Arc::new(OnceCell::new()),
+            replicas,
         };
         tokio::spawn(flush_every(book.clone(), stop));
         book
@@ -131,14 +138,22 @@ impl UsageBook {
         self.bucket
             .get_or_try_init(|| async {
                 let js = jetstream::new(self.client.clone());
+                let replicas = self.replicas.resolve(&self.client);
                 match js.get_key_value(BUCKET).await {
-                    Ok(store) => Ok(store),
+                    Ok(store) => {
+                        let stream = format!("KV_{BUCKET}");
+                        if let Err(err) = replicas.apply(&js, &stream).await {
+                            tracing::warn!(%err, "cannot read the usage bucket's replicas");
+                        }
+                        Ok(store)
+                    }
                     Err(_) => js
                         .create_key_value(kv::Config {
                             bucket: BUCKET.to_owned(),
                             description: "embatch: usage per tenant and day".to_owned(),
                             max_age: KEEP,
                             history: 1,
+                            num_replicas: replicas.count,
                             ..Default::default()
                         })
                         .await

@@ -1,9 +1,10 @@
 //! The JetStream set-up and the batch-record operations the gateway and the workers share for
 //! bulk jobs (the names and shapes are the contract in `embatch_protocol::bulk`).
 //!
-//! [`BulkStore::open`] creates what is missing (idempotently, so any gateway or worker may start
-//! first) and binds the handles: the [`FILES_BUCKET`] object store, the [`BATCHES_BUCKET`] KV
-//! bucket, the [`WORK_STREAM`] work queue and the [`RESULTS_STREAM`]. The object store's stream
+//! [`BulkStore::open_with`] creates what is missing (idempotently, so any gateway or worker may
+//! start first), with the configured replica count (`crate::replicas`), and binds the handles:
+//! the [`FILES_BUCKET`] object store, the [`BATCHES_BUCKET`] KV bucket, the [`WORK_STREAM`] work
+//! queue and the [`RESULTS_STREAM`]. The object store's stream
 //! ([`FILES_STREAM`]) has a byte budget of its own ([`BulkStore::set_files_budget`]), so that files
 //! cannot take the room the cache and the other streams need on the server's store.
 
@@ -17,6 +18,8 @@ use embatch_protocol::bulk::{
     BATCHES_BUCKET, Batch, BatchRecord, FILES_BUCKET, ITEMS_FILTER, JOBS_FILTER, JobKind,
     RESULTS_FILTER, RESULTS_STREAM, WORK_STREAM, events_subject, job_msg_id, job_subject,
 };
+
+use crate::replicas::{ReplicaTarget, Replicas, ensure_stream};
 
 /// The stream under the [`FILES_BUCKET`] object store (async-nats names it `OBJ_<bucket>`):
 /// chunks on `$O.EMBATCH_FILES.C.<nuid>`, one meta record per object on
@@ -39,6 +42,9 @@ pub const WORK_DUPLICATE_WINDOW: Duration = Duration::from_secs(30 * 60);
 /// was stored (the worker died before its ack) adds no second result within it (the finalizer
 /// also keeps each `custom_id` once, whatever the window).
 pub const RESULTS_DUPLICATE_WINDOW: Duration = Duration::from_secs(30 * 60);
+
+/// How long [`BulkStore::publish_job`] sends a job again while no stream answers its subject.
+pub const NO_STREAM_RETRY: Duration = Duration::from_secs(5);
 
 /// Why a bulk operation failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -90,34 +96,41 @@ pub struct BulkStore {
 
 impl BulkStore {
     /// Binds (creating when missing) the bulk buckets and streams on `client`'s server, with
-    /// file storage and one replica.
+    /// file storage and the replica count `auto` resolves to ([`BulkStore::open_with`]).
     ///
     /// # Errors
     /// [`BulkError::Unavailable`] when JetStream is off or does not answer.
     pub async fn open(client: async_nats::Client) -> Result<BulkStore, BulkError> {
+        let replicas = Replicas::Auto.resolve(&client);
+        BulkStore::open_with(client, replicas).await
+    }
+
+    /// Binds (creating when missing) the bulk buckets and streams on `client`'s server, with
+    /// file storage and `replicas` copies; what exists with another count is brought to it
+    /// ([`ReplicaTarget::apply`]).
+    ///
+    /// # Errors
+    /// [`BulkError::Unavailable`] when JetStream is off or does not answer.
+    pub async fn open_with(
+        client: async_nats::Client,
+        replicas: ReplicaTarget,
+    ) -> Result<BulkStore, BulkError> {
         let js = jetstream::new(client.clone());
         let unavailable = |e: &dyn std::fmt::Display| BulkError::Unavailable(e.to_string());
         js.query_account().await.map_err(|e| unavailable(&e))?;
-        let files = open_files(&js).await.map_err(|e| unavailable(&e))?;
+        let files = open_files(&js, replicas)
+            .await
+            .map_err(|e| unavailable(&e))?;
         let files_stream = js
             .get_stream(FILES_STREAM)
             .await
             .map_err(|e| unavailable(&e))?;
-        let batches = match js.get_key_value(BATCHES_BUCKET).await {
-            Ok(store) => store,
-            Err(_) => js
-                .create_key_value(kv::Config {
-                    bucket: BATCHES_BUCKET.to_owned(),
-                    description: "embatch bulk batch records".into(),
-                    history: 1,
-                    storage: stream::StorageType::File,
-                    ..Default::default()
-                })
-                .await
-                .map_err(|e| unavailable(&e))?,
-        };
-        let work = js
-            .get_or_create_stream(stream::Config {
+        let batches = open_batches(&js, replicas)
+            .await
+            .map_err(|e| unavailable(&e))?;
+        let work = ensure_stream(
+            &js,
+            stream::Config {
                 name: WORK_STREAM.to_owned(),
                 description: Some("embatch bulk jobs and work items".into()),
                 subjects: vec![JOBS_FILTER.to_owned(), ITEMS_FILTER.to_owned()],
@@ -125,11 +138,14 @@ impl BulkStore {
                 storage: stream::StorageType::File,
                 duplicate_window: WORK_DUPLICATE_WINDOW,
                 ..Default::default()
-            })
-            .await
-            .map_err(|e| unavailable(&e))?;
-        let results = js
-            .get_or_create_stream(stream::Config {
+            },
+            replicas,
+        )
+        .await
+        .map_err(|e| unavailable(&e))?;
+        let results = ensure_stream(
+            &js,
+            stream::Config {
                 name: RESULTS_STREAM.to_owned(),
                 description: Some("embatch bulk chunk results".into()),
                 subjects: vec![RESULTS_FILTER.to_owned()],
@@ -137,9 +153,11 @@ impl BulkStore {
                 storage: stream::StorageType::File,
                 duplicate_window: RESULTS_DUPLICATE_WINDOW,
                 ..Default::default()
-            })
-            .await
-            .map_err(|e| unavailable(&e))?;
+            },
+            replicas,
+        )
+        .await
+        .map_err(|e| unavailable(&e))?;
         Ok(BulkStore {
             js,
             files,
@@ -255,21 +273,38 @@ impl BulkStore {
     }
 
     /// Publishes the job `kind` for `batch_id` on the work stream (deduplicated by
-    /// `Nats-Msg-Id`) and waits for the stream's acknowledgement.
+    /// `Nats-Msg-Id`) and waits for the stream's acknowledgement. Where no stream answers (a
+    /// replicated stream just created, whose interest has not reached every node yet, or one
+    /// whose leader is being elected), it is sent again every 100 ms for up to
+    /// [`NO_STREAM_RETRY`]: the message id makes a repeat that did arrive count once.
     ///
     /// # Errors
     /// [`BulkError::JetStream`].
     pub async fn publish_job(&self, batch_id: &str, kind: JobKind) -> Result<(), BulkError> {
-        let publish = PublishMessage::build()
-            .message_id(job_msg_id(batch_id, kind))
-            .payload(Bytes::new());
-        self.js
-            .send_publish(job_subject(batch_id, kind), publish)
-            .await
-            .map_err(js_err)?
-            .await
-            .map_err(js_err)?;
-        Ok(())
+        let started = std::time::Instant::now();
+        loop {
+            let publish = PublishMessage::build()
+                .message_id(job_msg_id(batch_id, kind))
+                .payload(Bytes::new());
+            let acked = match self
+                .js
+                .send_publish(job_subject(batch_id, kind), publish)
+                .await
+            {
+                Ok(ack) => ack.await,
+                Err(err) => Err(err),
+            };
+            match acked {
+                Ok(_) => return Ok(()),
+                Err(err)
+                    if err.kind() == jetstream::context::PublishErrorKind::StreamNotFound
+                        && started.elapsed() < NO_STREAM_RETRY =>
+                {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(err) => return Err(js_err(err)),
+            }
+        }
     }
 
     /// Publishes `batch` on [`events_subject`] (core NATS, best effort: the KV record stays the
@@ -290,14 +325,17 @@ impl BulkStore {
     }
 }
 
-/// Binds the [`FILES_BUCKET`] object store, creating it with the budget
-/// [`FILES_MAX_BYTES_DEFAULT`] when missing. nats-server reserves a stream's `max_bytes` out of
-/// its `max_file_store`: on a server with less room than that, the store is created without a
-/// budget (logged), as before budgets existed, rather than not at all.
+/// Binds the [`FILES_BUCKET`] object store, creating it with `replicas` copies and the budget
+/// [`FILES_MAX_BYTES_DEFAULT`] when missing, or bringing the existing one to `replicas`.
+/// nats-server reserves a stream's `max_bytes` out of its `max_file_store`: on a server with less
+/// room than that, the store is created without a budget (logged), as before budgets existed,
+/// rather than not at all.
 async fn open_files(
     js: &jetstream::Context,
-) -> Result<object_store::ObjectStore, jetstream::context::CreateObjectStoreError> {
+    replicas: ReplicaTarget,
+) -> Result<object_store::ObjectStore, async_nats::Error> {
     if let Ok(store) = js.get_object_store(FILES_BUCKET).await {
+        replicas.apply(js, FILES_STREAM).await?;
         return Ok(store);
     }
     let config = |max_bytes| object_store::Config {
@@ -305,6 +343,7 @@ async fn open_files(
         description: Some("embatch bulk files (inputs, outputs, errors)".into()),
         storage: stream::StorageType::File,
         max_bytes,
+        num_replicas: replicas.count,
         ..Default::default()
     };
     match js
@@ -314,9 +353,31 @@ async fn open_files(
         Ok(store) => Ok(store),
         Err(err) => {
             tracing::warn!(%err, budget = FILES_MAX_BYTES_DEFAULT, "cannot create the files' object store with its budget; creating it without");
-            js.create_object_store(config(-1)).await
+            Ok(js.create_object_store(config(-1)).await?)
         }
     }
+}
+
+/// Binds the [`BATCHES_BUCKET`] KV bucket, creating it with `replicas` copies when missing, or
+/// bringing the existing one to `replicas`.
+async fn open_batches(
+    js: &jetstream::Context,
+    replicas: ReplicaTarget,
+) -> Result<kv::Store, async_nats::Error> {
+    if let Ok(store) = js.get_key_value(BATCHES_BUCKET).await {
+        replicas.apply(js, &format!("KV_{BATCHES_BUCKET}")).await?;
+        return Ok(store);
+    }
+    Ok(js
+        .create_key_value(kv::Config {
+            bucket: BATCHES_BUCKET.to_owned(),
+            description: "embatch bulk batch records".into(),
+            history: 1,
+            storage: stream::StorageType::File,
+            num_replicas: replicas.count,
+            ..Default::default()
+        })
+        .await?)
 }
 
 /// What the [`FILES_STREAM`] holds and may hold ([`BulkStore::files_usage`]).

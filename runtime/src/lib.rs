@@ -1,6 +1,6 @@
 //! Process plumbing shared by `embatch-gateway`, `embatch-worker` and `embatch-loadtest` (not
 //! part of the wire contract, which lives in `embatch-protocol`): the settings every binary
-//! shares ([`NatsArgs`], [`Secret`], [`OptionalAddr`]), log setup, distributed tracing over
+//! shares ([`NatsArgs`], [`JetStreamArgs`], [`Secret`], [`OptionalAddr`]), log setup, distributed tracing over
 //! OTLP ([`tracing_otel`]), the Prometheus recorder, the shutdown signal and the process's memory
 //! setting ([`disable_transparent_huge_pages`]).
 
@@ -8,6 +8,7 @@ mod addr;
 pub mod bulk;
 mod memory;
 mod nats;
+pub mod replicas;
 mod secret;
 pub mod tenants;
 pub mod tracing_otel;
@@ -15,6 +16,7 @@ pub mod tracing_otel;
 pub use addr::OptionalAddr;
 pub use memory::disable_transparent_huge_pages;
 pub use nats::{NatsArgs, NatsAuth, NatsError, ServerList, install_crypto_provider};
+pub use replicas::{JetStreamArgs, ReplicaTarget, Replicas};
 pub use secret::Secret;
 
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};

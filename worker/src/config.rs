@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use embatch_runtime::{NatsArgs, OptionalAddr, Secret};
+use embatch_runtime::{JetStreamArgs, NatsArgs, OptionalAddr, Replicas, Secret};
 
 use crate::batcher::{
     BUILTIN_MAX_BATCH_TOKENS, BatchCost, BatcherConfig, QueueDelay, TEI_DEFAULT_MAX_BATCH_TOKENS,
@@ -20,6 +20,10 @@ pub struct Config {
     /// NATS servers and credentials (`--nats-url`, `--nats-creds`, `--nats-tls-ca`, ...).
     #[command(flatten)]
     pub nats: NatsArgs,
+
+    /// Replicas of what the worker creates in JetStream (`--jetstream-replicas`).
+    #[command(flatten)]
+    pub jetstream: JetStreamArgs,
 
     /// Subject the requests arrive on (must match the gateway's).
     #[arg(long, env = "EMBATCH_SUBJECT", default_value = embatch_protocol::DEFAULT_SUBJECT)]
@@ -364,6 +368,7 @@ impl Config {
             max_age: self.cache_max_age,
             kv_timeout: self.cache_kv_timeout,
             revision: self.cache_revision.clone().unwrap_or_default(),
+            replicas: self.replicas(),
         }
     }
 
@@ -389,7 +394,13 @@ impl Config {
                 .unwrap_or_default(),
             subject: self.subject.clone(),
             tenants: crate::tenant::TenantPolicy::open(),
+            replicas: self.replicas(),
         }
+    }
+
+    /// `JETSTREAM_REPLICAS`.
+    pub fn replicas(&self) -> Replicas {
+        self.jetstream.jetstream_replicas
     }
 }
 

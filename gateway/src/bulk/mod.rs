@@ -46,6 +46,9 @@ pub struct BulkLimits {
     /// The `completion_window` values accepted, with their length (`BULK_COMPLETION_WINDOWS`,
     /// OpenAI's `24h` by default).
     pub completion_windows: Vec<(String, Duration)>,
+    /// Replicas of the bulk streams, buckets and object store (`JETSTREAM_REPLICAS`), resolved
+    /// against the cluster when the store is bound.
+    pub replicas: embatch_runtime::Replicas,
 }
 
 /// The bulk routes' shared state: the NATS connection and the store, bound on first use, and
@@ -66,6 +69,7 @@ pub(crate) struct Binding {
     client: async_nats::Client,
     store: Arc<OnceCell<BulkStore>>,
     files_max_bytes: u64,
+    replicas: embatch_runtime::Replicas,
 }
 
 impl Binding {
@@ -74,7 +78,8 @@ impl Binding {
     pub(crate) async fn store(&self) -> Result<&BulkStore, BulkError> {
         self.store
             .get_or_try_init(|| async {
-                let store = BulkStore::open(self.client.clone()).await?;
+                let replicas = self.replicas.resolve(&self.client);
+                let store = BulkStore::open_with(self.client.clone(), replicas).await?;
                 if let Err(err) = store.set_files_budget(self.files_max_bytes).await {
                     // nats-server refuses a budget its `max_file_store` cannot reserve: the
                     // routes still serve, under the budget the stream has.
@@ -94,6 +99,7 @@ impl Bulk {
             client,
             store: Arc::new(OnceCell::new()),
             files_max_bytes: limits.files_max_bytes,
+            replicas: limits.replicas,
         };
         let stop = CancellationToken::new();
         tokio::spawn(sweep::run(binding.clone(), stop.clone()));

@@ -289,6 +289,9 @@ impl Results {
                         filter_subject: subject,
                         ack_policy: consumer::AckPolicy::None,
                         inactive_threshold: Duration::from_secs(60),
+                        // An ephemeral consumer is kept once unless told (JetStream's rule): as
+                        // many copies as the results, so losing a node does not end the read.
+                        num_replicas: lane.store.results.cached_info().config.num_replicas,
                         ..Default::default()
                     })
                     .await

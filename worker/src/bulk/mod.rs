@@ -87,6 +87,9 @@ pub struct BulkConfig {
     /// The tenants in force: a batch's inputs are shared with other tenants' by its owner's
     /// weight, and counted under its owner (`crate::tenant`).
     pub tenants: crate::tenant::TenantPolicy,
+    /// Replicas of the bulk streams, buckets and object store (`JETSTREAM_REPLICAS`), resolved
+    /// against the cluster when the store is bound; the consumers follow their stream's.
+    pub replicas: embatch_runtime::Replicas,
 }
 
 /// Runs the bulk lane until `stop`: binds the store (retrying every [`RETRY`] while JetStream
@@ -102,7 +105,7 @@ pub async fn run(
     }
     let mut told = false;
     let store = loop {
-        match BulkStore::open(client.clone()).await {
+        match BulkStore::open_with(client.clone(), config.replicas.resolve(&client)).await {
             Ok(store) => break store,
             Err(err) => {
                 // Once at info (a server without JetStream is a normal set-up), then at debug.
@@ -159,7 +162,9 @@ pub(crate) struct Lane {
 type PullConsumer = consumer::Consumer<consumer::pull::Config>;
 
 /// The two durable pull consumers: the jobs', which all workers share, and the items' of this
-/// worker's model, which that model's workers share. Explicit acks, `ack_wait`, unlimited
+/// worker's model, which that model's workers share. Their `num_replicas` is left at 0: the
+/// work stream's count (JetStream requires a work-queue stream's consumers to match it, and
+/// moves them with it when it changes). Explicit acks, `ack_wait`, unlimited
 /// deliveries on the server (the worker applies `BULK_MAX_DELIVER` itself, so a message is
 /// never left stuck unacked past the server's limit).
 async fn consumers(

@@ -60,6 +60,9 @@ pub struct CacheConfig {
     pub kv_timeout: Duration,
     /// The model's revision for the key when the upstream reports none (`CACHE_REVISION`).
     pub revision: String,
+    /// Replicas of the shared bucket (`JETSTREAM_REPLICAS`), resolved against the cluster when
+    /// it is opened.
+    pub replicas: embatch_runtime::Replicas,
 }
 
 /// How one request uses the cache, from its [`embatch_protocol::headers::CACHE_CONTROL`] (HTTP's
@@ -149,6 +152,7 @@ impl Cache {
                 max_bytes: config.shared_bytes,
                 max_age: config.max_age,
                 timeout: config.kv_timeout,
+                replicas: config.replicas.resolve(client),
             };
             Some(Shared::open(client, bucket, stop, tasks).await)
         };

@@ -55,6 +55,8 @@ pub(crate) struct BucketConfig {
     pub max_age: Duration,
     /// Bound on each KV call (`CACHE_KV_TIMEOUT`).
     pub timeout: Duration,
+    /// Replicas of the bucket's stream: created with them, or brought to them.
+    pub replicas: embatch_runtime::ReplicaTarget,
 }
 
 /// The shared bucket, once open.
@@ -312,14 +314,16 @@ impl ReadSampler {
 }
 
 /// The bucket `config` names: created as a KV bucket of history 1 whose stream discards the
-/// oldest entries when full (see the module docs), or the existing one as it is.
+/// oldest entries when full (see the module docs) with `config.replicas` copies, or the existing
+/// one as it is, brought to `config.replicas`.
 async fn open_bucket(
     context: &jetstream::Context,
     config: &BucketConfig,
 ) -> Result<kv::Store, async_nats::Error> {
     let bucket = &config.bucket;
-    context
-        .get_or_create_stream(stream::Config {
+    embatch_runtime::replicas::ensure_stream(
+        context,
+        stream::Config {
             name: format!("KV_{bucket}"),
             description: Some("embatch: embeddings cache".into()),
             subjects: vec![format!("$KV.{bucket}.>")],
@@ -331,10 +335,11 @@ async fn open_bucket(
             allow_rollup: true,
             deny_delete: true,
             allow_direct: true,
-            num_replicas: 1,
             ..Default::default()
-        })
-        .await?;
+        },
+        config.replicas,
+    )
+    .await?;
     Ok(context.get_key_value(bucket.as_str()).await?)
 }
 
