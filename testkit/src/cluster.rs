@@ -3,8 +3,11 @@
 //!
 //! Nodes are numbered 0, 1, 2 here (servers `n1`, `n2`, `n3` in the configs). The configs enable
 //! JetStream; each node gets its own store directory (`-sd`) in a temporary directory removed
-//! when the cluster is dropped.
+//! when the cluster is dropped. A node can be killed (`kill -9`), stopped (SIGTERM, nats-server's
+//! clean shutdown) and restarted on the same ports and store, and the JetStream meta group read
+//! from its monitoring port ([`NatsCluster::meta`]).
 
+use std::ffi::OsString;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -21,6 +24,8 @@ pub const NODES: usize = 3;
 /// One node of a [`NatsCluster`].
 pub struct ClusterNode {
     child: Option<Child>,
+    /// The `nats-server` arguments it was started with (and is restarted with).
+    args: Vec<OsString>,
     /// `server_name` from its config: `n1`, `n2` or `n3`.
     pub name: String,
     /// Client port on 127.0.0.1.
@@ -48,6 +53,37 @@ impl ClusterNode {
             let _ = child.wait();
         }
     }
+
+    /// SIGTERM, then waits for the process to exit (SIGKILL after `grace`).
+    fn stop(&mut self, grace: Duration) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let sent = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        let deadline = Instant::now() + grace;
+        while sent && Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    fn spawn(&mut self) {
+        assert!(self.child.is_none(), "{} is running", self.name);
+        let child = Command::new(nats_server_bin())
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("nats-server starts");
+        self.child = Some(child);
+    }
 }
 
 /// Three `nats-server` processes forming the cluster `embatch`, all killed when dropped.
@@ -59,7 +95,8 @@ pub struct NatsCluster {
 
 impl NatsCluster {
     /// Starts the three nodes on free loopback ports and waits (at most 15 s) until every node
-    /// accepts clients and has routes to both others.
+    /// accepts clients and has routes to both others, and they agree on a JetStream meta
+    /// leader (until then JetStream cannot create a stream).
     ///
     /// # Panics
     /// When a node does not start or the mesh does not form in time.
@@ -86,26 +123,33 @@ impl NatsCluster {
                 .join("nats")
                 .join("cluster")
                 .join(format!("n{}.conf", i + 1));
-            let child = Command::new(nats_server_bin())
-                .arg("-c")
-                .arg(&config)
-                .args(["-a", "127.0.0.1", "-p", &port.to_string()])
-                .args(["-m", &monitor_port.to_string()])
-                .args(["--cluster", &format!("nats://127.0.0.1:{route_port}")])
-                .args(["--routes", &routes])
-                .arg("-sd")
-                .arg(cluster.store.join(format!("n{}", i + 1)))
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("nats-server starts");
-            cluster.nodes.push(ClusterNode {
-                child: Some(child),
+            let mut args: Vec<OsString> = vec!["-c".into(), config.into()];
+            for arg in [
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+                "-m",
+                &monitor_port.to_string(),
+                "--cluster",
+                &format!("nats://127.0.0.1:{route_port}"),
+                "--routes",
+                &routes,
+                "-sd",
+            ] {
+                args.push(arg.into());
+            }
+            args.push(cluster.store.join(format!("n{}", i + 1)).into());
+            let mut node = ClusterNode {
+                child: None,
+                args,
                 name: format!("n{}", i + 1),
                 port,
                 monitor_port,
                 route_port,
-            });
+            };
+            node.spawn();
+            cluster.nodes.push(node);
         }
         let deadline = Instant::now() + Duration::from_secs(15);
         for i in 0..NODES {
@@ -126,6 +170,13 @@ impl NatsCluster {
                 );
                 std::thread::sleep(Duration::from_millis(50));
             }
+        }
+        while cluster.meta_leader().is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "no JetStream meta leader after 15 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
         }
         cluster
     }
@@ -153,6 +204,77 @@ impl NatsCluster {
     /// Kills node `i` now (SIGKILL, as a crash would); the others keep running.
     pub fn kill(&mut self, i: usize) {
         self.nodes[i].kill();
+    }
+
+    /// Stops node `i` as an operator would for a restart: SIGTERM (nats-server closes its
+    /// clients and routes and flushes its store), waiting at most 10 s for it to exit.
+    pub fn stop(&mut self, i: usize) {
+        self.nodes[i].stop(Duration::from_secs(10));
+    }
+
+    /// Starts node `i` again, killed or stopped, on its ports and store directory, and waits
+    /// (at most 15 s) until it accepts clients and has routes to both others.
+    ///
+    /// # Panics
+    /// When node `i` is running, or does not come back in time.
+    pub fn restart(&mut self, i: usize) {
+        self.nodes[i].spawn();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        wait_for_port(
+            SocketAddr::from(([127, 0, 0, 1], self.nodes[i].port)),
+            Duration::from_secs(15),
+        );
+        while self.route_peers(i).len() < NODES - 1 {
+            assert!(
+                Instant::now() < deadline,
+                "{} has no routes to both others 15 s after its restart",
+                self.nodes[i].name
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The JetStream meta group as node `i` sees it (`/jsz`'s `meta_cluster`); `None` while the
+    /// node does not answer.
+    pub fn meta(&self, i: usize) -> Option<MetaGroup> {
+        let body = http_get(self.nodes[i].monitor_port, "/jsz").ok()?;
+        let jsz: Value = serde_json::from_str(&body).ok()?;
+        let meta = &jsz["meta_cluster"];
+        let replicas = meta["replicas"].as_array().map_or_else(Vec::new, |peers| {
+            peers
+                .iter()
+                .map(|p| MetaPeer {
+                    name: p["name"].as_str().unwrap_or_default().to_owned(),
+                    current: p["current"].as_bool().unwrap_or(false),
+                    offline: p["offline"].as_bool().unwrap_or(false),
+                })
+                .collect()
+        });
+        Some(MetaGroup {
+            leader: meta["leader"].as_str().unwrap_or_default().to_owned(),
+            cluster_size: meta["cluster_size"].as_u64().unwrap_or(0) as usize,
+            replicas,
+        })
+    }
+
+    /// The index of the node named `name` (`n1` is 0).
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.nodes.iter().position(|n| n.name == name)
+    }
+
+    /// The JetStream meta leader's index, as the running nodes agree on it; `None` while they
+    /// do not (an election in progress), none runs, or the one they name is not running (they
+    /// have not noticed yet).
+    pub fn meta_leader(&self) -> Option<usize> {
+        let mut leaders = (0..NODES)
+            .filter(|&i| self.nodes[i].is_running())
+            .map(|i| self.meta(i).map(|m| m.leader));
+        let first = leaders.next()??;
+        if first.is_empty() || !leaders.all(|l| l.as_deref() == Some(first.as_str())) {
+            return None;
+        }
+        self.index_of(&first)
+            .filter(|&i| self.nodes[i].is_running())
     }
 
     /// `GET http://127.0.0.1:<monitor port of node i><path>` as JSON, e.g. `/connz`.
@@ -201,6 +323,28 @@ impl NatsCluster {
                 .is_some_and(|subs| subs.iter().any(|s| s.as_str() == Some(subject)))
         })
     }
+}
+
+/// The JetStream meta group as one node sees it (`/jsz`'s `meta_cluster`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetaGroup {
+    /// The leader's server name; empty while there is none.
+    pub leader: String,
+    /// The nodes the group counts (`cluster_size`).
+    pub cluster_size: usize,
+    /// The other members as this node knows them (itself excluded).
+    pub replicas: Vec<MetaPeer>,
+}
+
+/// A member of the meta group, as another node sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetaPeer {
+    /// Its server name.
+    pub name: String,
+    /// Up to date with the leader's log.
+    pub current: bool,
+    /// Seen as gone.
+    pub offline: bool,
 }
 
 /// The remote names of the routes in a `/routez` document that `keep` accepts, sorted, each

@@ -19,7 +19,7 @@ use tempfile::TempDir;
 
 pub mod cluster;
 pub mod pki;
-pub use cluster::NatsCluster;
+pub use cluster::{MetaGroup, MetaPeer, NatsCluster};
 pub use embatch_tei_double::{Config as TeiConfig, Faults, POISON, TeiDouble, embedding_of};
 pub use pki::{Pki, TlsProxy};
 
