@@ -8,7 +8,9 @@
 #     ${XDG_CACHE_HOME:-~/.cache}/embatch/client-venv): huggingface_hub, openai (base64 and float,
 #     and a bulk job through files + batches, tests/clients/openai_batch.py), llama-index's TEI
 #     embeddings, nats-py; every vector is compared with testdata's TEI reference (the bulk job's
-#     also with what /v1/embeddings answers for the same input);
+#     also with what /v1/embeddings answers for the same input); cohere's rerank (v2 and v1)
+#     against a second worker, model `tei-double-reranker`, on the TEI double as a reranker
+#     (`embatch-loadtest fake-upstream --reranker`), its scores compared with POST /rerank's;
 #   - examples/direct_nats.py, examples/go (nats.go), examples/node (nats on npm), run as written:
 #     one vector of 384 floats on `embed`, and exit 3 (not a crash) on a subject nobody serves;
 #   - their acknowledgement-and-resend versions (examples/direct_nats_resend.py,
@@ -42,7 +44,7 @@ show_logs() { for f in "$tmp"/*.log; do echo "--- $f" >&2; tail -n 30 "$f" >&2; 
 step "building the gateway and the worker (debug; a no-op after cargo test)"
 nats_server=$(scripts/install-nats-server.sh)
 model_dir=$(scripts/fetch-model.sh)
-cargo build --locked -p embatch-gateway -p embatch-worker
+cargo build --locked -p embatch-gateway -p embatch-worker -p embatch-loadtest
 bin_dir=${CARGO_TARGET_DIR:-target}/debug
 
 step "installing the clients: Python venv, Go module, npm package"
@@ -92,6 +94,27 @@ for _ in $(seq 1 300); do
 done
 curl -fsS "$gateway/health" >/dev/null || {
   echo "the stack did not become healthy (a process exited, or 60 s passed)" >&2
+  show_logs
+  exit 1
+}
+
+# A reranker beside it (tests/clients/test_clients.py's cohere checks): the TEI double as a
+# reranker, and a worker of model `tei-double-reranker` that leaves the plain subject to MiniLM.
+minilm=$(curl -fsS "$gateway/v1/models" | python3 -c 'import json, sys; print(json.load(sys.stdin)["data"][0]["id"])')
+reranker_port=$(free_port)
+"$bin_dir/embatch-loadtest" fake-upstream --listen "127.0.0.1:$reranker_port" --reranker \
+  --base-ms 1 >"$tmp/reranker-tei.log" 2>&1 &
+pids+=($!)
+"$bin_dir/embatch-worker" --nats-url "$nats_url" --tei-url "http://127.0.0.1:$reranker_port" \
+  --model-alias tei-double-reranker --default-model "$minilm" --metrics-addr "" \
+  >"$tmp/reranker-worker.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 1 150); do
+  if curl -fsS "$gateway/models/tei-double-reranker/health" >/dev/null 2>&1; then break; fi
+  sleep 0.2
+done
+curl -fsS "$gateway/models/tei-double-reranker/health" >/dev/null || {
+  echo "the reranker worker did not become healthy" >&2
   show_logs
   exit 1
 }

@@ -390,6 +390,11 @@ pub struct FakeUpstreamArgs {
     /// The extra delay of each call during --slow-for, e.g. 4s.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
     pub slow_delay: Duration,
+
+    /// Serve as a reranker: /info's model_type is `reranker`, and /rerank and /predict score
+    /// (query, text) pairs (deterministic scores, equal on both routes).
+    #[arg(long)]
+    pub reranker: bool,
 }
 
 impl FakeUpstreamArgs {
@@ -403,6 +408,7 @@ impl FakeUpstreamArgs {
             concurrency: self.concurrency as usize,
             dim: self.dim as usize,
             max_client_batch_size: self.max_client_batch_size as usize,
+            reranker: self.reranker,
             ..TeiDoubleConfig::default()
         }
     }

@@ -28,6 +28,10 @@
 //! - `dimensions` of 0 or above the dimension → 422 `Validation`;
 //! - [`Faults::fail_with`] set → every call gets that status (after [`Faults::delay`]).
 //!
+//! With [`Config::reranker`], `/info` announces a reranker and `POST /rerank` and `POST /predict`
+//! score (query, text) pairs in TEI 1.9.3's shapes, deterministically and equally on both routes
+//! (see the `rerank` module and [`rerank_score`]); without it they answer 424 as TEI does.
+//!
 //! Rejections cost nothing (TEI validates before queueing). Every parsed `/embed` call, rejected
 //! or not, is recorded in a [`CallLog`] that tests can read (not by the `fake-upstream` command,
 //! see [`app`]).

@@ -101,6 +101,57 @@ def check_openai_batch(gateway: str, nats_url: str) -> str:
             f"{result['min_cosine']:.6f} against /v1/embeddings; the reference inputs match TEI")
 
 
+RERANKER = "tei-double-reranker"  # the second worker scripts/client-tests.sh starts
+QUERY = "What is the capital of the United States?"
+DOCUMENTS = [
+    "Carson City is the capital city of the American state of Nevada.",
+    "Washington, D.C. is the capital of the United States.",
+    "Capital punishment has existed in the United States since before it was a country.",
+    "The Commonwealth of the Northern Mariana Islands is a group of islands in the Pacific.",
+]
+
+
+def tei_rerank_scores(gateway: str) -> dict[int, float]:
+    """Each document's score from TEI's own route, POST /models/<reranker>/rerank."""
+    import urllib.request
+
+    body = json.dumps({"query": QUERY, "texts": DOCUMENTS}).encode()
+    request = urllib.request.Request(f"{gateway}/models/{RERANKER}/rerank", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return {rank["index"]: rank["score"] for rank in json.load(response)}
+
+
+def check_results(results, expected: dict[int, float], top_n: int) -> str:
+    """`results` (the SDK's objects) are the `top_n` best of `expected`, best first, each with
+    exactly TEI's score."""
+    got = [(r.index, r.relevance_score) for r in results]
+    best = sorted(expected.items(), key=lambda item: item[1], reverse=True)[:top_n]
+    assert got == best, f"got {got}, want {best}"
+    return f"{len(got)} results, best index {got[0][0]} at {got[0][1]:.4f}, equal to POST /rerank's"
+
+
+def check_cohere_v2(gateway: str, nats_url: str) -> str:
+    import cohere
+
+    client = cohere.ClientV2(base_url=gateway, api_key="unused")
+    response = client.rerank(model=RERANKER, query=QUERY, documents=DOCUMENTS, top_n=3)
+    assert response.meta.api_version.version == "2", response.meta
+    return check_results(response.results, tei_rerank_scores(gateway), 3)
+
+
+def check_cohere_v1(gateway: str, nats_url: str) -> str:
+    import cohere
+
+    client = cohere.Client(base_url=gateway, api_key="unused")
+    documents = [{"text": text} for text in DOCUMENTS]
+    response = client.rerank(model=RERANKER, query=QUERY, documents=documents,
+                             return_documents=True)
+    for result in response.results:
+        assert result.document.text == DOCUMENTS[result.index], result
+    return check_results(response.results, tei_rerank_scores(gateway), len(DOCUMENTS))
+
+
 def check_llama_index(gateway: str, nats_url: str) -> str:
     from llama_index.embeddings.text_embeddings_inference import TextEmbeddingsInference
 
@@ -154,6 +205,9 @@ CHECKS = [
                "(tests/clients/openai_batch.py)", check_openai_batch),
     ("llama-index-embeddings-text-embeddings-inference",
      "TextEmbeddingsInference.get_text_embedding(s)", check_llama_index),
+    ("cohere", "ClientV2(base_url).rerank(model, query, documents, top_n)", check_cohere_v2),
+    ("cohere", "Client(base_url).rerank(documents=[{'text'}], return_documents=True)",
+     check_cohere_v1),
     ("nats-py", "nc.request('embed', ...) (README snippet)", check_nats_py),
     ("nats-py", "no responders on an unserved subject", check_nats_py_no_responders),
 ]
