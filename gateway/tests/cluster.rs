@@ -3,8 +3,10 @@
 //! URLs with its own node first.
 //!
 //! Shows that requests are served by workers on every node, and that killing node 1 while
-//! requests flow loses only what was in flight through it: worker A reconnects to a surviving
-//! node and serves again, and the service never stops. Prints the failure figures.
+//! requests flow loses none of them: what was in flight through node 1 is sent again by the
+//! gateway (a worker acknowledges what it holds; what nobody acknowledged or answered is
+//! resent), worker A reconnects to a surviving node and serves again, and the service never
+//! stops. Prints the figures.
 
 mod common;
 
@@ -20,18 +22,10 @@ const PERIOD: Duration = Duration::from_millis(10);
 const TOTAL: usize = 600;
 /// ... and node 1 is killed just before request `KILL_AT` is sent (1.5 s in).
 const KILL_AT: usize = 150;
-/// Each request's own timeout (`x-embatch-timeout-ms`): a request lost with node 1 is answered
-/// 504 at most this long after it was sent.
+/// Each request's own timeout (`x-embatch-timeout-ms`): every request must be answered 200
+/// within it. The bound was 5 % of requests failed before the gateway resent what a lost node
+/// held; measured since, 0 of 600 failed in each of 5 runs (docs/operations.md, "Many hosts").
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
-/// Every failure must have completed within this long after the kill: the request timeout (a
-/// request lost with node 1 was sent before the kill and times out 2 s after it was sent) plus
-/// a second of slack for a slow CI machine.
-const FAILURE_WINDOW: Duration = Duration::from_secs(3);
-/// At most this share of all requests may fail. Only requests in flight through node 1 at the
-/// kill should: about rate × latency ≈ 100/s × ~20 ms ≈ 2 requests in flight at any moment,
-/// half of them through node 1, so ~1 expected; 5 % (30 requests) leaves a wide margin for a
-/// slow machine without hiding a real outage (a 1.5 s outage alone would be 150 requests).
-const MAX_FAILED_SHARE: f64 = 0.05;
 
 /// How many of node `i`'s client connections are called `name`.
 fn attached(cluster: &NatsCluster, i: usize, name: &str) -> usize {
@@ -104,7 +98,7 @@ fn ms(d: Duration) -> u128 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn workers_on_every_node_serve_and_losing_a_node_loses_only_its_in_flight_requests() {
+async fn workers_on_every_node_serve_and_losing_a_node_loses_no_request() {
     let mut cluster = NatsCluster::start();
     // A little upstream time, as a real model has, so some requests are in flight at the kill.
     let tei_config = TeiConfig {
@@ -291,38 +285,12 @@ async fn workers_on_every_node_serve_and_losing_a_node_loses_only_its_in_flight_
         None => println!("worker A never served again"),
     }
 
-    // Nothing failed before the kill, and every failure was over within the window.
-    for failure in &failures {
-        assert!(
-            failure.done >= killed,
-            "request {} failed ({:?}) before the kill",
-            failure.index,
-            failure.status
-        );
-        assert!(
-            failure.done - killed <= FAILURE_WINDOW,
-            "request {} failed ({:?}) {} ms after the kill",
-            failure.index,
-            failure.status,
-            ms(failure.done - killed)
-        );
-    }
+    // No request failed: not before the kill, not through it, not after it.
     assert!(
-        failures.len() as f64 <= MAX_FAILED_SHARE * TOTAL as f64,
+        failures.is_empty(),
         "{} of {TOTAL} requests failed: {by_status:?}",
         failures.len()
     );
-    // After the window every request succeeds: the service continued.
-    let after_window: Vec<&Outcome> = outcomes
-        .iter()
-        .filter(|o| o.sent >= killed + FAILURE_WINDOW)
-        .collect();
-    assert!(
-        after_window.len() >= 100,
-        "only {} requests after the window",
-        after_window.len()
-    );
-    assert!(after_window.iter().all(|o| o.status == Some(200)));
     // Worker A reconnected to a surviving node and serves again.
     assert!(
         a_back.is_some(),
