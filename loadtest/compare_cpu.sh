@@ -11,7 +11,11 @@
 #   PATH: gateway (default), nats or direct.
 # Environment: BEFORE_ENV / AFTER_ENV: settings (space-separated NAME=VALUE) for the gateway and
 # the worker of that side, e.g. AFTER_ENV=TOKIO_WORKER_THREADS=1 with the same build on both
-# sides to measure a setting; PROFILE=gateway|worker records `perf record -g` of that process for 4 s in each
+# sides to measure a setting; UPSTREAM_ARGS: the fake upstream's cost model (default instant:
+# `--base-ms 0 --per-input-us 0 --concurrency 64`; GPU-like: `--base-ms 5 --per-input-us 20
+# --concurrency 1`); LOAD_ARGS: the load instead of the closed loop (e.g. `--rate 9000`, open
+# loop); GATEWAY_ENV: the gateway's settings (default `REQUEST_TIMEOUT=2s`; empty for its
+# defaults); PROFILE=gateway|worker records `perf record -g` of that process for 4 s in each
 # run (perf.data in the run's temp dir, printed on stderr); NATS_SERVER_BIN as for the tests.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -29,7 +33,8 @@ run() {
   for _ in $(seq 50); do compgen -G "$tmp/*.ports" >/dev/null && break; sleep 0.1; done
   local nats_url
   nats_url=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["nats"][0])' "$tmp"/*.ports)
-  "$loadtest" fake-upstream --base-ms 0 --per-input-us 0 --concurrency 64 >"$tmp/up.log" 2>&1 &
+  # shellcheck disable=SC2086 # a list of arguments
+  "$loadtest" fake-upstream ${UPSTREAM_ARGS:---base-ms 0 --per-input-us 0 --concurrency 64} >"$tmp/up.log" 2>&1 &
   local up_pid=$!; pids+=("$up_pid")
   for _ in $(seq 50); do [ -s "$tmp/up.log" ] && break; sleep 0.1; done
   local up_addr
@@ -41,7 +46,7 @@ run() {
   local port
   port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   # shellcheck disable=SC2086
-  env $settings NATS_URL="$nats_url" LISTEN_ADDR="127.0.0.1:$port" REQUEST_TIMEOUT=2s \
+  env $settings ${GATEWAY_ENV-REQUEST_TIMEOUT=2s} NATS_URL="$nats_url" LISTEN_ADDR="127.0.0.1:$port" \
     "$bin/embatch-gateway" >"$tmp/gateway.log" 2>&1 &
   local gateway_pid=$!; pids+=("$gateway_pid")
   for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 0.1; done
@@ -55,7 +60,8 @@ run() {
   cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
   local names=(gateway worker nats-server fake-upstream) procs=("$gateway_pid" "$worker_pid" "$nats_pid" "$up_pid") start=() end=()
   for p in "${procs[@]}"; do start+=("$(cpu "$p")"); done
-  "$loadtest" run "${target[@]}" -c "$conc" -d "${secs}s" --timeout 2s --json "$tmp/report.json" --quiet >"$tmp/load.log" 2>&1 &
+  # shellcheck disable=SC2086 # a list of arguments
+  "$loadtest" run "${target[@]}" ${LOAD_ARGS:--c $conc} -d "${secs}s" --timeout 2s --json "$tmp/report.json" --quiet >"$tmp/load.log" 2>&1 &
   local load_pid=$!
   if [ -n "${PROFILE:-}" ]; then
     local profiled=$gateway_pid
@@ -76,12 +82,13 @@ sent = max(1, report["requests"]["sent"])
 cpu = " ".join(f"{name} {int(t) * 1e6 / hz / sent:.1f}"
                for name, t in (kv.split("=") for kv in sys.argv[4:]))
 lat = report["latency"]
-print(f"{label:<7} {report['throughput']['requests_per_s']:>8,.0f} req/s  p50 {lat['p50_ms']} ms  "
+print(f"{label:<7} {report['throughput']['requests_per_s']:>8,.0f} req/s  goodput "
+      f"{report['goodput']['requests_per_s']:,.0f}  p50 {lat['p50_ms']} ms  "
       f"p99 {lat['p99_ms']} ms  failures {report['failures'] or 0}  µs/req: {cpu}")
 PY
 }
 
-echo "path $path, closed loop c=$conc, ${secs} s per run, $pairs pairs; load average $(cut -d' ' -f1 /proc/loadavg)"
+echo "path $path, ${LOAD_ARGS:-closed loop c=$conc}, ${secs} s per run, $pairs pairs; load average $(cut -d' ' -f1 /proc/loadavg)"
 for _ in $(seq "$pairs"); do
   run "$before" before "${BEFORE_ENV:-}"
   run "$after" after "${AFTER_ENV:-}"

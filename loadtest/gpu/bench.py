@@ -152,6 +152,10 @@ class Stack:
         self.logs = args.log_dir
         os.makedirs(self.logs, exist_ok=True)
         self.tei = f"http://127.0.0.1:{args.tei_port}"
+        # The model server that batches across requests as TEI's queue does (--batch-tokens).
+        self.tei_batching = f"http://127.0.0.1:{args.tei_batching_port}"
+        # The model server the worker calls now, whose /stats a run samples.
+        self.upstream = self.tei
         self.gateway = f"http://127.0.0.1:{args.gateway_port}"
         self.worker_metrics = f"http://127.0.0.1:{args.worker_metrics_port}/metrics"
         self.tei_line = ""
@@ -176,22 +180,24 @@ class Stack:
             proc.wait()
 
     def stop_all(self) -> None:
-        for name in ["gateway", "worker", "nats", "tei"]:
+        for name in ["gateway", "worker", "nats", "tei", "tei-batching"]:
             self.stop(name)
 
-    def start_tei(self) -> None:
+    def start_tei(self, name: str = "tei", batch_tokens: int = 0) -> None:
         a = self.args
+        port = a.tei_batching_port if batch_tokens else a.tei_port
         cmd = [
             a.python, os.path.join(HERE, "tei_torch_server.py"), "--model-dir", a.model_dir,
-            "--device", a.device, "--port", str(a.tei_port), "--warm-max-batch", str(a.warm_max_batch),
+            "--device", a.device, "--port", str(port), "--warm-max-batch", str(a.warm_max_batch),
+            "--batch-tokens", str(batch_tokens),
         ]
-        proc = self.spawn("tei", cmd, {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
-        if not wait_http(f"{self.tei}/health", a.tei_start_timeout, proc):
-            raise RuntimeError(f"model server not up (exit {proc.poll()}); see tei.log")
-        with open(os.path.join(self.logs, "tei.log"), errors="replace") as f:
+        proc = self.spawn(name, cmd, {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+        if not wait_http(f"http://127.0.0.1:{port}/health", a.tei_start_timeout, proc):
+            raise RuntimeError(f"model server not up (exit {proc.poll()}); see {name}.log")
+        with open(os.path.join(self.logs, f"{name}.log"), errors="replace") as f:
             lines = [ln.strip() for ln in f if ln.startswith("listening on")]
         self.tei_line = lines[-1] if lines else ""
-        log(f"model server: {self.tei_line}")
+        log(f"model server {name}: {self.tei_line}")
 
     def start_nats(self) -> None:
         a = self.args
@@ -213,7 +219,7 @@ class Stack:
         a = self.args
         env = {
             "NATS_URL": f"nats://127.0.0.1:{a.nats_port}",
-            "TEI_URL": self.tei,
+            "TEI_URL": self.upstream,
             "TOKENIZER": os.path.join(a.model_dir, "tokenizer.json"),
             "METRICS_ADDR": f"127.0.0.1:{a.worker_metrics_port}",
             "HF_HUB_OFFLINE": "1",
@@ -251,24 +257,38 @@ def cosine(a: list[float], b: list[float]) -> float:
 
 def check_vectors(stack: Stack) -> dict:
     """Every reference case of testdata/minilm-reference-embeddings.json (TEI 1.9.3, CPU, fp32)
-    through both paths: cosine to the reference, and between the two paths."""
+    through both paths: cosine to the reference, and between the two paths. The cases go out all
+    at once on each path, so a batching server and the worker put several into one forward pass."""
     with open(os.path.join(REPO, "testdata", "minilm-reference-embeddings.json")) as f:
         ref = json.load(f)
-    out = {"reference": ref["produced_by"], "cases": []}
+    out = {"reference": ref["produced_by"], "upstream": stack.upstream, "cases": []}
     worst = {"direct": 1.0, "embatch": 1.0, "direct_vs_embatch": 1.0}
-    for case in ref["cases"]:
-        body = json.dumps(case["request"]).encode()
-        got = {}
-        for path, url in [("direct", f"{stack.tei}/embed"), ("embatch", f"{stack.gateway}/embed")]:
-            status, reply = http("POST", url, body)
+    bodies = [json.dumps(case["request"]).encode() for case in ref["cases"]]
+    got: dict[str, list] = {}
+    for path, url in [("direct", f"{stack.upstream}/embed"), ("embatch", f"{stack.gateway}/embed")]:
+        replies: list = [None] * len(bodies)
+
+        def send(i: int, url: str = url, replies: list = replies) -> None:
+            replies[i] = http("POST", url, bodies[i])
+
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(len(bodies))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for status, reply in replies:
             if status != 200:
                 raise RuntimeError(f"{path} answered {status} to a reference case: {reply[:300]!r}")
-            got[path] = json.loads(reply)
-        cos_d = [cosine(a, b) for a, b in zip(got["direct"], case["embeddings"])]
-        cos_e = [cosine(a, b) for a, b in zip(got["embatch"], case["embeddings"])]
-        cos_de = [cosine(a, b) for a, b in zip(got["direct"], got["embatch"])]
-        norm_e = [math.sqrt(sum(x * x for x in v)) for v in got["embatch"]]
+        got[path] = [json.loads(reply) for _, reply in replies]
+    for i, case in enumerate(ref["cases"]):
+        direct, embatch = got["direct"][i], got["embatch"][i]
+        cos_d = [cosine(a, b) for a, b in zip(direct, case["embeddings"])]
+        cos_e = [cosine(a, b) for a, b in zip(embatch, case["embeddings"])]
+        cos_de = [cosine(a, b) for a, b in zip(direct, embatch)]
+        norm_e = [math.sqrt(sum(x * x for x in v)) for v in embatch]
         norm_r = [math.sqrt(sum(x * x for x in v)) for v in case["embeddings"]]
+        if len(direct) != len(case["embeddings"]) or len(embatch) != len(case["embeddings"]):
+            raise RuntimeError(f"case {i}: {len(direct)} / {len(embatch)} vectors for {len(case['embeddings'])} inputs")
         out["cases"].append(
             {
                 "inputs": len(case["embeddings"]),
@@ -284,6 +304,8 @@ def check_vectors(stack: Stack) -> dict:
         worst["direct_vs_embatch"] = min(worst["direct_vs_embatch"], min(cos_de))
     out["min_cosine"] = worst
     out["passed"] = worst["direct"] >= 0.999 and worst["embatch"] >= 0.999
+    if not out["passed"]:
+        raise RuntimeError(f"vectors differ from the reference: {worst}")
     return out
 
 
@@ -299,11 +321,11 @@ def wait_drained(stack: Stack, limit: float = 90.0) -> float:
     """Waits until the model server has finished what the last run left queued (a client that
     timed out leaves its request there): no call for 1 s and /health answering. Seconds waited."""
     t0 = time.time()
-    last = tei_stats(stack.tei).get("calls")
+    last = tei_stats(stack.upstream).get("calls")
     quiet_since = time.time()
     while time.time() - t0 < limit:
         time.sleep(0.25)
-        calls = tei_stats(stack.tei).get("calls")
+        calls = tei_stats(stack.upstream).get("calls")
         if calls != last:
             last, quiet_since = calls, time.time()
         elif time.time() - quiet_since >= 1.0:
@@ -324,7 +346,7 @@ def run_load(stack: Stack, sampler: GpuSampler, name: str, url: str, c: int, k: 
     snaps = {}
 
     def snapshot(key: str) -> None:
-        snaps[key] = {"t": time.time(), "tei": tei_stats(stack.tei), "worker": metrics(stack.worker_metrics)}
+        snaps[key] = {"t": time.time(), "tei": tei_stats(stack.upstream), "worker": metrics(stack.worker_metrics)}
 
     started = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO)
@@ -446,7 +468,13 @@ def main() -> int:
     p.add_argument("--patterns", default="all", help="comma-separated indexes into PATTERNS, or all")
     p.add_argument("--tuned-batch", type=int, default=256,
                    help="also run single c=256 and 32-input c=8 through a worker with MAX_BATCH_SIZE=N (0: skip)")
+    p.add_argument("--tuned-calls", type=int, default=4,
+                   help="and again with MAX_CONCURRENT_BATCHES=N besides (0: skip)")
+    p.add_argument("--batch-tokens", type=int, default=16384,
+                   help="then run every pattern again against a model server that batches across requests "
+                        "up to N tokens per forward pass, as TEI's queue (0: skip)")
     p.add_argument("--tei-port", type=int, default=18090)
+    p.add_argument("--tei-batching-port", type=int, default=18091)
     p.add_argument("--nats-port", type=int, default=14222)
     p.add_argument("--gateway-port", type=int, default=18080)
     p.add_argument("--worker-metrics-port", type=int, default=19091)
@@ -462,8 +490,8 @@ def main() -> int:
     stack = Stack(args)
     sampler = GpuSampler()
     result: dict = {
-        "what": "all-MiniLM-L6-v2 on tei_torch_server.py (fp16 on CUDA, one forward per request, "
-                "no batching across requests; not TEI), called directly and through embatch",
+        "what": "all-MiniLM-L6-v2 on tei_torch_server.py (fp16 on CUDA; not TEI): one forward per request, "
+                "then batching across requests as TEI's queue does; each called directly and through embatch",
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "build_commit": open(os.path.join(args.bin_dir, "BUILD_COMMIT")).read().strip()
         if os.path.exists(os.path.join(args.bin_dir, "BUILD_COMMIT")) else None,
@@ -486,27 +514,51 @@ def main() -> int:
         sampler.start()
         chosen = PATTERNS if args.patterns == "all" else [PATTERNS[int(i)] for i in args.patterns.split(",")]
         seed = 1000
-        for pattern, c, k in chosen:
-            for path, url, label in [
-                ("direct", f"{stack.tei}/embed", "direct"),
-                ("embatch", f"{stack.gateway}/embed", "embatch (gateway)"),
-            ]:
-                seed += 1
-                name = f"{pattern} {path}".replace(" ", "_").replace("=", "")
-                r = run_load(stack, sampler, name, url, c, k, seed, path)
-                r.update({"pattern": pattern, "path_label": label, "worker_settings": "defaults"})
-                result["runs"].append(r)
+        # (model server, label of its direct rows, label of embatch's rows in front of it)
+        servers = [("tei", "direct", "embatch (gateway)")]
+        if args.batch_tokens:
+            servers.append(("tei-batching", "direct, server batches (TEI-like)", "embatch → batching server"))
+        for server, direct_label, embatch_label in servers:
+            if server != "tei":
+                log(f"starting the batching model server (--batch-tokens {args.batch_tokens}); worker -> it")
+                stack.stop("tei")
+                stack.start_tei(server, args.batch_tokens)
+                stack.upstream = stack.tei_batching
+                stack.stop("worker")
+                stack.start_worker()
+                wait_http(f"{stack.gateway}/health", 30)
+                result["check_batching"] = check_vectors(stack)
+                log(f"batching server, vectors vs reference, min cosine: {result['check_batching']['min_cosine']}")
+            for pattern, c, k in chosen:
+                for path, url, label in [
+                    ("direct", f"{stack.upstream}/embed", direct_label),
+                    ("embatch", f"{stack.gateway}/embed", embatch_label),
+                ]:
+                    seed += 1
+                    name = f"{pattern} {path} {server}".replace(" ", "_").replace("=", "")
+                    r = run_load(stack, sampler, name, url, c, k, seed, path)
+                    r.update({"pattern": pattern, "path_label": label, "worker_settings": "defaults",
+                              "server": server})
+                    result["runs"].append(r)
+        tuned = []
         if args.tuned_batch:
-            log(f"restarting the worker with MAX_BATCH_SIZE={args.tuned_batch}")
+            tuned.append({"MAX_BATCH_SIZE": str(args.tuned_batch)})
+            if args.tuned_calls:
+                tuned.append({"MAX_BATCH_SIZE": str(args.tuned_batch), "MAX_CONCURRENT_BATCHES": str(args.tuned_calls)})
+        for settings in tuned:
+            shown = ", ".join(f"{k}={v}" for k, v in settings.items())
+            log(f"restarting the worker with {shown}")
             stack.stop("worker")
-            stack.start_worker({"MAX_BATCH_SIZE": str(args.tuned_batch)})
+            stack.start_worker(settings)
             wait_http(f"{stack.gateway}/health", 30)
+            server = "tei-batching" if args.batch_tokens else "tei"
             for pattern, c, k in [("single c=256", 256, 1), ("32-input c=8", 8, 32)]:
                 seed += 1
-                name = f"{pattern} embatch MAX_BATCH_SIZE{args.tuned_batch}".replace(" ", "_").replace("=", "")
+                name = f"{pattern} embatch {shown} {server}".replace(" ", "_").replace("=", "").replace(",", "")
                 r = run_load(stack, sampler, name, f"{stack.gateway}/embed", c, k, seed, "embatch")
-                r.update({"pattern": pattern, "path_label": f"embatch, MAX_BATCH_SIZE={args.tuned_batch}",
-                          "worker_settings": {"MAX_BATCH_SIZE": args.tuned_batch}})
+                label = "embatch → batching server" if args.batch_tokens else "embatch"
+                r.update({"pattern": pattern, "path_label": f"{label}, {shown}",
+                          "worker_settings": settings, "server": server})
                 result["runs"].append(r)
         result["complete"] = True
     except Exception as err:  # keep what was measured

@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """A small TEI-compatible embedding server on PyTorch: the GPU upstream of loadtest/gpu/run.sh.
 
-This is NOT text-embeddings-inference. It is what a plain sentence-transformers service is: one
-forward pass of the model per HTTP request, no batching across requests. One model thread does
-every request's work in turn, from parsing the body to encoding the reply (one GPU stream); the
-HTTP handler threads only read requests, hand them over and write the replies.
+This is NOT text-embeddings-inference. By default it is what a plain sentence-transformers service
+is: one forward pass of the model per HTTP request, no batching across requests. One model thread
+does every request's work in turn, from parsing the body to encoding the reply (one GPU stream);
+the HTTP handler threads only read requests, hand them over and write the replies. With
+--batch-tokens N it batches as TEI's queue does: every request waiting when the model thread is
+free joins one forward pass, up to N tokens (TEI's --max-batch-tokens, default 16384); each
+request's rows are then normalised and encoded on their own.
 
 Two earlier versions ran the model in the handler threads themselves, one at a time under a lock
 (first the forward pass alone, then everything from parsing to encoding). On an H100 a forward
@@ -122,36 +125,36 @@ class Embedder:
         return out
 
     def embed(self, ids: list[list[int]], normalize: bool, dimensions: int | None) -> list[list[float]]:
+        return finish(self.pooled(ids), normalize, dimensions)
+
+    def pooled(self, ids: list[list[int]]) -> torch.Tensor:
+        """One forward pass over `ids` (padded to the longest): the mean-pooled float32 rows, on
+        the CPU."""
         longest = max(len(s) for s in ids)
         input_ids = torch.zeros((len(ids), longest), dtype=torch.long)
         mask = torch.zeros((len(ids), longest), dtype=torch.long)
         for row, seq in enumerate(ids):
             input_ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
             mask[row, : len(seq)] = 1
-        if True:  # on the model thread only
-            start = time.perf_counter()
-            with torch.inference_mode():
-                input_ids = input_ids.to(self.device, non_blocking=True)
-                mask_d = mask.to(self.device, non_blocking=True)
-                hidden = self.model(
-                    input_ids=input_ids,
-                    attention_mask=mask_d,
-                    token_type_ids=torch.zeros_like(input_ids),
-                ).last_hidden_state
-                m = mask_d.unsqueeze(-1).to(torch.float32)
-                pooled = (hidden.to(torch.float32) * m).sum(dim=1) / m.sum(dim=1).clamp(min=1e-9)
-                if dimensions is not None:
-                    pooled = pooled[:, :dimensions]
-                if normalize:
-                    pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
-                vectors = pooled.cpu()  # synchronises: the GPU work is done here
-            busy = time.perf_counter() - start
+        start = time.perf_counter()
+        with torch.inference_mode():
+            input_ids = input_ids.to(self.device, non_blocking=True)
+            mask_d = mask.to(self.device, non_blocking=True)
+            hidden = self.model(
+                input_ids=input_ids,
+                attention_mask=mask_d,
+                token_type_ids=torch.zeros_like(input_ids),
+            ).last_hidden_state
+            m = mask_d.unsqueeze(-1).to(torch.float32)
+            pooled = (hidden.to(torch.float32) * m).sum(dim=1) / m.sum(dim=1).clamp(min=1e-9)
+            pooled = pooled.cpu()  # synchronises: the GPU work is done here
+        busy = time.perf_counter() - start
         with self.stats_lock:
             self.calls += 1
             self.inputs += len(ids)
             self.tokens += int(mask.sum())
             self.busy_s += busy
-        return vectors.tolist()
+        return pooled
 
     def warm(self, max_batch: int) -> None:
         """Runs batch shapes up to `max_batch` inputs of up to the token limit (CUDA context,
@@ -162,6 +165,15 @@ class Embedder:
         with self.stats_lock:
             self.calls = self.inputs = self.tokens = 0
             self.busy_s = self.held_s = 0.0
+
+
+def finish(pooled: torch.Tensor, normalize: bool, dimensions: int | None) -> list[list[float]]:
+    """Pooled rows cut to `dimensions` and L2-normalised, as sentence-transformers does."""
+    if dimensions is not None:
+        pooled = pooled[:, :dimensions]
+    if normalize:
+        pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
+    return pooled.tolist()
 
 
 _ROW_FORMATS: dict[int, str] = {}
@@ -227,14 +239,19 @@ def parse_request(body: bytes, max_client_batch_size: int):
 
 
 class ModelThread:
-    """The one thread that runs the model: requests are handed over through a queue and done
-    one at a time, from parsing the body to encoding the reply."""
+    """The one thread that runs the model: requests are handed over through a queue. Without
+    `batch_tokens` they are done one at a time, from parsing the body to encoding the reply;
+    with it, as TEI's queue does, every request waiting when the model is free joins one forward
+    pass, up to `batch_tokens` tokens (a request alone may exceed it)."""
 
-    def __init__(self, embedder: Embedder, max_client_batch_size: int, auto_truncate: bool, warm_max_batch: int):
+    def __init__(self, embedder: Embedder, max_client_batch_size: int, auto_truncate: bool, warm_max_batch: int,
+                 batch_tokens: int = 0):
         self.embedder = embedder
         self.max_client_batch_size = max_client_batch_size
         self.auto_truncate = auto_truncate
+        self.batch_tokens = batch_tokens
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.carried = None  # a parsed request that did not fit the last forward pass
         ready = threading.Event()
         self.thread = threading.Thread(target=self.loop, args=(warm_max_batch, ready), daemon=True, name="model")
         self.thread.start()
@@ -247,31 +264,72 @@ class ModelThread:
         item[1].wait()
         return item[2]
 
+    def parse(self, item) -> tuple | None:
+        """(item, ids, normalize, dimensions), or None when the item was answered with an error."""
+        taken = time.perf_counter()
+        try:
+            texts, normalize, truncate, direction, dimensions = parse_request(item[0], self.max_client_batch_size)
+            ids = self.embedder.tokenize(texts, self.auto_truncate if truncate is None else truncate, direction)
+            return item, ids, normalize, dimensions
+        except ApiError as err:
+            item[2] = err
+        except Exception as err:  # never leave a handler waiting
+            item[2] = ApiError(424, "Backend", f"server error: {err}")
+        finally:
+            with self.embedder.stats_lock:
+                self.embedder.held_s += time.perf_counter() - taken
+        item[1].set()
+        return None
+
+    def gather(self) -> list[tuple]:
+        """The next forward pass's requests: the first one waiting (blocking), then, when
+        batching, those already queued while their tokens fit `batch_tokens`."""
+        batch, tokens = [], 0
+        while not batch:
+            first = self.carried or self.parse(self.queue.get())
+            self.carried = None
+            if first is not None:
+                batch, tokens = [first], sum(len(x) for x in first[1])
+        while self.batch_tokens and tokens < self.batch_tokens:
+            try:
+                parsed = self.parse(self.queue.get_nowait())
+            except queue.Empty:
+                break
+            if parsed is None:
+                continue
+            size = sum(len(x) for x in parsed[1])
+            if tokens + size > self.batch_tokens:
+                self.carried = parsed
+                break
+            batch.append(parsed)
+            tokens += size
+        return batch
+
     def loop(self, warm_max_batch: int, ready: threading.Event) -> None:
         if warm_max_batch > 0:
             self.embedder.warm(warm_max_batch)
         ready.set()
         embedder = self.embedder
         while True:
-            item = self.queue.get()
+            batch = self.gather()
             taken = time.perf_counter()
+            ids = [seq for _, request_ids, _, _ in batch for seq in request_ids]
             try:
-                texts, normalize, truncate, direction, dimensions = parse_request(item[0], self.max_client_batch_size)
-                ids = embedder.tokenize(texts, self.auto_truncate if truncate is None else truncate, direction)
                 started = time.perf_counter()
-                try:
-                    vectors = embedder.embed(ids, normalize, dimensions)
-                except Exception as err:  # the model failed: TEI's 424
-                    raise ApiError(424, "Backend", f"model failed: {err}")
+                pooled = embedder.pooled(ids)
                 done = time.perf_counter()
-                item[2] = (encode_vectors(vectors), ids, started, done)
-            except ApiError as err:
-                item[2] = err
-            except Exception as err:  # never leave a handler waiting
-                item[2] = ApiError(424, "Backend", f"server error: {err}")
+                row = 0
+                for item, request_ids, normalize, dimensions in batch:
+                    rows = pooled[row : row + len(request_ids)]
+                    row += len(request_ids)
+                    item[2] = (encode_vectors(finish(rows, normalize, dimensions)), request_ids, started, done)
+            except Exception as err:  # the model failed: TEI's 424, for every request of the pass
+                for item, _, _, _ in batch:
+                    item[2] = ApiError(424, "Backend", f"model failed: {err}")
             with embedder.stats_lock:
                 embedder.held_s += time.perf_counter() - taken
-            item[1].set()
+            for item, _, _, _ in batch:
+                item[1].set()
 
 
 def make_handler(embedder: Embedder, info: dict, model_thread: ModelThread):
@@ -357,13 +415,16 @@ def main() -> int:
     parser.add_argument("--max-client-batch-size", type=int, default=512)
     parser.add_argument("--max-input-length", type=int, default=None, help="default: sentence_bert_config's max_seq_length")
     parser.add_argument("--warm-max-batch", type=int, default=512, help="largest batch run at start (0: no warm-up)")
+    parser.add_argument("--batch-tokens", type=int, default=0,
+                        help="batch the requests waiting when the model is free into one forward pass of up to "
+                             "this many tokens, as TEI's queue does with --max-batch-tokens (0: one request per pass)")
     args = parser.parse_args()
     dtype = args.dtype or ("float16" if args.device.startswith("cuda") else "float32")
 
     t0 = time.perf_counter()
     embedder = Embedder(args.model_dir, args.device, dtype, args.max_input_length)
     loaded = time.perf_counter() - t0
-    model_thread = ModelThread(embedder, args.max_client_batch_size, True, args.warm_max_batch)
+    model_thread = ModelThread(embedder, args.max_client_batch_size, True, args.warm_max_batch, args.batch_tokens)
     warmed = time.perf_counter() - t0 - loaded
     device_name = torch.cuda.get_device_name(embedder.device) if embedder.device.type == "cuda" else "cpu"
     info = {
@@ -373,7 +434,7 @@ def main() -> int:
         "model_type": {"embedding": {"pooling": "mean"}},
         "max_concurrent_requests": 512,
         "max_input_length": embedder.max_input_length,
-        "max_batch_tokens": 16384,
+        "max_batch_tokens": args.batch_tokens or 16384,
         "max_batch_requests": None,
         "max_client_batch_size": args.max_client_batch_size,
         "auto_truncate": True,
