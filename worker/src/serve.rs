@@ -234,7 +234,7 @@ pub(crate) async fn start<U: Upstream>(
     }
     tasks.spawn(bulk::run(
         client.clone(),
-        bulk_gate,
+        (bulk_gate, counter.clone()),
         bulk_config,
         intake_stop.clone(),
     ));

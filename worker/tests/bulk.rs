@@ -8,6 +8,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::object_store::ObjectMetadata;
+use embatch_local_model::Encoder;
+use embatch_protocol::Input;
 use embatch_protocol::bulk::{
     Batch, BatchRecord, BatchStatus, FILES_BUCKET, JobKind, META_CREATED_AT, META_FILENAME,
     META_PURPOSE, Progress, RequestCounts, events_subject, unix_now,
@@ -303,4 +305,46 @@ async fn a_bulk_job_shows_in_the_worker_metrics() {
         metrics.contains("embatch_worker_bulk_upstream_seconds_count"),
         "{metrics}"
     );
+}
+
+/// With the model's tokenizer, each OpenAI output line reports the tokens of its inputs in
+/// `usage`, as OpenAI's Batch API reports each response's usage: the same count the tokenizer
+/// gives (special tokens included), not 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_output_lines_report_the_tokens_of_their_inputs() {
+    let nats = NatsServer::start_jetstream();
+    let tei = start_tei(TeiConfig::instant()).await;
+    let client = async_nats::connect(nats.url()).await.expect("connect");
+    let store = BulkStore::open(client.clone()).await.expect("JetStream");
+    let tokenizer = embatch_testkit::model_dir().join("tokenizer.json");
+    let mut worker = Command::new(env!("CARGO_BIN_EXE_embatch-worker"))
+        .env("NATS_URL", nats.url())
+        .env("TEI_URL", &tei.url)
+        .env("METRICS_ADDR", "")
+        .env("TOKENIZER", &tokenizer)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("worker binary starts");
+    let n = 12;
+    let id = submit(&store, n).await;
+    let batch = wait(&store, &id, Duration::from_secs(30), |b| {
+        b.status.is_final()
+    })
+    .await;
+    kill_9(&mut worker);
+    assert_eq!(batch.status, BatchStatus::Completed, "{batch:?}");
+    // The model's own tokenizer, counting independently of the worker.
+    let reference = Encoder::load_file(&tokenizer, 256).expect("tokenizer");
+    let lines = output(&store, &batch).await;
+    assert_eq!(lines.len(), n);
+    for i in 0..n {
+        let line = &lines[&format!("k-{i}")];
+        let input = Input::from(format!("text {i}").as_str());
+        let want = reference.count(&[input], None, None).expect("counts")[0];
+        let want = u64::from(want);
+        let usage = &line["response"]["body"]["usage"];
+        assert_eq!(usage["prompt_tokens"].as_u64(), Some(want), "{line}");
+        assert_eq!(usage["total_tokens"].as_u64(), Some(want), "{line}");
+    }
 }

@@ -40,6 +40,7 @@ use super::{Lane, PullConsumer, delivered, render, with_progress};
 use crate::batcher::{BulkGate, Share};
 use crate::telemetry::{Traffic, count_tenant, names};
 use crate::tenant::Caller;
+use crate::tokens::Counter;
 
 /// Work items a worker holds at once (pulled, embedding, or finishing). An item spends several
 /// NATS round trips besides its embedding (its batch's record, the results, the progress, the
@@ -158,7 +159,7 @@ async fn handle(
         return Ok(Disposition::Ack);
     }
     let owner = lane.config.tenants.owner(record.owner());
-    let (results, rejected) = match embed_lines(item, gate, &owner).await {
+    let (results, rejected) = match embed_lines(item, (gate, &lane.counter), &owner).await {
         Ok(done) => done,
         Err(err) => {
             if delivered(message) < lane.config.max_deliver {
@@ -223,7 +224,7 @@ pub(super) async fn mark_expiring(lane: &Lane, batch_id: &str) -> Result<BatchRe
 /// The upstream's failure when it is not an input's fault (the item is redelivered).
 async fn embed_lines(
     item: &Item,
-    gate: &BulkGate,
+    (gate, counter): (&BulkGate, &Counter),
     owner: &Caller,
 ) -> Result<(Vec<LineResult>, bool), LaneError> {
     let share = Share::of(&owner.tenant);
@@ -231,9 +232,21 @@ async fn embed_lines(
         let started = std::time::Instant::now();
         let inputs = line.request.inputs.as_slice().to_vec();
         let n = inputs.len();
-        let outcome = gate
-            .embed_as(share.clone(), inputs, Vec::new(), line.request.options())
-            .await;
+        let mut tokens = None;
+        let outcome = match counter.count(inputs, line.request.options()).await {
+            Ok(counted) => {
+                tokens = counted.tokens();
+                gate.embed_as(
+                    share.clone(),
+                    counted.inputs,
+                    counted.lengths,
+                    counted.options,
+                )
+                .await
+                .map(|embeddings| (embeddings, tokens))
+            }
+            Err(err) => Err(err),
+        };
         let label = match &outcome {
             Ok(_) => {
                 metrics::counter!(names::BULK_INPUTS).increment(n as u64);
@@ -244,7 +257,7 @@ async fn embed_lines(
         };
         metrics::counter!(names::BULK_LINES, "outcome" => label).increment(1);
         let status = outcome.as_ref().map_or_else(EmbedError::status, |_| 200);
-        count_tenant(&owner.label, Traffic::Bulk, status, (n, None));
+        count_tenant(&owner.label, Traffic::Bulk, status, (n, tokens));
         metrics::histogram!(names::BULK_UPSTREAM_TIME).record(started.elapsed().as_secs_f64());
         outcome
     }))
@@ -253,7 +266,9 @@ async fn embed_lines(
     let mut rejected = false;
     for (line, outcome) in item.lines.iter().zip(embedded) {
         match outcome {
-            Ok(embeddings) => results.push(render::success(line, &embeddings)?),
+            Ok((embeddings, tokens)) => {
+                results.push(render::success(line, &embeddings, tokens)?);
+            }
             Err(err) if blames_input(&err) => {
                 rejected = true;
                 results.push(render::refused(line, &err)?);

@@ -48,6 +48,7 @@ use tokio_util::sync::CancellationToken;
 pub use lines::LineLimits;
 
 use crate::batcher::BulkGate;
+use crate::tokens::Counter;
 
 /// How long the lane waits before asking JetStream again after it did not answer.
 pub const RETRY: Duration = Duration::from_secs(5);
@@ -93,10 +94,11 @@ pub struct BulkConfig {
 }
 
 /// Runs the bulk lane until `stop`: binds the store (retrying every [`RETRY`] while JetStream
-/// does not answer), then runs the jobs and items loops.
+/// does not answer), then runs the jobs and items loops. Lines go to the batcher through
+/// `gate`, their tokens counted by `counter` as the intake counts a request's.
 pub async fn run(
     client: async_nats::Client,
-    gate: BulkGate,
+    (gate, counter): (BulkGate, Counter),
     config: BulkConfig,
     stop: CancellationToken,
 ) {
@@ -135,6 +137,7 @@ pub async fn run(
         config,
         max_payload,
         client: client.clone(),
+        counter,
     });
     tracing::info!(
         chunk_inputs = lane.config.chunk_inputs,
@@ -157,6 +160,8 @@ pub(crate) struct Lane {
     pub max_payload: usize,
     /// The connection (service discovery of the models served).
     pub client: async_nats::Client,
+    /// Counts each line's tokens, for batching and for the line's `usage`.
+    pub counter: Counter,
 }
 
 type PullConsumer = consumer::Consumer<consumer::pull::Config>;

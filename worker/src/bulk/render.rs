@@ -22,11 +22,18 @@ pub enum RenderError {
     Utf8(#[from] std::string::FromUtf8Error),
 }
 
-/// The successful output of `line` from its embeddings, in input order.
+/// The successful output of `line` from its embeddings, in input order. An OpenAI line's
+/// `usage` gives `tokens` (the line's tokens as the worker counted them, as OpenAI's Batch API
+/// reports each response's usage), or 0 when the worker counts inputs, not tokens (as the
+/// interactive route).
 ///
 /// # Errors
 /// [`RenderError::Embedding`] when a `base64` line's embedding is not an array of numbers.
-pub fn success(line: &ItemLine, embeddings: &[Embedding]) -> Result<LineResult, RenderError> {
+pub fn success(
+    line: &ItemLine,
+    embeddings: &[Embedding],
+    tokens: Option<u64>,
+) -> Result<LineResult, RenderError> {
     let body = match line.route {
         LineRoute::Tei => join(embeddings.iter().map(|e| text(e.json()))),
         LineRoute::OpenAi => {
@@ -50,8 +57,9 @@ pub fn success(line: &ItemLine, embeddings: &[Embedding]) -> Result<LineResult, 
             }
             let model = serde_json::to_string(line.model.as_deref().unwrap_or_default())
                 .unwrap_or_else(|_| "\"\"".into());
+            let tokens = tokens.unwrap_or(0);
             format!(
-                r#"{{"object":"list","data":{},"model":{model},"usage":{{"prompt_tokens":0,"total_tokens":0}}}}"#,
+                r#"{{"object":"list","data":{},"model":{model},"usage":{{"prompt_tokens":{tokens},"total_tokens":{tokens}}}}}"#,
                 join(data.iter().map(String::as_str))
             )
         }
