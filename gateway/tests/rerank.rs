@@ -206,7 +206,9 @@ async fn pairs_of_concurrent_callers_share_one_upstream_call() {
     assert_eq!(predicted[0].len(), 3, "{calls:?}");
     assert!(calls_on(&calls, "/rerank").is_empty(), "{calls:?}");
 
-    // A bad pair fails its own request only: the batch is bisected.
+    // A bad pair fails its own request only: their shared call is refused, then the batch is
+    // bisected and the good pair scored alone.
+    stack.tei.calls.clear();
     let bad = serde_json::json!({"query": "q3", "texts": [format!("x {POISON}")]});
     let good = serde_json::json!({"query": "q4", "texts": ["fine"]});
     let ((status_bad, err), (status_good, fine)) = tokio::join!(
@@ -216,6 +218,14 @@ async fn pairs_of_concurrent_callers_share_one_upstream_call() {
     assert_eq!(status_bad, 422, "{err}");
     assert_eq!(status_good, 200, "{fine}");
     assert_eq!(ranks(&fine), [(0, rerank_score("q4", "fine", false))]);
+    let calls = stack.tei.calls();
+    let sizes: Vec<(usize, u16)> = calls.iter().map(|c| (c.inputs.len(), c.status)).collect();
+    assert_eq!(
+        sizes.first(),
+        Some(&(2, 422)),
+        "one shared call first: {sizes:?}"
+    );
+    assert!(sizes.contains(&(1, 200)), "the good pair alone: {sizes:?}");
     stack.worker.stop().await;
 }
 
@@ -276,5 +286,27 @@ async fn a_model_that_is_not_a_reranker_is_teis_424() {
         stack.tei.calls().is_empty(),
         "refused before any upstream call"
     );
+    stack.worker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rerank_request_has_its_deadline() {
+    let slow = TeiConfig {
+        base: Duration::from_millis(800),
+        ..reranker()
+    };
+    let (stack, gateway) = stack_with_gateway(slow, &[], 1 << 20, 64).await;
+    let response = json_post(
+        &reqwest::Client::new(),
+        &format!("{}/v2/rerank", gateway.url),
+        r#"{"query":"q","documents":["slow"]}"#,
+    )
+    .header("x-embatch-timeout-ms", "100")
+    .send()
+    .await
+    .expect("HTTP response");
+    assert_eq!(response.status().as_u16(), 504);
+    let body: serde_json::Value = response.json().await.expect("JSON body");
+    assert_tei_error(&body, "Timeout", "");
     stack.worker.stop().await;
 }

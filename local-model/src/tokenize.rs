@@ -484,6 +484,35 @@ mod tests {
         (pieces, whole)
     }
 
+    /// A rerank pair counts BERT's pair template: `[CLS] q [SEP] t [SEP]`; over the limit it is
+    /// cut, or refused with TEI's message.
+    #[test]
+    fn a_pair_counts_both_sequences_and_three_special_tokens() {
+        let (encoder, _) = encoders(8);
+        let single = |text: &str| {
+            encoder
+                .count(&[Input::from(text)], None, None)
+                .expect("counts")[0]
+        };
+        let (query, text) = ("hello world", "good day");
+        let pair = encoder.count_pair(query, text, None).expect("counts");
+        assert_eq!(pair, single(query) + single(text) - 1);
+        let counted = encoder
+            .count(&[Input::Pair(query.into(), text.into())], None, None)
+            .expect("counts");
+        assert_eq!(counted, [pair]);
+        let long = "word ".repeat(20);
+        let cut = encoder.count_pair(query, &long, Some(TruncationDirection::Right));
+        assert_eq!(cut.expect("cut"), 8);
+        let err = encoder
+            .count_pair(query, &long, None)
+            .expect_err("over the limit");
+        assert!(
+            err.to_string().contains("must have less than 8 tokens"),
+            "{err}"
+        );
+    }
+
     /// Texts whose cuts fall on every kind of boundary: long prose, several spaces, newlines
     /// and tabs in a row, punctuation, CJK (a token per character), combining accents right after
     /// a space, a word longer than WordPiece takes (one `[UNK]`), leading and trailing spaces, no

@@ -215,3 +215,111 @@ async fn call(
     precise_sleep(cost).await;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::{Config, TeiDouble, logit, rerank_score};
+
+    async fn post(
+        tei: &TeiDouble,
+        route: &str,
+        body: serde_json::Value,
+    ) -> (u16, serde_json::Value) {
+        let response = reqwest::Client::new()
+            .post(format!("{}/{route}", tei.url))
+            .json(&body)
+            .send()
+            .await
+            .expect("send");
+        let status = response.status().as_u16();
+        (status, response.json().await.expect("json body"))
+    }
+
+    fn reranker() -> Config {
+        Config {
+            reranker: true,
+            max_client_batch_size: 3,
+            ..Config::instant()
+        }
+    }
+
+    #[tokio::test]
+    async fn rerank_and_predict_give_a_pair_the_same_score() {
+        let tei = TeiDouble::spawn(reranker()).await.expect("spawn");
+        for raw_scores in [false, true] {
+            let body =
+                serde_json::json!({"query": "q", "texts": ["a", "b"], "raw_scores": raw_scores});
+            let (status, ranks) = post(&tei, "rerank", body).await;
+            assert_eq!(status, 200, "{ranks}");
+            let pairs =
+                serde_json::json!({"inputs": [["q", "a"], ["q", "b"]], "raw_scores": raw_scores});
+            let (status, predictions) = post(&tei, "predict", pairs).await;
+            assert_eq!(status, 200, "{predictions}");
+            for rank in ranks.as_array().expect("ranks") {
+                let index = rank["index"].as_u64().expect("index") as usize;
+                assert_eq!(
+                    rank["score"], predictions[index][0]["score"],
+                    "{ranks} {predictions}"
+                );
+                let text = ["a", "b"][index];
+                let score = rank["score"].as_f64().expect("score") as f32;
+                assert_eq!(score, rerank_score("q", text, raw_scores));
+            }
+        }
+        let sigmoid = 1.0 / (1.0 + (-logit("q", "a")).exp());
+        assert_eq!(rerank_score("q", "a", false), sigmoid);
+        // A single pair is TEI's single shape: one list of predictions.
+        let (status, single) =
+            post(&tei, "predict", serde_json::json!({"inputs": ["q", "a"]})).await;
+        assert_eq!(status, 200);
+        assert_eq!(single[0]["label"], "LABEL_0");
+        let routes: Vec<_> = tei
+            .calls()
+            .iter()
+            .map(|c| c.options["route"].clone())
+            .collect();
+        assert_eq!(
+            routes,
+            ["/rerank", "/predict", "/rerank", "/predict", "/predict"]
+        );
+    }
+
+    #[tokio::test]
+    async fn errors_are_teis() {
+        let tei = TeiDouble::spawn(reranker()).await.expect("spawn");
+        let (status, err) = post(
+            &tei,
+            "rerank",
+            serde_json::json!({"query": "q", "texts": []}),
+        )
+        .await;
+        assert_eq!(
+            (status, err["error_type"].as_str()),
+            (400, Some("Empty")),
+            "{err}"
+        );
+        let four = serde_json::json!({"query": "q", "texts": ["a", "b", "c", "d"]});
+        let (status, err) = post(&tei, "rerank", four).await;
+        assert_eq!(status, 422, "{err}");
+        let pairs = serde_json::json!({"inputs": [["q", "a"], ["q", "b"], ["q", "c"], ["q", "d"]]});
+        let (status, err) = post(&tei, "predict", pairs).await;
+        assert_eq!(status, 422, "{err}");
+        assert!(
+            err["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("batch size 4 > maximum"))
+        );
+        let embedder = TeiDouble::spawn(Config::instant()).await.expect("spawn");
+        let (status, err) = post(
+            &embedder,
+            "rerank",
+            serde_json::json!({"query": "q", "texts": ["a"]}),
+        )
+        .await;
+        assert_eq!(
+            (status, err["error_type"].as_str()),
+            (424, Some("Backend")),
+            "{err}"
+        );
+    }
+}
