@@ -39,7 +39,7 @@ pub enum Command {
     /// again to fetch that).
     Cancel(InputArgs),
     /// Print your tenant's usage of one day (UTC) as JSON: requests, inputs, tokens, shed and
-    /// failed.
+    /// failed, and the lines, inputs and tokens its bulk jobs embedded.
     Usage(UsageArgs),
 }
 

@@ -12,6 +12,7 @@ pub mod replicas;
 mod secret;
 pub mod tenants;
 pub mod tracing_otel;
+pub mod usage;
 
 pub use addr::OptionalAddr;
 pub use memory::disable_transparent_huge_pages;

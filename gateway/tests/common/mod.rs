@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+pub mod bulk_api;
+
 use clap::Parser;
 use embatch_gateway::{AppState, Config};
 use embatch_testkit::{NatsServer, Stack, TeiConfig};

@@ -29,6 +29,7 @@ use embatch_protocol::bulk::{
     results_subject, unix_now,
 };
 use embatch_runtime::bulk::BulkError;
+use embatch_runtime::usage::DayUsage;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -40,7 +41,6 @@ use super::{Lane, PullConsumer, delivered, render, with_progress};
 use crate::batcher::{BulkGate, Share};
 use crate::telemetry::{Traffic, count_tenant, names};
 use crate::tenant::Caller;
-use crate::tokens::Counter;
 
 /// Work items a worker holds at once (pulled, embedding, or finishing). An item spends several
 /// NATS round trips besides its embedding (its batch's record, the results, the progress, the
@@ -159,7 +159,7 @@ async fn handle(
         return Ok(Disposition::Ack);
     }
     let owner = lane.config.tenants.owner(record.owner());
-    let (results, rejected) = match embed_lines(item, (gate, &lane.counter), &owner).await {
+    let (results, rejected, used) = match embed_lines(item, lane, gate, &owner).await {
         Ok(done) => done,
         Err(err) => {
             if delivered(message) < lane.config.max_deliver {
@@ -175,10 +175,13 @@ async fn handle(
                 .iter()
                 .map(|l| render::unanswered(&l.custom_id, "upstream_failed", &message))
                 .collect::<Result<Vec<_>, _>>()?;
-            (failed, false)
+            (failed, false, DayUsage::default())
         }
     };
     publish(lane, item, results.as_slice()).await?;
+    // Counted once the results are stored, so a redelivered item's lines count once (unless
+    // the worker dies between this and the ack).
+    lane.usage.record(&owner.tenant.name, used);
     let ok = results.iter().filter(|r| r.ok).count() as u64;
     let failed = results.len() as u64 - ok;
     let record = progress
@@ -217,23 +220,24 @@ pub(super) async fn mark_expiring(lane: &Lane, batch_id: &str) -> Result<BatchRe
 }
 
 /// Embeds the item's lines for the batch's `owner`, each a bulk request of the batcher (all at
-/// once, so they share calls), and renders their output lines. Returns the output lines and
-/// whether a line was rejected.
+/// once, so they share calls), and renders their output lines. Returns the output lines,
+/// whether a line was rejected, and the owner's usage of the lines embedded.
 ///
 /// # Errors
 /// The upstream's failure when it is not an input's fault (the item is redelivered).
 async fn embed_lines(
     item: &Item,
-    (gate, counter): (&BulkGate, &Counter),
+    lane: &Lane,
+    gate: &BulkGate,
     owner: &Caller,
-) -> Result<(Vec<LineResult>, bool), LaneError> {
+) -> Result<(Vec<LineResult>, bool, DayUsage), LaneError> {
     let share = Share::of(&owner.tenant);
     let embedded = futures::future::join_all(item.lines.iter().map(|line| async {
         let started = std::time::Instant::now();
         let inputs = line.request.inputs.as_slice().to_vec();
         let n = inputs.len();
         let mut tokens = None;
-        let outcome = match counter.count(inputs, line.request.options()).await {
+        let outcome = match lane.counter.count(inputs, line.request.options()).await {
             Ok(counted) => {
                 tokens = counted.tokens();
                 gate.embed_as(
@@ -264,10 +268,15 @@ async fn embed_lines(
     .await;
     let mut results = Vec::with_capacity(item.lines.len());
     let mut rejected = false;
+    let mut used = DayUsage::default();
     for (line, outcome) in item.lines.iter().zip(embedded) {
         match outcome {
             Ok((embeddings, tokens)) => {
                 results.push(render::success(line, &embeddings, tokens)?);
+                used.add(&DayUsage::bulk_line(
+                    embeddings.len() as u64,
+                    tokens.unwrap_or(0),
+                ));
             }
             Err(err) if blames_input(&err) => {
                 rejected = true;
@@ -276,7 +285,7 @@ async fn embed_lines(
             Err(err) => return Err(LaneError::Upstream(err)),
         }
     }
-    Ok((results, rejected))
+    Ok((results, rejected, used))
 }
 
 /// The upstream refused an input of the request (TEI's 400/413/422, as

@@ -43,6 +43,7 @@ use async_nats::jetstream::consumer::{self, AckPolicy};
 use async_nats::jetstream::{AckKind, Message};
 use embatch_protocol::bulk::{JOBS_CONSUMER, JOBS_FILTER, items_consumer, items_filter};
 use embatch_runtime::bulk::{BulkError, BulkStore};
+use embatch_runtime::usage::UsageBook;
 use tokio_util::sync::CancellationToken;
 
 pub use lines::LineLimits;
@@ -132,12 +133,14 @@ pub async fn run(
         }
     };
     let max_payload = client.server_info().max_payload;
+    let usage = UsageBook::start(client.clone(), config.replicas, stop.clone());
     let lane = Arc::new(Lane {
         store,
         config,
         max_payload,
         client: client.clone(),
         counter,
+        usage,
     });
     tracing::info!(
         chunk_inputs = lane.config.chunk_inputs,
@@ -162,6 +165,8 @@ pub(crate) struct Lane {
     pub client: async_nats::Client,
     /// Counts each line's tokens, for batching and for the line's `usage`.
     pub counter: Counter,
+    /// The owners' usage per day, where `GET /v1/usage` reads it.
+    pub usage: UsageBook,
 }
 
 type PullConsumer = consumer::Consumer<consumer::pull::Config>;
