@@ -164,6 +164,25 @@ async fn a_tenant_account_is_its_tenant_and_only_the_workers_account_names_one()
         .expect("the reply follows the acknowledgement");
     assert_eq!(reply.cache_hits, Some(0));
 
+    // The rerank subject crosses the import too: this worker's model is no reranker, so it
+    // answers TEI's 424 (no import would be "no responders").
+    let rerank = tokio::time::timeout(
+        Duration::from_secs(10),
+        search.request(
+            format!("{DEFAULT_SUBJECT}.rerank"),
+            Bytes::from_static(br#"{"query":"q","texts":["a"]}"#),
+        ),
+    )
+    .await
+    .expect("a reply within 10 s")
+    .expect("a reply from the worker across the import");
+    let code = rerank
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(headers::SERVICE_ERROR_CODE))
+        .map(|v| v.as_str().to_owned());
+    assert_eq!(code.as_deref(), Some("424"), "{rerank:?}");
+
     let metrics = reqwest::get(format!("http://{admin}/metrics"))
         .await
         .expect("/metrics answers")
