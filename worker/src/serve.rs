@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use embatch_protocol::model as model_keys;
-use embatch_protocol::{CONTRACT_VERSION, PROTOCOL_VERSION, SERVICE_NAME, headers};
+use embatch_protocol::{CONTRACT_VERSION, PROTOCOL_VERSION, SERVICE_NAME};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -32,6 +32,10 @@ use crate::{
     Config, WorkerError, batcher, bulk, cache, group, heartbeat, http, info, intake, membership,
     micro, model, tokens,
 };
+
+mod subjects;
+
+use subjects::{Endpoints, address, subscribe_cancels};
 
 /// Longest the tasks of the tree may take to stop once cancelled (the admin server's open
 /// requests), and longest the last flush of the connection may take, each.
@@ -70,7 +74,6 @@ pub(crate) async fn start<U: Upstream>(
     served: model::Served,
 ) -> Result<Running, WorkerError> {
     let stop = CancellationToken::new();
-    let intake_stop = stop.child_token();
     let tasks = TaskTracker::new();
     // Read before anything is joined: a broken file stops the worker at start.
     let tenants = crate::tenant::TenantPolicy::new(
@@ -78,188 +81,7 @@ pub(crate) async fn start<U: Upstream>(
         config.trusted_account.clone(),
     );
     let upstream = Arc::new(upstream);
-    let service_error = |what: &'static str| {
-        move |source: async_nats::SubscribeError| WorkerError::Service {
-            what,
-            source: source.into(),
-        }
-    };
-    let admin = match config.metrics_addr.0 {
-        Some(addr) => {
-            Some(http::AdminServer::bind(addr, client.clone(), &served.model.name).await?)
-        }
-        None => None,
-    };
-
-    // The model subject first, then the plain subject when this worker serves the default model.
-    let info_subjects: Vec<String> = served
-        .subjects
-        .iter()
-        .map(|s| headers::info_subject(s))
-        .collect();
-    let embed_stats = micro::EndpointStats::new("embed", &served.subjects[0], &config.queue_group);
-    let info_stats =
-        micro::EndpointStats::new(info::ENDPOINT, &info_subjects[0], &config.queue_group);
-    let mut endpoints = vec![embed_stats.clone(), info_stats.clone()];
-    for (subject, info_subject) in served.subjects.iter().zip(&info_subjects).skip(1) {
-        endpoints.push(embed_stats.also_on(subject));
-        endpoints.push(info_stats.also_on(info_subject));
-    }
-    // Rerank requests (contract v1.2) share the intake, and its counters, with embeddings.
-    for subject in &served.subjects {
-        let rerank_subject = embatch_protocol::rerank::rerank_subject(subject);
-        endpoints.push(embed_stats.also_as("rerank", &rerank_subject));
-    }
-    let membership = membership::Membership::new(config.membership);
-    let (state, state_rx) = tokio::sync::watch::channel(membership.state());
-    let heartbeat_state = state_rx.clone();
-    let id = service_id(&client);
-    let discovery = micro::Discovery::subscribe(
-        client.clone(),
-        id.clone(),
-        identity(&served),
-        endpoints,
-        state_rx.clone(),
-    )
-    .await
-    .map_err(service_error("service discovery"))?;
-    let info = info::Endpoint::subscribe(
-        client.clone(),
-        info_subjects,
-        config.queue_group.clone(),
-        Arc::clone(&upstream),
-        config.max_client_batch_size,
-        info_stats,
-    )
-    .await
-    .map_err(service_error("endpoint info"))?;
-    let (probes, probe_results) = match config.membership {
-        membership::Mode::Adaptive => {
-            let (probes, results) = group::Probes::new(Arc::clone(&upstream), state_rx);
-            (Some(probes), Some(results))
-        }
-        membership::Mode::Static => (None, None),
-    };
-    let counter = upstream
-        .counter(&tokens::TokenizerLookup {
-            path: config.tokenizer.clone(),
-        })
-        .await
-        .with_pending_limit(config.queue_cap)
-        .with_pending_bytes(config.max_queue_bytes);
-    tracing::info!(source = %counter.source(), "token counts");
-    // The token budget's defaults come from what the upstream reports of itself.
-    let upstream_info = upstream.info().await.ok();
-    let rerank =
-        intake::RerankConfig::new(&served.subjects, &served.model.name, upstream_info.as_ref());
-    let (batcher, batcher_task) = batcher::spawn(
-        Arc::clone(&upstream),
-        config.batcher(upstream_info.as_ref()),
-    );
-    let bulk_gate = batcher.bulk_gate();
-    // The model's identity for the cache key comes from the same /info.
-    let cache = Arc::new(
-        cache::Cache::start(
-            &client,
-            &config.cache(),
-            upstream_info.as_ref(),
-            &stop,
-            &tasks,
-        )
-        .await,
-    );
-    let group = group::Group::join(
-        client.clone(),
-        group::Address {
-            subject: config.subject.clone(),
-            // The rerank subjects join and leave with the embedding subjects.
-            subjects: served
-                .subjects
-                .iter()
-                .chain(&rerank.subjects)
-                .cloned()
-                .collect(),
-            queue_group: config.queue_group.clone(),
-            speaker: crate::peers::Speaker {
-                id: id.clone(),
-                model: served.model.clone(),
-                plain: served.plain,
-            },
-        },
-        membership,
-        state,
-        batcher.clone(),
-        probe_results,
-    )
-    .await
-    .map_err(service_error("endpoint embed"))?;
-    // Requests sent on either subject are withdrawn on that subject's cancel subject.
-    let mut cancels = futures::stream::SelectAll::new();
-    for subject in &served.subjects {
-        cancels.push(
-            client
-                .subscribe(headers::cancel_subject(subject))
-                .await
-                .map_err(service_error("cancel subscription"))?,
-        );
-    }
-
-    let replies = TaskTracker::new();
-    let withdrawable = Arc::new(intake::Withdrawable::default());
-    tasks.spawn(discovery.run(stop.clone()));
-    tasks.spawn(heartbeat::run(
-        client.clone(),
-        served.subjects.clone(),
-        id.clone(),
-        heartbeat_state,
-        stop.clone(),
-    ));
-    tasks.spawn(intake::withdraw(
-        cancels,
-        Arc::clone(&withdrawable),
-        stop.clone(),
-    ));
-    if let Some(admin) = admin {
-        tasks.spawn(admin.run(stop.clone()));
-    }
-    tasks.spawn(info.run(intake_stop.clone(), tasks.clone()));
-    if let Some(probes) = probes {
-        tasks.spawn(probes.run(intake_stop.clone()));
-    }
-    let mut bulk_config = config.bulk();
-    bulk_config.tenants = tenants.clone();
-    bulk_config.model = served.model.name.clone();
-    if bulk_config.default_model.is_empty() {
-        bulk_config.default_model = served.model.name.clone();
-    }
-    tasks.spawn(bulk::run(
-        client.clone(),
-        (bulk_gate, counter.clone()),
-        bulk_config,
-        intake_stop.clone(),
-    ));
-    let intake = tasks.spawn(intake::run(
-        intake::Intake {
-            group,
-            batcher,
-            counter,
-            config: intake::IntakeConfig {
-                default_deadline: config.default_deadline,
-                max_client_batch_size: config.max_client_batch_size,
-                max_payload: client.server_info().max_payload,
-                worker_id: id,
-                max_queue_bytes: config.max_queue_bytes,
-                rerank,
-            },
-            replies: replies.clone(),
-            withdrawable,
-            client: client.clone(),
-            stats: embed_stats,
-            cache,
-            tenants,
-        },
-        intake_stop.clone(),
-    ));
+    let parts = Parts::build(&client, &upstream, config, &served, (&stop, &tasks)).await?;
     tracing::info!(
         model = %served.model,
         subjects = ?served.subjects,
@@ -268,16 +90,241 @@ pub(crate) async fn start<U: Upstream>(
         upstream_max_batch = upstream.max_batch_size(),
         "worker ready"
     );
-    Ok(Running {
-        stop,
-        intake_stop,
-        tasks,
-        intake,
-        batcher: batcher_task,
-        replies,
-        client,
-        shutdown_grace: config.shutdown_grace,
-    })
+    Ok(parts.spawn(client, config, (served, tenants), (stop, tasks)))
+}
+
+/// What [`start`] subscribes and builds before it spawns anything of the intake.
+struct Parts<U> {
+    admin: Option<http::AdminServer>,
+    discovery: micro::Discovery,
+    info: info::Endpoint<U>,
+    probes: Option<group::Probes<U>>,
+    counter: tokens::Counter,
+    rerank: intake::RerankConfig,
+    batcher: batcher::BatcherHandle,
+    batcher_task: JoinHandle<()>,
+    cache: Arc<cache::Cache>,
+    group: group::Group,
+    cancels: futures::stream::SelectAll<async_nats::Subscriber>,
+    embed_stats: micro::EndpointStats,
+    heartbeat_state: tokio::sync::watch::Receiver<membership::MemberState>,
+    id: String,
+}
+
+impl<U: Upstream> Parts<U> {
+    /// Binds the admin server, subscribes discovery, `info`, the queue group and the cancel
+    /// subjects, and starts the batcher and the cache (the cache's tasks on `tasks`, under
+    /// `stop`).
+    async fn build(
+        client: &async_nats::Client,
+        upstream: &Arc<U>,
+        config: &Config,
+        served: &model::Served,
+        (stop, tasks): (&CancellationToken, &TaskTracker),
+    ) -> Result<Parts<U>, WorkerError> {
+        let admin = match config.metrics_addr.0 {
+            Some(addr) => {
+                Some(http::AdminServer::bind(addr, client.clone(), &served.model.name).await?)
+            }
+            None => None,
+        };
+        let endpoints = Endpoints::of(served, &config.queue_group);
+        let membership = membership::Membership::new(config.membership);
+        let (state, state_rx) = tokio::sync::watch::channel(membership.state());
+        let id = service_id(client);
+        let discovery = micro::Discovery::subscribe(
+            client.clone(),
+            id.clone(),
+            identity(served),
+            endpoints.all,
+            state_rx.clone(),
+        )
+        .await
+        .map_err(service_error("service discovery"))?;
+        let info = info::Endpoint::subscribe(
+            client.clone(),
+            endpoints.info_subjects,
+            config.queue_group.clone(),
+            Arc::clone(upstream),
+            config.max_client_batch_size,
+            endpoints.info_stats,
+        )
+        .await
+        .map_err(service_error("endpoint info"))?;
+        let (probes, probe_results) = probes(config.membership, upstream, state_rx.clone());
+        let counter = token_counter(upstream.as_ref(), config).await;
+        // The token budget's defaults, the rerank capability and the model's identity for the
+        // cache key come from what the upstream reports of itself.
+        let upstream_info = upstream.info().await.ok();
+        let rerank =
+            intake::RerankConfig::new(&served.subjects, &served.model.name, upstream_info.as_ref());
+        let (batcher, batcher_task) =
+            batcher::spawn(Arc::clone(upstream), config.batcher(upstream_info.as_ref()));
+        let cache_config = config.cache();
+        let cache =
+            cache::Cache::start(client, &cache_config, upstream_info.as_ref(), stop, tasks).await;
+        let cache = Arc::new(cache);
+        let group = group::Group::join(
+            client.clone(),
+            address(config, served, &rerank, &id),
+            membership,
+            state,
+            batcher.clone(),
+            probe_results,
+        )
+        .await
+        .map_err(service_error("endpoint embed"))?;
+        let cancels = subscribe_cancels(client, &served.subjects)
+            .await
+            .map_err(service_error("cancel subscription"))?;
+        Ok(Parts {
+            admin,
+            discovery,
+            info,
+            probes,
+            counter,
+            rerank,
+            batcher,
+            batcher_task,
+            cache,
+            group,
+            cancels,
+            embed_stats: endpoints.embed_stats,
+            heartbeat_state: state_rx,
+            id,
+        })
+    }
+
+    /// Spawns the tree: under `stop` discovery, the heartbeat, withdrawals and the admin
+    /// server; under its child the intake, `info`, the probes and the bulk lane.
+    fn spawn(
+        self,
+        client: async_nats::Client,
+        config: &Config,
+        (served, tenants): (model::Served, crate::tenant::TenantPolicy),
+        (stop, tasks): (CancellationToken, TaskTracker),
+    ) -> Running {
+        let intake_stop = stop.child_token();
+        let replies = TaskTracker::new();
+        let withdrawable = Arc::new(intake::Withdrawable::default());
+        tasks.spawn(self.discovery.run(stop.clone()));
+        tasks.spawn(heartbeat::run(
+            client.clone(),
+            served.subjects.clone(),
+            self.id.clone(),
+            self.heartbeat_state,
+            stop.clone(),
+        ));
+        tasks.spawn(intake::withdraw(
+            self.cancels,
+            Arc::clone(&withdrawable),
+            stop.clone(),
+        ));
+        if let Some(admin) = self.admin {
+            tasks.spawn(admin.run(stop.clone()));
+        }
+        tasks.spawn(self.info.run(intake_stop.clone(), tasks.clone()));
+        if let Some(probes) = self.probes {
+            tasks.spawn(probes.run(intake_stop.clone()));
+        }
+        tasks.spawn(bulk::run(
+            client.clone(),
+            (self.batcher.bulk_gate(), self.counter.clone()),
+            bulk_config(config, &served, &tenants),
+            intake_stop.clone(),
+        ));
+        let intake_config = intake::IntakeConfig {
+            default_deadline: config.default_deadline,
+            max_client_batch_size: config.max_client_batch_size,
+            max_payload: client.server_info().max_payload,
+            worker_id: self.id,
+            max_queue_bytes: config.max_queue_bytes,
+            rerank: self.rerank,
+        };
+        let intake = tasks.spawn(intake::run(
+            intake::Intake {
+                group: self.group,
+                batcher: self.batcher,
+                counter: self.counter,
+                config: intake_config,
+                replies: replies.clone(),
+                withdrawable,
+                client: client.clone(),
+                stats: self.embed_stats,
+                cache: self.cache,
+                tenants,
+            },
+            intake_stop.clone(),
+        ));
+        Running {
+            stop,
+            intake_stop,
+            tasks,
+            intake,
+            batcher: self.batcher_task,
+            replies,
+            client,
+            shutdown_grace: config.shutdown_grace,
+        }
+    }
+}
+
+/// The counter of each request's tokens: `TOKENIZER`, the TEI model's tokenizer, TEI's
+/// `/tokenize`, or input counts; requests waiting for it bounded by `QUEUE_CAP` inputs and
+/// `MAX_QUEUE_BYTES`.
+async fn token_counter<U: Upstream>(upstream: &U, config: &Config) -> tokens::Counter {
+    let counter = upstream
+        .counter(&tokens::TokenizerLookup {
+            path: config.tokenizer.clone(),
+        })
+        .await
+        .with_pending_limit(config.queue_cap)
+        .with_pending_bytes(config.max_queue_bytes);
+    tracing::info!(source = %counter.source(), "token counts");
+    counter
+}
+
+/// A subscription's failure as the worker's start error, naming `what` it was for.
+fn service_error(what: &'static str) -> impl Fn(async_nats::SubscribeError) -> WorkerError {
+    move |source| WorkerError::Service {
+        what,
+        source: source.into(),
+    }
+}
+
+/// The upstream `/health` probes with `MEMBERSHIP=adaptive` and the receiver of their
+/// results; none with `static`.
+fn probes<U: Upstream>(
+    mode: membership::Mode,
+    upstream: &Arc<U>,
+    state: tokio::sync::watch::Receiver<membership::MemberState>,
+) -> (
+    Option<group::Probes<U>>,
+    Option<tokio::sync::mpsc::Receiver<bool>>,
+) {
+    match mode {
+        membership::Mode::Adaptive => {
+            let (probes, results) = group::Probes::new(Arc::clone(upstream), state);
+            (Some(probes), Some(results))
+        }
+        membership::Mode::Static => (None, None),
+    }
+}
+
+/// The bulk lane's settings: `BULK_*`, the tenants, and the served model (also the default
+/// model of bulk lines that name none, unless set).
+fn bulk_config(
+    config: &Config,
+    served: &model::Served,
+    tenants: &crate::tenant::TenantPolicy,
+) -> bulk::BulkConfig {
+    let mut bulk_config = config.bulk();
+    bulk_config.tenants = tenants.clone();
+    bulk_config.model = served.model.name.clone();
+    if bulk_config.default_model.is_empty() {
+        bulk_config.default_model = served.model.name.clone();
+    }
+    bulk_config
 }
 
 impl Running {

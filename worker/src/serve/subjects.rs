@@ -1,0 +1,86 @@
+//! The subjects a worker serves on: its discovery endpoints, its queue-group address (the
+//! request subjects with their rerank subjects) and its cancel subscriptions.
+
+use embatch_protocol::headers;
+
+use crate::{Config, group, info, intake, micro, model};
+
+/// The worker's service endpoints, for discovery and `$SRV.STATS`.
+pub(super) struct Endpoints {
+    /// `<subject>.info` of each served subject, the model subject first.
+    pub(super) info_subjects: Vec<String>,
+    /// The `embed` endpoint's counters (shared by every request subject, rerank included).
+    pub(super) embed_stats: micro::EndpointStats,
+    /// The `info` endpoint's counters.
+    pub(super) info_stats: micro::EndpointStats,
+    /// Every endpoint discovery lists.
+    pub(super) all: Vec<micro::EndpointStats>,
+}
+
+impl Endpoints {
+    /// The endpoints of `served` in `queue_group`: the model subject first, then the plain
+    /// subject when this worker serves the default model; rerank requests (contract v1.2) share
+    /// the intake, and its counters, with embeddings.
+    pub(super) fn of(served: &model::Served, queue_group: &str) -> Endpoints {
+        let info_subjects: Vec<String> = served
+            .subjects
+            .iter()
+            .map(|s| headers::info_subject(s))
+            .collect();
+        let embed_stats = micro::EndpointStats::new("embed", &served.subjects[0], queue_group);
+        let info_stats = micro::EndpointStats::new(info::ENDPOINT, &info_subjects[0], queue_group);
+        let mut all = vec![embed_stats.clone(), info_stats.clone()];
+        for (subject, info_subject) in served.subjects.iter().zip(&info_subjects).skip(1) {
+            all.push(embed_stats.also_on(subject));
+            all.push(info_stats.also_on(info_subject));
+        }
+        for subject in &served.subjects {
+            let rerank_subject = embatch_protocol::rerank::rerank_subject(subject);
+            all.push(embed_stats.also_as("rerank", &rerank_subject));
+        }
+        Endpoints {
+            info_subjects,
+            embed_stats,
+            info_stats,
+            all,
+        }
+    }
+}
+
+/// The queue-group address of worker `id`: its request subjects, with the rerank subjects,
+/// which join and leave with them.
+pub(super) fn address(
+    config: &Config,
+    served: &model::Served,
+    rerank: &intake::RerankConfig,
+    id: &str,
+) -> group::Address {
+    group::Address {
+        subject: config.subject.clone(),
+        subjects: served
+            .subjects
+            .iter()
+            .chain(&rerank.subjects)
+            .cloned()
+            .collect(),
+        queue_group: config.queue_group.clone(),
+        speaker: crate::peers::Speaker {
+            id: id.to_owned(),
+            model: served.model.clone(),
+            plain: served.plain,
+        },
+    }
+}
+
+/// One subscription per served subject's cancel subject: a request sent on either subject is
+/// withdrawn on that subject's.
+pub(super) async fn subscribe_cancels(
+    client: &async_nats::Client,
+    subjects: &[String],
+) -> Result<futures::stream::SelectAll<async_nats::Subscriber>, async_nats::SubscribeError> {
+    let mut cancels = futures::stream::SelectAll::new();
+    for subject in subjects {
+        cancels.push(client.subscribe(headers::cancel_subject(subject)).await?);
+    }
+    Ok(cancels)
+}
