@@ -115,7 +115,35 @@ impl FileCheck {
                 format!("not a JSON object: {e}"),
             )
         })?;
-        let custom_id = match raw.custom_id {
+        let custom_id = self.custom_id(raw.custom_id, line)?;
+        let route = route(raw.method.as_deref(), raw.url.as_deref(), line)?;
+        let Some(body) = raw.body else {
+            return Err(error(
+                "missing_body",
+                Some("body"),
+                line,
+                "`body` is required".into(),
+            ));
+        };
+        let (request, model, encoding_format) = read_body(route, &body, line, limits)?;
+        self.check_model(model.as_deref(), line)?;
+        Ok(ItemLine {
+            line,
+            custom_id,
+            route,
+            request,
+            model,
+            encoding_format,
+        })
+    }
+
+    /// The line's `custom_id`: a non-empty string no earlier line had.
+    fn custom_id(
+        &mut self,
+        custom_id: Option<serde_json::Value>,
+        line: u64,
+    ) -> Result<String, BatchError> {
+        let custom_id = match custom_id {
             Some(serde_json::Value::String(id)) if !id.is_empty() => id,
             Some(_) => {
                 return Err(error(
@@ -142,96 +170,13 @@ impl FileCheck {
                 format!("`custom_id` {custom_id:?} appears on an earlier line"),
             ));
         }
-        if let Some(method) = raw.method.as_deref()
-            && method != "POST"
-        {
-            return Err(error(
-                "invalid_method",
-                Some("method"),
-                line,
-                format!("`method` must be \"POST\", got {method:?}"),
-            ));
-        }
-        let route = match raw.url.as_deref() {
-            Some("/v1/embeddings") => LineRoute::OpenAi,
-            Some("/embed") => LineRoute::Tei,
-            other => {
-                return Err(error(
-                    "invalid_url",
-                    Some("url"),
-                    line,
-                    format!(
-                        "`url` must be \"/v1/embeddings\" or \"/embed\" (the batch's \
-                         embeddings endpoints), got {other:?}"
-                    ),
-                ));
-            }
-        };
-        let Some(body) = raw.body else {
-            return Err(error(
-                "missing_body",
-                Some("body"),
-                line,
-                "`body` is required".into(),
-            ));
-        };
-        let body_error = |e: EmbedError| {
-            let too_many = e.to_string().contains("maximum allowed batch size");
-            let (code, param) = if too_many {
-                ("too_many_inputs", "body.input")
-            } else if matches!(e, EmbedError::Empty(_)) {
-                ("empty_input", "body.input")
-            } else {
-                ("invalid_body", "body")
-            };
-            error(code, Some(param), line, format!("`body`: {e}"))
-        };
-        let (request, model, encoding_format) = match route {
-            LineRoute::OpenAi => {
-                let body: OpenAiBody = serde_json::from_str(body.get()).map_err(|e| {
-                    body_error(EmbedError::Validation(format!(
-                        "not an embeddings request: {e}"
-                    )))
-                })?;
-                let request = EmbedRequest {
-                    inputs: body.input,
-                    normalize: true,
-                    truncate: None,
-                    truncation_direction: None,
-                    prompt_name: None,
-                    dimensions: body.dimensions,
-                };
-                (
-                    request,
-                    body.model,
-                    body.encoding_format.unwrap_or_default(),
-                )
-            }
-            LineRoute::Tei => (
-                EmbedRequest::from_slice(body.get().as_bytes()).map_err(body_error)?,
-                None,
-                EncodingFormat::Float,
-            ),
-        };
-        request.validate(limits.max_line_inputs).map_err(|e| {
-            if matches!(e, EmbedError::Validation(_))
-                && request.inputs.len() > limits.max_line_inputs
-            {
-                error(
-                    "too_many_inputs",
-                    Some("body.input"),
-                    line,
-                    format!(
-                        "`body.input` holds {} inputs, more than {} (BULK_MAX_LINE_INPUTS)",
-                        request.inputs.len(),
-                        limits.max_line_inputs
-                    ),
-                )
-            } else {
-                body_error(e)
-            }
-        })?;
-        let named = model.as_deref().filter(|m| !m.is_empty());
+        Ok(custom_id)
+    }
+
+    /// The line's model (its own `body.model`, or the default) is one served, and the same as
+    /// the first line's: a batch uses one model, as OpenAI's.
+    fn check_model(&mut self, model: Option<&str>, line: u64) -> Result<(), BatchError> {
+        let named = model.filter(|m| !m.is_empty());
         let name = match (&self.models, named) {
             (Some(models), named) => {
                 let name = named.unwrap_or(&models.default);
@@ -251,10 +196,10 @@ impl FileCheck {
             }
             (None, named) => named.map(str::to_owned),
         };
-        if let Some(name) = &name {
+        if let Some(name) = name {
             match &self.model {
-                None => self.model = Some((name.clone(), line)),
-                Some((first, first_line)) if first != name => {
+                None => self.model = Some((name, line)),
+                Some((first, first_line)) if *first != name => {
                     return Err(error(
                         "model_mismatch",
                         Some("body.model"),
@@ -268,15 +213,98 @@ impl FileCheck {
                 Some(_) => {}
             }
         }
-        Ok(ItemLine {
-            line,
-            custom_id,
-            route,
-            request,
-            model,
-            encoding_format,
-        })
+        Ok(())
     }
+}
+
+/// The route of a line: `method` POST (or absent) and `url` one of the batch's embeddings
+/// endpoints.
+fn route(method: Option<&str>, url: Option<&str>, line: u64) -> Result<LineRoute, BatchError> {
+    if let Some(method) = method
+        && method != "POST"
+    {
+        return Err(error(
+            "invalid_method",
+            Some("method"),
+            line,
+            format!("`method` must be \"POST\", got {method:?}"),
+        ));
+    }
+    match url {
+        Some("/v1/embeddings") => Ok(LineRoute::OpenAi),
+        Some("/embed") => Ok(LineRoute::Tei),
+        other => Err(error(
+            "invalid_url",
+            Some("url"),
+            line,
+            format!(
+                "`url` must be \"/v1/embeddings\" or \"/embed\" (the batch's \
+                 embeddings endpoints), got {other:?}"
+            ),
+        )),
+    }
+}
+
+/// The line's `body` read as its route reads it and validated: the request, the model it
+/// names and the encoding of its vectors.
+fn read_body(
+    route: LineRoute,
+    body: &serde_json::value::RawValue,
+    line: u64,
+    limits: LineLimits,
+) -> Result<(EmbedRequest, Option<String>, EncodingFormat), BatchError> {
+    let body_error = |e: EmbedError| {
+        let (code, param) = if matches!(e, EmbedError::Empty(_)) {
+            ("empty_input", "body.input")
+        } else {
+            ("invalid_body", "body")
+        };
+        error(code, Some(param), line, format!("`body`: {e}"))
+    };
+    let (request, model, encoding_format) = match route {
+        LineRoute::OpenAi => {
+            let body: OpenAiBody = serde_json::from_str(body.get()).map_err(|e| {
+                body_error(EmbedError::Validation(format!(
+                    "not an embeddings request: {e}"
+                )))
+            })?;
+            let request = EmbedRequest {
+                inputs: body.input,
+                normalize: true,
+                truncate: None,
+                truncation_direction: None,
+                prompt_name: None,
+                dimensions: body.dimensions,
+            };
+            (
+                request,
+                body.model,
+                body.encoding_format.unwrap_or_default(),
+            )
+        }
+        LineRoute::Tei => (
+            EmbedRequest::from_slice(body.get().as_bytes()).map_err(body_error)?,
+            None,
+            EncodingFormat::Float,
+        ),
+    };
+    // Counted here, not read from the error's words: more inputs than the line may carry.
+    let inputs = request.inputs.len();
+    if inputs > limits.max_line_inputs && !request.inputs.as_slice().iter().any(|i| i.is_empty()) {
+        return Err(error(
+            "too_many_inputs",
+            Some("body.input"),
+            line,
+            format!(
+                "`body.input` holds {inputs} inputs, more than {} (BULK_MAX_LINE_INPUTS)",
+                limits.max_line_inputs
+            ),
+        ));
+    }
+    request
+        .validate(limits.max_line_inputs)
+        .map_err(body_error)?;
+    Ok((request, model, encoding_format))
 }
 
 /// The `custom_id` of a line, if it has one (for the error entries of lines a cancelled or
@@ -384,5 +412,26 @@ mod tests {
         assert_eq!(e.code, "too_many_inputs");
         assert_eq!(e.param.as_deref(), Some("body.input"));
         assert!(e.message.contains("line 1") && e.message.contains("more than 2"));
+
+        let r = check(&[
+            r#"{"custom_id":"a","method":"GET","url":"/embed","body":{"inputs":"x"}}"#,
+            r#"{"custom_id":"b","url":"/embed","body":{"inputs":["a",""]}}"#,
+            r#"{"custom_id":"c","url":"/embed","body":{"inputs":["a","b",""]}}"#,
+        ]);
+        assert_eq!(code(&r[0]), "invalid_method");
+        assert_eq!(code(&r[1]), "empty_input");
+        assert_eq!(
+            code(&r[2]),
+            "empty_input",
+            "an empty input, whatever the count"
+        );
+        let r = check(&[
+            r#"{"custom_id":"a","url":"/v1/embeddings","body":{"input":"x","dimensions":0}}"#,
+            r#"{"custom_id":"b","url":"/v1/embeddings","body":{"inputs":"x"}}"#,
+            r#"{"custom_id":"c","url":"/v1/embeddings"}"#,
+        ]);
+        assert_eq!(code(&r[0]), "invalid_body");
+        assert_eq!(code(&r[1]), "invalid_body");
+        assert_eq!(code(&r[2]), "missing_body");
     }
 }
