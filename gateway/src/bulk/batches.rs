@@ -4,6 +4,7 @@
 //! `embatch_worker::bulk`).
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use axum::Json;
 use axum::extract::rejection::{PathRejection, QueryRejection};
@@ -77,6 +78,8 @@ pub async fn create(
     }
 }
 
+/// Checks `body` as OpenAI's `POST /v1/batches` does, stores the `validating` record of
+/// `caller`'s batch and publishes its validation job.
 async fn create_batch(bulk: &Bulk, caller: &Caller, body: &[u8]) -> Result<Batch, ApiError> {
     let request: CreateBatch = serde_json::from_slice(body)
         .map_err(|e| ApiError::invalid("body", format!("invalid request body: {e}")))?;
@@ -89,42 +92,8 @@ async fn create_batch(bulk: &Bulk, caller: &Caller, body: &[u8]) -> Result<Batch
             ),
         ));
     }
-    let Some((_, window)) = bulk
-        .limits
-        .completion_windows
-        .iter()
-        .find(|(name, _)| *name == request.completion_window)
-    else {
-        let accepted: Vec<&str> = bulk
-            .limits
-            .completion_windows
-            .iter()
-            .map(|(n, _)| n.as_str())
-            .collect();
-        return Err(ApiError::invalid(
-            "completion_window",
-            format!(
-                "`completion_window` must be one of {accepted:?} (BULK_COMPLETION_WINDOWS), got {:?}",
-                request.completion_window
-            ),
-        ));
-    };
-    if let Some(metadata) = &request.metadata {
-        let (pairs, key_len, value_len) = METADATA_LIMITS;
-        if metadata.len() > pairs
-            || metadata
-                .iter()
-                .any(|(k, v)| k.chars().count() > key_len || v.chars().count() > value_len)
-        {
-            return Err(ApiError::invalid(
-                "metadata",
-                format!(
-                    "`metadata` holds at most {pairs} pairs, keys of at most {key_len} and \
-                     values of at most {value_len} characters"
-                ),
-            ));
-        }
-    }
+    let window = completion_window(bulk, &request.completion_window)?;
+    check_metadata(request.metadata.as_ref())?;
     let input = super::files::info(bulk, &request.input_file_id, caller.name())
         .await
         .map_err(|err| match err.status {
@@ -143,8 +112,58 @@ async fn create_batch(bulk: &Bulk, caller: &Caller, body: &[u8]) -> Result<Batch
             ),
         ));
     }
+    let record = new_record(request, window, caller);
+    let store = bulk.store().await?;
+    store.create_batch(&record).await?;
+    if let Err(err) = store.publish_job(&record.batch.id, JobKind::Validate).await {
+        // Nobody would ever act on it: take the record back.
+        let _ = store.batches.delete(&record.batch.id).await;
+        return Err(err.into());
+    }
+    Ok(record.batch)
+}
+
+/// The length of the completion window `name`, one of `BULK_COMPLETION_WINDOWS`.
+fn completion_window(bulk: &Bulk, name: &str) -> Result<Duration, ApiError> {
+    let windows = &bulk.limits.completion_windows;
+    if let Some((_, window)) = windows.iter().find(|(n, _)| n == name) {
+        return Ok(*window);
+    }
+    let accepted: Vec<&str> = windows.iter().map(|(n, _)| n.as_str()).collect();
+    Err(ApiError::invalid(
+        "completion_window",
+        format!(
+            "`completion_window` must be one of {accepted:?} (BULK_COMPLETION_WINDOWS), got {name:?}"
+        ),
+    ))
+}
+
+/// `metadata` within OpenAI's limits ([`METADATA_LIMITS`]: pairs, key and value characters).
+fn check_metadata(metadata: Option<&BTreeMap<String, String>>) -> Result<(), ApiError> {
+    let Some(metadata) = metadata else {
+        return Ok(());
+    };
+    let (pairs, key_len, value_len) = METADATA_LIMITS;
+    if metadata.len() > pairs
+        || metadata
+            .iter()
+            .any(|(k, v)| k.chars().count() > key_len || v.chars().count() > value_len)
+    {
+        return Err(ApiError::invalid(
+            "metadata",
+            format!(
+                "`metadata` holds at most {pairs} pairs, keys of at most {key_len} and \
+                 values of at most {value_len} characters"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The `validating` record of `request`, expiring `window` from now, owned by `caller`.
+fn new_record(request: CreateBatch, window: Duration, caller: &Caller) -> BatchRecord {
     let now = unix_now();
-    let record = BatchRecord {
+    BatchRecord {
         batch: Batch {
             id: new_id("batch_"),
             object: "batch".into(),
@@ -169,15 +188,7 @@ async fn create_batch(bulk: &Bulk, caller: &Caller, body: &[u8]) -> Result<Batch
         },
         embatch: Progress::default(),
         tenant: Some(caller.name().to_owned()),
-    };
-    let store = bulk.store().await?;
-    store.create_batch(&record).await?;
-    if let Err(err) = store.publish_job(&record.batch.id, JobKind::Validate).await {
-        // Nobody would ever act on it: take the record back.
-        let _ = store.batches.delete(&record.batch.id).await;
-        return Err(err.into());
     }
-    Ok(record.batch)
 }
 
 /// `GET /v1/batches/{id}`: the batch as stored now (progress included), 404 when there is none
