@@ -501,16 +501,17 @@ async fn embed(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Byt
         .filter(|_| checked.is_ok())
         .and_then(|status| poisoned(&inputs).map(|i| (status, i)));
     if let Some(calls) = &state.calls {
+        let status = faults
+            .fail_with
+            .unwrap_or_else(|| match (&checked, model_failure) {
+                (Err(err), _) => err.status(),
+                (Ok(()), Some((status, _))) => status,
+                (Ok(()), None) => 200,
+            });
         calls.push(RecordedCall {
             inputs: inputs.clone(),
             options: serde_json::to_value(request_options).unwrap_or(serde_json::Value::Null),
-            status: faults
-                .fail_with
-                .unwrap_or_else(|| match (&checked, model_failure) {
-                    (Err(err), _) => err.status(),
-                    (Ok(()), Some((status, _))) => status,
-                    (Ok(()), None) => 200,
-                }),
+            status,
             authorization: headers
                 .get(header::AUTHORIZATION)
                 .and_then(|v| v.to_str().ok())
@@ -546,25 +547,20 @@ async fn embed(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Byt
     // That CPU work (about 1 ms for 32 vectors of 384 floats) runs on the blocking pool: done
     // here, it would delay the next call, which the semaphore just woke into this runtime
     // thread's LIFO slot, so the simulated GPU would idle while this reply is serialized.
-    let dim = state.config.dim;
-    let body = tokio::task::spawn_blocking(move || {
-        let vectors: Vec<Vec<f32>> = inputs
-            .iter()
-            .map(|input| embedding_of(input, dim, dimensions, normalize))
-            .collect();
-        serde_json::to_vec(&vectors)
-    })
-    .await;
-    let body = match body {
-        Ok(Ok(body)) => body,
-        Ok(Err(err)) => {
-            return error_response(&EmbedError::Backend(format!("cannot encode: {err}")));
-        }
-        Err(err) => {
-            return error_response(&EmbedError::Backend(format!("reply task failed: {err}")));
-        }
+    let body = match vectors_json(inputs, state.config.dim, dimensions, normalize).await {
+        Ok(body) => body,
+        Err(err) => return error_response(&err),
     };
-    let headers = [
+    (reply_headers(arrived, queue_time, cost), body).into_response()
+}
+
+/// TEI's reply headers: the content type and its `x-*-time` headers (ms).
+fn reply_headers(
+    arrived: Instant,
+    queue_time: Duration,
+    cost: Duration,
+) -> [(HeaderName, String); 5] {
+    [
         (header::CONTENT_TYPE, "application/json".to_string()),
         (
             HeaderName::from_static("x-compute-type"),
@@ -582,8 +578,29 @@ async fn embed(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Byt
             HeaderName::from_static("x-inference-time"),
             cost.as_millis().to_string(),
         ),
-    ];
-    (headers, body).into_response()
+    ]
+}
+
+/// TEI's reply body: the JSON array of the inputs' vectors, built on the blocking pool.
+async fn vectors_json(
+    inputs: Vec<Input>,
+    dim: usize,
+    dimensions: Option<usize>,
+    normalize: bool,
+) -> Result<Vec<u8>, EmbedError> {
+    let body = tokio::task::spawn_blocking(move || {
+        let vectors: Vec<Vec<f32>> = inputs
+            .iter()
+            .map(|input| embedding_of(input, dim, dimensions, normalize))
+            .collect();
+        serde_json::to_vec(&vectors)
+    })
+    .await;
+    match body {
+        Ok(Ok(body)) => Ok(body),
+        Ok(Err(err)) => Err(EmbedError::Backend(format!("cannot encode: {err}"))),
+        Err(err) => Err(EmbedError::Backend(format!("reply task failed: {err}"))),
+    }
 }
 
 async fn info(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
