@@ -143,6 +143,8 @@ keda: {enabled: true, prometheus: {enabled: false}}'
     'keda: {enabled: true}'
   refuses "a NATS token auth without the token" "natsClient.auth.token is required" \
     'natsClient: {auth: {type: token}}'
+  refuses "a JetStream replica count out of range" "natsClient.jetstreamReplicas \"7\": auto or 1 to 5" \
+    'natsClient: {jetstreamReplicas: 7}'
 
   shopt -s nullglob
   deps=("$chart_src"/charts/nats-*.tgz)

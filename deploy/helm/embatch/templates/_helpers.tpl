@@ -108,10 +108,22 @@ server names are its pod names). */}}
 {{- default (printf "%s-nats-tls" (include "embatch.fullname" .)) .Values.natsClient.tls.existingSecret }}
 {{- end }}
 
-{{/* Env entries for the NATS connection: URL, credentials, TLS (README "NATS connection"). */}}
+{{/* JETSTREAM_REPLICAS: natsClient.jetstreamReplicas, "auto" or 1 to 5. */}}
+{{- define "embatch.jetstreamReplicas" -}}
+{{- $r := toString (default "auto" .Values.natsClient.jetstreamReplicas) }}
+{{- if not (has $r (list "auto" "1" "2" "3" "4" "5")) }}
+{{- fail (printf "natsClient.jetstreamReplicas %q: auto or 1 to 5" $r) }}
+{{- end }}
+{{- $r }}
+{{- end }}
+
+{{/* Env entries for the NATS connection: URL, credentials, TLS, JetStream replicas (README "NATS
+connection"). */}}
 {{- define "embatch.natsEnv" -}}
 - name: NATS_URL
   value: {{ include "embatch.natsUrl" . | quote }}
+- name: JETSTREAM_REPLICAS
+  value: {{ include "embatch.jetstreamReplicas" . | quote }}
 {{- $auth := .Values.natsClient.auth }}
 {{- $secret := include "embatch.natsAuthSecret" . }}
 {{- if eq $auth.type "userPassword" }}
