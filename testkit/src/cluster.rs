@@ -375,7 +375,7 @@ impl Drop for NatsCluster {
 }
 
 /// `n` distinct free loopback ports: all bound at once, then released.
-fn free_ports(n: usize) -> Vec<u16> {
+pub(crate) fn free_ports(n: usize) -> Vec<u16> {
     let listeners: Vec<TcpListener> = (0..n)
         .map(|_| TcpListener::bind("127.0.0.1:0").expect("a free loopback port"))
         .collect();
@@ -387,7 +387,7 @@ fn free_ports(n: usize) -> Vec<u16> {
 
 /// A minimal HTTP/1.0 GET on 127.0.0.1 (nats-server's monitoring answers it and closes):
 /// the body of a 200 response.
-fn http_get(port: u16, path: &str) -> std::io::Result<String> {
+pub(crate) fn http_get(port: u16, path: &str) -> std::io::Result<String> {
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;

@@ -3,6 +3,8 @@
 //! - [`NatsServer`]: a real `nats-server` process on a free loopback port, stopped on drop
 //!   ([`NatsServer::start_jetstream`]: with JetStream on a temporary store).
 //! - [`NatsCluster`]: three of them forming a cluster from `nats/cluster/*.conf` ([`cluster`]).
+//! - [`Supercluster`]: two one-server regions joined by NATS gateways, from
+//!   `nats/regions/region-{a,b}.conf`, and an edge site's leaf node of region A ([`regions`]).
 //! - [`TeiDouble`]: the workspace's TEI double ([`embatch_tei_double`], re-exported), started
 //!   with [`start_tei`]; it records every call and can be told to fail ([`Faults`]).
 //! - [`model_dir`] / [`testdata`]: where the real model and the reference data live.
@@ -19,9 +21,11 @@ use tempfile::TempDir;
 
 pub mod cluster;
 pub mod pki;
+pub mod regions;
 pub use cluster::{MetaGroup, MetaPeer, NatsCluster};
 pub use embatch_tei_double::{Config as TeiConfig, Faults, POISON, TeiDouble, embedding_of};
 pub use pki::{Pki, TlsProxy};
+pub use regions::{Region, Supercluster};
 
 /// The repository root (this crate lives in `<repo>/testkit`).
 pub fn repo_root() -> PathBuf {
