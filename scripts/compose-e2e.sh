@@ -290,7 +290,9 @@ note "scale 3 -> 1 -> 3 under $rate req/s: $nerr errors of $nsent requests"
 step "6. bulk lane"
 # 1,500 one-input lines through OpenAI's Files + Batches API; once a tenth is done, one of the 3
 # worker containers is killed (SIGKILL): what it held is redelivered after BULK_ACK_WAIT.
-victim=$(docker compose --profile local ps -q worker-local | head -1)
+# sed, not head: head exits after one line, and under pipefail the compose CLI's write to the
+# closed pipe would end the script.
+victim=$(docker compose --profile local ps -q worker-local | sed -n 1p)
 if bulk=$(python3 scripts/checks/bulk_job.py "http://$gw" 1500 "docker kill $victim >/dev/null" 240); then
   ok "a bulk job of 1,500 lines completed across a worker kill -9, each custom_id once: $bulk"
 else
