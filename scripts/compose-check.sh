@@ -2,7 +2,7 @@
 # Validates the deployment files without a Docker engine, one program per concern (scripts/checks/):
 #   compose  compose.py: `docker compose config` per profile set with .env.example, .env (if any) and
 #            no env file; the services each set enables, and their wiring as rendered.
-#   nats     nats_configs.py: nats/nats.conf, nats/cluster/*.conf pass `nats-server -t`; max_payload;
+#   nats     nats_configs.py: nats/nats.conf, nats/cluster/*.conf, nats/regions/*.conf pass `nats-server -t`; max_payload;
 #            the nats-server used, compose.yaml's nats image and the Helm values' nats image tag
 #            are the release pinned in nats/VERSION (its minor, for the image tags).
 #   docker   dockerfile/ (Go, BuildKit's frontend): every stage converts with the linter on and

@@ -6,7 +6,7 @@ that names a nats-server release names the one pinned in nats/VERSION:
 - compose.yaml's nats image tag, and the nats subchart's image tag in the Helm values
   (nats.container.image.tag; required in values.yaml, or the subchart runs its own default), name
   the pinned minor (nats:2.15-alpine) or the pinned release (2.15.2-alpine) for v2.15.2;
-- nats/nats.conf and nats/cluster/*.conf pass `nats-server -c FILE -t`;
+- nats/nats.conf, nats/cluster/*.conf and nats/regions/*.conf pass `nats-server -c FILE -t`;
 - each one, started on its own on free loopback ports, reports the expected max_payload in /varz,
   and JetStream enabled with the expected file store limit (a cluster node gets its store
   directory with -sd, as nats/README.md says).
@@ -178,6 +178,10 @@ def main():
         for conf in config_files():
             syntax_ok(server, conf)
             max_payload_ok(server, conf, tmp)
+    # The region and edge examples (core NATS, no JetStream) are started as a supercluster by
+    # gateway/tests/regions.rs; here their syntax and accounts are checked as written.
+    for conf in sorted(glob.glob(os.path.join(ROOT, "nats/regions/*.conf"))):
+        syntax_ok(server, os.path.relpath(conf, ROOT))
     sys.exit(1 if failures else 0)
 
 
