@@ -274,33 +274,7 @@ impl RunArgs {
                 ));
             }
         };
-        let load = match (self.rate, self.concurrency) {
-            (Some(rate), _) => {
-                if !(rate.is_finite() && rate > 0.0) {
-                    return Err(LoadtestError::Config(format!(
-                        "--rate must be a positive number of requests per second, got {rate}"
-                    )));
-                }
-                if self.max_in_flight == 0 {
-                    return Err(LoadtestError::Config(
-                        "--max-in-flight must be at least 1".into(),
-                    ));
-                }
-                LoadModel::Open {
-                    rate,
-                    max_in_flight: self.max_in_flight,
-                }
-            }
-            (None, concurrency) => {
-                let concurrency = concurrency.unwrap_or(1);
-                if concurrency == 0 {
-                    return Err(LoadtestError::Config(
-                        "--concurrency must be at least 1".into(),
-                    ));
-                }
-                LoadModel::Closed { concurrency }
-            }
-        };
+        let load = load_model(self.rate, self.concurrency, self.max_in_flight)?;
         let stop = match (self.requests, self.duration) {
             (Some(0), _) => {
                 return Err(LoadtestError::Config(
@@ -336,6 +310,41 @@ impl RunArgs {
             quiet: self.quiet,
         })
     }
+}
+
+/// The load: an open loop at `rate` requests/s with at most `max_in_flight` outstanding, else a
+/// closed loop of `concurrency` (1 by default).
+///
+/// # Errors
+/// [`LoadtestError::Config`] for a non-positive rate, `max_in_flight` 0 or concurrency 0.
+fn load_model(
+    rate: Option<f64>,
+    concurrency: Option<usize>,
+    max_in_flight: usize,
+) -> Result<LoadModel, LoadtestError> {
+    if let Some(rate) = rate {
+        if !(rate.is_finite() && rate > 0.0) {
+            return Err(LoadtestError::Config(format!(
+                "--rate must be a positive number of requests per second, got {rate}"
+            )));
+        }
+        if max_in_flight == 0 {
+            return Err(LoadtestError::Config(
+                "--max-in-flight must be at least 1".into(),
+            ));
+        }
+        return Ok(LoadModel::Open {
+            rate,
+            max_in_flight,
+        });
+    }
+    let concurrency = concurrency.unwrap_or(1);
+    if concurrency == 0 {
+        return Err(LoadtestError::Config(
+            "--concurrency must be at least 1".into(),
+        ));
+    }
+    Ok(LoadModel::Closed { concurrency })
 }
 
 /// `embatch-loadtest fake-upstream`.
