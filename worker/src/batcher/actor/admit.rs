@@ -12,7 +12,7 @@ use super::{Actor, BULK_DEADLINE, count_shed};
 use crate::batcher::admission::{Ask, Shed, ShedReason};
 use crate::batcher::fair::{Share, units};
 use crate::batcher::queue::{Arrival, Removed};
-use crate::batcher::{BulkJob, Job, Refused};
+use crate::batcher::{BulkJob, Job, Outcome, Refused};
 use crate::telemetry::names;
 use crate::upstream::Upstream;
 
@@ -52,29 +52,9 @@ impl<U: Upstream> Actor<U> {
                 retry_after: shed.retry_after,
             }
         });
-        match (admission, admitted) {
-            (Some(admission), admitted) => {
-                let ok = admitted.is_ok();
-                if admission.send(admitted).is_err() && ok {
-                    // The submitter went away before the answer: nothing to serve.
-                    self.ledger.release(ask.inputs, ask.bytes);
-                    self.unqueue(Removed {
-                        inputs: ask.inputs,
-                        tokens: ask.tokens,
-                    });
-                    return;
-                }
-                if !ok {
-                    return;
-                }
-            }
-            (None, Err(refused)) => {
-                metrics::counter!(names::REQUESTS, "outcome" => refused.error.kind()).increment(1);
-                let _ = reply.send(Err(refused.error));
-                return;
-            }
-            (None, Ok(())) => {}
-        }
+        let Some(reply) = self.settle(admission, admitted, reply, ask) else {
+            return;
+        };
         let id = self.next_id;
         self.next_id += 1;
         let n = inputs.len();
@@ -98,6 +78,39 @@ impl<U: Upstream> Actor<U> {
             id,
             Pending::new(n, accepted, ReplyTo::Interactive(tx), span).of(bytes, tenant),
         );
+    }
+
+    /// Tells the submitter the admission decision (through `admission` when it waits for one,
+    /// else by answering a refusal on `reply`). Returns `reply` when the request is to be served:
+    /// admitted, and its submitter still there (else its share of the ledger is freed).
+    fn settle(
+        &mut self,
+        admission: Option<oneshot::Sender<Result<(), Refused>>>,
+        admitted: Result<(), Refused>,
+        reply: oneshot::Sender<Outcome>,
+        ask: Ask,
+    ) -> Option<oneshot::Sender<Outcome>> {
+        match (admission, admitted) {
+            (Some(admission), admitted) => {
+                let ok = admitted.is_ok();
+                if admission.send(admitted).is_err() && ok {
+                    // The submitter went away before the answer: nothing to serve.
+                    self.ledger.release(ask.inputs, ask.bytes);
+                    self.unqueue(Removed {
+                        inputs: ask.inputs,
+                        tokens: ask.tokens,
+                    });
+                    return None;
+                }
+                ok.then_some(reply)
+            }
+            (None, Err(refused)) => {
+                metrics::counter!(names::REQUESTS, "outcome" => refused.error.kind()).increment(1);
+                let _ = reply.send(Err(refused.error));
+                None
+            }
+            (None, Ok(())) => Some(reply),
+        }
     }
 
     /// Takes the admission credits the handles left for the actor: a backlog window after a
