@@ -113,6 +113,16 @@ pub(super) struct Removed {
     pub tokens: u64,
 }
 
+impl Removed {
+    /// What `entry` still has waiting: all of it leaves at once.
+    fn of(entry: &Entry) -> Removed {
+        Removed {
+            inputs: entry.waiting.len(),
+            tokens: entry.tokens(),
+        }
+    }
+}
+
 /// All requests with inputs not yet sent upstream.
 #[derive(Default)]
 pub(super) struct Queue {
@@ -190,10 +200,7 @@ impl Queue {
         let Some(entry) = self.entries.remove(&id) else {
             return Removed::default();
         };
-        let left = Removed {
-            inputs: entry.waiting.len(),
-            tokens: entry.tokens(),
-        };
+        let left = Removed::of(&entry);
         if let Some(group) = self.groups.get_mut(&entry.options) {
             let counts = (&mut self.inputs, &mut self.fair);
             left_group(group, counts, &entry.share.tenant, left);
@@ -346,10 +353,7 @@ impl Queue {
         };
         for id in expired {
             if let Some(entry) = self.entries.remove(&id) {
-                let left = Removed {
-                    inputs: entry.waiting.len(),
-                    tokens: entry.tokens(),
-                };
+                let left = Removed::of(&entry);
                 let counts = (&mut self.inputs, &mut self.fair);
                 left_group(group, counts, &entry.share.tenant, left);
                 formed.expired.push((id, left));
@@ -361,19 +365,7 @@ impl Queue {
         {
             self.fair.mark_head(&head.share.tenant);
         }
-        let tokens: Vec<u32> = candidates.iter().map(|c| c.tokens).collect();
-        let mut picked: Vec<Candidate> = shape::select(&tokens, take.batch_limit, take.budget)
-            .into_iter()
-            .map(|i| candidates[i])
-            .collect();
-        if contended {
-            // One run per request, in the order its first candidate came, inputs ascending.
-            let mut first: HashMap<u64, usize> = HashMap::new();
-            for (rank, c) in candidates.iter().enumerate() {
-                first.entry(c.request).or_insert(rank);
-            }
-            picked.sort_by_key(|c| (first.get(&c.request).copied(), c.at));
-        }
+        let picked = pick(&candidates, &take, contended);
         // What left, by tenant: charged and counted once per tenant, not per request.
         let mut sent: Vec<(Arc<str>, Removed)> = Vec::with_capacity(1);
         let mut picked = picked.into_iter().peekable();
@@ -387,19 +379,7 @@ impl Queue {
             };
             formed.probe |= probe == Some(first.request);
             let (segment, taken) = cut(entry, first.request, &ats, &mut formed);
-            match sent.iter_mut().find(|(t, _)| *t == entry.share.tenant) {
-                Some((_, left)) => {
-                    left.inputs += segment.len;
-                    left.tokens += taken;
-                }
-                None => sent.push((
-                    entry.share.tenant.clone(),
-                    Removed {
-                        inputs: segment.len,
-                        tokens: taken,
-                    },
-                )),
-            }
+            add_sent(&mut sent, &entry.share.tenant, segment.len, taken);
             if entry.waiting.is_empty() {
                 self.entries.remove(&first.request);
             }
@@ -497,6 +477,35 @@ impl Queue {
             self.groups.remove(&formed.options);
         }
         added
+    }
+}
+
+/// The candidates of one batch, shaped by [`shape::select`]; while tenants contend, in one run
+/// per request, in the order its first candidate came, inputs ascending.
+fn pick(candidates: &[Candidate], take: &Take, contended: bool) -> Vec<Candidate> {
+    let tokens: Vec<u32> = candidates.iter().map(|c| c.tokens).collect();
+    let mut picked: Vec<Candidate> = shape::select(&tokens, take.batch_limit, take.budget)
+        .into_iter()
+        .map(|i| candidates[i])
+        .collect();
+    if contended {
+        let mut first: HashMap<u64, usize> = HashMap::new();
+        for (rank, c) in candidates.iter().enumerate() {
+            first.entry(c.request).or_insert(rank);
+        }
+        picked.sort_by_key(|c| (first.get(&c.request).copied(), c.at));
+    }
+    picked
+}
+
+/// Adds `inputs` inputs of `tokens` tokens to what left for `tenant`.
+fn add_sent(sent: &mut Vec<(Arc<str>, Removed)>, tenant: &Arc<str>, inputs: usize, tokens: u64) {
+    match sent.iter_mut().find(|(t, _)| t == tenant) {
+        Some((_, left)) => {
+            left.inputs += inputs;
+            left.tokens += tokens;
+        }
+        None => sent.push((tenant.clone(), Removed { inputs, tokens })),
     }
 }
 
