@@ -137,6 +137,9 @@ pub enum Operation {
     /// Rerank scores: TEI's `/rerank` body on
     /// [`embatch_protocol::rerank::rerank_subject`] of the client's subject (contract v1.2).
     Rerank,
+    /// Sparse embeddings: TEI's `/embed_sparse` body on
+    /// [`embatch_protocol::sparse::sparse_subject`] of the client's subject (contract v1.3).
+    Sparse,
 }
 
 /// Why a request failed, as the NATS client saw it. [`RequestError::Reply`] is an error the
@@ -399,6 +402,7 @@ impl EmbedClient {
         let subject = match options.operation {
             Operation::Embed => self.subject.clone(),
             Operation::Rerank => embatch_protocol::rerank::rerank_subject(&self.subject),
+            Operation::Sparse => embatch_protocol::sparse::sparse_subject(&self.subject),
         };
         self.nats
             .publish_with_reply_and_headers(

@@ -11,6 +11,7 @@ use crate::routes::{
     cohere_rerank_v1, cohere_rerank_v2, embed, health, info, list_models, metrics, model_embed,
     model_health, model_info, model_rerank, openai_embeddings, openapi, rerank,
 };
+use crate::routes::{embed_sparse, model_embed_sparse};
 use crate::state::AppState;
 
 /// Every route the gateway serves, as `(method, path)`: exactly what [`app`] registers (the
@@ -36,7 +37,7 @@ pub const PUBLIC: [&str; 5] = [
 
 /// The embedding routes, whose requests count against their tenant's quota and usage
 /// ([`crate::metering`]).
-pub const METERED: [&str; 10] = [
+pub const METERED: [&str; 12] = [
     "/embed",
     "/",
     "/v1/embeddings",
@@ -47,10 +48,12 @@ pub const METERED: [&str; 10] = [
     "/models/{model}/rerank",
     "/v1/rerank",
     "/v2/rerank",
+    "/embed_sparse",
+    "/models/{model}/embed_sparse",
 ];
 
 /// The routes: method (for [`served`]), path and handler.
-fn handlers() -> [(&'static str, &'static str, MethodRouter<Arc<AppState>>); 18] {
+fn handlers() -> [(&'static str, &'static str, MethodRouter<Arc<AppState>>); 20] {
     [
         ("POST", "/embed", post(embed)),
         // TEI's compat route (`huggingface_hub`'s `InferenceClient(base_url=...)` posts here).
@@ -62,6 +65,13 @@ fn handlers() -> [(&'static str, &'static str, MethodRouter<Arc<AppState>>); 18]
         ("POST", "/models/{model}/rerank", post(model_rerank)),
         ("POST", "/v1/rerank", post(cohere_rerank_v1)),
         ("POST", "/v2/rerank", post(cohere_rerank_v2)),
+        // TEI's other routes (contract v1.3).
+        ("POST", "/embed_sparse", post(embed_sparse)),
+        (
+            "POST",
+            "/models/{model}/embed_sparse",
+            post(model_embed_sparse),
+        ),
         ("GET", "/info", get(info)),
         ("GET", "/health", get(health)),
         ("GET", "/metrics", get(metrics)),

@@ -70,6 +70,8 @@ const ALIASES: [(&str, &str, &str); 5] = [
         crate::routes::rerank::rerank,
         crate::routes::rerank::model_rerank,
         crate::routes::rerank::cohere_rerank_v1,
+        crate::routes::sparse::embed_sparse,
+        crate::routes::sparse::model_embed_sparse,
         crate::routes::meta::model_info,
         crate::routes::meta::model_health,
         crate::routes::meta::list_models,
@@ -110,6 +112,8 @@ const ALIASES: [(&str, &str, &str); 5] = [
         crate::cohere::CohereRerankResponse,
         crate::cohere::RerankResult,
         crate::cohere::ResultDocument,
+        embatch_protocol::SparseRequest,
+        embatch_protocol::sparse::SparseValue,
     )),
     tags(
         (name = "tei", description = "Hugging Face text-embeddings-inference 1.9.3's HTTP API."),

@@ -21,6 +21,8 @@
 //!   tokens and the discovery metadata keys.
 //! - [`rerank`]: TEI's `/rerank` body and reply on `<subject>.rerank` (contract v1.2), its
 //!   pairs batched as inputs of [`Task::Rerank`].
+//! - [`sparse`]: TEI's `/embed_sparse` body on `<subject>.embed_sparse` (contract v1.3), its
+//!   inputs batched as inputs of [`Task::Sparse`].
 //! - [`reply`]: the reply codec (success and error headers, decoding a reply into a result).
 //! - `openapi` (feature `openapi`): the OpenAPI schemas of [`request::Inputs`] and
 //!   [`request::Input`]; with the feature, the wire types also derive `utoipa::ToSchema`.
@@ -34,10 +36,12 @@ mod openapi;
 pub mod reply;
 pub mod request;
 pub mod rerank;
+pub mod sparse;
 
 pub use error::{EmbedError, ErrorResponse, ErrorType};
 pub use request::{EmbedOptions, EmbedRequest, Input, Task, TruncationDirection};
 pub use rerank::RerankRequest;
+pub use sparse::SparseRequest;
 
 /// The default NATS subject requests are sent on (`--subject` / `EMBATCH_SUBJECT` on both sides).
 pub const DEFAULT_SUBJECT: &str = "embed";
@@ -54,7 +58,7 @@ pub const SERVICE_NAME: &str = "embatch";
 pub const PROTOCOL_VERSION: &str = "1";
 
 /// The contract's full version, `<major>.<minor>`: a minor version only adds to the contract
-/// (v1.1 added model subjects, see [`model`]; v1.2 the rerank subject, see [`rerank`]), so a
-/// client of any `1.x` talks to any `1.y` worker. Announced by workers as the
-/// `contract_version` metadata of `$SRV.INFO`.
-pub const CONTRACT_VERSION: &str = "1.2";
+/// (v1.1 added model subjects, see [`model`]; v1.2 the rerank subject, see [`rerank`]; v1.3
+/// the sparse and token subjects, see [`sparse`]), so a client of any `1.x` talks to any `1.y`
+/// worker. Announced by workers as the `contract_version` metadata of `$SRV.INFO`.
+pub const CONTRACT_VERSION: &str = "1.3";

@@ -32,9 +32,21 @@
 use std::fmt;
 
 /// Tokens the plain subject already uses for its own derived subjects (`<subject>.cancel`,
-/// `.info`, `.members`, `.alive`): a model whose token is one of them would collide, and a
-/// worker refuses to start with it.
-pub const RESERVED_TOKENS: &[&str] = &["cancel", "info", "members", "alive", "rerank"];
+/// `.info`, `.members`, `.alive`, and the routes' subjects: `.rerank` of v1.2, `.embed_sparse`,
+/// `.tokenize`, `.decode`, `.predict` and `.embed_all` of v1.3): a model whose token is one of
+/// them would collide, and a worker refuses to start with it.
+pub const RESERVED_TOKENS: &[&str] = &[
+    "cancel",
+    "info",
+    "members",
+    "alive",
+    "rerank",
+    "embed_sparse",
+    "tokenize",
+    "decode",
+    "predict",
+    "embed_all",
+];
 
 /// The subject token of model `name`: see the module docs for the encoding. Empty for an empty
 /// name (which [`check_name`] refuses).

@@ -161,6 +161,32 @@ impl Inputs {
             Inputs::Batch(v) => v,
         }
     }
+
+    /// TEI 1.9.3's checks of `inputs` (on `/embed`, `/embed_sparse` and `/embed_all` alike).
+    ///
+    /// # Errors
+    /// - [`EmbedError::Empty`] (400) for an empty array, or an input that is an empty string or
+    ///   an empty array of token ids.
+    /// - [`EmbedError::Validation`] (422) for more than `max_inputs` inputs (TEI's
+    ///   `max_client_batch_size` check).
+    pub fn validate(&self, max_inputs: usize) -> Result<(), EmbedError> {
+        let n = self.len();
+        if n == 0 {
+            return Err(EmbedError::Empty("`inputs` cannot be empty".into()));
+        }
+        if let Some(i) = self.as_slice().iter().position(Input::is_empty) {
+            return Err(EmbedError::Empty(format!(
+                "`inputs` cannot be empty: input {i} is empty"
+            )));
+        }
+        if n > max_inputs {
+            return Err(EmbedError::Validation(format!(
+                "batch size {n} > maximum allowed batch size {max_inputs}: `inputs` must have at \
+                 most {max_inputs} elements. Given: {n}"
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// One element of an `inputs` array, before it is known whether the array is a batch (texts and
@@ -315,6 +341,10 @@ pub enum Task {
         /// TEI's `raw_scores`: the logit instead of its sigmoid.
         raw_scores: bool,
     },
+    /// One sparse embedding per input, as TEI 1.9.3's `/embed_sparse` computes it with a SPLADE
+    /// model: the non-zero values of the pooled vector as `[{"index", "value"}, ...]`
+    /// ([`crate::sparse`], contract v1.3).
+    Sparse,
 }
 
 impl Default for EmbedOptions {
@@ -354,21 +384,7 @@ impl EmbedRequest {
     /// - [`EmbedError::Validation`] (422) when it holds more than `max_inputs` inputs (mirrors
     ///   TEI 1.9.3's `max_client_batch_size` check, which answers 422), or `dimensions` is 0.
     pub fn validate(&self, max_inputs: usize) -> Result<(), EmbedError> {
-        let n = self.inputs.len();
-        if n == 0 {
-            return Err(EmbedError::Empty("`inputs` cannot be empty".into()));
-        }
-        if let Some(i) = self.inputs.as_slice().iter().position(Input::is_empty) {
-            return Err(EmbedError::Empty(format!(
-                "`inputs` cannot be empty: input {i} is empty"
-            )));
-        }
-        if n > max_inputs {
-            return Err(EmbedError::Validation(format!(
-                "batch size {n} > maximum allowed batch size {max_inputs}: `inputs` must have at \
-                 most {max_inputs} elements. Given: {n}"
-            )));
-        }
+        self.inputs.validate(max_inputs)?;
         if self.dimensions == Some(0) {
             return Err(EmbedError::Validation(
                 "`dimensions` must be at least 1".into(),

@@ -32,6 +32,10 @@
 //! score (query, text) pairs in TEI 1.9.3's shapes, deterministically and equally on both routes
 //! (see the `rerank` module and [`rerank_score`]); without it they answer 424 as TEI does.
 //!
+//! With [`Config::splade`], `/info` announces an embedding model with SPLADE pooling and
+//! `POST /embed_sparse` answers deterministic sparse embeddings ([`sparse_embedding`]) in TEI
+//! 1.9.3's shape; without it that route answers 424 as TEI does (the `sparse` module).
+//!
 //! Rejections cost nothing (TEI validates before queueing). Every parsed `/embed` call, rejected
 //! or not, is recorded in a [`CallLog`] that tests can read (not by the `fake-upstream` command,
 //! see [`app`]).
@@ -93,6 +97,10 @@ pub struct Config {
     /// pairs (see the `rerank` module); else `embedding`, and those routes answer 424 as TEI
     /// does. `/embed` answers either way.
     pub reranker: bool,
+    /// A SPLADE model: `/info`'s `model_type` is `{"embedding": {"pooling": "splade"}}` and
+    /// `/embed_sparse` answers (see the `sparse` module); else that route answers 424 as TEI
+    /// does. Ignored with `reranker`.
+    pub splade: bool,
 }
 
 impl Default for Config {
@@ -108,6 +116,7 @@ impl Default for Config {
             max_client_batch_size: 512,
             model_id: "embatch/tei-double".into(),
             reranker: false,
+            splade: false,
         }
     }
 }
@@ -316,6 +325,7 @@ fn router(state: &Arc<AppState>) -> Router {
         .route("/embed", post(embed))
         .route("/rerank", post(rerank::rerank))
         .route("/predict", post(rerank::predict))
+        .route("/embed_sparse", post(sparse::embed_sparse))
         .route("/info", get(info))
         .route("/health", get(health))
         .with_state(Arc::clone(state))
@@ -611,6 +621,8 @@ async fn info(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
         "model_dtype": if c.pad_group.is_some() { "float32" } else { "float16" },
         "model_type": if c.reranker {
             serde_json::json!({"reranker": {"id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}})
+        } else if c.splade {
+            serde_json::json!({"embedding": {"pooling": "splade"}})
         } else {
             serde_json::json!({"embedding": {"pooling": "mean"}})
         },
@@ -650,7 +662,9 @@ async fn health(State(state): State<Arc<AppState>>) -> StatusCode {
 }
 
 mod rerank;
+mod sparse;
 mod vectors;
+pub use sparse::{SPARSE_VOCAB, sparse_embedding};
 pub use vectors::{embedding, embedding_of, logit, rerank_score};
 
 #[cfg(test)]

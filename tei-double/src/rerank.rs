@@ -177,8 +177,9 @@ fn check(state: &AppState, pairs: &[Input]) -> Result<(), EmbedError> {
 }
 
 /// Records the call, applies the faults and the cost model: `Err` with the response to send
-/// when the call fails (`checked`, or an injected failure).
-async fn call(
+/// when the call fails (`checked`, or an injected failure). Shared by the double's routes other
+/// than `/embed`.
+pub(crate) async fn call(
     state: &AppState,
     (pairs, options, arrived): (Vec<Input>, serde_json::Value, Instant),
     checked: Result<(), EmbedError>,

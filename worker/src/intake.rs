@@ -24,6 +24,7 @@
 mod held;
 mod reply;
 mod rerank;
+mod sparse;
 mod withdraw;
 mod work;
 
@@ -48,6 +49,7 @@ pub use held::LARGE_BODY_BYTES;
 use held::{Held, HeldShare};
 use reply::{ReplyLimit, ReplyTask, answer, served};
 pub use rerank::RerankConfig;
+pub use sparse::SparseConfig;
 use withdraw::Registration;
 pub(crate) use withdraw::{Withdrawable, withdraw};
 use work::{Parsed, Submitted, Work, take_misses};
@@ -68,6 +70,8 @@ pub struct IntakeConfig {
     pub max_queue_bytes: usize,
     /// The rerank subjects and whether the model reranks.
     pub rerank: RerankConfig,
+    /// The sparse-embedding subjects and whether the model has sparse output.
+    pub sparse: SparseConfig,
 }
 
 /// What the intake runs on ([`run`]): where requests come from, where they go and where their
@@ -618,9 +622,16 @@ impl Admitter {
                 rerank: Some(shape),
             });
         }
-        let body = EmbedRequest::from_slice(payload)?;
-        body.validate(self.config.max_client_batch_size)?;
-        let (inputs, options) = body.into_parts();
+        let max = self.config.max_client_batch_size;
+        // A sparse reply teaches and checks the reply limit as a dense one: both grow with the
+        // inputs, and a worker's model answers one of them in practice (SPLADE or dense).
+        let (inputs, options) = if self.config.sparse.serves(&request.subject) {
+            self.config.sparse.parse(payload, max)?
+        } else {
+            let body = EmbedRequest::from_slice(payload)?;
+            body.validate(max)?;
+            body.into_parts()
+        };
         self.reply_limit.check(inputs.len())?;
         Ok(Parsed {
             inputs,

@@ -101,6 +101,7 @@ struct Parts<U> {
     probes: Option<group::Probes<U>>,
     counter: tokens::Counter,
     rerank: intake::RerankConfig,
+    sparse: intake::SparseConfig,
     batcher: batcher::BatcherHandle,
     batcher_task: JoinHandle<()>,
     cache: Arc<cache::Cache>,
@@ -158,6 +159,8 @@ impl<U: Upstream> Parts<U> {
         let upstream_info = upstream.info().await.ok();
         let rerank =
             intake::RerankConfig::new(&served.subjects, &served.model.name, upstream_info.as_ref());
+        let sparse =
+            intake::SparseConfig::new(&served.subjects, &served.model.name, upstream_info.as_ref());
         let (batcher, batcher_task) =
             batcher::spawn(Arc::clone(upstream), config.batcher(upstream_info.as_ref()));
         let cache_config = config.cache();
@@ -166,7 +169,7 @@ impl<U: Upstream> Parts<U> {
         let cache = Arc::new(cache);
         let group = group::Group::join(
             client.clone(),
-            address(config, served, &rerank, &id),
+            address(config, served, [&rerank.subjects, &sparse.subjects], &id),
             membership,
             state,
             batcher.clone(),
@@ -184,6 +187,7 @@ impl<U: Upstream> Parts<U> {
             probes,
             counter,
             rerank,
+            sparse,
             batcher,
             batcher_task,
             cache,
@@ -240,6 +244,7 @@ impl<U: Upstream> Parts<U> {
             worker_id: self.id,
             max_queue_bytes: config.max_queue_bytes,
             rerank: self.rerank,
+            sparse: self.sparse,
         };
         let intake = tasks.spawn(intake::run(
             intake::Intake {

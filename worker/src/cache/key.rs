@@ -125,9 +125,12 @@ impl ModelIdentity {
             None => field(&mut hasher, b'm', &[]),
             Some(dimensions) => field(&mut hasher, b'D', &(dimensions as u64).to_le_bytes()),
         }
-        // Only a rerank adds a field: the keys of embeddings stay those of earlier workers.
-        if let Task::Rerank { raw_scores } = options.task {
-            field(&mut hasher, b'R', &[u8::from(raw_scores)]);
+        // Only another task adds a field: the keys of embeddings stay those of earlier workers.
+        match options.task {
+            Task::Embed => {}
+            Task::Rerank { raw_scores } => field(&mut hasher, b'R', &[u8::from(raw_scores)]),
+            // A sparse embedding of a text is not its dense one: a namespace of its own.
+            Task::Sparse => field(&mut hasher, b'Z', &[]),
         }
         Prefix(hasher)
     }
@@ -228,6 +231,12 @@ mod tests {
             },
             EmbedOptions {
                 dimensions: Some(4),
+                ..EmbedOptions::default()
+            },
+            // A sparse embedding: not the dense one of the same options.
+            EmbedOptions {
+                normalize: false,
+                task: Task::Sparse,
                 ..EmbedOptions::default()
             },
         ];

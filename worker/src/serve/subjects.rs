@@ -1,9 +1,9 @@
 //! The subjects a worker serves on: its discovery endpoints, its queue-group address (the
-//! request subjects with their rerank subjects) and its cancel subscriptions.
+//! request subjects with their rerank and route subjects) and its cancel subscriptions.
 
 use embatch_protocol::headers;
 
-use crate::{Config, group, info, intake, micro, model};
+use crate::{Config, group, info, micro, model};
 
 /// The worker's service endpoints, for discovery and `$SRV.STATS`.
 pub(super) struct Endpoints {
@@ -37,6 +37,9 @@ impl Endpoints {
         for subject in &served.subjects {
             let rerank_subject = embatch_protocol::rerank::rerank_subject(subject);
             all.push(embed_stats.also_as("rerank", &rerank_subject));
+            // Contract v1.3: sparse embeddings, served by the same intake.
+            let sparse_subject = embatch_protocol::sparse::sparse_subject(subject);
+            all.push(embed_stats.also_as(embatch_protocol::sparse::ROUTE, &sparse_subject));
         }
         Endpoints {
             info_subjects,
@@ -47,12 +50,12 @@ impl Endpoints {
     }
 }
 
-/// The queue-group address of worker `id`: its request subjects, with the rerank subjects,
-/// which join and leave with them.
-pub(super) fn address(
+/// The queue-group address of worker `id`: its request subjects, with the `routes`' subjects
+/// (rerank's, sparse's, ...), which join and leave with them.
+pub(super) fn address<const N: usize>(
     config: &Config,
     served: &model::Served,
-    rerank: &intake::RerankConfig,
+    routes: [&Vec<String>; N],
     id: &str,
 ) -> group::Address {
     group::Address {
@@ -60,7 +63,7 @@ pub(super) fn address(
         subjects: served
             .subjects
             .iter()
-            .chain(&rerank.subjects)
+            .chain(routes.into_iter().flatten())
             .cloned()
             .collect(),
         queue_group: config.queue_group.clone(),

@@ -33,7 +33,9 @@ impl Embedding {
     /// batch-mates are unaffected, as when the reply was parsed). The numbers are not parsed: a
     /// reply that TEI could not have written, like `[["a"]]`, `[{"x":1}]`, `[[true]]`, `[[1],2]`
     /// or `[[1]` is refused; one with a malformed number inside a well-formed array is passed
-    /// on as written.
+    /// on as written. An element may also be a sparse embedding, TEI's `/embed_sparse` list of
+    /// `{"index": u32, "value": f32}` objects (parsed, see [`sparse_list_end`]): the cache cuts
+    /// the batcher's replies of either kind with this one function.
     ///
     /// # Errors
     /// A message naming the byte offset where the body left that shape.
@@ -55,6 +57,17 @@ impl Embedding {
             if bytes.get(at) != Some(&b'[') {
                 return Err(shape_error(at, "expected `[` opening an embedding"));
             }
+            if bytes.get(skip_whitespace(bytes, at + 1)) == Some(&b'{') {
+                let end = sparse_list_end(bytes, at)?;
+                embeddings.push(Embedding(body.slice(at..end)));
+                at = skip_whitespace(bytes, end);
+                match bytes.get(at) {
+                    Some(b',') => at = skip_whitespace(bytes, at + 1),
+                    Some(b']') => return finish(bytes, at + 1, embeddings),
+                    _ => return Err(shape_error(at, "expected `,` or `]` after an embedding")),
+                }
+                continue;
+            }
             let Some(len) = memchr::memchr(b']', &bytes[at..]) else {
                 return Err(shape_error(at, "an embedding's `]` is missing"));
             };
@@ -75,6 +88,31 @@ impl Embedding {
                 _ => return Err(shape_error(at, "expected `,` or `]` after an embedding")),
             }
         }
+    }
+}
+
+/// The end (one past its `]`) of the sparse embedding starting at `at`: a JSON array of
+/// `{"index": u32, "value": f32 or null}` objects, as TEI 1.9.3's `/embed_sparse` writes each
+/// input's (a NaN value written as `null`). Parsed with serde_json: sparse lists are short, and
+/// their shape has no cheap character test.
+fn sparse_list_end(bytes: &[u8], at: usize) -> Result<usize, String> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Value {
+        #[serde(rename = "index")]
+        _index: u32,
+        // Required even though it may be `null` (a `deserialize_with` field is never defaulted).
+        #[serde(rename = "value", deserialize_with = "serde::Deserialize::deserialize")]
+        _value: Option<f32>,
+    }
+    let mut values = serde_json::Deserializer::from_slice(&bytes[at..]).into_iter::<Vec<Value>>();
+    match values.next() {
+        Some(Ok(_)) => Ok(at + values.byte_offset()),
+        Some(Err(err)) => Err(shape_error(
+            at,
+            &format!("a sparse embedding must be a list of {{\"index\", \"value\"}} ({err})"),
+        )),
+        None => Err(shape_error(at, "a sparse embedding is missing")),
     }
 }
 
@@ -177,6 +215,28 @@ mod tests {
                 err.contains(what) && err.ends_with(&format!("at byte {offset}")),
                 "{body:?}: {err}"
             );
+        }
+    }
+
+    #[test]
+    fn sparse_lists_are_cut_as_written_and_checked() {
+        let sparse = r#"[[{"index":3,"value":0.5}], [] ,[ {"index":1,"value":null}]]"#;
+        assert_eq!(
+            split(sparse).expect("TEI's sparse shape"),
+            [
+                r#"[{"index":3,"value":0.5}]"#,
+                "[]",
+                r#"[ {"index":1,"value":null}]"#
+            ]
+        );
+        for body in [
+            r#"[[{"index":"a","value":1}]]"#,
+            r#"[[{"index":1}]]"#,
+            r#"[[{"index":1,"value":1,"x":2}]]"#,
+            r#"[[{"index":1,"value":1}, 2]]"#,
+            r#"[[{"index":1,"value":1}]"#,
+        ] {
+            assert!(split(body).is_err(), "{body}");
         }
     }
 

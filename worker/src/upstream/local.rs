@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use embatch_local_model::LocalModel;
-use embatch_protocol::{EmbedOptions, Input};
+use embatch_protocol::{EmbedError, EmbedOptions, Input};
 
 use super::{Embedding, Upstream, UpstreamError};
 
@@ -28,6 +28,12 @@ impl Upstream for LocalUpstream {
         inputs: &[Input],
         options: &EmbedOptions,
     ) -> Result<Vec<Embedding>, UpstreamError> {
+        if options.task == embatch_protocol::Task::Sparse {
+            // The built-in model pools densely (no SPLADE head): TEI's answer for such a model.
+            return Err(UpstreamError::Model(EmbedError::Backend(
+                embatch_protocol::sparse::NOT_SPLADE.into(),
+            )));
+        }
         let model = Arc::clone(&self.model);
         let options = options.clone();
         let inputs = inputs.to_vec();

@@ -9,6 +9,7 @@ mod body;
 mod embedding;
 pub mod local;
 mod rerank;
+mod sparse;
 pub mod tei;
 
 use std::future::Future;
@@ -145,7 +146,10 @@ pub trait Upstream: Send + Sync + 'static {
     /// Returns exactly one embedding per input, in order. With [`embatch_protocol::Task::Rerank`]
     /// options the inputs are (query, text) pairs and each "embedding" is the pair's score as a
     /// one-element array (`[0.93]`), so the batcher, the cache and the reply assembly treat
-    /// scores as they treat vectors.
+    /// scores as they treat vectors. With [`embatch_protocol::Task::Sparse`] each "embedding" is
+    /// the input's sparse embedding as TEI's `/embed_sparse` writes it (`[{"index", "value"},
+    /// ...]`); an upstream without sparse output answers TEI's 424
+    /// ([`embatch_protocol::sparse::NOT_SPLADE`]).
     fn embed(
         &self,
         inputs: &[Input],

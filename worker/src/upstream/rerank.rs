@@ -113,7 +113,11 @@ impl TeiUpstream {
     }
 
     /// `POST {tei_url}/{route}` with the JSON `body`: the reply body, or the error by cause.
-    async fn post(&self, route: &str, body: &impl Serialize) -> Result<Bytes, UpstreamError> {
+    pub(super) async fn post(
+        &self,
+        route: &str,
+        body: &impl Serialize,
+    ) -> Result<Bytes, UpstreamError> {
         let body = serde_json::to_vec(body)
             .map_err(|e| UpstreamError::Malformed(format!("cannot write the {route} body: {e}")))?;
         let mut post = self

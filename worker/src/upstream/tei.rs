@@ -171,8 +171,12 @@ impl Upstream for TeiUpstream {
         inputs: &[Input],
         options: &EmbedOptions,
     ) -> Result<Vec<Embedding>, UpstreamError> {
-        if let embatch_protocol::Task::Rerank { raw_scores } = options.task {
-            return self.rerank(inputs, options, raw_scores).await;
+        match options.task {
+            embatch_protocol::Task::Embed => {}
+            embatch_protocol::Task::Rerank { raw_scores } => {
+                return self.rerank(inputs, options, raw_scores).await;
+            }
+            embatch_protocol::Task::Sparse => return self.embed_sparse(inputs, options).await,
         }
         let n = inputs.len();
         // The body is written while it is sent (see `body`): a batch of long inputs is not
