@@ -23,6 +23,7 @@ mod flight;
 mod key;
 mod local;
 mod shared;
+mod writer;
 
 use std::collections::HashMap;
 use std::sync::Arc;

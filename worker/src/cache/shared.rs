@@ -19,8 +19,8 @@
 //! Every KV call is bounded by `CACHE_KV_TIMEOUT`; a read that fails or times out is a miss,
 //! and for [`BACKOFF`] after it reads are skipped (misses without a call), so an outage costs
 //! at most one timeout per request, only for requests that arrive while a read is failing.
-//! Writes never delay a reply: they are sent after it, at most [`WRITES_IN_FLIGHT`] at a time
-//! (more are dropped). A bucket that cannot be opened at start (JetStream disabled or down) is
+//! Writes never delay a reply: they are handed to one task after it, which sends them in
+//! rounds, bounded in entries and bytes (more are dropped, see [`super::writer`]). A bucket that cannot be opened at start (JetStream disabled or down) is
 //! tried again every [`REOPEN_EVERY`]; until then every read is a miss.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -28,21 +28,19 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, kv, stream};
-use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::entry::Entry;
 use super::key::Key;
+use super::writer::Writer;
 use crate::telemetry::names;
 
 /// How long reads are skipped after one failed or timed out: 1 s.
 pub(crate) const BACKOFF: Duration = Duration::from_secs(1);
 /// How often a bucket that could not be opened is tried again: 5 s.
 pub(crate) const REOPEN_EVERY: Duration = Duration::from_secs(5);
-/// Most writes in flight at once; a write beyond them is dropped: 256.
-pub(crate) const WRITES_IN_FLIGHT: usize = 256;
 
 /// The bucket's name and bounds.
 #[derive(Debug, Clone)]
@@ -68,7 +66,11 @@ pub(crate) struct Shared {
     /// Reads are skipped until this instant (ms after `epoch`) after a failure.
     skip_until_ms: AtomicU64,
     epoch: Instant,
-    writes: Arc<Semaphore>,
+    /// The writing task, started once the bucket is open.
+    writer: OnceLock<Writer>,
+    /// Ends the writing task (and the reopening one).
+    stop: CancellationToken,
+    tasks: TaskTracker,
 }
 
 impl Shared {
@@ -87,7 +89,9 @@ impl Shared {
             sampler: ReadSampler::default(),
             skip_until_ms: AtomicU64::new(0),
             epoch: Instant::now(),
-            writes: Arc::new(Semaphore::new(WRITES_IN_FLIGHT)),
+            writer: OnceLock::new(),
+            stop: stop.clone(),
+            tasks: tasks.clone(),
         });
         let context = jetstream::new(client.clone());
         if shared.try_open(&context).await {
@@ -114,6 +118,14 @@ impl Shared {
         let wait = self.config.timeout.max(Duration::from_secs(1));
         match tokio::time::timeout(wait, open_bucket(context, &self.config)).await {
             Ok(Ok(store)) => {
+                let writer = Writer::start(
+                    context.clone(),
+                    &store,
+                    self.config.timeout,
+                    &self.stop,
+                    &self.tasks,
+                );
+                let _ = self.writer.set(writer);
                 let _ = self.store.set(store);
                 tracing::info!(bucket = %self.config.bucket, "cache: the shared bucket is open");
                 true
@@ -199,38 +211,12 @@ impl Shared {
         tracing::debug!(why, "cache: a shared read failed; reads skipped for 1 s");
     }
 
-    /// Writes `entries` (values as [`Entry::encode`] makes them) in one task after the reply,
-    /// each bounded by the KV timeout; dropped when the bucket is not open or
-    /// [`WRITES_IN_FLIGHT`] writes are in flight.
+    /// Queues `entries` (values as [`Entry::encode`] makes them) for the writing task (see
+    /// [`super::writer`]); dropped, uncounted, while the bucket is not open.
     pub(crate) fn put(&self, entries: Vec<(Key, bytes::Bytes)>) {
-        let Some(store) = self.store.get() else {
-            return;
-        };
-        if entries.is_empty() {
-            return;
+        if let Some(writer) = self.writer.get() {
+            writer.put(entries);
         }
-        let Ok(permit) = Arc::clone(&self.writes).try_acquire_owned() else {
-            metrics::counter!(names::CACHE_WRITES_DROPPED).increment(entries.len() as u64);
-            return;
-        };
-        let store = store.clone();
-        let timeout = self.config.timeout;
-        tokio::spawn(async move {
-            let _permit = permit;
-            for (key, value) in entries {
-                match tokio::time::timeout(timeout, store.put(key.hex(), value)).await {
-                    Ok(Ok(_)) => {}
-                    Ok(Err(err)) => {
-                        metrics::counter!(names::CACHE_KV_ERRORS, "op" => "put").increment(1);
-                        tracing::debug!(%err, "cache: a shared write failed");
-                    }
-                    Err(_) => {
-                        metrics::counter!(names::CACHE_KV_ERRORS, "op" => "put").increment(1);
-                        tracing::debug!("cache: a shared write timed out");
-                    }
-                }
-            }
-        });
     }
 }
 
