@@ -79,8 +79,9 @@ pub mod names {
     /// Counter, label `op` (`open`, `get`, `put`): JetStream KV calls that failed or timed out
     /// (each one a miss or an entry not shared, never an error answered).
     pub const CACHE_KV_ERRORS: &str = "embatch_worker_cache_kv_errors_total";
-    /// Counter: entries not written to the shared bucket because too many writes were in
-    /// flight.
+    /// Counter: entries not written to the shared bucket because its write queue was full
+    /// (1,024 entries or 8 MiB queued or awaiting acknowledgement: the store is slower than
+    /// the misses, see `cache::writer`).
     pub const CACHE_WRITES_DROPPED: &str = "embatch_worker_cache_writes_dropped_total";
     /// Counter: misses of the LRU sent upstream without waiting for a shared-bucket lookup
     /// while the bucket is cold (see `cache::shared::ReadSampler`).
@@ -354,7 +355,7 @@ fn describe_cache() {
     );
     describe_counter!(
         names::CACHE_WRITES_DROPPED,
-        "Cache entries not written to the shared bucket: too many writes in flight."
+        "Cache entries not written to the shared bucket: its write queue was full."
     );
     describe_counter!(
         names::CACHE_READS_SKIPPED,
