@@ -4,29 +4,29 @@
 //! A request hands its new entries over once its reply is sent ([`Writer::put`]: a budget check
 //! and a channel send, never a wait). The task takes everything queued at that moment (the
 //! writes of every request answered since its last round: the results of one upstream call
-//! arrive together), publishes them one after another without waiting for their
-//! acknowledgements, then waits for all of those together, bounded by the KV timeout, before
-//! the next round. While a round's acknowledgements are awaited the next round gathers, so the
-//! slower the store, the larger the rounds; the messages of a round reach nats-server back to
-//! back, the cheapest way it ingests them short of holding writes back (see
-//! `docs/design/cache.md`).
+//! arrive together) and publishes them back to back: all but the last as plain messages on the
+//! bucket's subjects (no reply subject, so nats-server sends no acknowledgement and the worker
+//! tracks none), the last as a JetStream publish whose acknowledgement, awaited within the KV
+//! timeout, vouches for the round: nats-server ingests one connection's messages to a stream
+//! in order, so once the last is stored the others were processed before it. Only then does
+//! the next round start; while it waits the next round gathers, so the slower the store, the
+//! larger the rounds. One acknowledgement per round instead of one per entry is what saves the
+//! worker's CPU (see `docs/design/cache.md`).
 //!
 //! Entries queued or in a round are bounded by [`QUEUE_ENTRIES`] and [`QUEUE_BYTES`]: a store
 //! slower than the misses (a hung or overloaded server) sheds writes, counted in
 //! `embatch_worker_cache_writes_dropped_total`, instead of holding memory without bound. A
-//! write that fails or is not acknowledged within the KV timeout is counted in
-//! `embatch_worker_cache_kv_errors_total{op="put"}`. Either way the entry is simply not shared:
-//! a request is never delayed or failed by a write.
+//! round whose last write fails or is not acknowledged within the KV timeout counts all its
+//! entries in `embatch_worker_cache_kv_errors_total{op="put"}` (a full bucket of discard policy
+//! `new` may have taken some of them: the count is an upper bound). Either way the entries are
+//! simply not shared: a request is never delayed or failed by a write.
 
-use std::future::IntoFuture;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, kv};
 use bytes::Bytes;
-use futures::StreamExt;
-use futures::stream::FuturesUnordered;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -181,46 +181,45 @@ impl Rounds {
         }
     }
 
-    /// Publishes `round` back to back, then waits for its acknowledgements, all within the
-    /// KV timeout; gives its room in the budget back.
-    async fn write(&self, round: Batch) {
+    /// Publishes `round` back to back, all but the last without a reply subject; the last
+    /// one's acknowledgement, awaited within the KV timeout, vouches for the round (nats-server
+    /// ingests one connection's messages to a stream in order); gives its room in the budget
+    /// back.
+    async fn write(&self, mut round: Batch) {
         let entries = round.len();
         let bytes: usize = round.iter().map(|(_, value)| value.len()).sum();
         let deadline = Instant::now() + self.timeout;
-        let mut acks = FuturesUnordered::new();
-        let mut failed = 0;
-        for (key, value) in round {
+        let Some((last_key, last_value)) = round.pop() else {
+            return;
+        };
+        let client = self.context.client();
+        let subject = |key: Key| {
             let mut subject = String::with_capacity(self.prefix.len() + 64);
             subject.push_str(&self.prefix);
             subject.push_str(&key.hex());
-            match tokio::time::timeout_at(deadline, self.context.publish(subject, value)).await {
-                Ok(Ok(ack)) => acks.push(ack.into_future()),
-                Ok(Err(err)) => {
-                    failed += 1;
-                    tracing::debug!(%err, "cache: a shared write failed");
-                }
-                Err(_) => failed += 1,
+            subject
+        };
+        let sent = async {
+            for (key, value) in round {
+                client.publish(subject(key), value).await?;
             }
-        }
-        let mut pending = acks.len();
-        while pending > 0 {
-            match tokio::time::timeout_at(deadline, acks.next()).await {
-                Ok(Some(Ok(_))) => pending -= 1,
-                Ok(Some(Err(err))) => {
-                    pending -= 1;
-                    failed += 1;
-                    tracing::debug!(%err, "cache: a shared write failed");
-                }
-                Ok(None) => break,
-                Err(_) => {
-                    tracing::debug!(pending, "cache: shared writes timed out");
-                    failed += pending;
-                    break;
-                }
+            let ack = self.context.publish(subject(last_key), last_value).await?;
+            ack.await?;
+            Ok::<(), async_nats::Error>(())
+        };
+        let failed = match tokio::time::timeout_at(deadline, sent).await {
+            Ok(Ok(())) => false,
+            Ok(Err(err)) => {
+                tracing::debug!(%err, entries, "cache: shared writes failed");
+                true
             }
-        }
-        if failed > 0 {
-            metrics::counter!(names::CACHE_KV_ERRORS, "op" => "put").increment(failed as u64);
+            Err(_) => {
+                tracing::debug!(entries, "cache: shared writes timed out");
+                true
+            }
+        };
+        if failed {
+            metrics::counter!(names::CACHE_KV_ERRORS, "op" => "put").increment(entries as u64);
         }
         self.budget.give(entries, bytes);
     }
