@@ -140,6 +140,12 @@ pub enum Operation {
     /// Sparse embeddings: TEI's `/embed_sparse` body on
     /// [`embatch_protocol::sparse::sparse_subject`] of the client's subject (contract v1.3).
     Sparse,
+    /// Tokens: TEI's `/tokenize` body on [`embatch_protocol::tokenize::tokenize_subject`] of the
+    /// client's subject (contract v1.3).
+    Tokenize,
+    /// Texts of token ids: TEI's `/decode` body on
+    /// [`embatch_protocol::tokenize::decode_subject`] of the client's subject (contract v1.3).
+    Decode,
 }
 
 /// Why a request failed, as the NATS client saw it. [`RequestError::Reply`] is an error the
@@ -403,6 +409,8 @@ impl EmbedClient {
             Operation::Embed => self.subject.clone(),
             Operation::Rerank => embatch_protocol::rerank::rerank_subject(&self.subject),
             Operation::Sparse => embatch_protocol::sparse::sparse_subject(&self.subject),
+            Operation::Tokenize => embatch_protocol::tokenize::tokenize_subject(&self.subject),
+            Operation::Decode => embatch_protocol::tokenize::decode_subject(&self.subject),
         };
         self.nats
             .publish_with_reply_and_headers(

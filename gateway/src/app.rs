@@ -11,7 +11,9 @@ use crate::routes::{
     cohere_rerank_v1, cohere_rerank_v2, embed, health, info, list_models, metrics, model_embed,
     model_health, model_info, model_rerank, openai_embeddings, openapi, rerank,
 };
-use crate::routes::{embed_sparse, model_embed_sparse};
+use crate::routes::{
+    decode, embed_sparse, model_decode, model_embed_sparse, model_tokenize, tokenize,
+};
 use crate::state::AppState;
 
 /// Every route the gateway serves, as `(method, path)`: exactly what [`app`] registers (the
@@ -37,7 +39,7 @@ pub const PUBLIC: [&str; 5] = [
 
 /// The embedding routes, whose requests count against their tenant's quota and usage
 /// ([`crate::metering`]).
-pub const METERED: [&str; 12] = [
+pub const METERED: [&str; 16] = [
     "/embed",
     "/",
     "/v1/embeddings",
@@ -50,10 +52,14 @@ pub const METERED: [&str; 12] = [
     "/v2/rerank",
     "/embed_sparse",
     "/models/{model}/embed_sparse",
+    "/tokenize",
+    "/models/{model}/tokenize",
+    "/decode",
+    "/models/{model}/decode",
 ];
 
 /// The routes: method (for [`served`]), path and handler.
-fn handlers() -> [(&'static str, &'static str, MethodRouter<Arc<AppState>>); 20] {
+fn handlers() -> [(&'static str, &'static str, MethodRouter<Arc<AppState>>); 24] {
     [
         ("POST", "/embed", post(embed)),
         // TEI's compat route (`huggingface_hub`'s `InferenceClient(base_url=...)` posts here).
@@ -72,6 +78,10 @@ fn handlers() -> [(&'static str, &'static str, MethodRouter<Arc<AppState>>); 20]
             "/models/{model}/embed_sparse",
             post(model_embed_sparse),
         ),
+        ("POST", "/tokenize", post(tokenize)),
+        ("POST", "/models/{model}/tokenize", post(model_tokenize)),
+        ("POST", "/decode", post(decode)),
+        ("POST", "/models/{model}/decode", post(model_decode)),
         ("GET", "/info", get(info)),
         ("GET", "/health", get(health)),
         ("GET", "/metrics", get(metrics)),

@@ -30,11 +30,13 @@ pub use meta::ModelQuery;
 pub(crate) use meta::{health, info, list_models, metrics, model_health, model_info, openapi};
 pub(crate) use rerank::{cohere_rerank_v1, cohere_rerank_v2, model_rerank, rerank};
 pub(crate) use sparse::{embed_sparse, model_embed_sparse};
+pub(crate) use tokenize::{decode, model_decode, model_tokenize, tokenize};
 
 mod forward;
 pub(crate) mod meta;
 pub(crate) mod rerank;
 pub(crate) mod sparse;
+pub(crate) mod tokenize;
 
 /// HTTP request header with which a client shortens its own timeout, in whole milliseconds
 /// (never lengthens it beyond `--request-timeout`).

@@ -23,6 +23,8 @@
 //!   pairs batched as inputs of [`Task::Rerank`].
 //! - [`sparse`]: TEI's `/embed_sparse` body on `<subject>.embed_sparse` (contract v1.3), its
 //!   inputs batched as inputs of [`Task::Sparse`].
+//! - [`tokenize`]: TEI's `/tokenize` and `/decode` bodies on `<subject>.tokenize` and
+//!   `<subject>.decode` (contract v1.3), passed to the upstream one request per call.
 //! - [`reply`]: the reply codec (success and error headers, decoding a reply into a result).
 //! - `openapi` (feature `openapi`): the OpenAPI schemas of [`request::Inputs`] and
 //!   [`request::Input`]; with the feature, the wire types also derive `utoipa::ToSchema`.
@@ -37,6 +39,7 @@ pub mod reply;
 pub mod request;
 pub mod rerank;
 pub mod sparse;
+pub mod tokenize;
 
 pub use error::{EmbedError, ErrorResponse, ErrorType};
 pub use request::{EmbedOptions, EmbedRequest, Input, Task, TruncationDirection};

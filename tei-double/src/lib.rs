@@ -36,6 +36,10 @@
 //! `POST /embed_sparse` answers deterministic sparse embeddings ([`sparse_embedding`]) in TEI
 //! 1.9.3's shape; without it that route answers 424 as TEI does (the `sparse` module).
 //!
+//! With [`Config::tokenizer`], `POST /tokenize` and `POST /decode` answer in TEI 1.9.3's shapes
+//! with a made-up tokenizer (one token per word, [`tokenized`], [`decoded`]; the `tokenize`
+//! module); without it they answer 404, as a server without those routes.
+//!
 //! Rejections cost nothing (TEI validates before queueing). Every parsed `/embed` call, rejected
 //! or not, is recorded in a [`CallLog`] that tests can read (not by the `fake-upstream` command,
 //! see [`app`]).
@@ -101,6 +105,10 @@ pub struct Config {
     /// `/embed_sparse` answers (see the `sparse` module); else that route answers 424 as TEI
     /// does. Ignored with `reranker`.
     pub splade: bool,
+    /// Serve `POST /tokenize` and `POST /decode` (the `tokenize` module), as TEI does. Off by
+    /// default: a worker then finds no `/tokenize` and counts inputs, as the tests written
+    /// before these routes expect, and the routes answer 404, as a server without them.
+    pub tokenizer: bool,
 }
 
 impl Default for Config {
@@ -117,6 +125,7 @@ impl Default for Config {
             model_id: "embatch/tei-double".into(),
             reranker: false,
             splade: false,
+            tokenizer: false,
         }
     }
 }
@@ -328,6 +337,7 @@ fn router(state: &Arc<AppState>) -> Router {
         .route("/embed_sparse", post(sparse::embed_sparse))
         .route("/info", get(info))
         .route("/health", get(health))
+        .merge(tokenize::routes(state.config.tokenizer))
         .with_state(Arc::clone(state))
 }
 
@@ -663,8 +673,10 @@ async fn health(State(state): State<Arc<AppState>>) -> StatusCode {
 
 mod rerank;
 mod sparse;
+mod tokenize;
 mod vectors;
 pub use sparse::{SPARSE_VOCAB, sparse_embedding};
+pub use tokenize::{decoded, tokens_of as tokenized, word_id};
 pub use vectors::{embedding, embedding_of, logit, rerank_score};
 
 #[cfg(test)]

@@ -25,6 +25,7 @@ mod held;
 mod reply;
 mod rerank;
 mod sparse;
+mod tokenize;
 mod withdraw;
 mod work;
 
@@ -50,6 +51,7 @@ use held::{Held, HeldShare};
 use reply::{ReplyLimit, ReplyTask, answer, served};
 pub use rerank::RerankConfig;
 pub use sparse::SparseConfig;
+pub use tokenize::TokenRoutes;
 use withdraw::Registration;
 pub(crate) use withdraw::{Withdrawable, withdraw};
 use work::{Parsed, Submitted, Work, take_misses};
@@ -72,6 +74,8 @@ pub struct IntakeConfig {
     pub rerank: RerankConfig,
     /// The sparse-embedding subjects and whether the model has sparse output.
     pub sparse: SparseConfig,
+    /// The tokenize and decode subjects and the upstream's routes.
+    pub tokens: TokenRoutes,
 }
 
 /// What the intake runs on ([`run`]): where requests come from, where they go and where their
@@ -192,6 +196,34 @@ fn wants_ack(request: &Message) -> bool {
         .as_ref()
         .and_then(|h| h.get(headers::ACK))
         .is_some_and(|v| v.as_str() == "1")
+}
+
+/// A request's time budget: its [`headers::DEADLINE_MS`], else `default`.
+///
+/// # Errors
+/// 422 `Validation` for a [`headers::VERSION`] of another major version than
+/// [`PROTOCOL_VERSION`], or a deadline that is not a whole number of milliseconds.
+fn budget(message_headers: Option<&HeaderMap>, default: Duration) -> Result<Duration, EmbedError> {
+    if let Some(version) = message_headers.and_then(|h| h.get(headers::VERSION)) {
+        let major = version.as_str().split('.').next().unwrap_or_default();
+        if major != PROTOCOL_VERSION {
+            return Err(EmbedError::Validation(format!(
+                "header `{}`: version {} is not supported; this worker speaks {PROTOCOL_VERSION}",
+                headers::VERSION,
+                version.as_str()
+            )));
+        }
+    }
+    match message_headers.and_then(|h| h.get(headers::DEADLINE_MS)) {
+        Some(value) => headers::parse_deadline(value.as_str()).ok_or_else(|| {
+            EmbedError::Validation(format!(
+                "header `{}` must be a whole number of milliseconds. Given: {:?}",
+                headers::DEADLINE_MS,
+                value.as_str()
+            ))
+        }),
+        None => Ok(default),
+    }
 }
 
 /// Sleeps until `at`, or forever when `None`.
@@ -331,6 +363,10 @@ impl Admitter {
             share: self.held.take(body),
             hand_back: wants_ack && !member,
         };
+        if let Some(route) = self.config.tokens.route_of(&arrival.request.subject) {
+            self.pass_through(route, arrival);
+            return;
+        }
         if body > LARGE_BODY_BYTES {
             // Copied out of the connection's read buffer first (a tenth of what parsing costs):
             // the buffer, about twice the body's size, is freed now, not once it is parsed.
@@ -342,6 +378,33 @@ impl Admitter {
         } else {
             self.admit(arrival).await;
         }
+    }
+
+    /// Passes a tokenize or decode request (`route`) to the upstream in a task of its own
+    /// ([`tokenize::PassTask`]): no batch, no admission.
+    fn pass_through(&self, route: &'static str, arrival: Arrival) {
+        let budget = budget(
+            arrival.request.headers.as_ref(),
+            self.config.default_deadline,
+        );
+        let ack = arrival.wants_ack.then(|| {
+            (
+                Arc::clone(&self.acks.worker_id),
+                Arc::clone(&self.acks.delay_ms),
+            )
+        });
+        let task = tokenize::PassTask {
+            route,
+            arrival,
+            budget,
+            max_inputs: self.config.max_client_batch_size,
+            caller: self.config.tokens.caller(),
+            client: self.client.clone(),
+            stats: self.stats.clone(),
+            ack,
+        };
+        self.replies
+            .spawn(task.run().instrument(crate::trace::current()));
     }
 
     /// Admits one request into the batcher, or answers its error at once; its reply will be
@@ -591,26 +654,7 @@ impl Admitter {
         received: Instant,
     ) -> Result<Parsed, EmbedError> {
         let message_headers = request.headers.as_ref();
-        if let Some(version) = message_headers.and_then(|h| h.get(headers::VERSION)) {
-            let major = version.as_str().split('.').next().unwrap_or_default();
-            if major != PROTOCOL_VERSION {
-                return Err(EmbedError::Validation(format!(
-                    "header `{}`: version {} is not supported; this worker speaks {PROTOCOL_VERSION}",
-                    headers::VERSION,
-                    version.as_str()
-                )));
-            }
-        }
-        let budget = match message_headers.and_then(|h| h.get(headers::DEADLINE_MS)) {
-            Some(value) => headers::parse_deadline(value.as_str()).ok_or_else(|| {
-                EmbedError::Validation(format!(
-                    "header `{}` must be a whole number of milliseconds. Given: {:?}",
-                    headers::DEADLINE_MS,
-                    value.as_str()
-                ))
-            })?,
-            None => self.config.default_deadline,
-        };
+        let budget = budget(message_headers, self.config.default_deadline)?;
         let deadline = received + budget;
         if self.config.rerank.serves(&request.subject) {
             let max = self.config.max_client_batch_size;

@@ -102,6 +102,7 @@ struct Parts<U> {
     counter: tokens::Counter,
     rerank: intake::RerankConfig,
     sparse: intake::SparseConfig,
+    tokens: intake::TokenRoutes,
     batcher: batcher::BatcherHandle,
     batcher_task: JoinHandle<()>,
     cache: Arc<cache::Cache>,
@@ -161,6 +162,9 @@ impl<U: Upstream> Parts<U> {
             intake::RerankConfig::new(&served.subjects, &served.model.name, upstream_info.as_ref());
         let sparse =
             intake::SparseConfig::new(&served.subjects, &served.model.name, upstream_info.as_ref());
+        let tokens =
+            intake::TokenRoutes::new(&served.subjects, Arc::clone(upstream).route_caller());
+        let token_subjects = tokens.subjects();
         let (batcher, batcher_task) =
             batcher::spawn(Arc::clone(upstream), config.batcher(upstream_info.as_ref()));
         let cache_config = config.cache();
@@ -169,7 +173,12 @@ impl<U: Upstream> Parts<U> {
         let cache = Arc::new(cache);
         let group = group::Group::join(
             client.clone(),
-            address(config, served, [&rerank.subjects, &sparse.subjects], &id),
+            address(
+                config,
+                served,
+                [&rerank.subjects, &sparse.subjects, &token_subjects],
+                &id,
+            ),
             membership,
             state,
             batcher.clone(),
@@ -188,6 +197,7 @@ impl<U: Upstream> Parts<U> {
             counter,
             rerank,
             sparse,
+            tokens,
             batcher,
             batcher_task,
             cache,
@@ -245,6 +255,7 @@ impl<U: Upstream> Parts<U> {
             max_queue_bytes: config.max_queue_bytes,
             rerank: self.rerank,
             sparse: self.sparse,
+            tokens: self.tokens,
         };
         let intake = tasks.spawn(intake::run(
             intake::Intake {

@@ -1,7 +1,7 @@
 //! The subjects a worker serves on: its discovery endpoints, its queue-group address (the
 //! request subjects with their rerank and route subjects) and its cancel subscriptions.
 
-use embatch_protocol::headers;
+use embatch_protocol::{headers, tokenize};
 
 use crate::{Config, group, info, micro, model};
 
@@ -40,6 +40,13 @@ impl Endpoints {
             // Contract v1.3: sparse embeddings, served by the same intake.
             let sparse_subject = embatch_protocol::sparse::sparse_subject(subject);
             all.push(embed_stats.also_as(embatch_protocol::sparse::ROUTE, &sparse_subject));
+            // Tokenize and decode, passed to the upstream by the same intake.
+            for (route, route_subject) in [
+                (tokenize::TOKENIZE, tokenize::tokenize_subject(subject)),
+                (tokenize::DECODE, tokenize::decode_subject(subject)),
+            ] {
+                all.push(embed_stats.also_as(route, &route_subject));
+            }
         }
         Endpoints {
             info_subjects,

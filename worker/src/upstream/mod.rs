@@ -9,6 +9,7 @@ mod body;
 mod embedding;
 pub mod local;
 mod rerank;
+pub mod route;
 mod sparse;
 pub mod tei;
 
@@ -204,6 +205,13 @@ pub trait Upstream: Send + Sync + 'static {
         let _ = lookup;
         async { crate::tokens::Counter::inputs() }
     }
+
+    /// What serves TEI's pass-through routes (`/tokenize`, `/decode`, see [`route`]) for this
+    /// upstream. The default, for upstreams without them (test doubles), is `None`: the worker
+    /// answers those routes 424 naming the route.
+    fn route_caller(self: std::sync::Arc<Self>) -> Option<std::sync::Arc<dyn route::RouteCaller>> {
+        None
+    }
 }
 
 /// The upstream chosen by configuration.
@@ -228,7 +236,26 @@ impl AnyUpstream {
     }
 }
 
+/// TEI's routes on TEI; the built-in model has none: 424 `Backend` naming the route.
+impl route::RouteCaller for AnyUpstream {
+    fn call(&self, route: &'static str, body: bytes::Bytes) -> route::RouteCall<'_> {
+        match self {
+            AnyUpstream::Tei(u) => u.call(route, body),
+            AnyUpstream::Local(_) => Box::pin(async move {
+                Err(UpstreamError::Model(EmbedError::Backend(format!(
+                    "the built-in model does not serve POST /{route}: run the worker on a TEI \
+                     upstream (--tei-url) for it"
+                ))))
+            }),
+        }
+    }
+}
+
 impl Upstream for AnyUpstream {
+    fn route_caller(self: std::sync::Arc<Self>) -> Option<std::sync::Arc<dyn route::RouteCaller>> {
+        Some(self)
+    }
+
     async fn embed(
         &self,
         inputs: &[Input],
