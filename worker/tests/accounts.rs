@@ -182,6 +182,23 @@ async fn a_tenant_account_is_its_tenant_and_only_the_workers_account_names_one()
         .and_then(|h| h.get(headers::SERVICE_ERROR_CODE))
         .map(|v| v.as_str().to_owned());
     assert_eq!(code.as_deref(), Some("424"), "{rerank:?}");
+    // So does the sparse subject (contract 1.3): a dense model answers TEI's 424.
+    let sparse = tokio::time::timeout(
+        Duration::from_secs(10),
+        search.request(
+            format!("{DEFAULT_SUBJECT}.embed_sparse"),
+            Bytes::from_static(br#"{"inputs":"a"}"#),
+        ),
+    )
+    .await
+    .expect("a reply within 10 s")
+    .expect("a reply from the worker across the import");
+    let code = sparse
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(headers::SERVICE_ERROR_CODE))
+        .map(|v| v.as_str().to_owned());
+    assert_eq!(code.as_deref(), Some("424"), "{sparse:?}");
 
     let metrics = reqwest::get(format!("http://{admin}/metrics"))
         .await
