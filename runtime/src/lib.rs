@@ -8,6 +8,7 @@ mod addr;
 pub mod bulk;
 mod memory;
 mod nats;
+mod nats_thread;
 pub mod replicas;
 mod secret;
 pub mod tenants;

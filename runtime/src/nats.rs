@@ -110,6 +110,10 @@ pub enum NatsError {
         /// The client's error (e.g. `authorization violation`).
         source: async_nats::ConnectError,
     },
+    /// The thread that runs the connection ([`NatsArgs::connect_on_own_thread`]) could not be
+    /// started, or stopped before it connected.
+    #[error("cannot run the NATS connection on a thread of its own: {0}")]
+    Thread(std::io::Error),
 }
 
 impl NatsArgs {

@@ -206,12 +206,17 @@ pub async fn run<U: Upstream>(
 /// Connects to NATS as a worker (`embatch-worker`), to the servers of `--nats-url` in the order
 /// given, with the configured credentials and TLS (see [`embatch_runtime::NatsArgs`]), and a
 /// subscription buffer well above `QUEUE_CAP` so the worker's own bound is always the one that
-/// bites.
+/// bites. The connection runs on a thread of its own
+/// ([`embatch_runtime::NatsArgs::connect_on_own_thread`]), so that the intake sees each request
+/// as soon as it is read and can refuse a large one before the next ones pile up behind it.
 ///
 /// # Errors
 /// [`WorkerError::Connect`] when no server accepts the connection.
 pub async fn connect(config: &Config) -> Result<async_nats::Client, WorkerError> {
     let options = async_nats::ConnectOptions::new()
         .subscription_capacity(config.queue_cap.saturating_mul(4).max(65_536));
-    Ok(config.nats.connect("embatch-worker", options).await?)
+    Ok(config
+        .nats
+        .connect_on_own_thread("embatch-worker", options)
+        .await?)
 }
