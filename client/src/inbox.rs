@@ -7,9 +7,12 @@
 //! waiting for it ([`Inbox::register`]): one subscription, one hash-map insert and removal per
 //! request.
 //!
-//! The same task listens on [`headers::heartbeat_subject`]: a worker not heard for
-//! [`HEARTBEAT_EXPIRY`] is lost, and the requests it had acknowledged are resent
-//! ([`Inbox::is_lost`]). It also watches the connection: after a reconnect every request in
+//! The same task listens on [`headers::heartbeat_subject`]. A worker is watched while it holds
+//! one of this client's requests: from its acknowledgement (seen here, on the inbox) until that
+//! request ends. A watched worker not heard for [`HEARTBEAT_EXPIRY`] is lost, and the requests
+//! it had acknowledged are resent ([`Inbox::is_lost`]). Workers beat only while they hold
+//! requests, so a worker that holds nothing of this client is not watched: its silence says
+//! nothing. It also watches the connection: after a reconnect every request in
 //! flight is resent, since a reply the worker published while this client was away was dropped
 //! by the server. Both are announced through [`Inbox::events`].
 
@@ -26,9 +29,6 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 /// How often the liveness of workers and the connection are checked: 50 ms.
 const CHECK_EVERY: Duration = Duration::from_millis(50);
-
-/// A lost worker is forgotten this long after its last heartbeat: 60 s.
-const FORGET_AFTER: Duration = Duration::from_secs(60);
 
 /// Shortest wait for an acknowledgement beyond the workers' acknowledgement delay
 /// ([`headers::ACK_DELAY`]) before a request is resent: 100 ms (a loaded host stalls processes
@@ -58,11 +58,20 @@ pub(crate) struct Generation {
     pub reconnected_at: Option<Instant>,
 }
 
-/// What the client heard of one worker.
+/// What the client heard of one worker it watches.
 #[derive(Debug)]
 struct Heard {
     last: Instant,
     lost: bool,
+    /// This client's requests it acknowledged and that have not ended: watched while over 0.
+    holding: usize,
+}
+
+/// One request's route: where its messages go, and the workers that acknowledged it.
+#[derive(Debug)]
+struct Route {
+    tx: mpsc::UnboundedSender<Message>,
+    held_by: Vec<String>,
 }
 
 /// State shared by the routing task and the requests.
@@ -70,7 +79,7 @@ struct Heard {
 struct Shared {
     prefix: String,
     next: AtomicU64,
-    routes: Mutex<HashMap<u64, mpsc::UnboundedSender<Message>>>,
+    routes: Mutex<HashMap<u64, Route>>,
     workers: Mutex<HashMap<String, Heard>>,
     events: watch::Sender<Generation>,
     /// Smoothed acknowledgement round trip less the acknowledgement delay, µs (0: none measured
@@ -109,7 +118,10 @@ pub(crate) struct Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        lock(&self.shared.routes).remove(&self.token);
+        let route = lock(&self.shared.routes).remove(&self.token);
+        if let Some(route) = route {
+            self.shared.release(&route.held_by);
+        }
     }
 }
 
@@ -170,7 +182,13 @@ impl Inbox {
     pub(crate) fn register(&self) -> (Slot, mpsc::UnboundedReceiver<Message>) {
         let token = self.shared.next.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::unbounded_channel();
-        lock(&self.shared.routes).insert(token, tx);
+        lock(&self.shared.routes).insert(
+            token,
+            Route {
+                tx,
+                held_by: Vec::new(),
+            },
+        );
         let slot = Slot {
             shared: Arc::clone(&self.shared),
             token,
@@ -189,23 +207,12 @@ impl Inbox {
         lock(&self.shared.workers).get(id).is_some_and(|w| w.lost)
     }
 
-    /// Takes an acknowledgement from worker `id`, `rtt` after the request was sent: the worker
-    /// is watched from now on (if no heartbeat came yet), and the round trip less the
-    /// acknowledgement delay smooths the acknowledgement wait.
+    /// Takes an acknowledgement from worker `id`, `rtt` after the request was sent: a sign of
+    /// life of the worker (watched from the acknowledgement on: the routing task saw it first),
+    /// and the round trip less the acknowledgement delay smooths the acknowledgement wait.
     pub(crate) fn acknowledged(&self, id: &str, rtt: Duration) {
         self.shared.acking.store(true, Ordering::Relaxed);
-        {
-            let mut workers = lock(&self.shared.workers);
-            if !workers.contains_key(id) {
-                workers.insert(
-                    id.to_owned(),
-                    Heard {
-                        last: Instant::now(),
-                        lost: false,
-                    },
-                );
-            }
-        }
+        self.shared.heard(id.as_bytes());
         let delay = self.shared.ack_delay_us.load(Ordering::Relaxed);
         let sample = micros(rtt).saturating_sub(delay);
         let old = self.shared.ack_rtt_us.load(Ordering::Relaxed);
@@ -255,7 +262,8 @@ fn micros(d: Duration) -> u64 {
 }
 
 impl Shared {
-    /// Hands `message` to the request whose token ends its subject (dropped if it is gone).
+    /// Hands `message` to the request whose token ends its subject (dropped if it is gone). An
+    /// acknowledgement ([`headers::ACCEPTED_BY`]) starts watching its worker for that request.
     fn route(&self, message: Message) {
         let token = message
             .subject
@@ -266,43 +274,72 @@ impl Shared {
         let Some(token) = token else {
             return;
         };
-        if let Some(route) = lock(&self.routes).get(&token) {
-            let _ = route.send(message);
+        let accepted_by = message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(headers::ACCEPTED_BY))
+            .map(|v| v.as_str().to_owned());
+        let mut routes = lock(&self.routes);
+        let Some(route) = routes.get_mut(&token) else {
+            return;
+        };
+        if let Some(id) = accepted_by
+            && !route.held_by.contains(&id)
+        {
+            self.watch(&id, Instant::now());
+            route.held_by.push(id);
+        }
+        let _ = route.tx.send(message);
+    }
+
+    /// Watches worker `id` for one more request, from `now`: a worker watched afresh counts as
+    /// just heard (it acknowledged).
+    fn watch(&self, id: &str, now: Instant) {
+        let mut workers = lock(&self.workers);
+        let heard = workers.entry(id.to_owned()).or_insert(Heard {
+            last: now,
+            lost: false,
+            holding: 0,
+        });
+        if heard.holding == 0 {
+            heard.last = now;
+            heard.lost = false;
+        }
+        heard.holding += 1;
+    }
+
+    /// A request ended: the workers that held it are watched for one request less, and
+    /// forgotten at none.
+    fn release(&self, held_by: &[String]) {
+        let mut workers = lock(&self.workers);
+        for id in held_by {
+            if let Some(heard) = workers.get_mut(id) {
+                heard.holding = heard.holding.saturating_sub(1);
+                if heard.holding == 0 {
+                    workers.remove(id);
+                }
+            }
         }
     }
 
-    /// Takes a heartbeat (the worker's id as the payload).
+    /// Takes a heartbeat (the worker's id as the payload) of a watched worker; others are
+    /// ignored.
     fn heard(&self, payload: &[u8]) {
         let Ok(id) = std::str::from_utf8(payload) else {
             return;
         };
-        let now = Instant::now();
-        let mut workers = lock(&self.workers);
-        match workers.get_mut(id) {
-            Some(heard) => {
-                heard.last = now;
-                heard.lost = false;
-            }
-            None => {
-                workers.insert(
-                    id.to_owned(),
-                    Heard {
-                        last: now,
-                        lost: false,
-                    },
-                );
-            }
+        if let Some(heard) = lock(&self.workers).get_mut(id) {
+            heard.last = Instant::now();
+            heard.lost = false;
         }
     }
 
-    /// Marks the workers not heard for [`HEARTBEAT_EXPIRY`] as lost, forgets old ones, and
-    /// announces losses and a reconnect. After a reconnect every worker's clock restarts: the
+    /// Marks the watched workers not heard for [`HEARTBEAT_EXPIRY`] as lost, and announces losses and a reconnect. After a reconnect every worker's clock restarts: the
     /// heartbeats missed while this client was away say nothing about the workers.
     fn check(&self, now: Instant, reconnected: bool) {
         let mut lost = 0;
         {
             let mut workers = lock(&self.workers);
-            workers.retain(|_, heard| now.saturating_duration_since(heard.last) < FORGET_AFTER);
             for heard in workers.values_mut() {
                 if reconnected {
                     heard.last = now;
@@ -355,7 +392,7 @@ mod tests {
         let shared = shared();
         let mut events = shared.events.subscribe();
         let start = Instant::now();
-        shared.heard(b"w1");
+        shared.watch("w1", start);
         shared.check(start + HEARTBEAT_EXPIRY, false);
         assert!(
             !lock(&shared.workers)["w1"].lost,
@@ -373,7 +410,7 @@ mod tests {
     fn a_reconnect_restarts_every_clock_and_is_announced() {
         let shared = shared();
         let mut events = shared.events.subscribe();
-        shared.heard(b"w1");
+        shared.watch("w1", Instant::now());
         let later = Instant::now() + HEARTBEAT_EXPIRY * 4;
         shared.check(later, true);
         assert!(!lock(&shared.workers)["w1"].lost);
@@ -385,5 +422,59 @@ mod tests {
                 reconnected_at: Some(later),
             }
         );
+    }
+
+    fn acknowledgement(token: u64, worker: &str) -> Message {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(headers::ACCEPTED_BY, worker);
+        Message {
+            subject: format!("_INBOX.x.{token}").into(),
+            reply: None,
+            payload: bytes::Bytes::new(),
+            headers: Some(headers),
+            status: None,
+            description: None,
+            length: 0,
+        }
+    }
+
+    #[test]
+    fn a_worker_is_watched_only_while_it_holds_a_request_of_this_client() {
+        let shared = Arc::new(shared());
+        let inbox_of = |shared: &Arc<Shared>| Inbox {
+            shared: Arc::clone(shared),
+            task: tokio::runtime::Builder::new_current_thread()
+                .build()
+                .expect("a runtime")
+                .spawn(async {}),
+        };
+        let inbox = inbox_of(&shared);
+        shared.heard(b"idle");
+        assert!(
+            lock(&shared.workers).is_empty(),
+            "a beat of a worker that holds nothing of ours"
+        );
+        let (first, mut first_rx) = inbox.register();
+        let (second, _second_rx) = inbox.register();
+        shared.route(acknowledgement(first.token, "w1"));
+        shared.route(acknowledgement(first.token, "w1"));
+        shared.route(acknowledgement(second.token, "w1"));
+        assert!(first_rx.try_recv().is_ok(), "the acknowledgement is routed");
+        assert_eq!(lock(&shared.workers)["w1"].holding, 2, "two requests");
+        let later = Instant::now() + HEARTBEAT_EXPIRY * 2;
+        shared.check(later, false);
+        assert!(inbox.is_lost("w1"), "silent while holding ours");
+        drop(first);
+        assert_eq!(lock(&shared.workers)["w1"].holding, 1);
+        drop(second);
+        assert!(
+            lock(&shared.workers).is_empty(),
+            "forgotten once it holds nothing of ours"
+        );
+        assert!(!inbox.is_lost("w1"));
+        // Acknowledging again: watched afresh, not lost from the last spell.
+        let (third, _third_rx) = inbox.register();
+        shared.route(acknowledgement(third.token, "w1"));
+        assert!(!inbox.is_lost("w1"));
     }
 }

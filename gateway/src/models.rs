@@ -1,14 +1,16 @@
-//! The models served behind the gateway, live from NATS discovery, and the route of a request
-//! to its model (contract v1.1, see [`embatch_protocol::model`]).
+//! The models served behind the gateway, from NATS discovery, and the route of a request to its
+//! model (contract v1.1, see [`embatch_protocol::model`]).
 //!
-//! Every worker announces its membership on `<subject>.members` every 0.5 s and on every change,
-//! naming its model ([`Announcement`]); the gateway listens there. A model is served while at
-//! least one worker of it was heard within [`ANNOUNCEMENT_EXPIRY`] and is not stopping: it
-//! appears when its first worker joins and disappears when its last worker leaves (or is not
-//! heard for that long: killed, partitioned). At start, and when a request names a model not
-//! heard of (at most once per [`REFRESH_EVERY`]), the gateway also asks `$SRV.INFO.embatch`
-//! ([`embatch_client::models::discover`]), so a request sent right after start is not refused
-//! for want of an announcement.
+//! The table comes from NATS micro discovery (`$SRV.INFO.embatch`,
+//! [`embatch_client::models::discover`]), asked on demand, never periodically: at start; when a
+//! request names a model not in the table (at most once per [`REFRESH_EVERY`]); in the
+//! background when `GET /v1/models` finds the table older than [`LIST_TTL`], or a request for a
+//! known model finds it older than [`ROUTE_TTL`]. A worker missing from [`MISSES_TO_FORGET`]
+//! rounds in a row (killed, partitioned) is forgotten; one answering `stopping` at once. Workers
+//! also announce themselves once on `<subject>.members` when they start and once when they stop
+//! ([`Announcement`]), which the gateway takes at once: a new model appears, and a stopped
+//! worker leaves the table, without waiting for a round. An idle fleet costs the gateway nothing
+//! (docs/design/control-plane.md).
 //!
 //! Routing ([`Models::route`]):
 //! - no model (TEI's routes, or an OpenAI request without `model` or with `""`): the default
@@ -24,7 +26,7 @@ use std::time::Duration;
 
 use embatch_client::EmbedClient;
 use embatch_protocol::headers::{members_subject, membership};
-use embatch_protocol::model::{ANNOUNCEMENT_EXPIRY, Announcement, model_subject};
+use embatch_protocol::model::{Announcement, model_subject};
 use embatch_protocol::{EmbedError, SERVICE_NAME};
 use futures::StreamExt;
 use tokio::time::Instant;
@@ -35,9 +37,23 @@ use crate::telemetry::RequestMetrics;
 /// Longest a discovery round (`$SRV.INFO`) collects answers: 100 ms.
 pub const DISCOVERY_WAIT: Duration = Duration::from_millis(100);
 
-/// A request naming an unknown model triggers a discovery round at most this often: 1 s (the
-/// others are answered from the table, which announcements keep current anyway).
+/// A discovery round runs at most this often: 1 s (a request naming an unknown model meanwhile
+/// is answered from the table).
 pub const REFRESH_EVERY: Duration = Duration::from_secs(1);
+
+/// `GET /v1/models` starts a round in the background when the table is older than this: 2 s
+/// (the answer is the table as it is; a killed worker leaves it within two rounds).
+pub const LIST_TTL: Duration = Duration::from_secs(2);
+
+/// A request for a known model starts a round in the background when the table is older than
+/// this: 10 s (so a model whose workers were all killed stops being routed, with 404, within
+/// about two of these while requests come; meanwhile its requests get 503, no worker). Costs one
+/// round per gateway per 10 s under traffic, none while idle.
+pub const ROUTE_TTL: Duration = Duration::from_secs(10);
+
+/// Rounds in a row a worker may miss before it is forgotten: 2 (a loaded worker may answer a
+/// round after [`DISCOVERY_WAIT`]).
+pub const MISSES_TO_FORGET: u32 = 2;
 
 /// A model served now, as `GET /v1/models` lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,8 +100,10 @@ pub struct ModelObject {
 }
 
 impl Models {
-    /// The body of `GET /v1/models`.
+    /// The body of `GET /v1/models`: the table as it is; a discovery round starts in the
+    /// background when it is older than [`LIST_TTL`].
     pub fn list(&self) -> ModelList {
+        self.refresh_if_older(LIST_TTL);
         let data = self
             .served()
             .into_iter()
@@ -134,11 +152,13 @@ struct Shared {
     _listener: DropGuard,
 }
 
-/// The workers heard from, by service id, and since when each model is served.
+/// The workers heard from, by service id, since when each model is served, and when the last
+/// discovery round ended.
 #[derive(Debug, Default)]
 struct Table {
     workers: HashMap<String, Heard>,
     created: HashMap<String, u64>,
+    refreshed: Option<Instant>,
 }
 
 #[derive(Debug, Clone)]
@@ -146,14 +166,16 @@ struct Heard {
     model: Option<String>,
     revision: Option<String>,
     plain: bool,
-    at: Instant,
+    /// Discovery rounds in a row it did not answer.
+    missed: u32,
 }
 
 impl Table {
-    /// Takes what a worker said at `at`; a stopping worker is forgotten.
+    /// Takes what a worker said; a stopping worker is forgotten.
     fn record(&mut self, id: String, stopping: bool, heard: Heard) {
         if stopping {
             self.workers.remove(&id);
+            self.forget_empty_models();
             return;
         }
         if let Some(model) = &heard.model {
@@ -164,14 +186,43 @@ impl Table {
         self.workers.insert(id, heard);
     }
 
-    /// Forgets workers not heard within [`ANNOUNCEMENT_EXPIRY`] of `now`, and the creation time
-    /// of models left without a worker.
-    fn expire(&mut self, now: Instant) {
+    /// Takes one discovery round's answers, ended at `now`: the workers that answered are
+    /// recorded, the others missed one more round ([`MISSES_TO_FORGET`]).
+    fn round(&mut self, answers: Vec<embatch_client::models::WorkerModel>, now: Instant) {
+        let answered: std::collections::HashSet<String> =
+            answers.iter().map(|w| w.id.clone()).collect();
+        for (id, heard) in &mut self.workers {
+            if !answered.contains(id) {
+                heard.missed += 1;
+            }
+        }
         self.workers
-            .retain(|_, heard| now.saturating_duration_since(heard.at) <= ANNOUNCEMENT_EXPIRY);
+            .retain(|_, heard| heard.missed < MISSES_TO_FORGET);
+        for worker in answers {
+            let stopping = worker.membership == membership::STOPPING;
+            let heard = Heard {
+                model: worker.model,
+                revision: worker.revision,
+                plain: worker.plain,
+                missed: 0,
+            };
+            self.record(worker.id, stopping, heard);
+        }
+        self.forget_empty_models();
+        self.refreshed = Some(now);
+    }
+
+    /// Forgets the creation time of models left without a worker.
+    fn forget_empty_models(&mut self) {
         let workers = &self.workers;
         self.created
             .retain(|model, _| workers.values().any(|h| h.model.as_ref() == Some(model)));
+    }
+
+    /// Whether the last round ended more than `ttl` before `now` (or none ran).
+    fn older_than(&self, ttl: Duration, now: Instant) -> bool {
+        self.refreshed
+            .is_none_or(|at| now.saturating_duration_since(at) > ttl)
     }
 
     fn served(&self) -> Vec<ServedModel> {
@@ -241,9 +292,7 @@ impl Models {
 
     /// The models served now, by name.
     pub fn served(&self) -> Vec<ServedModel> {
-        let mut table = self.table();
-        table.expire(Instant::now());
-        table.served()
+        self.table().served()
     }
 
     /// The route of a request for `model` (`None` or `""`: the default route).
@@ -258,7 +307,9 @@ impl Models {
         if self.shared.default_model.as_deref() == Some(name) {
             return Ok(Arc::clone(&self.shared.plain));
         }
-        if !self.is_served(name) {
+        if self.is_served(name) {
+            self.refresh_if_older(ROUTE_TTL);
+        } else {
             self.refresh().await;
             if !self.is_served(name) {
                 let served: Vec<String> = self.served().into_iter().map(|m| m.name).collect();
@@ -288,11 +339,18 @@ impl Models {
     }
 
     fn is_served(&self, name: &str) -> bool {
-        let now = Instant::now();
-        self.table().workers.values().any(|heard| {
-            heard.model.as_deref() == Some(name)
-                && now.saturating_duration_since(heard.at) <= ANNOUNCEMENT_EXPIRY
-        })
+        self.table()
+            .workers
+            .values()
+            .any(|heard| heard.model.as_deref() == Some(name))
+    }
+
+    /// Starts a discovery round in the background when the table is older than `ttl`.
+    fn refresh_if_older(&self, ttl: Duration) {
+        if self.table().older_than(ttl, Instant::now()) {
+            let models = self.clone();
+            tokio::spawn(async move { models.refresh().await });
+        }
     }
 
     /// One discovery round, unless one ran within [`REFRESH_EVERY`] (concurrent callers wait
@@ -325,25 +383,16 @@ fn route(nats: &async_nats::Client, subject: String, model: &str) -> Arc<Route> 
 /// Records the workers that answer one `$SRV.INFO` round.
 async fn discover_into(nats: &async_nats::Client, prefix: &str, table: &Mutex<Table>) {
     match embatch_client::models::discover(nats, SERVICE_NAME, prefix, DISCOVERY_WAIT).await {
-        Ok(workers) => {
-            let now = Instant::now();
-            let mut table = table.lock().unwrap_or_else(PoisonError::into_inner);
-            for worker in workers {
-                let stopping = worker.membership == membership::STOPPING;
-                let heard = Heard {
-                    model: worker.model,
-                    revision: worker.revision,
-                    plain: worker.plain,
-                    at: now,
-                };
-                table.record(worker.id, stopping, heard);
-            }
-        }
+        Ok(workers) => table
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .round(workers, Instant::now()),
         Err(err) => tracing::debug!(%err, "model discovery failed"),
     }
 }
 
-/// Listens to the workers' announcements until `stop` is cancelled; one discovery round first.
+/// Listens to the workers' start and stop announcements until `stop` is cancelled; one discovery
+/// round first.
 async fn listen(
     nats: async_nats::Client,
     prefix: String,
@@ -371,7 +420,6 @@ async fn listen(
         };
         let stopping = heard.membership == membership::STOPPING;
         let plain = heard.serves_plain();
-        let now = Instant::now();
         let mut table = table.lock().unwrap_or_else(PoisonError::into_inner);
         table.record(
             heard.id,
@@ -380,43 +428,78 @@ async fn listen(
                 model: heard.model,
                 revision: heard.model_revision,
                 plain,
-                at: now,
+                missed: 0,
             },
         );
-        table.expire(now);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use embatch_client::models::WorkerModel;
 
-    fn heard(model: &str, plain: bool, at: Instant) -> Heard {
+    fn heard(model: &str, plain: bool) -> Heard {
         Heard {
             model: Some(model.into()),
             revision: None,
             plain,
-            at,
+            missed: 0,
         }
+    }
+
+    fn answer(id: &str, model: &str, membership: &str) -> WorkerModel {
+        WorkerModel {
+            id: id.into(),
+            model: Some(model.into()),
+            revision: None,
+            plain: false,
+            membership: membership.into(),
+        }
+    }
+
+    fn names(table: &Table) -> Vec<String> {
+        table.served().into_iter().map(|m| m.name).collect()
     }
 
     #[test]
     fn a_model_is_served_from_its_first_worker_to_its_last() {
-        let start = Instant::now();
         let mut table = Table::default();
-        table.record("w1".into(), false, heard("a", true, start));
-        table.record("w2".into(), false, heard("a", true, start));
-        table.record("w3".into(), false, heard("b", false, start));
-        let names = |t: &Table| t.served().into_iter().map(|m| m.name).collect::<Vec<_>>();
+        table.record("w1".into(), false, heard("a", true));
+        table.record("w2".into(), false, heard("a", true));
+        table.record("w3".into(), false, heard("b", false));
         assert_eq!(names(&table), ["a", "b"]);
         assert_eq!(table.served()[0].workers, 2);
         assert!(table.served()[0].default && !table.served()[1].default);
-        table.record("w1".into(), true, heard("a", true, start));
+        table.record("w1".into(), true, heard("a", true));
         assert_eq!(names(&table), ["a", "b"], "w2 still serves a");
-        table.record("w2".into(), true, heard("a", true, start));
+        table.record("w2".into(), true, heard("a", true));
         assert_eq!(names(&table), ["b"]);
-        table.expire(start + ANNOUNCEMENT_EXPIRY + Duration::from_millis(1));
-        assert!(names(&table).is_empty(), "b's worker expired");
+        assert!(!table.created.contains_key("a"));
+    }
+
+    #[test]
+    fn a_worker_missing_from_two_rounds_in_a_row_is_forgotten() {
+        let now = Instant::now();
+        let mut table = Table::default();
+        assert!(table.older_than(LIST_TTL, now), "no round yet");
+        table.round(
+            vec![answer("w1", "a", "joined"), answer("w2", "b", "full")],
+            now,
+        );
+        assert_eq!(names(&table), ["a", "b"]);
+        assert!(!table.older_than(LIST_TTL, now));
+        assert!(table.older_than(LIST_TTL, now + LIST_TTL + Duration::from_millis(1)));
+        table.round(vec![answer("w1", "a", "joined")], now);
+        assert_eq!(names(&table), ["a", "b"], "one round missed: a late answer");
+        table.round(
+            vec![answer("w1", "a", "joined"), answer("w2", "b", "joined")],
+            now,
+        );
+        table.round(vec![answer("w1", "a", "joined")], now);
+        assert_eq!(names(&table), ["a", "b"], "misses count in a row");
+        table.round(vec![answer("w1", "a", "stopping")], now);
+        assert!(names(&table).is_empty(), "w1 stops, w2 missed twice");
         assert!(table.created.is_empty());
     }
 }

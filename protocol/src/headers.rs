@@ -31,13 +31,27 @@ pub fn info_subject(subject: &str) -> String {
     format!("{subject}.info")
 }
 
-/// `<subject>.members`: where workers announce their queue-group membership to each other
-/// (`{"id": "<service id>", "membership": "joined", "room": true}` on every change and every
-/// 0.5 s), so a
-/// full worker leaves only while another is a member. Workers only; clients need not know it.
+/// `<subject>.members`: where a worker announces itself once when it starts (`joined`) and once
+/// when it stops (`stopping`): `{"id": "<service id>", "membership": "...", "room": true,
+/// "model": "...", ...}` ([`crate::model::Announcement`]). Nothing is repeated: a gateway keeps its
+/// model table from NATS micro discovery and uses these two events to see a worker come and go
+/// at once. Workers and gateways only; clients need not know it. Why: docs/design/control-plane.md.
 pub fn members_subject(subject: &str) -> String {
     format!("{subject}.members")
 }
+
+/// `<model subject>.room`: the workers of a model that have room for a peer's share are the
+/// members of its queue group (the same group name as the request subject) while they do. A
+/// full worker asks there (a NATS request, [`ROOM_ASK_TIMEOUT`]) before it leaves the request
+/// subject's queue group: a reply `{"id": "<service id>", "room": true}` from another worker means
+/// a peer has room; "no responders" or no reply in time means none has. Workers only.
+pub fn room_subject(subject: &str) -> String {
+    format!("{subject}.room")
+}
+
+/// How long a worker waits for a reply on [`room_subject`]: 100 ms. No reply in time counts as
+/// "no peer has room" (the worker then stays in the queue group, as a lone worker does).
+pub const ROOM_ASK_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// Request header (optional): `1` asks the worker that receives the request to acknowledge it
 /// when it still holds it [`ACK_DELAY`] after reading it: a message on the request's reply
@@ -71,19 +85,27 @@ pub const ACCEPTED_BY: &str = "Embatch-Accepted-By";
 /// [`ACCEPTED_BY`].
 pub const ACK_DELAY_MS: &str = "Embatch-Ack-Delay-Ms";
 
-/// `<subject>.alive`: where every worker publishes its service id (the body, UTF-8) every
-/// [`HEARTBEAT_INTERVAL`] while it runs, so a client knows that the worker holding its request
-/// (named by [`ACCEPTED_BY`]) is alive. A worker not heard for [`HEARTBEAT_EXPIRY`] is gone
-/// (killed, partitioned): a client resends what it held.
+/// `<subject>.alive`: where a worker publishes its service id (the body, UTF-8) every
+/// [`HEARTBEAT_INTERVAL`] while it holds requests, and for [`HEARTBEAT_LINGER`] after it answered
+/// the last one, so a client knows that the worker holding its request (named by
+/// [`ACCEPTED_BY`]) is alive. A worker that holds a client's acknowledged request and is not heard
+/// for [`HEARTBEAT_EXPIRY`] is gone (killed, partitioned): the client resends what it held. An
+/// idle worker is silent: a client watches a worker only while it holds one of its requests
+/// (from the acknowledgement on).
 pub fn heartbeat_subject(subject: &str) -> String {
     format!("{subject}.alive")
 }
 
-/// How often a worker publishes on [`heartbeat_subject`]: 100 ms.
+/// How often a worker that holds requests publishes on [`heartbeat_subject`]: 100 ms.
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(100);
 
-/// How long after its last heartbeat a worker counts as gone: 500 ms (five intervals, so a
-/// process stalled for a few hundred ms on a loaded host is not taken for dead).
+/// How long a worker keeps beating after it answered the last request it held: 1 s (so a client
+/// whose acknowledgement and the worker's last beat cross never sees a gap while it waits).
+pub const HEARTBEAT_LINGER: Duration = Duration::from_secs(1);
+
+/// How long after its last heartbeat a worker that holds a client's acknowledged request counts
+/// as gone: 500 ms (five intervals, so a process stalled for a few hundred ms on a loaded host is
+/// not taken for dead).
 pub const HEARTBEAT_EXPIRY: Duration = Duration::from_millis(500);
 
 /// Request header (optional): on a copy of a request that its client resends (the same

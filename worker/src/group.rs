@@ -13,26 +13,28 @@
 //! gateway, `embatch-client`) resends it to the group; a plain `request` ends at its timeout.
 //! Every change is logged, counted in `embatch_worker_membership_changes_total` and published to
 //! discovery ([`crate::micro`]).
+//!
+//! The group also holds the worker's place in its model's room subject while it has room, and
+//! asks that subject whether a peer has room when its decision needs to know ([`crate::peers`]):
+//! nothing is published periodically.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::{Client, Message, Subscriber};
-use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::SelectAll;
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, Interval, MissedTickBehavior};
-use tokio_util::sync::CancellationToken;
 
 use crate::batcher::BatcherHandle;
-use crate::membership::{
-    Load, MemberState, Membership, PROBE_INTERVAL, PROBE_INTERVAL_UNHEALTHY, PROBE_TIMEOUT,
-    Transition,
-};
-use crate::peers::{self, HEARTBEAT, Peers};
+use crate::membership::{Load, MemberState, Membership, Transition};
+use crate::peers::{self, Answers, RESUBSCRIBE_AFTER};
 use crate::telemetry::names;
-use crate::upstream::Upstream;
+
+mod probes;
+
+pub(crate) use probes::Probes;
 
 /// How often a full worker re-checks whether its queue has drained enough to rejoin.
 pub const FULL_RECHECK: Duration = Duration::from_millis(2);
@@ -41,14 +43,15 @@ pub const FULL_RECHECK: Duration = Duration::from_millis(2);
 /// it is.
 #[derive(Debug, Clone)]
 pub(crate) struct Address {
-    /// `EMBATCH_SUBJECT`: the prefix, whose `.members` subject carries the announcements.
+    /// `EMBATCH_SUBJECT`: the prefix, whose `.members` subject carries the start and stop
+    /// announcements.
     pub subject: String,
     /// The subjects served, joined and left together: the model subject, and the plain subject
     /// when this worker serves the default model (see [`crate::model::Served`]).
     pub subjects: Vec<String>,
     /// `QUEUE_GROUP`: the queue group's name on each subject (NATS keeps one group per subject).
     pub queue_group: String,
-    /// The worker's service id and model, in its announcements.
+    /// The worker's service id and model, in its announcements and room questions.
     pub speaker: peers::Speaker,
 }
 
@@ -68,12 +71,13 @@ pub(crate) enum Event {
 pub(crate) enum Control {
     /// A `/health` probe's result.
     Probe(bool),
-    /// Full and time to re-check the load, or an upstream call failed.
+    /// Full and time to re-check the load, an upstream call failed, or time to rejoin the room
+    /// subject.
     Recheck,
-    /// A peer's announcement (its payload).
-    Peer(Bytes),
-    /// Time to repeat this worker's own state.
-    Heartbeat,
+    /// A peer's question on the room subject: answer it.
+    RoomAsked(Message),
+    /// The answer to this worker's question: whether a peer has room.
+    RoomAnswered(bool),
 }
 
 /// The worker's membership in the queue group of the request subject.
@@ -89,11 +93,18 @@ pub(crate) struct Group {
     probes: Option<mpsc::Receiver<bool>>,
     failures: watch::Receiver<u32>,
     recheck: Interval,
-    peers: Peers,
-    announcements: Subscriber,
-    heartbeat: Interval,
-    /// What this worker last announced: its state and whether it had room.
-    announced: (MemberState, bool),
+    /// The queue subscription to the room subject, held while this worker has room.
+    room: Option<Subscriber>,
+    /// When it last left the room subject (joins are at least [`RESUBSCRIBE_AFTER`] apart).
+    room_left_at: Instant,
+    /// When to try joining the room subject again, while a join waits for that.
+    room_retry: Option<Instant>,
+    /// The last answer to this worker's question on the room subject.
+    answers: Answers,
+    answered: mpsc::Receiver<bool>,
+    answer_to: mpsc::Sender<bool>,
+    /// Told of each request read: the heartbeat beats while requests are held.
+    busy: Arc<crate::heartbeat::Busy>,
     /// [`BatcherHandle::answered_calls`] at the last probe result.
     answered_at_probe: u64,
     /// The queue wait requests met on admission, smoothed ([`ROOM_SMOOTHING`] per admitted
@@ -118,28 +129,25 @@ impl Group {
         batcher: BatcherHandle,
         probes: Option<mpsc::Receiver<bool>>,
     ) -> Result<Group, async_nats::SubscribeError> {
-        let announcements = client
-            .subscribe(peers::members_subject(&address.subject))
-            .await?;
         let current = subscribe_all(&client, &address).await?;
         metrics::gauge!(names::MEMBER).set(1.0);
-        let mut heartbeat = tokio::time::interval(HEARTBEAT);
-        heartbeat.set_missed_tick_behavior(MissedTickBehavior::Delay);
         state.send_replace(membership.state());
         let mut recheck = tokio::time::interval(FULL_RECHECK);
         recheck.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let failures = batcher.failures();
-        Ok(Group {
-            peers: Peers::new(
-                address.speaker.id.clone(),
-                address.speaker.model.name.clone(),
-                address.speaker.plain,
-            ),
-            announced: (MemberState::Stopping, false),
+        let (answer_to, answered) = mpsc::channel(1);
+        let mut group = Group {
+            room: None,
+            room_left_at: Instant::now()
+                .checked_sub(RESUBSCRIBE_AFTER)
+                .unwrap_or_else(Instant::now),
+            room_retry: None,
+            answers: Answers::default(),
+            answered,
+            answer_to,
+            busy: Arc::default(),
             typical_wait: Duration::ZERO,
             answered_at_probe: batcher.answered_calls(),
-            announcements,
-            heartbeat,
             failures,
             client,
             address,
@@ -150,7 +158,16 @@ impl Group {
             batcher,
             probes,
             recheck,
-        })
+        };
+        group.announce().await;
+        let load = group.load();
+        group.follow_room(load).await;
+        Ok(group)
+    }
+
+    /// Told of each request read (for the heartbeat: see `crate::heartbeat`).
+    pub fn busy(&self) -> Arc<crate::heartbeat::Busy> {
+        Arc::clone(&self.busy)
     }
 
     /// The next thing to handle: a request routed to this worker, or an input of the
@@ -165,18 +182,19 @@ impl Group {
             }
             let full = state == MemberState::Full;
             let adaptive = self.probes.is_some() && !stopping;
-            tokio::select! {
+            let request = tokio::select! {
                 message = next_of(&mut self.current) => match message {
-                    Some(message) => return Event::Request(message),
+                    Some(message) => message,
                     None => {
                         self.current = None;
                         if self.draining.is_empty() {
                             return Event::Ended;
                         }
+                        continue;
                     }
                 },
                 message = self.draining.next(), if !self.draining.is_empty() => match message {
-                    Some(message) => return Event::Request(message),
+                    Some(message) => message,
                     None => continue, // every drain is complete
                 },
                 Some(ok) = recv_of(&mut self.probes) => return Event::Control(Control::Probe(ok)),
@@ -184,13 +202,19 @@ impl Group {
                 Ok(()) = self.failures.changed(), if adaptive => {
                     return Event::Control(Control::Recheck);
                 }
-                Some(message) = self.announcements.next(), if !stopping => {
-                    return Event::Control(Control::Peer(message.payload));
+                Some(question) = next_of_one(&mut self.room) => {
+                    return Event::Control(Control::RoomAsked(question));
                 }
-                _ = self.heartbeat.tick(), if !stopping => {
-                    return Event::Control(Control::Heartbeat);
+                Some(yes) = self.answered.recv() => {
+                    return Event::Control(Control::RoomAnswered(yes));
                 }
-            }
+                () = sleep_until(self.room_retry) => {
+                    self.room_retry = None;
+                    return Event::Control(Control::Recheck);
+                }
+            };
+            self.busy.read();
+            return Event::Request(request);
         }
     }
 
@@ -212,14 +236,13 @@ impl Group {
                 self.apply(transition).await;
             }
             Control::Recheck => self.observe().await,
-            Control::Peer(payload) => {
-                if self.peers.record(&payload, Instant::now()) {
-                    self.observe().await;
-                }
+            Control::RoomAsked(question) => {
+                let room = self.has_room(self.load());
+                peers::answer(&self.client, &question, &self.address.speaker.id, room).await;
             }
-            Control::Heartbeat => {
-                self.peers.forget_expired(Instant::now());
-                self.announce().await;
+            Control::RoomAnswered(yes) => {
+                self.answers.record(yes, Instant::now());
+                self.observe().await;
             }
         }
     }
@@ -242,8 +265,8 @@ impl Group {
         self.membership.state()
     }
 
-    /// Re-decides from the load now (a re-check while full, a peer's change), and tells the
-    /// peers when this worker's state or room changed.
+    /// Re-decides from the load now (a re-check while full, a failed call, a peer's answer),
+    /// and follows this worker's room on the room subject.
     pub async fn observe(&mut self) {
         let load = self.load();
         self.decide(load).await;
@@ -252,8 +275,14 @@ impl Group {
     async fn decide(&mut self, load: Load) {
         let transition = self.membership.observe(load);
         self.apply(transition).await;
-        if (self.membership.state(), self.has_room(load)) != self.announced {
-            self.announce().await;
+        self.follow_room(load).await;
+        if self.membership.asks_for_room(load) && self.answers.should_ask(Instant::now()) {
+            peers::ask(
+                &self.client,
+                self.room_subject(),
+                self.address.speaker.id.clone(),
+                self.answer_to.clone(),
+            );
         }
     }
 
@@ -265,19 +294,67 @@ impl Group {
         })
     }
 
-    /// The batcher's load, and whether a peer has room.
+    /// The batcher's load, and whether a peer has room by the last answer.
     fn load(&self) -> Load {
         Load {
-            peer_has_room: self.peers.any_room(Instant::now()),
+            peer_has_room: self.answers.peer_has_room(Instant::now()),
             ..self.batcher.load()
         }
     }
 
-    /// Publishes this worker's state and room to its peers.
+    /// The room subject of this worker's model (its first request subject).
+    fn room_subject(&self) -> String {
+        peers::room_subject(&self.address.subjects[0])
+    }
+
+    /// Joins the room subject's queue group while this worker has room and does not itself
+    /// look for a peer with room (it would answer its own question), and leaves it otherwise:
+    /// leaving at once, joining at most [`RESUBSCRIBE_AFTER`] after the last leave (a retry is
+    /// scheduled in between).
+    async fn follow_room(&mut self, load: Load) {
+        let want = self.membership.state() != MemberState::Stopping
+            && self.has_room(load)
+            && !self.membership.asks_for_room(load);
+        let now = Instant::now();
+        match (want, self.room.take()) {
+            (false, Some(mut room)) => {
+                if let Err(err) = room.unsubscribe().await {
+                    tracing::debug!(%err, "cannot leave the room subject");
+                }
+                self.room_left_at = now;
+                self.room_retry = None;
+            }
+            (true, None) => {
+                let at = self.room_left_at + RESUBSCRIBE_AFTER;
+                if now < at {
+                    self.room_retry = Some(at);
+                    return;
+                }
+                self.room_retry = None;
+                let subject = self.room_subject();
+                match self
+                    .client
+                    .queue_subscribe(subject, self.address.queue_group.clone())
+                    .await
+                {
+                    Ok(room) => self.room = Some(room),
+                    Err(err) => tracing::debug!(%err, "cannot join the room subject"),
+                }
+            }
+            (_, room) => {
+                self.room = room;
+                if !want {
+                    self.room_retry = None;
+                }
+            }
+        }
+    }
+
+    /// Publishes this worker's state on the members subject: once at start (`joined`) and once
+    /// at stop (`stopping`), for the gateways' model tables.
     async fn announce(&mut self) {
         let state = self.membership.state();
         let room = self.has_room(self.batcher.load());
-        self.announced = (state, room);
         let payload = peers::announcement(&self.address.speaker, state, room);
         let subject = peers::members_subject(&self.address.subject);
         if let Err(err) = self.client.publish(subject, payload).await {
@@ -291,6 +368,9 @@ impl Group {
         self.probes = None;
         let transition = self.membership.stop();
         self.apply(transition).await;
+        let load = self.load();
+        self.follow_room(load).await;
+        self.announce().await;
     }
 
     async fn apply(&mut self, transition: Option<Transition>) {
@@ -298,7 +378,6 @@ impl Group {
             return;
         };
         self.state.send_replace(transition.to);
-        self.announce().await;
         let event = transition.event();
         metrics::counter!(
             names::MEMBERSHIP_CHANGES,
@@ -366,73 +445,23 @@ async fn next_of(subscriber: &mut Option<SelectAll<Subscriber>>) -> Option<Messa
     }
 }
 
-async fn recv_of(probes: &mut Option<mpsc::Receiver<bool>>) -> Option<bool> {
-    match probes {
-        Some(probes) => probes.recv().await,
+async fn next_of_one(subscriber: &mut Option<Subscriber>) -> Option<Message> {
+    match subscriber {
+        Some(subscriber) => subscriber.next().await,
         None => std::future::pending().await,
     }
 }
 
-/// The upstream `/health` probes: every [`PROBE_INTERVAL`] ([`PROBE_INTERVAL_UNHEALTHY`] while
-/// the worker is out because its upstream is unhealthy), each bounded by [`PROBE_TIMEOUT`]; each
-/// result goes to [`Group`] (the receiver [`Probes::new`] returns).
-pub(crate) struct Probes<U> {
-    upstream: Arc<U>,
-    state: watch::Receiver<MemberState>,
-    results: mpsc::Sender<bool>,
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
-impl<U: Upstream> Probes<U> {
-    /// Probes of `upstream` paced by the worker's membership `state`, and the receiver of their
-    /// results (for [`Group::join`]).
-    pub(crate) fn new(
-        upstream: Arc<U>,
-        state: watch::Receiver<MemberState>,
-    ) -> (Probes<U>, mpsc::Receiver<bool>) {
-        let (results, rx) = mpsc::channel(1);
-        let probes = Probes {
-            upstream,
-            state,
-            results,
-        };
-        (probes, rx)
-    }
-
-    /// Probes until `stop` is cancelled or the receiver is dropped.
-    pub(crate) async fn run(mut self, stop: CancellationToken) {
-        loop {
-            let interval = if *self.state.borrow() == MemberState::UpstreamUnhealthy {
-                PROBE_INTERVAL_UNHEALTHY
-            } else {
-                PROBE_INTERVAL
-            };
-            // A change of state (e.g. to unhealthy) restarts the wait at the new interval.
-            tokio::select! {
-                () = tokio::time::sleep(interval) => {}
-                changed = self.state.changed() => match changed {
-                    Ok(()) => continue,
-                    Err(_) => return, // the worker is gone
-                },
-                () = stop.cancelled() => return,
-            }
-            let probe = tokio::time::timeout(PROBE_TIMEOUT, self.upstream.health());
-            let ok = tokio::select! {
-                result = probe => match result {
-                    Ok(Ok(())) => true,
-                    Ok(Err(err)) => {
-                        tracing::debug!(%err, "upstream health probe failed");
-                        false
-                    }
-                    Err(_) => {
-                        tracing::debug!("upstream health probe timed out");
-                        false
-                    }
-                },
-                () = stop.cancelled() => return,
-            };
-            if self.results.send(ok).await.is_err() {
-                return;
-            }
-        }
+async fn recv_of(probes: &mut Option<mpsc::Receiver<bool>>) -> Option<bool> {
+    match probes {
+        Some(probes) => probes.recv().await,
+        None => std::future::pending().await,
     }
 }

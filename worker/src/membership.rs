@@ -122,12 +122,24 @@ impl MemberState {
 impl Membership {
     /// Whether this worker has room for a peer's share: a member whose *typical* queue wait
     /// (`load.start_wait` smoothed over recent requests by the caller) is at most half its
-    /// bound, or that has measured nothing yet. What its announcements say (see
-    /// `crate::peers`). The instant wait would not do: a saturated worker's queue empties for a
+    /// bound, or that has measured nothing yet. While it has room it answers its peers' questions
+    /// (see `crate::peers`). The instant wait would not do: a saturated worker's queue empties for a
     /// moment after every dispatch, and peers that left on that flicker pushed their share onto
     /// it (benchmark 5, measured).
     pub fn has_room(&self, smoothed: Load) -> bool {
         self.state.is_member() && self.under_low_water(smoothed)
+    }
+
+    /// Whether the decision needs to know if a peer has room (`load.peer_has_room`): a member
+    /// over its bound (it leaves if one has) or a full worker (it rejoins when none has), with
+    /// `MEMBERSHIP=adaptive`. Only then does a worker ask its peers (see `crate::peers`).
+    pub fn asks_for_room(&self, load: Load) -> bool {
+        self.mode == Mode::Adaptive
+            && match self.state {
+                MemberState::Joined => self.over_high_water(load),
+                MemberState::Full => true,
+                MemberState::UpstreamUnhealthy | MemberState::Stopping => false,
+            }
     }
 }
 
@@ -147,8 +159,8 @@ pub struct Load {
     /// Upstream calls that failed in a row (refused, 5xx, timeout), since the last success.
     pub failed_calls: u32,
     /// Whether another worker is a member of the queue group now *and has room* (its typical
-    /// queue wait under half its bound), from the workers' announcements (see `crate::peers`): a full
-    /// worker leaves only then, and rejoins when it is no longer so.
+    /// queue wait under half its bound), as the last answer to its question says (see
+    /// `crate::peers`): a full worker leaves only then, and rejoins when it is no longer so.
     pub peer_has_room: bool,
     /// Upstream calls are in flight and none started or ended for [`STALL_CALLS`] call times
     /// (at least [`STALL_MIN`]): the upstream hangs.
@@ -334,6 +346,18 @@ mod tests {
             .map(|t| t.to),
             Some(MemberState::UpstreamUnhealthy)
         );
+    }
+
+    #[test]
+    fn only_a_member_over_its_bound_or_a_full_worker_asks_for_room() {
+        let mut m = adaptive();
+        assert!(!m.asks_for_room(load(205, 0)), "at the bound");
+        assert!(m.asks_for_room(load(206, 0)), "over it");
+        m.observe(load(10_000, 0));
+        assert_eq!(m.state(), MemberState::Full);
+        assert!(m.asks_for_room(load(0, 0)), "out: asks until it rejoins");
+        let fixed = Membership::new(Mode::Static);
+        assert!(!fixed.asks_for_room(load(10_000, 0)), "static never leaves");
     }
 
     #[test]

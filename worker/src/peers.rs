@@ -1,40 +1,53 @@
-//! What a worker knows of its peers' queue-group membership, from their announcements on
-//! [`embatch_protocol::headers::members_subject`].
+//! Whether a peer of this worker's model has room for its share: asked when it matters, never
+//! listened for.
 //!
-//! Every worker publishes `{"id": "<its service id>", "membership": "<state>", "room": <bool>,
-//! "model": "<name>", "model_revision": "<sha>", "default_model": <bool>}`
-//! ([`embatch_protocol::model::Announcement`]) there when its state or its room changes and
-//! every [`HEARTBEAT`]; every worker listens, and counts only the peers of its own model: each
-//! model has its own queue group.
-//! `room` says the worker is a member whose typical queue wait (smoothed over its recent
-//! requests) is under half its bound. A full worker leaves
-//! the queue group only while a peer has room, and a full worker that is out rejoins when no
-//! peer has room any more: a fleet that is full everywhere stays in the group and sheds with 429
-//! as `MEMBERSHIP=static` does (each leave would only push its share onto peers that shed it);
-//! the group empties only when upstreams fail. A peer not heard from for [`EXPIRY`] (killed,
-//! partitioned) counts as gone.
+//! A worker that has room (a member whose typical queue wait is under half its bound, see
+//! [`crate::membership::Membership::has_room`]) is a member of the queue group of
+//! [`room_subject`] (`<model subject>.room`) while it has it. A full worker asks there with a
+//! NATS request before it leaves the request subject's group, and every [`ASK_EVERY`] while it is
+//! out: one member with room answers `{"id": "<service id>", "room": true}` ([`RoomAnswer`]);
+//! "no responders" or no answer within [`ROOM_ASK_TIMEOUT`] means no peer has room. An idle or
+//! merely busy fleet sends nothing; a full worker costs one question and one answer per
+//! [`ASK_EVERY`] (docs/design/control-plane.md).
+//!
+//! A full worker leaves the queue group only while a peer has room, and a full worker that is
+//! out rejoins when no peer has room any more: a fleet that is full everywhere stays in the
+//! group and sheds with 429 as `MEMBERSHIP=static` does (each leave would only push its share
+//! onto peers that shed it); the group empties only when upstreams fail.
+//!
+//! Each worker also announces itself on [`members_subject`] once when it starts and once when it
+//! stops (for the gateways' model tables; never repeated).
 
-use std::collections::HashMap;
 use std::time::Duration;
 
+use async_nats::{Client, Message};
 use bytes::Bytes;
-use embatch_protocol::headers::membership;
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::membership::MemberState;
 
-/// How often a worker repeats its state.
-pub const HEARTBEAT: Duration = embatch_protocol::model::ANNOUNCEMENT_INTERVAL;
-/// How long a peer's last announcement counts (three heartbeats). A killed worker announces
-/// nothing: for this long its peers may still count it as a member with room, and a full worker
-/// may leave the group for it.
-pub const EXPIRY: Duration = embatch_protocol::model::ANNOUNCEMENT_EXPIRY;
-
-pub(crate) use embatch_protocol::headers::members_subject;
+pub(crate) use embatch_protocol::headers::{ROOM_ASK_TIMEOUT, members_subject, room_subject};
 use embatch_protocol::model::Announcement;
 
-/// Who announces: the worker's service id, the model it serves and whether it also answers the
-/// plain subject (the default model).
+/// How long an answer counts, and how often a full worker asks again: 500 ms.
+pub const ASK_EVERY: Duration = Duration::from_millis(500);
+
+/// Shortest time between leaving the room subject's queue group and joining it again: 500 ms,
+/// so a worker whose room flickers does not subscribe and unsubscribe per request.
+pub const RESUBSCRIBE_AFTER: Duration = Duration::from_millis(500);
+
+/// The answer of a worker with room: its service id and whether it (still) has room.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct RoomAnswer {
+    /// The answering worker's service id.
+    pub id: String,
+    /// Whether it has room now (a worker that lost room since it subscribed answers `false`).
+    pub room: bool,
+}
+
+/// Who announces and asks: the worker's service id, the model it serves and whether it also
+/// answers the plain subject (the default model).
 #[derive(Debug, Clone)]
 pub(crate) struct Speaker {
     /// The service id.
@@ -60,67 +73,80 @@ pub(crate) fn announcement(speaker: &Speaker, state: MemberState, room: bool) ->
     .unwrap_or_default()
 }
 
-/// The peers heard from, by service id: whether each is a member with room, and when it was
-/// last heard.
-#[derive(Debug)]
-pub(crate) struct Peers {
-    me: String,
-    /// The model this worker serves: only peers of the same model share its queue group.
-    model: String,
-    /// Whether this worker answers the plain subject: v1 peers (no model announced) serve it.
-    plain: bool,
-    seen: HashMap<String, (bool, Instant)>,
+/// Answers a question on the room subject: `room` as `me` sees it now. A question without a
+/// reply subject is ignored; a failed publish (the connection is closed) is logged at debug.
+pub(crate) async fn answer(client: &Client, question: &Message, me: &str, room: bool) {
+    let Some(reply) = question.reply.clone() else {
+        return;
+    };
+    let body = serde_json::to_vec(&RoomAnswer {
+        id: me.to_owned(),
+        room,
+    })
+    .map(Bytes::from)
+    .unwrap_or_default();
+    if let Err(err) = client.publish(reply, body).await {
+        tracing::debug!(%err, "cannot answer a room question");
+    }
 }
 
-impl Peers {
-    /// The view of worker `me` (its own announcements are ignored), serving `model` (and the
-    /// plain subject when `plain`): announcements of workers of another model are ignored, as
-    /// their queue group is another one.
-    pub(crate) fn new(me: String, model: String, plain: bool) -> Peers {
-        Peers {
-            me,
-            model,
-            plain,
-            seen: HashMap::new(),
-        }
-    }
+/// Whether `reply` says that a worker other than `me` has room. Anything else (malformed, its
+/// own answer, no room) is "no".
+pub(crate) fn says_room(reply: &[u8], me: &str) -> bool {
+    serde_json::from_slice::<RoomAnswer>(reply).is_ok_and(|a| a.room && a.id != me)
+}
 
-    /// Takes an announcement received at `now`; `true` when it changed whether that peer has
-    /// room. Malformed payloads are ignored.
-    pub(crate) fn record(&mut self, payload: &[u8], now: Instant) -> bool {
-        let Ok(heard) = serde_json::from_slice::<Announcement>(payload) else {
-            return false;
+/// Asks `subject` (a [`room_subject`]) whether a peer has room, as `me`, in a task of its own:
+/// the answer goes to `answers` (no responders, a timeout or any error: `false`).
+pub(crate) fn ask(client: &Client, subject: String, me: String, answers: mpsc::Sender<bool>) {
+    let client = client.clone();
+    tokio::spawn(async move {
+        let request = async_nats::Request::new()
+            .payload(Bytes::from(me.clone().into_bytes()))
+            .timeout(Some(ROOM_ASK_TIMEOUT));
+        let yes = match client.send_request(subject, request).await {
+            Ok(reply) => says_room(&reply.payload, &me),
+            Err(err) => {
+                tracing::trace!(%err, "no peer has room");
+                false
+            }
         };
-        if heard.id == self.me {
-            return false;
-        }
-        let same_model = match &heard.model {
-            Some(model) => *model == self.model,
-            None => self.plain,
-        };
-        if !same_model {
-            return false;
-        }
-        let member = heard.membership == membership::JOINED && heard.room;
-        if heard.membership == membership::STOPPING {
-            return self.seen.remove(&heard.id).is_some_and(|(was, _)| was);
-        }
-        let before = self.seen.insert(heard.id, (member, now));
-        before.is_none_or(|(was, _)| was != member)
+        // The receiver is gone only when the worker stops.
+        let _ = answers.send(yes).await;
+    });
+}
+
+/// The last answer to "does a peer have room", and whether a question is out.
+#[derive(Debug, Default)]
+pub(crate) struct Answers {
+    last: Option<(bool, Instant)>,
+    asking: bool,
+}
+
+impl Answers {
+    /// Whether a peer had room by an answer still good at `now` (one received within
+    /// [`ASK_EVERY`] plus [`ROOM_ASK_TIMEOUT`]: the next question is on its way by then).
+    pub(crate) fn peer_has_room(&self, now: Instant) -> bool {
+        self.last.is_some_and(|(yes, at)| {
+            yes && now.saturating_duration_since(at) <= ASK_EVERY + ROOM_ASK_TIMEOUT
+        })
     }
 
-    /// Whether a peer heard from within [`EXPIRY`] of `now` is a member with room (asked per
-    /// request: it only reads).
-    pub(crate) fn any_room(&self, now: Instant) -> bool {
-        self.seen
-            .values()
-            .any(|(room, at)| *room && now.saturating_duration_since(*at) <= EXPIRY)
+    /// Whether to ask now: no question out, and no answer within [`ASK_EVERY`] of `now`. Marks
+    /// a question as out when it says yes.
+    pub(crate) fn should_ask(&mut self, now: Instant) -> bool {
+        let fresh = self
+            .last
+            .is_some_and(|(_, at)| now.saturating_duration_since(at) < ASK_EVERY);
+        let ask = !self.asking && !fresh;
+        self.asking |= ask;
+        ask
     }
 
-    /// Forgets the peers not heard from within [`EXPIRY`] of `now` (at each heartbeat).
-    pub(crate) fn forget_expired(&mut self, now: Instant) {
-        self.seen
-            .retain(|_, (_, at)| now.saturating_duration_since(*at) <= EXPIRY);
+    /// Takes the answer to the question out, received at `now`.
+    pub(crate) fn record(&mut self, yes: bool, now: Instant) {
+        self.asking = false;
+        self.last = Some((yes, now));
     }
 }
 
@@ -129,61 +155,36 @@ mod tests {
     use super::*;
 
     #[test]
-    fn members_with_room_are_tracked_until_they_fill_leave_stop_or_expire() {
+    fn an_answer_counts_for_one_interval_and_one_question_is_out_at_a_time() {
         let start = Instant::now();
-        let mut peers = Peers::new("me".into(), "m".into(), true);
-        let announcement = |id: &str, state, room| announcement(&speaker(id, "m"), state, room);
-        assert!(!peers.any_room(start));
-        assert!(!peers.record(&announcement("me", MemberState::Joined, true), start));
-        assert!(!peers.any_room(start), "its own announcement is not a peer");
-        assert!(peers.record(&announcement("a", MemberState::Joined, true), start));
-        assert!(peers.any_room(start));
-        assert!(peers.record(&announcement("a", MemberState::Joined, false), start));
-        assert!(!peers.any_room(start), "a member without room");
-        assert!(!peers.record(&announcement("a", MemberState::Full, false), start));
-        assert!(!peers.any_room(start));
-        assert!(peers.record(&announcement("a", MemberState::Joined, true), start));
-        assert!(peers.record(&announcement("a", MemberState::Stopping, false), start));
-        assert!(!peers.any_room(start));
-        peers.record(&announcement("b", MemberState::Joined, true), start);
-        assert!(peers.any_room(start + EXPIRY));
-        assert!(!peers.any_room(start + EXPIRY + Duration::from_millis(1)));
-        assert!(!peers.record(b"not json", start));
-    }
-
-    fn speaker(id: &str, model: &str) -> Speaker {
-        Speaker {
-            id: id.into(),
-            model: embatch_protocol::model::ModelId {
-                name: model.into(),
-                revision: None,
-            },
-            plain: false,
-        }
+        let mut answers = Answers::default();
+        assert!(!answers.peer_has_room(start), "nothing asked yet");
+        assert!(answers.should_ask(start));
+        assert!(!answers.should_ask(start), "a question is out");
+        answers.record(true, start);
+        assert!(answers.peer_has_room(start));
+        assert!(!answers.should_ask(start + ASK_EVERY / 2), "still fresh");
+        assert!(answers.should_ask(start + ASK_EVERY));
+        assert!(
+            answers.peer_has_room(start + ASK_EVERY + ROOM_ASK_TIMEOUT),
+            "good while the next question is out"
+        );
+        assert!(!answers.peer_has_room(start + ASK_EVERY * 2));
+        answers.record(false, start + ASK_EVERY);
+        assert!(!answers.peer_has_room(start + ASK_EVERY));
     }
 
     #[test]
-    fn only_peers_of_the_same_model_count() {
-        let now = Instant::now();
-        let mut peers = Peers::new("me".into(), "a".into(), false);
-        let other = announcement(&speaker("x", "b"), MemberState::Joined, true);
-        assert!(
-            !peers.record(&other, now),
-            "model b has its own queue group"
-        );
-        assert!(!peers.any_room(now));
-        let v1 = br#"{"id":"y","membership":"joined","room":true}"#;
-        assert!(
-            !peers.record(v1, now),
-            "a v1 worker serves the plain subject only"
-        );
-        let mut plain = Peers::new("me".into(), "a".into(), true);
-        assert!(
-            plain.record(v1, now),
-            "... which a default-model worker shares"
-        );
-        let same = announcement(&speaker("z", "a"), MemberState::Joined, true);
-        assert!(peers.record(&same, now));
-        assert!(peers.any_room(now));
+    fn only_another_worker_with_room_is_a_yes() {
+        let yes = serde_json::to_vec(&RoomAnswer {
+            id: "peer".into(),
+            room: true,
+        })
+        .expect("JSON");
+        assert!(says_room(&yes, "me"));
+        assert!(!says_room(&yes, "peer"), "its own answer");
+        let no = br#"{"id":"peer","room":false}"#;
+        assert!(!says_room(no, "me"));
+        assert!(!says_room(b"not json", "me"));
     }
 }

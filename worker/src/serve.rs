@@ -3,8 +3,8 @@
 //!
 //! The tree:
 //! - `stop` (the root token) ends the discovery responder (`$SRV.PING`/`INFO`/`STATS`,
-//!   [`crate::micro`]), the heartbeat ([`crate::heartbeat`]; it beats until every accepted
-//!   request is answered, so a graceful stop never looks like a death), the withdrawal of
+//!   [`crate::micro`]), the heartbeat ([`crate::heartbeat`]; it beats while requests are held,
+//!   until every accepted request is answered, so a graceful stop never looks like a death), the withdrawal of
 //!   cancelled requests (`<subject>.cancel`) and the admin HTTP server (`/metrics`, `/health` and
 //!   the metrics recorder's upkeep, [`crate::http`]);
 //! - `intake` (a child of `stop`: cancelling the root cancels it too) ends what takes messages:
@@ -110,6 +110,7 @@ struct Parts<U> {
     cancels: futures::stream::SelectAll<async_nats::Subscriber>,
     embed_stats: micro::EndpointStats,
     heartbeat_state: tokio::sync::watch::Receiver<membership::MemberState>,
+    busy: Arc<heartbeat::Busy>,
     id: String,
 }
 
@@ -186,6 +187,7 @@ impl<U: Upstream> Parts<U> {
         )
         .await
         .map_err(service_error("endpoint embed"))?;
+        let busy = group.busy();
         let cancels = subscribe_cancels(client, &served.subjects)
             .await
             .map_err(service_error("cancel subscription"))?;
@@ -205,6 +207,7 @@ impl<U: Upstream> Parts<U> {
             cancels,
             embed_stats: endpoints.embed_stats,
             heartbeat_state: state_rx,
+            busy,
             id,
         })
     }
@@ -223,10 +226,14 @@ impl<U: Upstream> Parts<U> {
         let withdrawable = Arc::new(intake::Withdrawable::default());
         tasks.spawn(self.discovery.run(stop.clone()));
         tasks.spawn(heartbeat::run(
-            client.clone(),
-            served.subjects.clone(),
-            self.id.clone(),
-            self.heartbeat_state,
+            heartbeat::Beat {
+                client: client.clone(),
+                subjects: served.subjects.clone(),
+                id: self.id.clone(),
+                state: self.heartbeat_state,
+                busy: self.busy,
+                replies: replies.clone(),
+            },
             stop.clone(),
         ));
         tasks.spawn(intake::withdraw(

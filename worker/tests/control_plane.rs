@@ -1,0 +1,214 @@
+//! The control plane over a real nats-server: a full worker asks its peers for room instead of
+//! listening to them (it leaves while one has room, and rejoins when none has), and an idle
+//! fleet publishes nothing at all (no heartbeats, no membership announcements).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use embatch_client::{EmbedClient, RequestError};
+use embatch_protocol::headers::{HEARTBEAT_LINGER, membership};
+use embatch_testkit::{
+    Faults, NatsServer, ONE_CALL_AT_A_TIME, RunningWorker, TeiConfig, start_tei,
+};
+use futures::StreamExt;
+
+async fn connect(nats: &NatsServer) -> async_nats::Client {
+    async_nats::connect(nats.url())
+        .await
+        .expect("client connects")
+}
+
+/// The `membership` of every worker answering `$SRV.INFO.embatch` within 200 ms.
+async fn states(client: &async_nats::Client) -> Vec<String> {
+    let inbox = client.new_inbox();
+    let mut answers = client.subscribe(inbox.clone()).await.expect("subscribe");
+    client
+        .publish_with_reply("$SRV.INFO.embatch", inbox, Bytes::new())
+        .await
+        .expect("publish");
+    let mut states = Vec::new();
+    while let Ok(Some(answer)) =
+        tokio::time::timeout(Duration::from_millis(200), answers.next()).await
+    {
+        let info: serde_json::Value = serde_json::from_slice(&answer.payload).expect("JSON");
+        let state = info["metadata"]["membership"].as_str().unwrap_or_default();
+        states.push(state.to_owned());
+    }
+    states.sort();
+    states
+}
+
+async fn embed(client: &EmbedClient, text: &str) -> Result<u16, RequestError> {
+    let body = serde_json::json!({ "inputs": text }).to_string();
+    match client
+        .embed(Bytes::from(body), Duration::from_secs(10))
+        .await
+    {
+        Ok(_) => Ok(200),
+        Err(RequestError::Reply(err)) => Ok(err.status()),
+        Err(err) => Err(err),
+    }
+}
+
+fn flood(
+    client: &EmbedClient,
+    n: usize,
+) -> Vec<tokio::task::JoinHandle<Result<u16, RequestError>>> {
+    (0..n)
+        .map(|i| {
+            let client = client.clone();
+            tokio::spawn(async move { embed(&client, &format!("flood {i}")).await })
+        })
+        .collect()
+}
+
+/// Polls [`states`] every 20 ms until `done` holds, for at most 5 s; the states then.
+async fn wait_for(
+    client: &async_nats::Client,
+    done: impl Fn(&[String]) -> bool,
+) -> Result<Vec<String>, Vec<String>> {
+    let started = std::time::Instant::now();
+    loop {
+        let now = states(client).await;
+        if done(&now) {
+            return Ok(now);
+        }
+        if started.elapsed() > Duration::from_secs(5) {
+            return Err(now);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_worker_stays_out_while_a_peer_has_room_and_rejoins_when_none_has() {
+    let nats = NatsServer::start();
+    // A: one input per call, one call at a time, 600 ms each: three queued requests put it over
+    // its admission bound (2 × 600 ms + 1 ms of expected wait).
+    let slow = start_tei(TeiConfig {
+        base: Duration::from_millis(600),
+        concurrency: 1,
+        ..TeiConfig::instant()
+    })
+    .await;
+    let mut slow_args = vec!["--tei-url", slow.url.as_str()];
+    slow_args.extend(ONE_CALL_AT_A_TIME);
+    let a = RunningWorker::start(&nats, &slow_args).await;
+    let raw = connect(&nats).await;
+    let client = EmbedClient::new(raw.clone(), "embed");
+    assert_eq!(embed(&client, "measure").await, Ok(200));
+    // Alone, A stays a member however full: no peer has room.
+    for task in flood(&client, 6) {
+        assert!(matches!(task.await.expect("task"), Ok(200 | 429)));
+    }
+    assert_eq!(states(&raw).await, [membership::JOINED]);
+    // B: an instant upstream, and a queue bound (1 s) that a burst of 20 does not come near:
+    // room to spare.
+    let fast = start_tei(TeiConfig::instant()).await;
+    let fast_args = ["--tei-url", fast.url.as_str(), "--max-queue-delay", "1s"];
+    let b = RunningWorker::start(&nats, &fast_args).await;
+
+    let tasks = flood(&client, 20);
+    let full = |s: &[String]| s.iter().any(|s| s == membership::FULL);
+    let seen = wait_for(&raw, full).await;
+    assert!(seen.is_ok(), "A left the group for B: {seen:?}");
+    // From now on A cannot drain: its next upstream call takes 4.6 s (under the 6 s after which
+    // its calls would count as stalled). Whatever brings it back before that is its peer's
+    // answer, not its own queue.
+    slow.set_faults(Faults {
+        delay: Duration::from_secs(4),
+        ..Faults::default()
+    });
+    let calls_when_stuck = slow.calls().len();
+    // Out for longer than an answer counts: it asked again, and B still had room.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let now = states(&raw).await;
+    assert!(full(&now), "A stays out while B has room: {now:?}");
+
+    // B's upstream fails: two failed calls and it leaves, losing its room.
+    fast.set_faults(Faults::failing_with(500));
+    for i in 0..2 {
+        assert_eq!(embed(&client, &format!("fails on b {i}")).await, Ok(424));
+    }
+    let rejoined =
+        |s: &[String]| s == [membership::JOINED, membership::UPSTREAM_UNHEALTHY].map(str::to_owned);
+    let seen = wait_for(&raw, rejoined).await;
+    let calls_at_rejoin = slow.calls().len();
+    assert!(seen.is_ok(), "A rejoined once no peer had room: {seen:?}");
+    assert!(
+        calls_at_rejoin <= calls_when_stuck + 1,
+        "A rejoined without draining its queue: {calls_when_stuck} calls answered when it \
+         got stuck (one more was in flight), {calls_at_rejoin} when it rejoined"
+    );
+    slow.set_faults(Faults::default());
+    for task in tasks {
+        let answer = task.await.expect("task");
+        assert!(
+            matches!(answer, Ok(200 | 429) | Err(RequestError::Saturated { .. })),
+            "served, or shed with 429, never lost: {answer:?}"
+        );
+    }
+    a.stop().await;
+    b.stop().await;
+}
+
+/// Counts the messages on every subject (`>`) over `window`, by subject.
+async fn messages_over(
+    nats: &NatsServer,
+    window: Duration,
+) -> std::collections::BTreeMap<String, usize> {
+    let spy = connect(nats).await;
+    let mut all = spy.subscribe(">").await.expect("subscribe");
+    spy.flush().await.expect("flush");
+    let mut counts = std::collections::BTreeMap::new();
+    let until = tokio::time::Instant::now() + window;
+    while let Ok(Some(message)) = tokio::time::timeout_at(until, all.next()).await {
+        *counts.entry(message.subject.to_string()).or_insert(0) += 1;
+    }
+    counts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_fleet_publishes_nothing_and_a_busy_worker_beats() {
+    let nats = NatsServer::start();
+    let tei = start_tei(TeiConfig {
+        base: Duration::from_millis(300),
+        ..TeiConfig::instant()
+    })
+    .await;
+    let args = [
+        "--tei-url",
+        tei.url.as_str(),
+        "--bulk",
+        "false",
+        "--cache",
+        "false",
+    ];
+    let workers = [
+        RunningWorker::start(&nats, &args).await,
+        RunningWorker::start(&nats, &args).await,
+        RunningWorker::start(&nats, &args).await,
+    ];
+    let client = EmbedClient::new(connect(&nats).await, "embed");
+
+    // Busy: requests held for 300 ms each; the workers holding them beat.
+    let tasks = flood(&client, 6);
+    let busy = messages_over(&nats, Duration::from_millis(250)).await;
+    for task in tasks {
+        assert_eq!(task.await.expect("task"), Ok(200));
+    }
+    let beats: usize = busy
+        .iter()
+        .filter(|(subject, _)| subject.ends_with(".alive"))
+        .map(|(_, n)| n)
+        .sum();
+    assert!(beats > 0, "busy workers beat: {busy:?}");
+
+    // Idle, once the heartbeat's linger is over: nothing at all, for two seconds.
+    tokio::time::sleep(HEARTBEAT_LINGER + Duration::from_millis(300)).await;
+    let idle = messages_over(&nats, Duration::from_secs(2)).await;
+    assert!(idle.is_empty(), "an idle fleet published {idle:?}");
+    for worker in workers {
+        worker.stop().await;
+    }
+}
