@@ -14,7 +14,7 @@ use bytes::Bytes;
 use embatch_protocol::{EmbedOptions, Input, TruncationDirection};
 use serde::{Deserialize, Serialize};
 
-use super::tei::{TeiUpstream, status_error, transport_error};
+use super::tei::TeiUpstream;
 use super::{Embedding, UpstreamError};
 
 /// TEI 1.9.3's `POST /rerank` body, as the worker sends it (never `return_text`).
@@ -112,7 +112,8 @@ impl TeiUpstream {
             .collect()
     }
 
-    /// `POST {tei_url}/{route}` with the JSON `body`: the reply body, or the error by cause.
+    /// `POST {tei_url}/{route}` with the JSON `body`: the reply body, or the error by cause
+    /// (see [`TeiUpstream::post_bytes`]).
     pub(super) async fn post(
         &self,
         route: &str,
@@ -120,30 +121,7 @@ impl TeiUpstream {
     ) -> Result<Bytes, UpstreamError> {
         let body = serde_json::to_vec(body)
             .map_err(|e| UpstreamError::Malformed(format!("cannot write the {route} body: {e}")))?;
-        let mut post = self
-            .client
-            .post(format!("{}/{route}", self.base_url))
-            .header(reqwest::header::CONTENT_TYPE, "application/json");
-        if let Some(trace) = crate::trace::upstream_context() {
-            post = post.header(embatch_protocol::headers::TRACEPARENT, trace.traceparent());
-            if let Some(state) = trace.tracestate() {
-                post = post.header(embatch_protocol::headers::TRACESTATE, state);
-            }
-        }
-        let response = post
-            .body(body)
-            .send()
-            .await
-            .map_err(|e| transport_error(e, self.timeout))?;
-        let status = response.status();
-        let reply = response
-            .bytes()
-            .await
-            .map_err(|e| transport_error(e, self.timeout))?;
-        if !status.is_success() {
-            return Err(status_error(status.as_u16(), &reply));
-        }
-        Ok(reply)
+        self.post_bytes(route, Bytes::from(body)).await
     }
 }
 

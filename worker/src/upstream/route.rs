@@ -25,31 +25,41 @@ pub trait RouteCaller: Send + Sync {
 
 impl RouteCaller for TeiUpstream {
     fn call(&self, route: &'static str, body: Bytes) -> RouteCall<'_> {
-        Box::pin(async move {
-            let mut post = self
-                .client
-                .post(format!("{}/{route}", self.base_url))
-                .header(reqwest::header::CONTENT_TYPE, "application/json");
-            if let Some(trace) = crate::trace::upstream_context() {
-                post = post.header(embatch_protocol::headers::TRACEPARENT, trace.traceparent());
-                if let Some(state) = trace.tracestate() {
-                    post = post.header(embatch_protocol::headers::TRACESTATE, state);
-                }
+        Box::pin(self.post_bytes(route, body))
+    }
+}
+
+impl TeiUpstream {
+    /// `POST {tei_url}/{route}` with the JSON text `body` (and the trace context): the reply
+    /// body of a 2xx, else the error by cause (TEI's error body as [`UpstreamError::Status`]).
+    pub(super) async fn post_bytes(
+        &self,
+        route: &str,
+        body: Bytes,
+    ) -> Result<Bytes, UpstreamError> {
+        let mut post = self
+            .client
+            .post(format!("{}/{route}", self.base_url))
+            .header(reqwest::header::CONTENT_TYPE, "application/json");
+        if let Some(trace) = crate::trace::upstream_context() {
+            post = post.header(embatch_protocol::headers::TRACEPARENT, trace.traceparent());
+            if let Some(state) = trace.tracestate() {
+                post = post.header(embatch_protocol::headers::TRACESTATE, state);
             }
-            let response = post
-                .body(body)
-                .send()
-                .await
-                .map_err(|e| transport_error(e, self.timeout))?;
-            let status = response.status();
-            let reply = response
-                .bytes()
-                .await
-                .map_err(|e| transport_error(e, self.timeout))?;
-            if !status.is_success() {
-                return Err(status_error(status.as_u16(), &reply));
-            }
-            Ok(reply)
-        })
+        }
+        let response = post
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| transport_error(e, self.timeout))?;
+        let status = response.status();
+        let reply = response
+            .bytes()
+            .await
+            .map_err(|e| transport_error(e, self.timeout))?;
+        if !status.is_success() {
+            return Err(status_error(status.as_u16(), &reply));
+        }
+        Ok(reply)
     }
 }
