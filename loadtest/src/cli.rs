@@ -404,6 +404,16 @@ pub struct FakeUpstreamArgs {
     /// (query, text) pairs (deterministic scores, equal on both routes).
     #[arg(long)]
     pub reranker: bool,
+
+    /// Serve as a SPLADE model: /info's model_type is an embedding model with `splade` pooling,
+    /// and /embed_sparse answers deterministic sparse embeddings (the sparse benchmark).
+    #[arg(long)]
+    pub splade: bool,
+
+    /// Serve TEI's /tokenize and /decode (a made-up tokenizer, one token per word). A worker
+    /// then counts tokens with /tokenize, one extra call per request.
+    #[arg(long)]
+    pub tokenizer: bool,
 }
 
 impl FakeUpstreamArgs {
@@ -418,6 +428,8 @@ impl FakeUpstreamArgs {
             dim: self.dim as usize,
             max_client_batch_size: self.max_client_batch_size as usize,
             reranker: self.reranker,
+            splade: self.splade,
+            tokenizer: self.tokenizer,
             ..TeiDoubleConfig::default()
         }
     }
