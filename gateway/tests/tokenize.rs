@@ -223,3 +223,38 @@ async fn an_upstream_without_the_route_is_424_naming_it() {
     assert_tei_error(&err, "Backend", "the upstream does not serve POST /decode");
     stack.worker.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_built_in_model_answers_with_its_own_tokenizer() {
+    let nats = embatch_testkit::NatsServer::start();
+    let dir = embatch_testkit::model_dir();
+    let dir = dir.to_str().expect("UTF-8 model path");
+    let worker = embatch_testkit::RunningWorker::start(&nats, &["--model-dir", dir]).await;
+    let gateway = common::start_gateway(&nats, 1 << 20, 64).await;
+    // all-MiniLM-L6-v2's BERT vocabulary, as TEI 1.9.3 answers for the same model.
+    let (status, tokens) = post_json(
+        &gateway.url,
+        "/tokenize",
+        serde_json::json!({"inputs": "Hello world"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{tokens}");
+    assert_eq!(
+        tokens,
+        serde_json::json!([[
+            {"id": 101, "text": "[CLS]", "special": true, "start": null, "stop": null},
+            {"id": 7592, "text": "Hello", "special": false, "start": 0, "stop": 5},
+            {"id": 2088, "text": "world", "special": false, "start": 6, "stop": 11},
+            {"id": 102, "text": "[SEP]", "special": true, "start": null, "stop": null},
+        ]])
+    );
+    let (status, texts) = post_json(
+        &gateway.url,
+        "/decode",
+        serde_json::json!({"ids": [[101, 7592, 2088, 102]], "skip_special_tokens": false}),
+    )
+    .await;
+    assert_eq!(status, 200, "{texts}");
+    assert_eq!(texts, serde_json::json!(["[CLS] hello world [SEP]"]));
+    worker.stop().await;
+}

@@ -20,6 +20,8 @@
 //! # Layout
 //! - [`model`]: [`LocalModel`], loading, the embed call, batching into forward passes, pooling.
 //! - [`tokenize`]: [`Encoder`], text → token ids with TEI's prompts, limits and truncation.
+//! - `token_routes`: TEI's `/tokenize` and `/decode` on the model's tokenizer
+//!   ([`Encoder::simple_tokens`], [`Encoder::decode`]).
 //! - `config`: the files of a model directory and what is read from them.
 //! - [`error`]: [`LoadError`], why a model directory could not be loaded.
 //! - `hub` (feature `hub`): `LocalModel::from_hub`, fetching a model directory from the
@@ -33,6 +35,7 @@ mod hub;
 #[cfg(feature = "hub")]
 pub use hub::tokenizer_path;
 pub mod model;
+mod token_routes;
 pub mod tokenize;
 
 pub use error::LoadError;

@@ -104,6 +104,11 @@ impl Encoder {
         Encoder::load(path, max_input_length, prompts)
     }
 
+    /// The tokenizer itself (no padding, no truncation), for TEI's token routes.
+    pub(crate) fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
     /// Longest input in tokens, special tokens included.
     pub fn max_input_length(&self) -> usize {
         self.max_input_length

@@ -32,7 +32,8 @@ use crate::tenancy::Caller;
     description = "Exactly TEI 1.9.3's `POST /tokenize`: one list of tokens per text, each \
                    `{\"id\", \"text\", \"special\", \"start\", \"stop\"}` (byte offsets; `null` \
                    for a special token). Passed to the model's upstream, one call per request. \
-                   An upstream without the route (the built-in model): 424 naming it.",
+                   The built-in model answers from its own tokenizer. An upstream without the \
+                   route (a server answering 404): 424 naming it.",
     request_body(content = TokenizeRequest, content_type = "application/json",
         example = json!({"inputs": ["What is vector search?"], "add_special_tokens": true})),
     params(crate::openapi::TimeoutHeader),
@@ -83,8 +84,8 @@ pub(crate) async fn model_tokenize(
     tag = "tei",
     summary = "Decode token ids (TEI's /decode)",
     description = "Exactly TEI 1.9.3's `POST /decode`: one string per list of ids. Passed to \
-                   the model's upstream, one call per request. An upstream without the route \
-                   (the built-in model): 424 naming it.",
+                   the model's upstream, one call per request (the built-in model answers from \
+                   its own tokenizer). An upstream without the route: 424 naming it.",
     request_body(content = DecodeRequest, content_type = "application/json",
         example = json!({"ids": [101, 7592, 102], "skip_special_tokens": true})),
     params(crate::openapi::TimeoutHeader),

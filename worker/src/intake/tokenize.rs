@@ -3,8 +3,8 @@
 //! passed to the upstream's route, one upstream call per request: they run no model, so a batch
 //! would only add its wait. Each keeps the request's deadline (504 when it passes first), its
 //! acknowledgement, its withdrawal and its tenant's counts; the upstream's reply, or TEI's
-//! error, is answered as it came. An upstream without the route (the built-in model, a server
-//! answering 404) is 424 `Backend` naming the route.
+//! error, is answered as it came (the built-in model answers from its own tokenizer). An
+//! upstream without the route (a server answering 404 or 405) is 424 `Backend` naming it.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -20,6 +20,11 @@ impl LocalUpstream {
             model: Arc::new(model),
         }
     }
+
+    /// The model's tokenizer, for TEI's token routes.
+    pub(super) fn encoder(&self) -> Arc<embatch_local_model::Encoder> {
+        self.model.encoder()
+    }
 }
 
 impl Upstream for LocalUpstream {

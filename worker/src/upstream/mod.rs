@@ -8,6 +8,7 @@
 mod body;
 mod embedding;
 pub mod local;
+mod local_route;
 mod rerank;
 pub mod route;
 mod sparse;
@@ -236,17 +237,12 @@ impl AnyUpstream {
     }
 }
 
-/// TEI's routes on TEI; the built-in model has none: 424 `Backend` naming the route.
+/// TEI's routes on TEI; on the built-in model, its own tokenizer answers them.
 impl route::RouteCaller for AnyUpstream {
     fn call(&self, route: &'static str, body: bytes::Bytes) -> route::RouteCall<'_> {
         match self {
             AnyUpstream::Tei(u) => u.call(route, body),
-            AnyUpstream::Local(_) => Box::pin(async move {
-                Err(UpstreamError::Model(EmbedError::Backend(format!(
-                    "the built-in model does not serve POST /{route}: run the worker on a TEI \
-                     upstream (--tei-url) for it"
-                ))))
-            }),
+            AnyUpstream::Local(u) => local_route::call(u.encoder(), route, body),
         }
     }
 }
