@@ -5,8 +5,8 @@
 #             and each ci/*-values.yaml, for Kubernetes 1.30 and 1.37, validated by kubeconform
 #             -strict against the schemas in deploy/schemas/ (Kubernetes, KEDA, Prometheus
 #             Operator; nothing skipped); renders that must fail do, with the chart's message;
-#             every env var the containers get is a setting of the README's tables, and the
-#             values' settings carry the README's defaults (scripts/checks/deploy.py env).
+#             every env var the containers get is a setting of docs/configuration.md, and the
+#             values' settings carry its defaults (scripts/checks/deploy.py env).
 #   rules     deploy/prometheus/embatch-rules.yaml: promtool check rules and test rules;
 #             compose's Prometheus config (deploy/prometheus/compose-prometheus.yml, which loads
 #             those rules): promtool check config.

@@ -646,17 +646,13 @@ fn interpolation_parser() {
     );
 }
 
-/// The README's "Configuration" section: every flag of both binaries has a table row naming its
-/// environment variable and flag, with the binary's default in that row when it has one; and
-/// every flag a row names (`` `--name` `` in its flag column) is a flag of one of the binaries.
+/// The configuration tables (docs/configuration.md): every flag of both binaries has a table
+/// row naming its environment variable and flag, with the binary's default in that row when it
+/// has one; and every flag a row names (`` `--name` `` in its flag column) is a flag of one of
+/// the binaries.
 #[test]
-fn readme_configuration_tables_list_every_flag_with_its_default() {
-    let readme = repo_file("README.md");
-    let start = readme
-        .find("\n## Configuration")
-        .expect("a Configuration section");
-    let section = &readme[start + 1..];
-    let section = &section[..section.find("\n## ").unwrap_or(section.len())];
+fn configuration_tables_list_every_flag_with_its_default() {
+    let section = repo_file("docs/configuration.md");
     let rows: Vec<&str> = section.lines().filter(|l| l.starts_with('|')).collect();
     let commands = [
         embatch_gateway::Config::command(),
@@ -694,7 +690,7 @@ fn readme_configuration_tables_list_every_flag_with_its_default() {
     }
     assert!(
         missing.is_empty(),
-        "README.md Configuration:\n{}",
+        "docs/configuration.md:\n{}",
         missing.join("\n")
     );
 }

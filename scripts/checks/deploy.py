@@ -10,10 +10,10 @@
                      check rules over them as recording rules); every alert has a promtool test in
                      which it fires and one in which it does not.
   env MANIFEST...    in rendered manifests, every environment variable of a `gateway` or `worker`
-                     container is a variable of the README's configuration tables for that binary
+                     container is a variable of docs/configuration.md's tables for that binary
                      (its own, NATS connection's or Tracing's)
                      (or RUST_LOG, HF_HOME, HF_HUB_OFFLINE); and every `config` key of the chart's
-                     values.yaml is such a variable, set to the README's default.
+                     values.yaml is such a variable, set to its default there.
   keda PROMTOOL MANIFEST TEMPLATE
                      the Prometheus queries of the ScaledObjects in MANIFEST, substituted for
                      ${trigger-name} in the promtool test file TEMPLATE, pass `promtool test rules`.
@@ -199,10 +199,10 @@ NOT_FLAGS = {"RUST_LOG", "HF_HOME", "HF_HUB_OFFLINE"}
 
 
 def readme_tables():
-    """{section: {VAR: default or None}} from the README's configuration tables."""
+    """{section: {VAR: default or None}} from the configuration tables (docs/configuration.md)."""
     sections, current = {}, None
-    for line in read("README.md").splitlines():
-        m = re.match(r"^### (NATS connection|Tracing|Worker|Gateway)\b", line)
+    for line in read("docs/configuration.md").splitlines():
+        m = re.match(r"^## (NATS connection|Tracing|Worker|Gateway)\b", line)
         if m:
             current = m.group(1)
             sections[current] = {}
@@ -220,7 +220,7 @@ def readme_tables():
 def env(manifests):
     tables = readme_tables()
     check(set(tables) == {"NATS connection", "Tracing", "Worker", "Gateway"} and all(tables.values()),
-          "README: configuration tables found (" + ", ".join(f"{k}: {len(v)}" for k, v in tables.items()) + ")")
+          "docs/configuration.md: tables found (" + ", ".join(f"{k}: {len(v)}" for k, v in tables.items()) + ")")
     both = set(tables.get("NATS connection", {})) | set(tables.get("Tracing", {})) | NOT_FLAGS
     allowed = {
         "gateway": set(tables.get("Gateway", {})) | both,
@@ -257,7 +257,7 @@ def env(manifests):
                     wrong.append(f"{var} is not a {b.lower()} setting")
                 elif table[var] is not None and str(value) != table[var]:
                     wrong.append(f"{var}={value!r}, the {b.lower()}'s default is {table[var]!r}")
-        check(not wrong, f"values.yaml {where}: {len(settings)} settings, each the README's default"
+        check(not wrong, f"values.yaml {where}: {len(settings)} settings, each the default in docs/configuration.md"
               + ("" if not wrong else ": " + "; ".join(wrong)))
 
 
