@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """What the control plane costs with no request at all: N idle workers and G gateways on one
-nats-server, for each (N, G) given. Every worker beats on `<subject>.alive` every 100 ms (every
-gateway listens) and announces its membership on `<subject>.members` every 0.5 s (every worker
-and gateway listens); each answers discovery and probes its upstream's /health every second.
+nats-server, for each (N, G) given. Idle, a worker publishes nothing on NATS: it beats on
+`<subject>.alive` only while it holds requests, asks `<model subject>.room` only while it is
+full, and announces itself on `<subject>.members` once at start and once at stop; a gateway asks
+discovery only on demand (docs/design/control-plane.md). Each worker still probes its upstream's
+/health every second (HTTP, not NATS). (Until build 5705bd2 every worker beat every 100 ms and
+announced its membership every 0.5 s to every worker and gateway: N² messages.)
 
 For each run: start nats-server, one fake upstream (all workers share it), G gateways and N
 workers; wait until all are up and idle; then over --seconds, from nats-server's /varz, the

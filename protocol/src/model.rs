@@ -179,12 +179,14 @@ impl fmt::Display for ModelId {
     }
 }
 
-/// How often a worker repeats its [`Announcement`]: 500 ms (and at once on every change).
+/// How often workers of earlier releases repeat their [`Announcement`]: 500 ms. Workers now
+/// announce once at start and once at stop (see [`crate::headers::members_subject`]); kept for
+/// readers of mixed fleets.
 pub const ANNOUNCEMENT_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
 
-/// How long a worker's last [`Announcement`] counts (three intervals): 1.5 s. A worker not heard
-/// for longer is gone (killed, partitioned): its peers stop counting it, and a model whose last
-/// worker is gone is no longer served.
+/// How long earlier releases count a worker's last [`Announcement`] (three intervals): 1.5 s.
+/// Kept for readers of mixed fleets; the gateway now keeps a worker until discovery misses it
+/// (docs/design/control-plane.md).
 pub const ANNOUNCEMENT_EXPIRY: std::time::Duration = std::time::Duration::from_millis(1500);
 
 /// Metadata key of the workers' `$SRV.INFO`/`$SRV.PING` answers: the model name they serve.
@@ -195,14 +197,15 @@ pub const MODEL_REVISION_METADATA: &str = "model_revision";
 /// model), else `false`.
 pub const DEFAULT_METADATA: &str = "default_model";
 
-/// A worker's membership announcement on [`crate::headers::members_subject`] (JSON), which its
-/// peers (and the gateway's model discovery) read:
+/// A worker's announcement on [`crate::headers::members_subject`] (JSON), which the gateway's
+/// model table reads:
 ///
 /// ```json
 /// {"id": "<service id>", "membership": "joined", "room": true,
 ///  "model": "BAAI/bge-small-en-v1.5", "model_revision": "5c38ec7c", "default_model": false}
 /// ```
-/// Published on every change and every 0.5 s. `model`, `model_revision` and `default_model`
+/// Published once when the worker starts (`joined`) and once when it stops (`stopping`);
+/// earlier releases repeated it every 0.5 s. `model`, `model_revision` and `default_model`
 /// are new in contract v1.1: an announcement without them comes from a v1 worker, which serves
 /// the plain subject only.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
