@@ -32,7 +32,7 @@
 use std::fmt;
 
 /// Tokens the plain subject already uses for its own derived subjects (`<subject>.cancel`,
-/// `.info`, `.members`, `.alive`, and the routes' subjects: `.rerank` of v1.2, `.embed_sparse`,
+/// `.info`, `.members`, `.alive`, `.room`, and the routes' subjects: `.rerank` of v1.2, `.embed_sparse`,
 /// `.tokenize`, `.decode`, `.predict` and `.embed_all` of v1.3): a model whose token is one of
 /// them would collide, and a worker refuses to start with it.
 pub const RESERVED_TOKENS: &[&str] = &[
@@ -40,6 +40,7 @@ pub const RESERVED_TOKENS: &[&str] = &[
     "info",
     "members",
     "alive",
+    "room",
     "rerank",
     "embed_sparse",
     "tokenize",
