@@ -114,6 +114,64 @@ struct Parts<U> {
     id: String,
 }
 
+/// Subscribes discovery (`$SRV.PING/INFO/STATS`, answered as worker `id` with the live
+/// membership of `state_rx`) and the `info` endpoints of `info_subjects`.
+///
+/// # Errors
+/// [`WorkerError::Service`] when a subscription cannot be made.
+async fn subscribe_meta<U: Upstream>(
+    client: &async_nats::Client,
+    (id, served): (&str, &model::Served),
+    (all, info_subjects, info_stats): (
+        Vec<micro::EndpointStats>,
+        Vec<String>,
+        micro::EndpointStats,
+    ),
+    config: &Config,
+    upstream: &Arc<U>,
+    state_rx: tokio::sync::watch::Receiver<membership::MemberState>,
+) -> Result<(micro::Discovery, info::Endpoint<U>), WorkerError> {
+    let discovery = micro::Discovery::subscribe(
+        client.clone(),
+        id.to_owned(),
+        identity(served),
+        all,
+        state_rx,
+    )
+    .await
+    .map_err(service_error("service discovery"))?;
+    let info = info::Endpoint::subscribe(
+        client.clone(),
+        info_subjects,
+        config.queue_group.clone(),
+        Arc::clone(upstream),
+        config.max_client_batch_size,
+        info_stats,
+    )
+    .await
+    .map_err(service_error("endpoint info"))?;
+    Ok((discovery, info))
+}
+
+/// The routes beside `/embed` the worker serves, configured from the upstream's `/info`
+/// (`info`): rerank, sparse embeddings, and tokenize/decode.
+fn routes<U: Upstream>(
+    upstream: &Arc<U>,
+    served: &model::Served,
+    info: Option<&serde_json::Value>,
+) -> (
+    intake::RerankConfig,
+    intake::SparseConfig,
+    intake::TokenRoutes,
+) {
+    let (subjects, model) = (&served.subjects, &served.model.name);
+    (
+        intake::RerankConfig::new(subjects, model, info),
+        intake::SparseConfig::new(subjects, model, info),
+        intake::TokenRoutes::new(subjects, Arc::clone(upstream).route_caller()),
+    )
+}
+
 impl<U: Upstream> Parts<U> {
     /// Binds the admin server, subscribes discovery, `info`, the queue group and the cancel
     /// subjects, and starts the batcher and the cache (the cache's tasks on `tasks`, under
@@ -135,36 +193,21 @@ impl<U: Upstream> Parts<U> {
         let membership = membership::Membership::new(config.membership);
         let (state, state_rx) = tokio::sync::watch::channel(membership.state());
         let id = service_id(client);
-        let discovery = micro::Discovery::subscribe(
-            client.clone(),
-            id.clone(),
-            identity(served),
-            endpoints.all,
+        let (discovery, info) = subscribe_meta(
+            client,
+            (&id, served),
+            (endpoints.all, endpoints.info_subjects, endpoints.info_stats),
+            config,
+            upstream,
             state_rx.clone(),
         )
-        .await
-        .map_err(service_error("service discovery"))?;
-        let info = info::Endpoint::subscribe(
-            client.clone(),
-            endpoints.info_subjects,
-            config.queue_group.clone(),
-            Arc::clone(upstream),
-            config.max_client_batch_size,
-            endpoints.info_stats,
-        )
-        .await
-        .map_err(service_error("endpoint info"))?;
+        .await?;
         let (probes, probe_results) = probes(config.membership, upstream, state_rx.clone());
         let counter = token_counter(upstream.as_ref(), config).await;
-        // The token budget's defaults, the rerank capability and the model's identity for the
-        // cache key come from what the upstream reports of itself.
+        // The token budget's defaults, the routes' capabilities and the model's identity for
+        // the cache key come from what the upstream reports of itself.
         let upstream_info = upstream.info().await.ok();
-        let rerank =
-            intake::RerankConfig::new(&served.subjects, &served.model.name, upstream_info.as_ref());
-        let sparse =
-            intake::SparseConfig::new(&served.subjects, &served.model.name, upstream_info.as_ref());
-        let tokens =
-            intake::TokenRoutes::new(&served.subjects, Arc::clone(upstream).route_caller());
+        let (rerank, sparse, tokens) = routes(upstream, served, upstream_info.as_ref());
         let token_subjects = tokens.subjects();
         let (batcher, batcher_task) =
             batcher::spawn(Arc::clone(upstream), config.batcher(upstream_info.as_ref()));
