@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{Extension, Path, State};
+use axum::extract::Path;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use embatch_client::Reply;
@@ -18,7 +18,7 @@ use embatch_protocol::reply::Timings;
 use embatch_protocol::{EmbedError, EmbedRequest};
 use tokio::time::Instant;
 
-use crate::body::{BodyError, TimedBody};
+use crate::body::BodyError;
 use crate::metering::Used;
 use crate::models::Route;
 use crate::openai::{EmbeddingsRequest, OpenAiError};
@@ -31,6 +31,8 @@ pub(crate) use meta::{health, info, list_models, metrics, model_health, model_in
 pub(crate) use rerank::{cohere_rerank_v1, cohere_rerank_v2, model_rerank, rerank};
 pub(crate) use sparse::{embed_sparse, model_embed_sparse};
 pub(crate) use tokenize::{decode, model_decode, model_tokenize, tokenize};
+
+use forward::{RouteRequest, TeiRoute};
 
 mod forward;
 pub(crate) mod meta;
@@ -153,14 +155,8 @@ pub(crate) fn header_model(request_headers: &HeaderMap) -> Option<&str> {
     params(crate::openapi::TimeoutHeader),
     responses(crate::openapi::EmbedOk, crate::openapi::TeiErrors),
 )]
-pub(crate) async fn embed(
-    State(state): State<Arc<AppState>>,
-    Extension(caller): Extension<Caller>,
-    request_headers: HeaderMap,
-    TimedBody(body): TimedBody,
-) -> Response {
-    let model = header_model(&request_headers).map(str::to_owned);
-    embed_model(state, model, (request_headers, caller), body).await
+pub(crate) async fn embed(request: RouteRequest) -> Response {
+    request.forward_by_header(EMBED).await
 }
 
 /// `POST /models/{model}/embed` and `POST /models/{model}`: `POST /embed` for `model`.
@@ -180,49 +176,21 @@ pub(crate) async fn embed(
     request_body(content = EmbedRequest, content_type = "application/json"),
     responses(crate::openapi::EmbedOk, crate::openapi::TeiErrors),
 )]
-pub(crate) async fn model_embed(
-    State(state): State<Arc<AppState>>,
-    Path(model): Path<String>,
-    Extension(caller): Extension<Caller>,
-    request_headers: HeaderMap,
-    TimedBody(body): TimedBody,
-) -> Response {
-    embed_model(state, Some(model), (request_headers, caller), body).await
+pub(crate) async fn model_embed(Path(model): Path<String>, request: RouteRequest) -> Response {
+    request.forward(Some(model), EMBED).await
 }
 
-/// The TEI embedding routes' common path: routes the request to `model` (`None`: the default
-/// route) and forwards it.
-async fn embed_model(
-    state: Arc<AppState>,
-    model: Option<String>,
-    (request_headers, caller): (HeaderMap, Caller),
-    body: Result<Bytes, BodyError>,
-) -> Response {
-    let shared = Arc::clone(&state);
-    counted(shared.models.default_route(), |started| async move {
-        let route = match state.models.route(model.as_deref()).await {
-            Ok(route) => route,
-            Err(err) => return ApiError(err).into_response(),
-        };
-        let forwarded = async {
-            let body = read_body(&state, &request_headers, body)?;
-            let call = (&request_headers, &caller);
-            forward(&state, &route, call, body, started).await
-        };
-        let response = match forwarded.await {
-            Ok((reply, inputs)) => {
-                let used = Used {
-                    inputs,
-                    tokens: reply.tokens.unwrap_or(0),
-                };
-                let response = reply_response(reply.payload, &reply.timings, started);
-                with_used(with_cache_hits(response, reply.cache_hits), used)
-            }
-            Err(err) => ApiError(err).into_response(),
-        };
-        routed(response, Some(route))
-    })
-    .await
+/// `POST /embed`'s part of the shared path: the model's own subject, TEI's `/embed` body.
+const EMBED: TeiRoute = TeiRoute {
+    operation: embatch_client::Operation::Embed,
+    check: check_embed,
+};
+
+/// TEI 1.9.3's checks of an `/embed` body: its inputs.
+fn check_embed(body: &[u8], max_inputs: usize) -> Result<u64, EmbedError> {
+    let request = EmbedRequest::from_slice(body)?;
+    request.validate(max_inputs)?;
+    Ok(request.inputs.len() as u64)
 }
 
 /// Runs one embedding request's handler under the in-flight gauge and the request metrics
@@ -261,12 +229,8 @@ where
     params(crate::openapi::TimeoutHeader),
     responses(crate::openapi::OpenAiOk, crate::openapi::OpenAiErrors),
 )]
-pub(crate) async fn openai_embeddings(
-    State(state): State<Arc<AppState>>,
-    Extension(caller): Extension<Caller>,
-    request_headers: HeaderMap,
-    TimedBody(body): TimedBody,
-) -> Response {
+pub(crate) async fn openai_embeddings(request: RouteRequest) -> Response {
+    let (state, caller, request_headers, body) = request.into_parts();
     let shared = Arc::clone(&state);
     counted(shared.models.default_route(), |started| async move {
         let mut taken = None;
@@ -274,32 +238,16 @@ pub(crate) async fn openai_embeddings(
             let body = read_body(&state, &request_headers, body)?;
             let (request, shape) = EmbeddingsRequest::from_slice(&body)?.into_embed_request();
             let used_inputs = request.inputs.len() as u64;
-            let model = Some(shape.model.as_str())
-                .filter(|m| !m.is_empty())
-                .or_else(|| header_model(&request_headers));
+            let model = body_or_header_model(Some(&shape.model), &request_headers);
             let route = state.models.route(model).await?;
             taken = Some(Arc::clone(&route));
             let timeout = client_timeout(&request_headers, state.request_timeout)?;
             request.validate(state.max_client_batch_size)?;
-            let body = serde_json::to_vec(&request).map_err(|e| {
-                EmbedError::Validation(format!("cannot translate the request: {e}"))
-            })?;
-            let reply = send(
-                &state,
-                &route,
-                (&request_headers, &caller),
-                Bytes::from(body),
-                timeout,
-                started,
-            )
-            .await?;
+            let body = translated_body(&request)?;
+            let call = (&request_headers, &caller);
+            let reply = send(&state, &route, call, body, timeout, started).await?;
             let body = crate::openai::response_body(&reply.payload, shape, reply.tokens)?;
-            let response = reply_response(Bytes::from(body), &reply.timings, started);
-            let used = Used {
-                inputs: used_inputs,
-                tokens: reply.tokens.unwrap_or(0),
-            };
-            Ok::<_, OpenAiError>(with_used(with_cache_hits(response, reply.cache_hits), used))
+            Ok::<_, OpenAiError>(reply_ok(Bytes::from(body), &reply, used_inputs, started))
         };
         let response = match forwarded.await {
             Ok(response) => response,
@@ -313,6 +261,36 @@ pub(crate) async fn openai_embeddings(
 /// An error in OpenAI's shape, with the TEI route's status (and its `Retry-After` on 429).
 fn openai_error_response(err: &OpenAiError) -> Response {
     error_response(err.status(), Bytes::from(err.to_json()))
+}
+
+/// The model a request routes to: the one its body names (`model`, when not empty), else its
+/// [`MODEL_HEADER`]'s (`None`: the default model).
+fn body_or_header_model<'a>(
+    named: Option<&'a str>,
+    request_headers: &'a HeaderMap,
+) -> Option<&'a str> {
+    named
+        .filter(|m| !m.is_empty())
+        .or_else(|| header_model(request_headers))
+}
+
+/// A translated request (OpenAI's or Cohere's, as TEI's body) as the body sent over NATS; 422
+/// `Validation` if it cannot be written as JSON.
+fn translated_body(request: &impl serde::Serialize) -> Result<Bytes, EmbedError> {
+    serde_json::to_vec(request)
+        .map(Bytes::from)
+        .map_err(|e| EmbedError::Validation(format!("cannot translate the request: {e}")))
+}
+
+/// The 200 of a forwarded request: `body` (the worker's reply, or it re-shaped) with `reply`'s
+/// timing and cache headers, metered as `inputs` inputs and the reply's tokens.
+fn reply_ok(body: Bytes, reply: &Reply, inputs: u64, started: Instant) -> Response {
+    let used = Used {
+        inputs,
+        tokens: reply.tokens.unwrap_or(0),
+    };
+    let response = reply_response(body, &reply.timings, started);
+    with_used(with_cache_hits(response, reply.cache_hits), used)
 }
 
 /// A 200 JSON response of `body` with the reply's timing headers (`x-queue-time`,
@@ -390,23 +368,6 @@ fn read_body(
         )));
     }
     body.map_err(|err| err.into_embed_error(state))
-}
-
-/// `POST /embed`'s path: validates `body` (TEI's `/embed` JSON), then [`send`]s it as it is.
-async fn forward(
-    state: &AppState,
-    route: &Route,
-    call: Call<'_>,
-    body: Bytes,
-    started: Instant,
-) -> Result<(Reply, u64), EmbedError> {
-    let timeout = client_timeout(call.0, state.request_timeout)?;
-    let request = EmbedRequest::from_slice(&body)?;
-    request.validate(state.max_client_batch_size)?;
-    let inputs = request.inputs.len() as u64;
-    drop(request);
-    let reply = send(state, route, call, body, timeout, started).await?;
-    Ok((reply, inputs))
 }
 
 /// What a route passes on of the HTTP request: its headers and its authenticated caller.

@@ -1,23 +1,24 @@
-//! The path TEI's routes beyond `/embed` and `/rerank` share (`/embed_sparse`, `/tokenize`,
-//! `/decode`): route the request to its model, check its body here (so a malformed one never
-//! reaches NATS), send it as it is as one NATS request on the route's subject (deadline,
-//! in-flight limit, acknowledgements, resends, tenant, metering), and answer the worker's reply
-//! as the body.
+//! The path TEI's routes share (`/embed`, `/rerank`, `/embed_sparse`, `/tokenize`, `/decode`,
+//! each also under `/models/{model}/`): route the request to its model, check its body here (so
+//! a malformed one never reaches NATS), send it as it is as one NATS request on the route's
+//! subject (deadline, in-flight limit, acknowledgements, resends, tenant, metering), and answer
+//! the worker's reply as the body. A route file keeps only its own part: a [`TeiRoute`] (its
+//! subject's operation and its body check) and its document.
 
 use std::sync::Arc;
 
 use axum::body::Bytes;
+use axum::extract::rejection::ExtensionRejection;
+use axum::extract::{Extension, FromRequest, FromRequestParts, Request};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use embatch_client::Operation;
 use embatch_protocol::EmbedError;
 
 use super::{
-    ApiError, client_timeout, counted, read_body, reply_response, routed, send_as, with_cache_hits,
-    with_used,
+    ApiError, client_timeout, counted, header_model, read_body, reply_ok, routed, send_as,
 };
-use crate::body::BodyError;
-use crate::metering::Used;
+use crate::body::{BodyError, TimedBody};
 use crate::state::AppState;
 use crate::tenancy::Caller;
 
@@ -25,41 +26,91 @@ use crate::tenancy::Caller;
 /// inputs it holds, for the caller's usage.
 pub(super) type Check = fn(&[u8], usize) -> Result<u64, EmbedError>;
 
-/// Serves one request of a TEI route on `operation`'s subject of `model` (`None`: the default
-/// model, or the `Embatch-Model` header's, as the caller resolved it).
-pub(super) async fn forward_route(
+/// What one TEI route adds to the shared path: the operation that picks its NATS subject
+/// (`<subject>`, `<subject>.rerank`, ...) and the check of its body.
+pub(super) struct TeiRoute {
+    pub(super) operation: Operation,
+    pub(super) check: Check,
+}
+
+/// What a route's handler takes of an HTTP request, in the order axum's own extractors took
+/// it (so a rejection is the same): the caller (`Extension<Caller>`, a 500 without it), the
+/// headers and the body ([`TimedBody`], which never rejects). Must be a handler's last
+/// argument.
+pub(crate) struct RouteRequest {
     state: Arc<AppState>,
-    model: Option<String>,
-    (request_headers, caller): (HeaderMap, Caller),
+    caller: Caller,
+    headers: HeaderMap,
     body: Result<Bytes, BodyError>,
-    (operation, check): (Operation, Check),
-) -> Response {
-    let shared = Arc::clone(&state);
-    counted(shared.models.default_route(), |started| async move {
-        let route = match state.models.route(model.as_deref()).await {
-            Ok(route) => route,
-            Err(err) => return ApiError(err).into_response(),
+}
+
+impl FromRequest<Arc<AppState>> for RouteRequest {
+    type Rejection = ExtensionRejection;
+
+    async fn from_request(
+        request: Request,
+        state: &Arc<AppState>,
+    ) -> Result<Self, Self::Rejection> {
+        let (mut parts, body) = request.into_parts();
+        let Extension(caller) = Extension::<Caller>::from_request_parts(&mut parts, state).await?;
+        let headers = parts.headers.clone();
+        let request = Request::from_parts(parts, body);
+        let body = match TimedBody::from_request(request, state).await {
+            Ok(TimedBody(body)) => body,
+            Err(never) => match never {},
         };
-        let forwarded = async {
-            let body = read_body(&state, &request_headers, body)?;
-            let timeout = client_timeout(&request_headers, state.request_timeout)?;
-            let inputs = check(&body, state.max_client_batch_size)?;
-            let call = (&request_headers, &caller);
-            let reply = send_as(&state, &route, call, body, (timeout, started), operation).await?;
-            Ok::<_, EmbedError>((reply, inputs))
-        };
-        let response = match forwarded.await {
-            Ok((reply, inputs)) => {
-                let used = Used {
-                    inputs,
-                    tokens: reply.tokens.unwrap_or(0),
-                };
-                let response = reply_response(reply.payload, &reply.timings, started);
-                with_used(with_cache_hits(response, reply.cache_hits), used)
-            }
-            Err(err) => ApiError(err).into_response(),
-        };
-        routed(response, Some(route))
-    })
-    .await
+        Ok(RouteRequest {
+            state: Arc::clone(state),
+            caller,
+            headers,
+            body,
+        })
+    }
+}
+
+/// A [`RouteRequest`]'s parts: the gateway's state, the caller, the headers, the body.
+type Parts = (Arc<AppState>, Caller, HeaderMap, Result<Bytes, BodyError>);
+
+impl RouteRequest {
+    /// The request's parts, for a handler of its own (OpenAI's, Cohere's).
+    pub(super) fn into_parts(self) -> Parts {
+        (self.state, self.caller, self.headers, self.body)
+    }
+
+    /// Serves the request on `tei`'s subject of the default model, or of the `Embatch-Model`
+    /// header's ([`super::MODEL_HEADER`]).
+    pub(super) async fn forward_by_header(self, tei: TeiRoute) -> Response {
+        let model = header_model(&self.headers).map(str::to_owned);
+        self.forward(model, tei).await
+    }
+
+    /// Serves the request on `tei`'s subject of `model` (`None`: the default model): a 404 for
+    /// a model no worker serves, then the body's errors (415, 413, 408, 422), the timeout
+    /// header's (422), the check's, the worker's; else the reply's payload as a 200 with its
+    /// timing and cache headers.
+    pub(super) async fn forward(self, model: Option<String>, tei: TeiRoute) -> Response {
+        let (state, caller, headers, body) = self.into_parts();
+        let shared = Arc::clone(&state);
+        counted(shared.models.default_route(), |started| async move {
+            let route = match state.models.route(model.as_deref()).await {
+                Ok(route) => route,
+                Err(err) => return ApiError(err).into_response(),
+            };
+            let forwarded = async {
+                let body = read_body(&state, &headers, body)?;
+                let timeout = client_timeout(&headers, state.request_timeout)?;
+                let inputs = (tei.check)(&body, state.max_client_batch_size)?;
+                let call = (&headers, &caller);
+                let timed = (timeout, started);
+                let reply = send_as(&state, &route, call, body, timed, tei.operation).await?;
+                Ok::<_, EmbedError>((reply, inputs))
+            };
+            let response = match forwarded.await {
+                Ok((reply, inputs)) => reply_ok(reply.payload.clone(), &reply, inputs, started),
+                Err(err) => ApiError(err).into_response(),
+            };
+            routed(response, Some(route))
+        })
+        .await
+    }
 }

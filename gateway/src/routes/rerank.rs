@@ -8,8 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{Extension, Path, State};
-use axum::http::HeaderMap;
+use axum::extract::Path;
 use axum::response::{IntoResponse, Response};
 use embatch_client::Operation;
 use embatch_protocol::rerank::Rank;
@@ -17,15 +16,12 @@ use embatch_protocol::{EmbedError, ErrorResponse, RerankRequest};
 use utoipa::openapi::{Ref, RefOr, Response as DocResponse};
 use utoipa::{IntoResponses, PartialSchema, ToSchema};
 
+use super::forward::{RouteRequest, TeiRoute};
 use super::{
-    ApiError, client_timeout, counted, header_model, read_body, reply_response, routed, send_as,
-    with_cache_hits, with_used,
+    ApiError, body_or_header_model, client_timeout, counted, read_body, reply_ok, routed, send_as,
+    translated_body,
 };
-use crate::body::{BodyError, TimedBody};
 use crate::cohere::{CohereRerankRequest, CohereRerankResponse};
-use crate::metering::Used;
-use crate::state::AppState;
-use crate::tenancy::Caller;
 
 /// `POST /rerank`: TEI 1.9.3's `/rerank` for the default model (or the `Embatch-Model`
 /// header's); the body is checked and forwarded as it is, and the worker's reply is the body.
@@ -43,14 +39,8 @@ use crate::tenancy::Caller;
     params(crate::openapi::TimeoutHeader),
     responses(RerankOk, RerankErrors),
 )]
-pub(crate) async fn rerank(
-    State(state): State<Arc<AppState>>,
-    Extension(caller): Extension<Caller>,
-    request_headers: HeaderMap,
-    TimedBody(body): TimedBody,
-) -> Response {
-    let model = header_model(&request_headers).map(str::to_owned);
-    rerank_model(state, model, (request_headers, caller), body).await
+pub(crate) async fn rerank(request: RouteRequest) -> Response {
+    request.forward_by_header(RERANK).await
 }
 
 /// `POST /models/{model}/rerank`: `POST /rerank` for `model`.
@@ -68,63 +58,21 @@ pub(crate) async fn rerank(
     request_body(content = RerankRequest, content_type = "application/json"),
     responses(RerankOk, RerankErrors),
 )]
-pub(crate) async fn model_rerank(
-    State(state): State<Arc<AppState>>,
-    Path(model): Path<String>,
-    Extension(caller): Extension<Caller>,
-    request_headers: HeaderMap,
-    TimedBody(body): TimedBody,
-) -> Response {
-    rerank_model(state, Some(model), (request_headers, caller), body).await
+pub(crate) async fn model_rerank(Path(model): Path<String>, request: RouteRequest) -> Response {
+    request.forward(Some(model), RERANK).await
 }
 
-/// The TEI rerank routes' common path: routes the request to `model` (`None`: the default)
-/// and forwards it.
-async fn rerank_model(
-    state: Arc<AppState>,
-    model: Option<String>,
-    (request_headers, caller): (HeaderMap, Caller),
-    body: Result<Bytes, BodyError>,
-) -> Response {
-    let shared = Arc::clone(&state);
-    counted(shared.models.default_route(), |started| async move {
-        let route = match state.models.route(model.as_deref()).await {
-            Ok(route) => route,
-            Err(err) => return ApiError(err).into_response(),
-        };
-        let forwarded = async {
-            let body = read_body(&state, &request_headers, body)?;
-            let timeout = client_timeout(&request_headers, state.request_timeout)?;
-            let request = RerankRequest::from_slice(&body)?;
-            request.validate(state.max_client_batch_size)?;
-            let texts = request.texts.len() as u64;
-            drop(request);
-            let call = (&request_headers, &caller);
-            let reply = send_as(
-                &state,
-                &route,
-                call,
-                body,
-                (timeout, started),
-                Operation::Rerank,
-            )
-            .await?;
-            Ok::<_, EmbedError>((reply, texts))
-        };
-        let response = match forwarded.await {
-            Ok((reply, texts)) => {
-                let used = Used {
-                    inputs: texts,
-                    tokens: reply.tokens.unwrap_or(0),
-                };
-                let response = reply_response(reply.payload, &reply.timings, started);
-                with_used(with_cache_hits(response, reply.cache_hits), used)
-            }
-            Err(err) => ApiError(err).into_response(),
-        };
-        routed(response, Some(route))
-    })
-    .await
+/// `POST /rerank`'s part of the shared path: the model's rerank subject, TEI's `/rerank` body.
+const RERANK: TeiRoute = TeiRoute {
+    operation: Operation::Rerank,
+    check: check_rerank,
+};
+
+/// TEI 1.9.3's checks of a `/rerank` body: its texts (`top_n` and the like).
+fn check_rerank(body: &[u8], max_inputs: usize) -> Result<u64, EmbedError> {
+    let request = RerankRequest::from_slice(body)?;
+    request.validate(max_inputs)?;
+    Ok(request.texts.len() as u64)
 }
 
 /// `POST /v1/rerank`: Cohere's rerank API, v1 (documents as strings or `{"text"}` objects).
@@ -148,33 +96,19 @@ async fn rerank_model(
     params(crate::openapi::TimeoutHeader),
     responses(CohereOk, RerankErrors),
 )]
-pub(crate) async fn cohere_rerank_v1(
-    State(state): State<Arc<AppState>>,
-    Extension(caller): Extension<Caller>,
-    request_headers: HeaderMap,
-    TimedBody(body): TimedBody,
-) -> Response {
-    cohere_rerank(state, (request_headers, caller), body, "1").await
+pub(crate) async fn cohere_rerank_v1(request: RouteRequest) -> Response {
+    cohere_rerank(request, "1").await
 }
 
 /// `POST /v2/rerank`: Cohere's rerank API, v2 (the same route; `meta.api_version` says `2`).
-pub(crate) async fn cohere_rerank_v2(
-    State(state): State<Arc<AppState>>,
-    Extension(caller): Extension<Caller>,
-    request_headers: HeaderMap,
-    TimedBody(body): TimedBody,
-) -> Response {
-    cohere_rerank(state, (request_headers, caller), body, "2").await
+pub(crate) async fn cohere_rerank_v2(request: RouteRequest) -> Response {
+    cohere_rerank(request, "2").await
 }
 
 /// The Cohere routes' path: translates, routes by `model`, sends on the rerank subject and
 /// re-shapes TEI's ranks into Cohere's response.
-async fn cohere_rerank(
-    state: Arc<AppState>,
-    (request_headers, caller): (HeaderMap, Caller),
-    body: Result<Bytes, BodyError>,
-    version: &'static str,
-) -> Response {
+async fn cohere_rerank(request: RouteRequest, version: &'static str) -> Response {
+    let (state, caller, request_headers, body) = request.into_parts();
     let shared = Arc::clone(&state);
     counted(shared.models.default_route(), |started| async move {
         let mut taken = None;
@@ -182,36 +116,17 @@ async fn cohere_rerank(
             let body = read_body(&state, &request_headers, body)?;
             let max = state.max_client_batch_size;
             let translated = CohereRerankRequest::translate(&body, max, version)?;
-            let model = translated
-                .model
-                .as_deref()
-                .filter(|m| !m.is_empty())
-                .or_else(|| header_model(&request_headers));
+            let model = body_or_header_model(translated.model.as_deref(), &request_headers);
             let route = state.models.route(model).await?;
             taken = Some(Arc::clone(&route));
             let timeout = client_timeout(&request_headers, state.request_timeout)?;
             let texts = translated.request.texts.len() as u64;
-            let body = serde_json::to_vec(&translated.request).map_err(|e| {
-                EmbedError::Validation(format!("cannot translate the request: {e}"))
-            })?;
+            let body = translated_body(&translated.request)?;
             let call = (&request_headers, &caller);
-            let body = Bytes::from(body);
-            let reply = send_as(
-                &state,
-                &route,
-                call,
-                body,
-                (timeout, started),
-                Operation::Rerank,
-            )
-            .await?;
+            let timed = (timeout, started);
+            let reply = send_as(&state, &route, call, body, timed, Operation::Rerank).await?;
             let shaped = translated.shape.response(&reply.payload, reply.tokens)?;
-            let response = reply_response(Bytes::from(shaped), &reply.timings, started);
-            let used = Used {
-                inputs: texts,
-                tokens: reply.tokens.unwrap_or(0),
-            };
-            Ok::<_, EmbedError>(with_used(with_cache_hits(response, reply.cache_hits), used))
+            Ok::<_, EmbedError>(reply_ok(Bytes::from(shaped), &reply, texts, started))
         };
         let response = match forwarded.await {
             Ok(response) => response,

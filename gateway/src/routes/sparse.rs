@@ -3,23 +3,16 @@
 //! contract v1.3), so the workers batch the inputs of every caller into one upstream call, with
 //! the embedding path's deadline, shedding, bisection and cache.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
-
-use axum::extract::{Extension, Path, State};
-use axum::http::HeaderMap;
+use axum::extract::Path;
 use axum::response::Response;
 use embatch_client::Operation;
 use embatch_protocol::sparse::SparseValue;
 use embatch_protocol::{EmbedError, SparseRequest};
+use std::collections::BTreeMap;
 use utoipa::openapi::{RefOr, Response as DocResponse};
 use utoipa::{IntoResponses, PartialSchema};
 
-use super::forward::forward_route;
-use super::header_model;
-use crate::body::TimedBody;
-use crate::state::AppState;
-use crate::tenancy::Caller;
+use super::forward::{RouteRequest, TeiRoute};
 
 /// `POST /embed_sparse`: TEI 1.9.3's `/embed_sparse` for the default model (or the
 /// `Embatch-Model` header's); the body is checked and forwarded as it is, and the worker's reply
@@ -39,15 +32,8 @@ use crate::tenancy::Caller;
     params(crate::openapi::TimeoutHeader),
     responses(SparseOk, crate::openapi::TeiErrors),
 )]
-pub(crate) async fn embed_sparse(
-    State(state): State<Arc<AppState>>,
-    Extension(caller): Extension<Caller>,
-    request_headers: HeaderMap,
-    TimedBody(body): TimedBody,
-) -> Response {
-    let model = header_model(&request_headers).map(str::to_owned);
-    let route = (Operation::Sparse, check as super::forward::Check);
-    forward_route(state, model, (request_headers, caller), body, route).await
+pub(crate) async fn embed_sparse(request: RouteRequest) -> Response {
+    request.forward_by_header(SPARSE).await
 }
 
 /// `POST /models/{model}/embed_sparse`: `POST /embed_sparse` for `model`.
@@ -66,15 +52,17 @@ pub(crate) async fn embed_sparse(
     responses(SparseOk, crate::openapi::TeiErrors),
 )]
 pub(crate) async fn model_embed_sparse(
-    State(state): State<Arc<AppState>>,
     Path(model): Path<String>,
-    Extension(caller): Extension<Caller>,
-    request_headers: HeaderMap,
-    TimedBody(body): TimedBody,
+    request: RouteRequest,
 ) -> Response {
-    let route = (Operation::Sparse, check as super::forward::Check);
-    forward_route(state, Some(model), (request_headers, caller), body, route).await
+    request.forward(Some(model), SPARSE).await
 }
+
+/// `POST /embed_sparse`'s part of the shared path: the model's sparse subject, TEI's body.
+const SPARSE: TeiRoute = TeiRoute {
+    operation: Operation::Sparse,
+    check,
+};
 
 /// TEI 1.9.3's checks of an `/embed_sparse` body: its inputs.
 fn check(body: &[u8], max_inputs: usize) -> Result<u64, EmbedError> {

@@ -4,23 +4,16 @@
 //! per request (they run no model: a batch would only add its wait), with the request's
 //! deadline.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
-
-use axum::extract::{Extension, Path, State};
-use axum::http::HeaderMap;
+use axum::extract::Path;
 use axum::response::Response;
 use embatch_client::Operation;
 use embatch_protocol::EmbedError;
 use embatch_protocol::tokenize::{DecodeRequest, SimpleToken, TokenizeRequest};
+use std::collections::BTreeMap;
 use utoipa::openapi::{RefOr, Response as DocResponse};
 use utoipa::{IntoResponses, PartialSchema};
 
-use super::forward::{Check, forward_route};
-use super::header_model;
-use crate::body::TimedBody;
-use crate::state::AppState;
-use crate::tenancy::Caller;
+use super::forward::{RouteRequest, TeiRoute};
 
 /// `POST /tokenize`: TEI 1.9.3's `/tokenize` for the default model (or the `Embatch-Model`
 /// header's).
@@ -39,15 +32,8 @@ use crate::tenancy::Caller;
     params(crate::openapi::TimeoutHeader),
     responses(TokenizeOk, crate::openapi::TeiErrors),
 )]
-pub(crate) async fn tokenize(
-    State(state): State<Arc<AppState>>,
-    Extension(caller): Extension<Caller>,
-    request_headers: HeaderMap,
-    TimedBody(body): TimedBody,
-) -> Response {
-    let model = header_model(&request_headers).map(str::to_owned);
-    let route = (Operation::Tokenize, check_tokenize as Check);
-    forward_route(state, model, (request_headers, caller), body, route).await
+pub(crate) async fn tokenize(request: RouteRequest) -> Response {
+    request.forward_by_header(TOKENIZE).await
 }
 
 /// `POST /models/{model}/tokenize`: `POST /tokenize` for `model`.
@@ -65,15 +51,8 @@ pub(crate) async fn tokenize(
     request_body(content = TokenizeRequest, content_type = "application/json"),
     responses(TokenizeOk, crate::openapi::TeiErrors),
 )]
-pub(crate) async fn model_tokenize(
-    State(state): State<Arc<AppState>>,
-    Path(model): Path<String>,
-    Extension(caller): Extension<Caller>,
-    request_headers: HeaderMap,
-    TimedBody(body): TimedBody,
-) -> Response {
-    let route = (Operation::Tokenize, check_tokenize as Check);
-    forward_route(state, Some(model), (request_headers, caller), body, route).await
+pub(crate) async fn model_tokenize(Path(model): Path<String>, request: RouteRequest) -> Response {
+    request.forward(Some(model), TOKENIZE).await
 }
 
 /// `POST /decode`: TEI 1.9.3's `/decode` for the default model (or the `Embatch-Model`
@@ -91,15 +70,8 @@ pub(crate) async fn model_tokenize(
     params(crate::openapi::TimeoutHeader),
     responses(DecodeOk, crate::openapi::TeiErrors),
 )]
-pub(crate) async fn decode(
-    State(state): State<Arc<AppState>>,
-    Extension(caller): Extension<Caller>,
-    request_headers: HeaderMap,
-    TimedBody(body): TimedBody,
-) -> Response {
-    let model = header_model(&request_headers).map(str::to_owned);
-    let route = (Operation::Decode, check_decode as Check);
-    forward_route(state, model, (request_headers, caller), body, route).await
+pub(crate) async fn decode(request: RouteRequest) -> Response {
+    request.forward_by_header(DECODE).await
 }
 
 /// `POST /models/{model}/decode`: `POST /decode` for `model`.
@@ -117,16 +89,21 @@ pub(crate) async fn decode(
     request_body(content = DecodeRequest, content_type = "application/json"),
     responses(DecodeOk, crate::openapi::TeiErrors),
 )]
-pub(crate) async fn model_decode(
-    State(state): State<Arc<AppState>>,
-    Path(model): Path<String>,
-    Extension(caller): Extension<Caller>,
-    request_headers: HeaderMap,
-    TimedBody(body): TimedBody,
-) -> Response {
-    let route = (Operation::Decode, check_decode as Check);
-    forward_route(state, Some(model), (request_headers, caller), body, route).await
+pub(crate) async fn model_decode(Path(model): Path<String>, request: RouteRequest) -> Response {
+    request.forward(Some(model), DECODE).await
 }
+
+/// `POST /tokenize`'s part of the shared path: the model's tokenize subject, TEI's body.
+const TOKENIZE: TeiRoute = TeiRoute {
+    operation: Operation::Tokenize,
+    check: check_tokenize,
+};
+
+/// `POST /decode`'s part of the shared path: the model's decode subject, TEI's body.
+const DECODE: TeiRoute = TeiRoute {
+    operation: Operation::Decode,
+    check: check_decode,
+};
 
 /// TEI 1.9.3's checks of a `/tokenize` body: its texts.
 fn check_tokenize(body: &[u8], max_inputs: usize) -> Result<u64, EmbedError> {
