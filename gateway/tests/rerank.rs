@@ -7,32 +7,15 @@ mod common;
 
 use std::time::Duration;
 
-use common::{assert_tei_error, json_post, stack_with_gateway};
-use embatch_client::EmbedClient;
+use common::tei_routes::{assert_the_deadline, direct_client, instant_double, post_json};
+use common::{assert_tei_error, stack_with_gateway};
 use embatch_protocol::Input;
 use embatch_tei_double::{POISON, RecordedCall, rerank_score};
 use embatch_testkit::TeiConfig;
 
 /// The double as a reranker that answers at once.
 fn reranker() -> TeiConfig {
-    TeiConfig {
-        reranker: true,
-        ..TeiConfig::instant()
-    }
-}
-
-async fn post_json(url: &str, path: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
-    let response = json_post(
-        &reqwest::Client::new(),
-        &format!("{url}{path}"),
-        body.to_string(),
-    )
-    .send()
-    .await
-    .expect("HTTP response");
-    let status = response.status().as_u16();
-    let body = response.json().await.expect("JSON body");
-    (status, body)
+    instant_double(|tei| tei.reranker = true)
 }
 
 /// `(index, score)` of TEI's ranks, checking they are sorted by score, highest first.
@@ -233,10 +216,7 @@ async fn pairs_of_concurrent_callers_share_one_upstream_call() {
 async fn the_rerank_subject_serves_direct_nats_callers() {
     let (stack, gateway) =
         stack_with_gateway(reranker(), &["--max-client-batch-size", "2"], 1 << 20, 64).await;
-    let nats = async_nats::connect(stack.nats.url())
-        .await
-        .expect("connects");
-    let client = EmbedClient::new(nats, embatch_protocol::DEFAULT_SUBJECT);
+    let client = direct_client(&stack).await;
     let body = br#"{"query":"q","texts":["x","y"],"return_text":true}"#;
     let reply = client
         .rerank(bytes::Bytes::from_static(body), Duration::from_secs(10))
@@ -291,22 +271,10 @@ async fn a_model_that_is_not_a_reranker_is_teis_424() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rerank_request_has_its_deadline() {
-    let slow = TeiConfig {
-        base: Duration::from_millis(800),
-        ..reranker()
-    };
-    let (stack, gateway) = stack_with_gateway(slow, &[], 1 << 20, 64).await;
-    let response = json_post(
-        &reqwest::Client::new(),
-        &format!("{}/v2/rerank", gateway.url),
+    assert_the_deadline(
+        reranker(),
+        "/v2/rerank",
         r#"{"query":"q","documents":["slow"]}"#,
     )
-    .header("x-embatch-timeout-ms", "100")
-    .send()
-    .await
-    .expect("HTTP response");
-    assert_eq!(response.status().as_u16(), 504);
-    let body: serde_json::Value = response.json().await.expect("JSON body");
-    assert_tei_error(&body, "Timeout", "");
-    stack.worker.stop().await;
+    .await;
 }

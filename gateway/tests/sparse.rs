@@ -7,8 +7,11 @@ mod common;
 
 use std::time::Duration;
 
+use common::tei_routes::{
+    assert_the_deadline, direct_client, instant_double, post_json, send_direct,
+};
 use common::{assert_tei_error, json_post, stack_with_gateway};
-use embatch_client::{EmbedClient, Operation, SendOptions};
+use embatch_client::Operation;
 use embatch_protocol::Input;
 use embatch_protocol::sparse::SparseValue;
 use embatch_tei_double::{POISON, RecordedCall, sparse_embedding};
@@ -16,24 +19,7 @@ use embatch_testkit::TeiConfig;
 
 /// The double as a SPLADE model that answers at once.
 fn splade() -> TeiConfig {
-    TeiConfig {
-        splade: true,
-        ..TeiConfig::instant()
-    }
-}
-
-async fn post_json(url: &str, path: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
-    let response = json_post(
-        &reqwest::Client::new(),
-        &format!("{url}{path}"),
-        body.to_string(),
-    )
-    .send()
-    .await
-    .expect("HTTP response");
-    let status = response.status().as_u16();
-    let body = response.json().await.expect("JSON body");
-    (status, body)
+    instant_double(|tei| tei.splade = true)
 }
 
 /// A reply body as TEI's sparse lists.
@@ -178,26 +164,17 @@ async fn teis_errors_and_the_model_routes() {
 async fn the_sparse_subject_serves_direct_nats_callers() {
     let (stack, _gateway) =
         stack_with_gateway(splade(), &["--max-client-batch-size", "2"], 1 << 20, 64).await;
-    let nats = async_nats::connect(stack.nats.url())
-        .await
-        .expect("connects");
-    let client = EmbedClient::new(nats, embatch_protocol::DEFAULT_SUBJECT);
-    let sparse = SendOptions {
-        operation: Operation::Sparse,
-        ..SendOptions::default()
-    };
-    let body = bytes::Bytes::from_static(br#"{"inputs":["x",[101,102]]}"#);
-    let reply = client
-        .embed_with(body, Duration::from_secs(10), &sparse)
+    let client = direct_client(&stack).await;
+    let body = br#"{"inputs":["x",[101,102]]}"#;
+    let reply = send_direct(&client, Operation::Sparse, body)
         .await
         .expect("sparse embeddings");
     let got: Vec<Vec<SparseValue>> = serde_json::from_slice(&reply.payload).expect("TEI's shape");
     let ids = sparse_embedding(&Input::Ids(vec![101, 102]));
     assert_eq!(got, [expected(&["x"]).remove(0), ids]);
     // The worker's own limit, for a caller that skips the gateway.
-    let three = bytes::Bytes::from_static(br#"{"inputs":["a","b","c"]}"#);
-    let err = client
-        .embed_with(three, Duration::from_secs(10), &sparse)
+    let three = br#"{"inputs":["a","b","c"]}"#;
+    let err = send_direct(&client, Operation::Sparse, three)
         .await
         .expect_err("over the worker's limit");
     assert_eq!(embatch_protocol::EmbedError::from(err).status(), 422);
@@ -225,22 +202,5 @@ async fn a_dense_model_is_teis_424_before_any_upstream_call() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sparse_request_has_its_deadline() {
-    let slow = TeiConfig {
-        base: Duration::from_millis(800),
-        ..splade()
-    };
-    let (stack, gateway) = stack_with_gateway(slow, &[], 1 << 20, 64).await;
-    let response = json_post(
-        &reqwest::Client::new(),
-        &format!("{}/embed_sparse", gateway.url),
-        r#"{"inputs":"slow"}"#,
-    )
-    .header("x-embatch-timeout-ms", "100")
-    .send()
-    .await
-    .expect("HTTP response");
-    assert_eq!(response.status().as_u16(), 504);
-    let body: serde_json::Value = response.json().await.expect("JSON body");
-    assert_tei_error(&body, "Timeout", "");
-    stack.worker.stop().await;
+    assert_the_deadline(splade(), "/embed_sparse", r#"{"inputs":"slow"}"#).await;
 }

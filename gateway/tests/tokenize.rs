@@ -5,34 +5,18 @@
 
 mod common;
 
-use std::time::Duration;
-
-use common::{assert_tei_error, json_post, stack_with_gateway};
-use embatch_client::{EmbedClient, Operation, SendOptions};
+use common::tei_routes::{
+    assert_the_deadline, direct_client, instant_double, post_json, send_direct,
+};
+use common::{assert_tei_error, stack_with_gateway};
+use embatch_client::Operation;
 use embatch_protocol::tokenize::SimpleToken;
 use embatch_tei_double::{decoded, tokenized};
 use embatch_testkit::TeiConfig;
 
 /// The double with TEI's `/tokenize` and `/decode`, answering at once.
 fn tokenizer() -> TeiConfig {
-    TeiConfig {
-        tokenizer: true,
-        ..TeiConfig::instant()
-    }
-}
-
-async fn post_json(url: &str, path: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
-    let response = json_post(
-        &reqwest::Client::new(),
-        &format!("{url}{path}"),
-        body.to_string(),
-    )
-    .send()
-    .await
-    .expect("HTTP response");
-    let status = response.status().as_u16();
-    let body = response.json().await.expect("JSON body");
-    (status, body)
+    instant_double(|tei| tei.tokenizer = true)
 }
 
 /// The upstream calls on `route`, by their number of inputs.
@@ -158,28 +142,15 @@ async fn teis_errors_the_model_path_and_direct_nats_callers() {
     assert_eq!(status, 404, "{err}");
 
     // The subjects over NATS, for a caller that skips the gateway.
-    let nats = async_nats::connect(stack.nats.url())
-        .await
-        .expect("connects");
-    let client = EmbedClient::new(nats, embatch_protocol::DEFAULT_SUBJECT);
-    let tokenize = SendOptions {
-        operation: Operation::Tokenize,
-        ..SendOptions::default()
-    };
-    let body = bytes::Bytes::from_static(br#"{"inputs":"over nats"}"#);
-    let reply = client
-        .embed_with(body, Duration::from_secs(10), &tokenize)
+    let client = direct_client(&stack).await;
+    let body = br#"{"inputs":"over nats"}"#;
+    let reply = send_direct(&client, Operation::Tokenize, body)
         .await
         .expect("tokens");
     let got: Vec<Vec<SimpleToken>> = serde_json::from_slice(&reply.payload).expect("shape");
     assert_eq!(got, [tokenized("over nats", true)]);
-    let decode = SendOptions {
-        operation: Operation::Decode,
-        ..SendOptions::default()
-    };
-    let empty = bytes::Bytes::from_static(br#"{"ids":[[]],"skip_special_tokens":true}"#);
-    let reply = client
-        .embed_with(empty, Duration::from_secs(10), &decode)
+    let empty = br#"{"ids":[[]],"skip_special_tokens":true}"#;
+    let reply = send_direct(&client, Operation::Decode, empty)
         .await
         .expect("texts");
     assert_eq!(&reply.payload[..], br#"[""]"#);
@@ -188,24 +159,7 @@ async fn teis_errors_the_model_path_and_direct_nats_callers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tokenize_request_has_its_deadline() {
-    let slow = TeiConfig {
-        base: Duration::from_millis(800),
-        ..tokenizer()
-    };
-    let (stack, gateway) = stack_with_gateway(slow, &[], 1 << 20, 64).await;
-    let response = json_post(
-        &reqwest::Client::new(),
-        &format!("{}/tokenize", gateway.url),
-        r#"{"inputs":"slow"}"#,
-    )
-    .header("x-embatch-timeout-ms", "100")
-    .send()
-    .await
-    .expect("HTTP response");
-    assert_eq!(response.status().as_u16(), 504);
-    let body: serde_json::Value = response.json().await.expect("JSON body");
-    assert_tei_error(&body, "Timeout", "");
-    stack.worker.stop().await;
+    assert_the_deadline(tokenizer(), "/tokenize", r#"{"inputs":"slow"}"#).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 pub mod bulk_api;
+pub mod tei_routes;
 
 use clap::Parser;
 use embatch_gateway::{AppState, Config};
