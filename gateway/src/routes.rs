@@ -169,10 +169,7 @@ pub(crate) async fn embed(request: RouteRequest) -> Response {
                    name: `/models/BAAI%2Fbge-small-en-v1.5/embed`), for TEI clients that can \
                    only set a base URL. `POST /models/{model}` is the same route (TEI's compat \
                    route under the prefix). A model no worker serves: 404.",
-    params(
-        ("model" = String, Path, description = "The model's name, as `GET /v1/models` lists it."),
-        crate::openapi::TimeoutHeader,
-    ),
+    params(forward::ModelPath, crate::openapi::TimeoutHeader),
     request_body(content = EmbedRequest, content_type = "application/json"),
     responses(crate::openapi::EmbedOk, crate::openapi::TeiErrors),
 )]

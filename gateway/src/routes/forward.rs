@@ -14,6 +14,7 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use embatch_client::Operation;
 use embatch_protocol::EmbedError;
+use utoipa::IntoParams;
 
 use super::{
     ApiError, client_timeout, counted, header_model, read_body, reply_ok, routed, send_as,
@@ -31,6 +32,16 @@ pub(super) type Check = fn(&[u8], usize) -> Result<u64, EmbedError>;
 pub(super) struct TeiRoute {
     pub(super) operation: Operation,
     pub(super) check: Check,
+}
+
+/// The `{model}` parameter of the `/models/{model}/...` routes: a declaration for the
+/// document (the handlers take it with axum's `Path`).
+#[derive(IntoParams)]
+#[into_params(parameter_in = Path)]
+pub(crate) struct ModelPath {
+    /// The model's name, as `GET /v1/models` lists it.
+    #[allow(dead_code)] // Never built: it exists for the document.
+    model: String,
 }
 
 /// What a route's handler takes of an HTTP request, in the order axum's own extractors took

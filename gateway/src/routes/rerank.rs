@@ -51,10 +51,7 @@ pub(crate) async fn rerank(request: RouteRequest) -> Response {
     summary = "Rerank texts with a named model (TEI's /rerank)",
     description = "`POST /rerank` for the model named in the path (percent-encode a `/` in its \
                    name). A model no worker serves: 404.",
-    params(
-        ("model" = String, Path, description = "The model's name, as `GET /v1/models` lists it."),
-        crate::openapi::TimeoutHeader,
-    ),
+    params(super::forward::ModelPath, crate::openapi::TimeoutHeader),
     request_body(content = RerankRequest, content_type = "application/json"),
     responses(RerankOk, RerankErrors),
 )]

@@ -44,10 +44,7 @@ pub(crate) async fn embed_sparse(request: RouteRequest) -> Response {
     summary = "Sparse embeddings with a named model (TEI's /embed_sparse)",
     description = "`POST /embed_sparse` for the model named in the path (percent-encode a `/` \
                    in its name). A model no worker serves: 404.",
-    params(
-        ("model" = String, Path, description = "The model's name, as `GET /v1/models` lists it."),
-        crate::openapi::TimeoutHeader,
-    ),
+    params(super::forward::ModelPath, crate::openapi::TimeoutHeader),
     request_body(content = SparseRequest, content_type = "application/json"),
     responses(SparseOk, crate::openapi::TeiErrors),
 )]

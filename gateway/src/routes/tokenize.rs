@@ -44,10 +44,7 @@ pub(crate) async fn tokenize(request: RouteRequest) -> Response {
     summary = "Tokenize texts with a named model's tokenizer (TEI's /tokenize)",
     description = "`POST /tokenize` for the model named in the path (percent-encode a `/` in \
                    its name). A model no worker serves: 404.",
-    params(
-        ("model" = String, Path, description = "The model's name, as `GET /v1/models` lists it."),
-        crate::openapi::TimeoutHeader,
-    ),
+    params(super::forward::ModelPath, crate::openapi::TimeoutHeader),
     request_body(content = TokenizeRequest, content_type = "application/json"),
     responses(TokenizeOk, crate::openapi::TeiErrors),
 )]
@@ -82,10 +79,7 @@ pub(crate) async fn decode(request: RouteRequest) -> Response {
     summary = "Decode token ids with a named model's tokenizer (TEI's /decode)",
     description = "`POST /decode` for the model named in the path (percent-encode a `/` in its \
                    name). A model no worker serves: 404.",
-    params(
-        ("model" = String, Path, description = "The model's name, as `GET /v1/models` lists it."),
-        crate::openapi::TimeoutHeader,
-    ),
+    params(super::forward::ModelPath, crate::openapi::TimeoutHeader),
     request_body(content = DecodeRequest, content_type = "application/json"),
     responses(DecodeOk, crate::openapi::TeiErrors),
 )]
