@@ -7,7 +7,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::tei_routes::{assert_the_deadline, direct_client, instant_double, post_json};
+use common::tei_routes::{
+    assert_plain_model_424, assert_the_deadline, direct_client, instant_double, post_json,
+};
 use common::{assert_tei_error, stack_with_gateway};
 use embatch_protocol::Input;
 use embatch_tei_double::{POISON, RecordedCall, rerank_score};
@@ -253,20 +255,9 @@ async fn the_rerank_subject_serves_direct_nats_callers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_model_that_is_not_a_reranker_is_teis_424() {
-    let (stack, gateway) = stack_with_gateway(TeiConfig::instant(), &[], 1 << 20, 64).await;
-    let (status, err) = post_json(
-        &gateway.url,
-        "/rerank",
-        serde_json::json!({"query": "q", "texts": ["a"]}),
-    )
-    .await;
-    assert_eq!(status, 424, "{err}");
-    assert_tei_error(&err, "Backend", "model is not a re-ranker model");
-    assert!(
-        stack.tei.calls().is_empty(),
-        "refused before any upstream call"
-    );
-    stack.worker.stop().await;
+    let body = serde_json::json!({"query": "q", "texts": ["a"]});
+    let calls = assert_plain_model_424("/rerank", body, "model is not a re-ranker model").await;
+    assert!(calls.is_empty(), "refused before any upstream call");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,7 +8,8 @@ mod common;
 use std::time::Duration;
 
 use common::tei_routes::{
-    assert_the_deadline, direct_client, instant_double, post_json, send_direct,
+    assert_plain_model_424, assert_the_deadline, direct_client, instant_double, post_json,
+    send_direct,
 };
 use common::{assert_tei_error, json_post, stack_with_gateway};
 use embatch_client::Operation;
@@ -183,21 +184,10 @@ async fn the_sparse_subject_serves_direct_nats_callers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dense_model_is_teis_424_before_any_upstream_call() {
-    let (stack, gateway) = stack_with_gateway(TeiConfig::instant(), &[], 1 << 20, 64).await;
-    let (status, err) = post_json(
-        &gateway.url,
-        "/embed_sparse",
-        serde_json::json!({"inputs": "a"}),
-    )
-    .await;
-    assert_eq!(status, 424, "{err}");
-    assert_tei_error(
-        &err,
-        "Backend",
-        "Model is not an embedding model with SPLADE pooling",
-    );
-    assert!(stack.tei.calls().is_empty(), "refused by the worker");
-    stack.worker.stop().await;
+    let body = serde_json::json!({"inputs": "a"});
+    let needle = "Model is not an embedding model with SPLADE pooling";
+    let calls = assert_plain_model_424("/embed_sparse", body, needle).await;
+    assert!(calls.is_empty(), "refused by the worker");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

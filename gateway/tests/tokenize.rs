@@ -6,7 +6,8 @@
 mod common;
 
 use common::tei_routes::{
-    assert_the_deadline, direct_client, instant_double, post_json, send_direct,
+    assert_plain_model_424, assert_the_deadline, direct_client, instant_double, post_json,
+    send_direct,
 };
 use common::{assert_tei_error, stack_with_gateway};
 use embatch_client::Operation;
@@ -166,16 +167,9 @@ async fn a_tokenize_request_has_its_deadline() {
 async fn an_upstream_without_the_route_is_424_naming_it() {
     // Without its tokenizer routes the double answers 404 for them, as an OpenAI-compatible or
     // older server without the route does.
-    let (stack, gateway) = stack_with_gateway(TeiConfig::instant(), &[], 1 << 20, 64).await;
-    let (status, err) = post_json(
-        &gateway.url,
-        "/decode",
-        serde_json::json!({"ids": [101, 102]}),
-    )
-    .await;
-    assert_eq!(status, 424, "{err}");
-    assert_tei_error(&err, "Backend", "the upstream does not serve POST /decode");
-    stack.worker.stop().await;
+    let body = serde_json::json!({"ids": [101, 102]});
+    let needle = "the upstream does not serve POST /decode";
+    assert_plain_model_424("/decode", body, needle).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use embatch_client::{EmbedClient, Operation, Reply, RequestError, SendOptions};
+use embatch_tei_double::RecordedCall;
 use embatch_testkit::{Stack, TeiConfig};
 
 use super::{assert_tei_error, json_post, stack_with_gateway};
@@ -54,6 +55,22 @@ pub async fn assert_the_deadline(tei: TeiConfig, path: &str, body: &'static str)
     let body: serde_json::Value = response.json().await.expect("JSON body");
     assert_tei_error(&body, "Timeout", "");
     stack.worker.stop().await;
+}
+
+/// Asserts that `POST {path}` of `body` to a plain embedding model (the TEI double with no other
+/// route) is TEI's 424 `Backend` with `needle` in its message; the upstream calls it made.
+pub async fn assert_plain_model_424(
+    path: &str,
+    body: serde_json::Value,
+    needle: &str,
+) -> Vec<RecordedCall> {
+    let (stack, gateway) = stack_with_gateway(TeiConfig::instant(), &[], 1 << 20, 64).await;
+    let (status, err) = post_json(&gateway.url, path, body).await;
+    assert_eq!(status, 424, "{err}");
+    assert_tei_error(&err, "Backend", needle);
+    let calls = stack.tei.calls();
+    stack.worker.stop().await;
+    calls
 }
 
 /// A client of `stack`'s NATS server on the default model's subject, as a caller that skips
