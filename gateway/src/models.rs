@@ -3,9 +3,9 @@
 //!
 //! The table comes from NATS micro discovery (`$SRV.INFO.embatch`,
 //! [`embatch_client::models::discover`]), asked on demand, never periodically: at start; when a
-//! request names a model not in the table (at most once per [`REFRESH_EVERY`]); in the
-//! background when `GET /v1/models` finds the table older than [`LIST_TTL`], or a request for a
-//! known model finds it older than [`ROUTE_TTL`]. A worker missing from [`MISSES_TO_FORGET`]
+//! request names a model not in the table (at most once per [`REFRESH_EVERY`]); when
+//! `GET /v1/models` finds the table older than [`LIST_TTL`] (it answers after that round); in
+//! the background when a request for a known model finds it older than [`ROUTE_TTL`]. A worker missing from [`MISSES_TO_FORGET`]
 //! rounds in a row (killed, partitioned) is forgotten; one answering `stopping` at once. Workers
 //! also announce themselves once on `<subject>.members` when they start and once when they stop
 //! ([`Announcement`]), which the gateway takes at once: a new model appears, and a stopped
@@ -41,8 +41,9 @@ pub const DISCOVERY_WAIT: Duration = Duration::from_millis(100);
 /// is answered from the table).
 pub const REFRESH_EVERY: Duration = Duration::from_secs(1);
 
-/// `GET /v1/models` starts a round in the background when the table is older than this: 2 s
-/// (the answer is the table as it is; a killed worker leaves it within two rounds).
+/// `GET /v1/models` runs a round first when the table is older than this: 2 s (so it answers
+/// at most [`DISCOVERY_WAIT`] later, at most once per 2 s; a killed worker leaves the table
+/// within two rounds).
 pub const LIST_TTL: Duration = Duration::from_secs(2);
 
 /// A request for a known model starts a round in the background when the table is older than
@@ -100,10 +101,12 @@ pub struct ModelObject {
 }
 
 impl Models {
-    /// The body of `GET /v1/models`: the table as it is; a discovery round starts in the
-    /// background when it is older than [`LIST_TTL`].
-    pub fn list(&self) -> ModelList {
-        self.refresh_if_older(LIST_TTL);
+    /// The body of `GET /v1/models`: the table, after a discovery round when it is older than
+    /// [`LIST_TTL`].
+    pub async fn list(&self) -> ModelList {
+        if self.table().older_than(LIST_TTL, Instant::now()) {
+            self.refresh().await;
+        }
         let data = self
             .served()
             .into_iter()

@@ -175,7 +175,7 @@ async fn model_health_of(state: &AppState, model: Option<&str>) -> StatusCode {
     ),
 )]
 pub(crate) async fn list_models(State(state): State<Arc<AppState>>) -> Response {
-    match serde_json::to_vec(&state.models.list()) {
+    match serde_json::to_vec(&state.models.list().await) {
         Ok(body) => json_response(StatusCode::OK, Bytes::from(body)),
         Err(err) => ApiError(EmbedError::Backend(format!(
             "cannot encode the models: {err}"
