@@ -12,28 +12,13 @@ use embatch_testkit::{
 };
 use futures::StreamExt;
 
-async fn connect(nats: &NatsServer) -> async_nats::Client {
-    async_nats::connect(nats.url())
-        .await
-        .expect("client connects")
-}
+mod discovery;
 
-/// The `membership` of every worker answering `$SRV.INFO.embatch` within 200 ms.
-async fn states(client: &async_nats::Client) -> Vec<String> {
-    let inbox = client.new_inbox();
-    let mut answers = client.subscribe(inbox.clone()).await.expect("subscribe");
-    client
-        .publish_with_reply("$SRV.INFO.embatch", inbox, Bytes::new())
-        .await
-        .expect("publish");
-    let mut states = Vec::new();
-    while let Ok(Some(answer)) =
-        tokio::time::timeout(Duration::from_millis(200), answers.next()).await
-    {
-        let info: serde_json::Value = serde_json::from_slice(&answer.payload).expect("JSON");
-        let state = info["metadata"]["membership"].as_str().unwrap_or_default();
-        states.push(state.to_owned());
-    }
+use discovery::connect;
+
+/// The `membership` of every worker answering `$SRV.INFO.embatch` within 200 ms, sorted.
+async fn all_states(client: &async_nats::Client) -> Vec<String> {
+    let mut states = discovery::states(client, usize::MAX, Duration::from_millis(200)).await;
     states.sort();
     states
 }
@@ -69,7 +54,7 @@ async fn wait_for(
 ) -> Result<Vec<String>, Vec<String>> {
     let started = std::time::Instant::now();
     loop {
-        let now = states(client).await;
+        let now = all_states(client).await;
         if done(&now) {
             return Ok(now);
         }
@@ -101,7 +86,7 @@ async fn a_full_worker_stays_out_while_a_peer_has_room_and_rejoins_when_none_has
     for task in flood(&client, 6) {
         assert!(matches!(task.await.expect("task"), Ok(200 | 429)));
     }
-    assert_eq!(states(&raw).await, [membership::JOINED]);
+    assert_eq!(all_states(&raw).await, [membership::JOINED]);
     // B: an instant upstream, and a queue bound (1 s) that a burst of 20 does not come near:
     // room to spare.
     let fast = start_tei(TeiConfig::instant()).await;
@@ -122,7 +107,7 @@ async fn a_full_worker_stays_out_while_a_peer_has_room_and_rejoins_when_none_has
     let calls_when_stuck = slow.calls().len();
     // Out for longer than an answer counts: it asked again, and B still had room.
     tokio::time::sleep(Duration::from_millis(700)).await;
-    let now = states(&raw).await;
+    let now = all_states(&raw).await;
     assert!(full(&now), "A stays out while B has room: {now:?}");
 
     // B's upstream fails: two failed calls and it leaves, losing its room.

@@ -10,38 +10,15 @@ use embatch_protocol::headers::membership;
 use embatch_testkit::{
     Faults, NatsServer, ONE_CALL_AT_A_TIME, RunningWorker, TeiConfig, start_tei,
 };
-use futures::StreamExt;
 
-async fn connect(nats: &NatsServer) -> async_nats::Client {
-    async_nats::connect(nats.url())
-        .await
-        .expect("client connects")
-}
+mod discovery;
+
+use discovery::{connect, states};
 
 /// The `membership` metadata of the first worker answering `$SRV.INFO.embatch` (these tests run
 /// one worker at a time when they ask), within 200 ms.
 async fn state(client: &async_nats::Client) -> Option<String> {
     states(client, 1, Duration::from_millis(200)).await.pop()
-}
-
-/// The `membership` of the first `most` workers answering `$SRV.INFO.embatch`, each within
-/// `wait` of the previous answer.
-async fn states(client: &async_nats::Client, most: usize, wait: Duration) -> Vec<String> {
-    let inbox = client.new_inbox();
-    let mut answers = client.subscribe(inbox.clone()).await.expect("subscribe");
-    client
-        .publish_with_reply("$SRV.INFO.embatch", inbox, Bytes::new())
-        .await
-        .expect("publish");
-    let mut states = Vec::new();
-    while states.len() < most
-        && let Ok(Some(answer)) = tokio::time::timeout(wait, answers.next()).await
-    {
-        let info: serde_json::Value = serde_json::from_slice(&answer.payload).expect("JSON");
-        let state = info["metadata"]["membership"].as_str().unwrap_or_default();
-        states.push(state.to_owned());
-    }
-    states
 }
 
 /// Polls [`state`] until it is `want`, for at most `limit`; the time it took, or the last state.
