@@ -1,0 +1,297 @@
+//! The admission half of the [`Admitter`]: parsing a request, planning it against the cache,
+//! and handing it to the batcher, or answering it at once (a hit, or its error).
+
+use std::sync::Arc;
+
+use async_nats::Message;
+use embatch_protocol::{EmbedError, EmbedRequest, headers};
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use super::reply::{ReplyTask, answer, served};
+use super::work::{Parsed, Submitted, Work, take_misses};
+use super::{Admitter, Arrival, budget, rerank};
+use crate::batcher::Share;
+use crate::cache::{Plan, Usage};
+use crate::telemetry::{self, Traffic};
+use crate::tenant::Caller;
+
+impl Admitter {
+    /// Admits one request into the batcher, or answers its error at once; its reply will be
+    /// checked against (and teach) the reply limit.
+    pub(super) async fn admit(&self, mut arrival: Arrival) {
+        let payload = std::mem::take(&mut arrival.request.payload);
+        let scope = &arrival.caller.tenant.cache_scope;
+        let prepared = self.prepare(&arrival.request, &payload, arrival.received, scope);
+        // The inputs are parsed (copied out): the body is not kept while the request waits,
+        // only its reply subject and headers (a 2 MiB input is held once, not twice).
+        drop(payload);
+        self.admit_prepared(arrival, prepared).await;
+    }
+
+    /// [`Admitter::admit`] for a large body, in a task of its own: parsed and planned on the
+    /// blocking pool, at most one per CPU at a time, so that the intake loop and the NATS
+    /// connection keep their threads while it is.
+    pub(super) async fn admit_large(self: Arc<Self>, mut arrival: Arrival) {
+        let payload = std::mem::take(&mut arrival.request.payload);
+        let mut request = arrival.request.clone();
+        let received = arrival.received;
+        let scope = arrival.caller.tenant.cache_scope.clone();
+        let prepared = match self.parsing.acquire().await {
+            Ok(_permit) => {
+                let admitter = Arc::clone(&self);
+                tokio::task::spawn_blocking(move || {
+                    request.payload = payload;
+                    admitter.prepare(&request, &request.payload, received, &scope)
+                })
+                .await
+                .unwrap_or_else(|_| Err(EmbedError::Unavailable("the worker is stopping".into())))
+            }
+            Err(_) => Err(EmbedError::Unavailable("the worker is stopping".into())),
+        };
+        self.admit_prepared(arrival, prepared).await;
+    }
+
+    /// Parses and validates `request` (whose body is `payload`), and plans its inputs against
+    /// the cache in its tenant's cache `scope`. CPU work: for a 2 MiB text, a copy and a
+    /// SHA-256, a few milliseconds.
+    ///
+    /// # Errors
+    /// As [`Admitter::parse`].
+    fn prepare(
+        &self,
+        request: &Message,
+        payload: &[u8],
+        received: Instant,
+        scope: &str,
+    ) -> Result<(Parsed, Plan), EmbedError> {
+        let parsed = self.parse(request, payload, received)?;
+        let usage = Usage::from_header(
+            request
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(headers::CACHE_CONTROL))
+                .map(|v| v.as_str()),
+        );
+        let plan = self
+            .cache
+            .plan(&parsed.inputs, &parsed.options, usage, scope);
+        Ok((parsed, plan))
+    }
+
+    /// Admits a request [`Admitter::prepare`]d: answers it at once (its error, or every input
+    /// a hit of the in-process LRU), or hands it over to the batcher and to its reply task.
+    async fn admit_prepared(&self, arrival: Arrival, prepared: Result<(Parsed, Plan), EmbedError>) {
+        let (request, received, wants_ack) =
+            (&arrival.request, arrival.received, arrival.wants_ack);
+        let caller = Some(&arrival.caller);
+        let (parsed, plan) = match prepared {
+            Ok(prepared) => prepared,
+            Err(err) => return self.refuse(err, request, wants_ack, received, caller).await,
+        };
+        let inputs = parsed.inputs.len();
+        let rerank = parsed.rerank.clone();
+        if plan.is_answered() {
+            return self
+                .answer_at_once(
+                    (plan, rerank),
+                    (inputs, &arrival.caller),
+                    request,
+                    wants_ack,
+                    received,
+                )
+                .await;
+        }
+        // A copy resent after a loss is admitted by deadline (see `headers::ATTEMPT`).
+        if request
+            .headers
+            .as_ref()
+            .is_some_and(|h| h.get(headers::ATTEMPT).is_some())
+        {
+            self.batcher.absorb_resent(inputs);
+        }
+        let share = Share::of(&arrival.caller.tenant);
+        let work = match self.hand_over(parsed, plan, share) {
+            Ok(work) => work,
+            Err(err) => return self.refuse(err, request, wants_ack, received, caller).await,
+        };
+        let task = ReplyTask {
+            work,
+            inputs,
+            rerank,
+            arrival,
+            reply_limit: Arc::clone(&self.reply_limit),
+            client: self.client.clone(),
+            stats: self.stats.clone(),
+            cache: Arc::clone(&self.cache),
+            ack: wants_ack.then(|| {
+                (
+                    Arc::clone(&self.acks.worker_id),
+                    Arc::clone(&self.acks.delay_ms),
+                )
+            }),
+        };
+        crate::trace::admitted(received, None);
+        self.replies
+            .spawn(task.run().instrument(crate::trace::current()));
+    }
+
+    /// Answers a request whose every input is a hit of the in-process LRU (or a repeat of one)
+    /// at once, without the batch queue or admission.
+    async fn answer_at_once(
+        &self,
+        (plan, rerank): (Plan, Option<rerank::Shape>),
+        (inputs, caller): (usize, &Caller),
+        request: &Message,
+        wants_ack: bool,
+        received: Instant,
+    ) {
+        let is_rerank = rerank.is_some();
+        let outcome = plan.answer().and_then(|answered| {
+            // A rerank reply (a score per pair) says nothing of an embedding reply's size.
+            if !is_rerank {
+                self.reply_limit.observe(inputs, answered.payload.len())?;
+            }
+            Ok(answered)
+        });
+        let outcome = rerank::shaped(outcome, rerank);
+        let label = match &outcome {
+            Ok(_) => "ok",
+            Err(err) => err.kind(),
+        };
+        metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => label).increment(1);
+        let (status, tokens) = outcome
+            .as_ref()
+            .map_or_else(|err| (err.status(), None), |a| (200, a.tokens));
+        telemetry::count_tenant(
+            &caller.label,
+            Traffic::Interactive,
+            status,
+            (inputs, tokens),
+        );
+        let mut reply = served(outcome, None);
+        if wants_ack {
+            reply = reply.header(headers::ACK_DELAY_MS, &self.acks.delay_ms);
+        }
+        reply
+            .send(&self.client, request, &self.stats, received)
+            .await;
+        metrics::histogram!(crate::telemetry::names::CACHE_HIT_TIME)
+            .record(received.elapsed().as_secs_f64());
+    }
+
+    /// Answers `err` to `request` at once (refused before any work), counted.
+    /// Counted per tenant when its tenant is known (`caller`).
+    pub(super) async fn refuse(
+        &self,
+        err: EmbedError,
+        request: &Message,
+        wants_ack: bool,
+        received: Instant,
+        caller: Option<&Caller>,
+    ) {
+        crate::trace::admitted(received, Some(err.status()));
+        if let Some(caller) = caller {
+            telemetry::count_tenant(&caller.label, Traffic::Interactive, err.status(), (0, None));
+        }
+        metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => err.kind()).increment(1);
+        let mut reply = answer(Err(err), None);
+        if wants_ack {
+            reply = reply.header(headers::ACK_DELAY_MS, &self.acks.delay_ms);
+        }
+        reply
+            .send(&self.client, request, &self.stats, received)
+            .await;
+    }
+
+    /// Submits the misses of `plan` to the batcher now when counting their tokens is
+    /// immediate (no tokenizer) and no shared read comes first; else reserves their room among
+    /// the inputs waiting to be counted, for the reply task to look up, count and submit.
+    ///
+    /// # Errors
+    /// The batcher's refusal (413, 429, 504), or 429 when too many inputs wait to be counted.
+    fn hand_over(&self, parsed: Parsed, plan: Plan, share: Share) -> Result<Work, EmbedError> {
+        let Parsed {
+            mut inputs,
+            options,
+            deadline,
+            rerank: _,
+        } = parsed;
+        let submitted = if !plan.reads_shared(&self.cache) && self.counter.is_immediate() {
+            let misses = take_misses(&plan, &mut inputs);
+            let receiver = if misses.is_empty() {
+                None
+            } else {
+                let counted = self.counter.count_now(misses, options.clone());
+                Some(self.batcher.submit_as(
+                    share.clone(),
+                    (counted.inputs, counted.lengths),
+                    counted.options,
+                    deadline,
+                )?)
+            };
+            Submitted::Now(receiver)
+        } else {
+            let reservation = match plan.misses() {
+                0 => None,
+                misses => {
+                    let bytes = inputs.iter().map(embatch_protocol::Input::size_bytes).sum();
+                    Some(self.counter.reserve(misses, bytes)?)
+                }
+            };
+            Submitted::Later(reservation)
+        };
+        let submits_later = matches!(submitted, Submitted::Later(_)) || plan.has_waits();
+        Ok(Work {
+            plan,
+            submitted,
+            inputs,
+            options,
+            deadline,
+            share,
+            counter: self.counter.clone(),
+            // Held only while the task may still submit (see `Admitter`).
+            batcher: submits_later.then(|| self.batcher.clone()),
+        })
+    }
+
+    /// Parses and validates a request received at `received`, whose body is `payload` and whose
+    /// reply must fit the reply limit: what its reply task counts and submits.
+    fn parse(
+        &self,
+        request: &Message,
+        payload: &[u8],
+        received: Instant,
+    ) -> Result<Parsed, EmbedError> {
+        let message_headers = request.headers.as_ref();
+        let budget = budget(message_headers, self.config.default_deadline)?;
+        let deadline = received + budget;
+        if self.config.rerank.serves(&request.subject) {
+            let max = self.config.max_client_batch_size;
+            let (inputs, options, shape) = self.config.rerank.parse(payload, max)?;
+            return Ok(Parsed {
+                inputs,
+                options,
+                deadline,
+                rerank: Some(shape),
+            });
+        }
+        let max = self.config.max_client_batch_size;
+        // A sparse reply teaches and checks the reply limit as a dense one: both grow with the
+        // inputs, and a worker's model answers one of them in practice (SPLADE or dense).
+        let (inputs, options) = if self.config.sparse.serves(&request.subject) {
+            self.config.sparse.parse(payload, max)?
+        } else {
+            let body = EmbedRequest::from_slice(payload)?;
+            body.validate(max)?;
+            body.into_parts()
+        };
+        self.reply_limit.check(inputs.len())?;
+        Ok(Parsed {
+            inputs,
+            options,
+            deadline,
+            rerank: None,
+        })
+    }
+}
