@@ -314,6 +314,8 @@ PATTERNS = [
     ("single c=64", 64, 1),
     ("single c=256", 256, 1),
     ("32-input c=8", 8, 32),
+    # an indexing client: full 512-input requests, as a document pipeline sends them
+    ("512-input c=4", 4, 512),
 ]
 
 
