@@ -16,6 +16,7 @@ use embatch_protocol::bulk::{
 use futures::StreamExt;
 use serde::Deserialize;
 
+use super::files::newest_page;
 use super::{ApiError, Bulk, BulkErrors, json_ok, new_id, parse_limit, path_id};
 use crate::tenancy::Caller;
 
@@ -200,14 +201,9 @@ pub async fn retrieve(
     State(bulk): State<Bulk>,
     Extension(caller): Extension<Caller>,
     id: Result<Path<String>, PathRejection>,
-) -> Response {
-    let Some(id) = path_id(id) else {
-        return no_batch("?").into_response();
-    };
-    match get(&bulk, &id, &caller).await {
-        Ok(batch) => json_ok(&batch),
-        Err(err) => err.into_response(),
-    }
+) -> Result<Response, ApiError> {
+    let id = path_id(id).ok_or_else(|| no_batch("?"))?;
+    Ok(json_ok(&get(&bulk, &id, &caller).await?))
 }
 
 /// The batch `id` if `caller` owns it; 404 otherwise, as for a batch that does not exist (as
@@ -242,38 +238,26 @@ pub async fn list(
     State(bulk): State<Bulk>,
     Extension(caller): Extension<Caller>,
     query: Result<Query<ListQuery>, QueryRejection>,
-) -> Response {
-    let listed = async {
-        let query = super::query(query)?;
-        let (max, default) = LIST_LIMIT;
-        let limit = parse_limit(query.limit.as_deref(), default, max)?;
-        let store = bulk.store().await?;
-        let keys = store
-            .batches
-            .keys()
-            .await
-            .map_err(|e| ApiError::server(503, format!("cannot list batches: {e}")))?;
-        let keys: Vec<String> = keys.filter_map(|k| async { k.ok() }).collect().await;
-        let mut batches = Vec::with_capacity(keys.len());
-        for key in keys {
-            if let Some((record, _)) = store.batch(&key).await?
-                && record.owner() == caller.name()
-            {
-                batches.push(record.batch);
-            }
+) -> Result<Response, ApiError> {
+    let query = super::query(query)?;
+    let (max, default) = LIST_LIMIT;
+    let limit = parse_limit(query.limit.as_deref(), default, max)?;
+    let store = bulk.store().await?;
+    let keys = store.batches.keys().await;
+    let keys = keys.map_err(|e| ApiError::server(503, format!("cannot list batches: {e}")))?;
+    let keys: Vec<String> = keys.filter_map(|k| async { k.ok() }).collect().await;
+    let mut batches = Vec::with_capacity(keys.len());
+    for key in keys {
+        if let Some((record, _)) = store.batch(&key).await?
+            && record.owner() == caller.name()
+        {
+            batches.push(record.batch);
         }
-        batches.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(b.id.cmp(&a.id)));
-        Ok::<_, ApiError>(super::files::page(
-            batches,
-            query.after.as_deref(),
-            Some(limit),
-            |b| &b.id,
-        ))
-    };
-    match listed.await {
-        Ok(page) => json_ok(&page),
-        Err(err) => err.into_response(),
     }
+    let page = newest_page(batches, (query.after.as_deref(), limit), |b| {
+        (b.created_at, &b.id)
+    });
+    Ok(json_ok(&page))
 }
 
 /// `POST /v1/batches/{id}/cancel`: a `validating` or `in_progress` batch goes `cancelling` and a
@@ -287,14 +271,9 @@ pub async fn cancel(
     State(bulk): State<Bulk>,
     Extension(caller): Extension<Caller>,
     id: Result<Path<String>, PathRejection>,
-) -> Response {
-    let Some(id) = path_id(id) else {
-        return no_batch("?").into_response();
-    };
-    match cancel_batch(&bulk, &id, &caller).await {
-        Ok(batch) => Json(batch).into_response(),
-        Err(err) => err.into_response(),
-    }
+) -> Result<Response, ApiError> {
+    let id = path_id(id).ok_or_else(|| no_batch("?"))?;
+    Ok(Json(cancel_batch(&bulk, &id, &caller).await?).into_response())
 }
 
 async fn cancel_batch(bulk: &Bulk, id: &str, caller: &Caller) -> Result<Batch, ApiError> {

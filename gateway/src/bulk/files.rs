@@ -352,55 +352,48 @@ pub async fn list(
     State(bulk): State<Bulk>,
     Extension(caller): Extension<Caller>,
     query: Result<Query<ListQuery>, QueryRejection>,
-) -> Response {
-    let listed = async {
-        let query = super::query(query)?;
-        let (max, default) = LIST_LIMIT;
-        let limit = parse_limit(query.limit.as_deref(), default, max)?;
-        let store = bulk.store().await?;
-        let mut objects = store
-            .files
-            .list()
-            .await
-            .map_err(|e| ApiError::server(503, format!("cannot list files: {e}")))?;
-        let mut files = Vec::new();
-        while let Some(info) = objects.next().await {
-            let info =
-                info.map_err(|e| ApiError::server(503, format!("cannot list files: {e}")))?;
-            if owner(&info) == caller.name()
-                && let Some(file) = file_object(&info)
-                && query.purpose.as_ref().is_none_or(|p| *p == file.purpose)
-            {
-                files.push(file);
-            }
-        }
-        files.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(b.id.cmp(&a.id)));
-        Ok::<_, ApiError>(page(files, query.after.as_deref(), Some(limit), |f| &f.id))
-    };
-    match listed.await {
-        Ok(page) => json_ok(&page),
-        Err(err) => err.into_response(),
+) -> Result<Response, ApiError> {
+    let query = super::query(query)?;
+    let (max, default) = LIST_LIMIT;
+    let limit = parse_limit(query.limit.as_deref(), default, max)?;
+    fn listing(e: impl std::fmt::Display) -> ApiError {
+        ApiError::server(503, format!("cannot list files: {e}"))
     }
+    let mut objects = bulk.store().await?.files.list().await.map_err(listing)?;
+    let mut files = Vec::new();
+    while let Some(info) = objects.next().await {
+        let info = info.map_err(listing)?;
+        if owner(&info) == caller.name()
+            && let Some(file) = file_object(&info)
+            && query.purpose.as_ref().is_none_or(|p| *p == file.purpose)
+        {
+            files.push(file);
+        }
+    }
+    let page = newest_page(files, (query.after.as_deref(), limit), |f| {
+        (f.created_at, &f.id)
+    });
+    Ok(json_ok(&page))
 }
 
-/// OpenAI's cursor page of `items` (sorted): those after the id `after`, at most `limit`
-/// (default and most 10,000).
-pub fn page<T: serde::Serialize>(
-    items: Vec<T>,
-    after: Option<&str>,
-    limit: Option<usize>,
-    id: impl Fn(&T) -> &String,
+/// OpenAI's cursor page of `items`, newest first (by creation time, then id): those after the
+/// id `after`, at most `limit` (1 to 10,000).
+pub fn newest_page<T: serde::Serialize>(
+    mut items: Vec<T>,
+    (after, limit): (Option<&str>, usize),
+    key: fn(&T) -> (u64, &String),
 ) -> serde_json::Value {
+    items.sort_by(|a, b| key(b).cmp(&key(a)));
     let start = after
-        .and_then(|a| items.iter().position(|i| id(i) == a).map(|p| p + 1))
+        .and_then(|a| items.iter().position(|i| key(i).1 == a).map(|p| p + 1))
         .unwrap_or(0);
-    let limit = limit.unwrap_or(10_000).clamp(1, 10_000);
+    let limit = limit.clamp(1, 10_000);
     let has_more = items.len() > start + limit;
     let data: Vec<&T> = items.iter().skip(start).take(limit).collect();
     serde_json::json!({
         "object": "list",
-        "first_id": data.first().map(|i| id(i)),
-        "last_id": data.last().map(|i| id(i)),
+        "first_id": data.first().map(|i| key(i).1),
+        "last_id": data.last().map(|i| key(i).1),
         "has_more": has_more,
         "data": data,
     })
@@ -414,17 +407,11 @@ pub async fn retrieve(
     State(bulk): State<Bulk>,
     Extension(caller): Extension<Caller>,
     id: Result<Path<String>, PathRejection>,
-) -> Response {
-    let Some(id) = path_id(id) else {
-        return no_file("?").into_response();
-    };
-    match info(&bulk, &id, caller.name()).await {
-        Ok(info) => match file_object(&info) {
-            Some(file) => json_ok(&file),
-            None => no_file(&id).into_response(),
-        },
-        Err(err) => err.into_response(),
-    }
+) -> Result<Response, ApiError> {
+    let id = path_id(id).ok_or_else(|| no_file("?"))?;
+    let info = info(&bulk, &id, caller.name()).await?;
+    let file = file_object(&info).ok_or_else(|| no_file(&id))?;
+    Ok(json_ok(&file))
 }
 
 /// `GET /v1/files/{id}/content`: the file's bytes, streamed from the object store
@@ -437,43 +424,27 @@ pub async fn content(
     State(bulk): State<Bulk>,
     Extension(caller): Extension<Caller>,
     id: Result<Path<String>, PathRejection>,
-) -> Response {
-    let Some(id) = path_id(id) else {
-        return no_file("?").into_response();
+) -> Result<Response, ApiError> {
+    let id = path_id(id).ok_or_else(|| no_file("?"))?;
+    let info = info(&bulk, &id, caller.name()).await?;
+    let object = bulk.store().await?.files.get(&id).await;
+    let object =
+        object.map_err(|e| ApiError::server(503, format!("cannot read file {id}: {e}")))?;
+    let jsonl = info
+        .metadata
+        .get(META_FILENAME)
+        .is_some_and(|f| f.ends_with(".jsonl"));
+    let kind = if jsonl {
+        "application/jsonl"
+    } else {
+        "application/octet-stream"
     };
-    let opened = async {
-        let info = info(&bulk, &id, caller.name()).await?;
-        let store = bulk.store().await?;
-        let object = store
-            .files
-            .get(&id)
-            .await
-            .map_err(|e| ApiError::server(503, format!("cannot read file {id}: {e}")))?;
-        Ok::<_, ApiError>((info, object))
-    };
-    match opened.await {
-        Ok((info, object)) => {
-            let jsonl = info
-                .metadata
-                .get(META_FILENAME)
-                .is_some_and(|f| f.ends_with(".jsonl"));
-            let kind = if jsonl {
-                "application/jsonl"
-            } else {
-                "application/octet-stream"
-            };
-            (
-                StatusCode::OK,
-                [
-                    (header::CONTENT_TYPE, HeaderValue::from_static(kind)),
-                    (header::CONTENT_LENGTH, HeaderValue::from(info.size)),
-                ],
-                Body::from_stream(tokio_util::io::ReaderStream::new(object)),
-            )
-                .into_response()
-        }
-        Err(err) => err.into_response(),
-    }
+    let headers = [
+        (header::CONTENT_TYPE, HeaderValue::from_static(kind)),
+        (header::CONTENT_LENGTH, HeaderValue::from(info.size)),
+    ];
+    let body = Body::from_stream(tokio_util::io::ReaderStream::new(object));
+    Ok((StatusCode::OK, headers, body).into_response())
 }
 
 /// `DELETE /v1/files/{id}`: `{"id", "object": "file", "deleted": true}`, 404 when there is none.
@@ -484,22 +455,12 @@ pub async fn delete(
     State(bulk): State<Bulk>,
     Extension(caller): Extension<Caller>,
     id: Result<Path<String>, PathRejection>,
-) -> Response {
-    let Some(id) = path_id(id) else {
-        return no_file("?").into_response();
-    };
-    let deleted = async {
-        info(&bulk, &id, caller.name()).await?;
-        bulk.store()
-            .await?
-            .files
-            .delete(&id)
-            .await
-            .map_err(|e| ApiError::server(503, format!("cannot delete file {id}: {e}")))?;
-        Ok::<_, ApiError>(())
-    };
-    match deleted.await {
-        Ok(()) => json_ok(&serde_json::json!({"id": id, "object": "file", "deleted": true})),
-        Err(err) => err.into_response(),
-    }
+) -> Result<Response, ApiError> {
+    let id = path_id(id).ok_or_else(|| no_file("?"))?;
+    info(&bulk, &id, caller.name()).await?;
+    let deleted = bulk.store().await?.files.delete(&id).await;
+    deleted.map_err(|e| ApiError::server(503, format!("cannot delete file {id}: {e}")))?;
+    Ok(json_ok(
+        &serde_json::json!({"id": id, "object": "file", "deleted": true}),
+    ))
 }
