@@ -32,14 +32,7 @@ started=$SECONDS
 
 # shellcheck source=scripts/processes.sh
 source scripts/processes.sh
-tmp=$(mktemp -d)
-cleanup() {
-  stop_started
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-show_logs() { for f in "$tmp"/*.log; do echo "--- $f" >&2; tail -n 30 "$f" >&2; done; }
+use_tmp
 
 step "building the gateway and the worker (debug; a no-op after cargo test)"
 nats_server=$(scripts/install-nats-server.sh)

@@ -1,9 +1,10 @@
-# Sourced by scripts/quickstart.sh and scripts/client-tests.sh: progress lines and the processes a
-# script starts, stopped in reverse order on exit (gateway and worker first, so they drain and
-# flush through NATS, nats-server last).
+# Sourced by scripts/quickstart.sh, scripts/client-tests.sh and scripts/trace-check.sh: progress
+# lines and the processes a script starts, stopped in reverse order on exit (gateway and worker
+# first, so they drain and flush through NATS, nats-server last).
 #
 # Use: `source scripts/processes.sh`, then `pids+=($!)` after each background start and
-# `trap stop_started EXIT` (or call stop_started from the script's own EXIT trap).
+# `trap stop_started EXIT` (or call stop_started from the script's own EXIT trap), or `use_tmp`
+# for a `$tmp` directory removed on exit as well.
 
 # Prints `==> what` to stderr.
 step() { printf '\n==> %s\n' "$*" >&2; }
@@ -18,3 +19,16 @@ stop_started() {
     wait "${pids[i]}" 2>/dev/null || true
   done
 }
+
+# Makes `$tmp`, a directory for the run's files and logs, and traps EXIT to stop every started
+# process and remove it.
+use_tmp() {
+  tmp=$(mktemp -d)
+  trap 'stop_started; rm -rf "$tmp"' EXIT
+}
+
+# Prints a free TCP port on 127.0.0.1 (the OS picks it).
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+# Prints the last 30 lines of each log under `$tmp` to stderr.
+show_logs() { for f in "$tmp"/*.log; do echo "--- $f" >&2; tail -n 30 "$f" >&2; done; }
