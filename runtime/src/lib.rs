@@ -129,6 +129,25 @@ pub fn exit_code<E: std::fmt::Display>(result: Result<(), E>) -> std::process::E
     }
 }
 
+/// A binary's `main` once its configuration is parsed: tracing for `service` (logs in `format`,
+/// spans as `otel` says; a setup that fails ends the process with `tracing_error`'s error),
+/// transparent huge pages off, then `run`, its spans flushed at the end; the exit code of
+/// [`exit_code`]. The gateway and the worker start this way.
+pub async fn serve_main<E: std::fmt::Display>(
+    (format, otel, service): (LogFormat, &tracing_otel::OtelArgs, &str),
+    tracing_error: impl FnOnce(tracing_otel::OtelError) -> E,
+    run: impl Future<Output = Result<(), E>>,
+) -> std::process::ExitCode {
+    let tracing = match tracing_otel::init(format, otel, service) {
+        Ok(tracing) => tracing,
+        Err(err) => return exit_code(Err(tracing_error(err))),
+    };
+    disable_transparent_huge_pages();
+    let code = exit_code(run.await);
+    tracing.shutdown().await;
+    code
+}
+
 /// Resolves on SIGINT or SIGTERM (logging which).
 pub async fn shutdown_signal() {
     let ctrl_c = async {
