@@ -11,16 +11,9 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let config = Config::parse();
-    let tracing =
-        embatch_runtime::tracing_otel::init(config.log_format, &config.otel, "embatch-gateway");
-    let tracing = match tracing {
-        Ok(tracing) => tracing,
-        Err(err) => return embatch_runtime::exit_code(Err(GatewayError::Tracing(err))),
-    };
-    embatch_runtime::disable_transparent_huge_pages();
-    let code = embatch_runtime::exit_code(run(config).await);
-    tracing.shutdown().await;
-    code
+    let otel = config.otel.clone();
+    let tracing = (config.log_format, &otel, "embatch-gateway");
+    embatch_runtime::serve_main(tracing, GatewayError::Tracing, run(config)).await
 }
 
 async fn run(mut config: Config) -> Result<(), GatewayError> {
