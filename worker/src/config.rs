@@ -404,12 +404,23 @@ impl Config {
     }
 }
 
+/// Why a `--tei-url` was refused (clap prints it after the flag's name).
+#[derive(Debug, thiserror::Error)]
+pub enum TeiUrlError {
+    /// The text does not parse as a URL.
+    #[error("not a URL: {0}")]
+    NotAUrl(#[source] <reqwest::Url as std::str::FromStr>::Err),
+    /// A URL of another scheme than `http` or `https`.
+    #[error("the scheme must be http or https, not {0}")]
+    Scheme(String),
+}
+
 /// `--tei-url`: an `http://` or `https://` base URL (TEI's routes are appended to it).
-fn parse_tei_url(s: &str) -> Result<reqwest::Url, String> {
-    let url = reqwest::Url::parse(s).map_err(|e| format!("not a URL: {e}"))?;
+fn parse_tei_url(s: &str) -> Result<reqwest::Url, TeiUrlError> {
+    let url = reqwest::Url::parse(s).map_err(TeiUrlError::NotAUrl)?;
     match url.scheme() {
         "http" | "https" => Ok(url),
-        other => Err(format!("the scheme must be http or https, not {other}")),
+        other => Err(TeiUrlError::Scheme(other.to_owned())),
     }
 }
 
@@ -420,6 +431,26 @@ mod tests {
     fn parse(args: &[&str]) -> Config {
         Config::try_parse_from(std::iter::once("embatch-worker").chain(args.iter().copied()))
             .expect("parses")
+    }
+
+    #[test]
+    fn a_tei_url_must_be_an_http_or_https_url() {
+        assert_eq!(
+            parse(&["--tei-url", "https://tei:8443"])
+                .tei_url
+                .map(String::from),
+            Some("https://tei:8443/".to_owned())
+        );
+        for (url, message) in [
+            ("ftp://tei", "the scheme must be http or https, not ftp"),
+            ("tei:80", "the scheme must be http or https, not tei"),
+            ("//tei", "not a URL: relative URL without a base"),
+        ] {
+            let err = Config::try_parse_from(["embatch-worker", "--tei-url", url])
+                .expect_err(url)
+                .to_string();
+            assert!(err.contains(message), "{url}: {err}");
+        }
     }
 
     #[test]

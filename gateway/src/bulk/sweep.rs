@@ -184,24 +184,51 @@ pub fn meta_subject(name: &str) -> String {
     format!("$O.{FILES_BUCKET}.M.{encoded}")
 }
 
+/// Why [`discard`] stopped, naming the step that failed and the server's reason.
+#[derive(Debug, thiserror::Error)]
+pub enum DiscardError {
+    /// async-nats's `delete` (its chunks and the record marked deleted) failed.
+    #[error("cannot delete {name}: {source}")]
+    Delete {
+        /// The object.
+        name: String,
+        /// The server's answer.
+        source: async_nats::jetstream::object_store::DeleteError,
+    },
+    /// The purge of the object's meta record failed.
+    #[error("cannot purge the record of {name}: {source}")]
+    PurgeRecord {
+        /// The object.
+        name: String,
+        /// The server's answer.
+        source: async_nats::jetstream::stream::PurgeError,
+    },
+}
+
 /// Removes object `name` entirely: its chunks (async-nats's `delete`) and then its meta record,
 /// so that no message of it stays in the stream. Used for uploads refused after `put` stored
 /// them.
 ///
 /// # Errors
-/// The server's reason, as text, when either step fails (the sweeper removes chunks left by a
-/// failed delete; a meta record left marked deleted is a few hundred bytes).
-pub async fn discard(store: &BulkStore, name: &str) -> Result<(), String> {
+/// [`DiscardError`] when either step fails (the sweeper removes chunks left by a failed delete;
+/// a meta record left marked deleted is a few hundred bytes).
+pub async fn discard(store: &BulkStore, name: &str) -> Result<(), DiscardError> {
     store
         .files
         .delete(name)
         .await
-        .map_err(|e| format!("cannot delete {name}: {e}"))?;
+        .map_err(|source| DiscardError::Delete {
+            name: name.to_owned(),
+            source,
+        })?;
     store
         .files_stream
         .purge()
         .filter(meta_subject(name))
         .await
-        .map_err(|e| format!("cannot purge the record of {name}: {e}"))?;
+        .map_err(|source| DiscardError::PurgeRecord {
+            name: name.to_owned(),
+            source,
+        })?;
     Ok(())
 }

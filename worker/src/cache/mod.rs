@@ -508,7 +508,8 @@ pub(crate) struct Stash(Vec<(key::Key, Entry)>);
 
 /// Splits a reply body into exactly `expected` embeddings.
 fn split(reply: &bytes::Bytes, expected: usize) -> Result<Vec<Embedding>, EmbedError> {
-    let embeddings = Embedding::split_reply(reply).map_err(EmbedError::Backend)?;
+    let embeddings =
+        Embedding::split_reply(reply).map_err(|e| EmbedError::Backend(e.to_string()))?;
     if embeddings.len() != expected {
         return Err(EmbedError::Backend(format!(
             "{} embeddings for {expected} inputs",

@@ -7,7 +7,11 @@
 //! with 384-float vectors), so the split checks the shape the batcher relies on and leaves the
 //! digits as TEI wrote them, as an HTTP proxy would.
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
+
+use super::UpstreamError;
 
 /// One embedding: the JSON array text of its values, e.g. `[0.0132,-0.0418,...]` (bytes, UTF-8).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,8 +42,8 @@ impl Embedding {
     /// the batcher's replies of either kind with this one function.
     ///
     /// # Errors
-    /// A message naming the byte offset where the body left that shape.
-    pub fn split_reply(body: &Bytes) -> Result<Vec<Embedding>, String> {
+    /// [`ShapeError`], naming the byte offset where the body left that shape.
+    pub fn split_reply(body: &Bytes) -> Result<Vec<Embedding>, ShapeError> {
         let bytes = body.as_ref();
         let mut at = skip_whitespace(bytes, 0);
         if bytes.get(at) != Some(&b'[') {
@@ -95,7 +99,7 @@ impl Embedding {
 /// `{"index": u32, "value": f32 or null}` objects, as TEI 1.9.3's `/embed_sparse` writes each
 /// input's (a NaN value written as `null`). Parsed with serde_json: sparse lists are short, and
 /// their shape has no cheap character test.
-fn sparse_list_end(bytes: &[u8], at: usize) -> Result<usize, String> {
+fn sparse_list_end(bytes: &[u8], at: usize) -> Result<usize, ShapeError> {
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Value {
@@ -110,14 +114,18 @@ fn sparse_list_end(bytes: &[u8], at: usize) -> Result<usize, String> {
         Some(Ok(_)) => Ok(at + values.byte_offset()),
         Some(Err(err)) => Err(shape_error(
             at,
-            &format!("a sparse embedding must be a list of {{\"index\", \"value\"}} ({err})"),
+            format!("a sparse embedding must be a list of {{\"index\", \"value\"}} ({err})"),
         )),
         None => Err(shape_error(at, "a sparse embedding is missing")),
     }
 }
 
 /// Only whitespace may follow the closing `]` at `at`.
-fn finish(bytes: &[u8], at: usize, embeddings: Vec<Embedding>) -> Result<Vec<Embedding>, String> {
+fn finish(
+    bytes: &[u8],
+    at: usize,
+    embeddings: Vec<Embedding>,
+) -> Result<Vec<Embedding>, ShapeError> {
     let rest = skip_whitespace(bytes, at);
     if rest != bytes.len() {
         return Err(shape_error(rest, "trailing characters after the array"));
@@ -125,8 +133,28 @@ fn finish(bytes: &[u8], at: usize, embeddings: Vec<Embedding>) -> Result<Vec<Emb
     Ok(embeddings)
 }
 
-fn shape_error(at: usize, what: &str) -> String {
-    format!("the reply is not an array of embeddings: {what} at byte {at}")
+/// Why [`Embedding::split_reply`] refused a reply: what was expected or found, and where.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the reply is not an array of embeddings: {what} at byte {at}")]
+pub struct ShapeError {
+    /// What the body holds instead of the expected shape, e.g. "an embedding's `]` is missing".
+    pub what: Cow<'static, str>,
+    /// The byte offset in the body where it left the shape.
+    pub at: usize,
+}
+
+/// The reply is not TEI's: 424 `Backend`, as any malformed reply.
+impl From<ShapeError> for UpstreamError {
+    fn from(err: ShapeError) -> UpstreamError {
+        UpstreamError::Malformed(err.to_string())
+    }
+}
+
+fn shape_error(at: usize, what: impl Into<Cow<'static, str>>) -> ShapeError {
+    ShapeError {
+        what: what.into(),
+        at,
+    }
 }
 
 fn skip_whitespace(bytes: &[u8], mut at: usize) -> usize {
@@ -140,23 +168,17 @@ fn is_whitespace(b: u8) -> bool {
     matches!(b, b' ' | b'\n' | b'\r' | b'\t')
 }
 
-/// A character of a JSON number list: digits, sign, point, exponent, comma, whitespace, and the
-/// letters of `null`. Written without branches, so [`all_number_text`] compiles to SIMD compares.
+/// The characters of a JSON number list besides the digits: sign, point, exponent, comma, JSON
+/// whitespace, and the letters of `null`.
+const NUMBER_PUNCTUATION: &[u8; 13] = b"nul-+.eE, \n\r\t";
+
+/// A character of a JSON number list: a digit or one of [`NUMBER_PUNCTUATION`]. Written without
+/// branches (the fold over a constant array unrolls into compares joined by `|`), so
+/// [`all_number_text`] compiles to SIMD compares.
 fn is_number_text(b: u8) -> bool {
-    (b.wrapping_sub(b'0') < 10)
-        | (b == b'n')
-        | (b == b'u')
-        | (b == b'l')
-        | (b == b'-')
-        | (b == b'+')
-        | (b == b'.')
-        | (b == b'e')
-        | (b == b'E')
-        | (b == b',')
-        | (b == b' ')
-        | (b == b'\n')
-        | (b == b'\r')
-        | (b == b'\t')
+    NUMBER_PUNCTUATION
+        .iter()
+        .fold(b.wrapping_sub(b'0') < 10, |any, &c| any | (b == c))
 }
 
 /// Whether every byte of `values` [`is_number_text`], 64 bytes at a time (no early exit inside a
@@ -172,11 +194,13 @@ mod tests {
     use super::*;
 
     fn split(body: &str) -> Result<Vec<String>, String> {
-        Embedding::split_reply(&Bytes::copy_from_slice(body.as_bytes())).map(|v| {
-            v.iter()
-                .map(|e| String::from_utf8(e.json().to_vec()).expect("utf-8"))
-                .collect()
-        })
+        Embedding::split_reply(&Bytes::copy_from_slice(body.as_bytes()))
+            .map(|v| {
+                v.iter()
+                    .map(|e| String::from_utf8(e.json().to_vec()).expect("utf-8"))
+                    .collect()
+            })
+            .map_err(|e| e.to_string())
     }
 
     #[test]

@@ -18,7 +18,7 @@ use std::future::Future;
 
 use embatch_protocol::{EmbedError, EmbedOptions, ErrorResponse, Input};
 
-pub use embedding::Embedding;
+pub use embedding::{Embedding, ShapeError};
 
 /// Why an upstream call failed, by cause. [`UpstreamError::blames_input`] decides whether the
 /// batcher bisects the batch to isolate an input; `From<UpstreamError> for EmbedError` is the

@@ -222,7 +222,7 @@ impl Upstream for TeiUpstream {
                 },
             });
         }
-        let embeddings = Embedding::split_reply(&body).map_err(UpstreamError::Malformed)?;
+        let embeddings = Embedding::split_reply(&body)?;
         if embeddings.len() != n {
             return Err(UpstreamError::CountMismatch {
                 sent: n,
