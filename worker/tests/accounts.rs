@@ -5,13 +5,16 @@
 //! per-tenant metrics count each request under the tenant it was served as.
 //! One test in this binary: it installs the process's metrics recorder.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use async_nats::HeaderMap;
 use bytes::Bytes;
+use common::metrics_text;
+use common::plain::{Reply, bucket_holds, request_on, send, tenants_file};
 use embatch_client::{EmbedClient, SendOptions};
-use embatch_protocol::{DEFAULT_SUBJECT, headers};
+use embatch_protocol::DEFAULT_SUBJECT;
 use embatch_testkit::{NatsServer, RunningWorker, TeiConfig, free_port, repo_root, start_tei};
 
 /// The workers' tenants: `search` is the account SEARCH, `ads` the account ADS.
@@ -30,49 +33,9 @@ fn url(nats: &NatsServer, user: &str) -> String {
     format!("nats://{user}:change-me-{user}@127.0.0.1:{}", nats.port)
 }
 
-/// Sends `text` on the request subject (as `tenant` when given); the reply's status and
-/// `Embatch-Cache-Hits`.
-async fn send(client: &async_nats::Client, text: &str, tenant: Option<&str>) -> (u16, Option<u64>) {
-    let mut request_headers = HeaderMap::new();
-    if let Some(tenant) = tenant {
-        request_headers.insert(headers::TENANT, tenant);
-    }
-    let body = serde_json::json!({ "inputs": [text] }).to_string();
-    let reply = tokio::time::timeout(
-        Duration::from_secs(30),
-        client.request_with_headers(DEFAULT_SUBJECT, request_headers, Bytes::from(body)),
-    )
-    .await
-    .expect("a reply within 30 s")
-    .expect("a reply");
-    let header = |name: &str| {
-        reply
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(name))
-            .map(|v| v.as_str().to_owned())
-    };
-    (
-        header(headers::SERVICE_ERROR_CODE).map_or(200, |c| c.parse().expect("a code")),
-        header(headers::CACHE_HITS).map(|h| h.parse().expect("a count")),
-    )
-}
-
-/// Waits until the cache bucket (in the workers' account) holds `entries` keys, at most 10 s.
-async fn bucket_holds(client: &async_nats::Client, entries: usize) {
-    use futures::StreamExt;
-    let js = async_nats::jetstream::new(client.clone());
-    let kv = js
-        .get_key_value("embatch_cache")
-        .await
-        .expect("the bucket exists");
-    for _ in 0..500 {
-        if kv.keys().await.expect("keys").count().await >= entries {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("the bucket never held {entries} entries");
+/// A reply's status and `Embatch-Cache-Hits`.
+fn status_and_hits(reply: Reply) -> (u16, Option<usize>) {
+    (reply.status, reply.hits)
 }
 
 /// The value of `embatch_worker_tenant_requests_total` for `tenant`, interactive, `ok`.
@@ -99,10 +62,7 @@ async fn a_tenant_account_is_its_tenant_and_only_the_workers_account_names_one()
         ..TeiConfig::instant()
     })
     .await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let file = dir.path().join("tenants.toml");
-    std::fs::write(&file, TENANTS).expect("write the tenants file");
-    let file = file.to_string_lossy().into_owned();
+    let (_dir, file) = tenants_file(TENANTS);
     let admin = SocketAddr::from(([127, 0, 0, 1], free_port())).to_string();
     let worker = RunningWorker::start_at(
         &url(&nats, "embatch"),
@@ -129,23 +89,23 @@ async fn a_tenant_account_is_its_tenant_and_only_the_workers_account_names_one()
 
     // From SEARCH, claiming to be ads: served as search.
     assert_eq!(
-        send(&search, "merger memo", Some("ads")).await,
+        status_and_hits(send(&search, "merger memo", Some("ads")).await),
         (200, Some(0))
     );
     bucket_holds(&own, 1).await;
     assert_eq!(
-        send(&own, "merger memo", Some("ads")).await,
+        status_and_hits(send(&own, "merger memo", Some("ads")).await),
         (200, Some(0)),
         "the entry SEARCH made is not ads'"
     );
     bucket_holds(&own, 2).await;
     assert_eq!(
-        send(&own, "merger memo", Some("search")).await,
+        status_and_hits(send(&own, "merger memo", Some("search")).await),
         (200, Some(1)),
         "it is search's: the workers' own account names the tenant"
     );
     assert_eq!(
-        send(&ads, "merger memo", None).await,
+        status_and_hits(send(&ads, "merger memo", None).await),
         (200, Some(1)),
         "ADS is ads"
     );
@@ -166,46 +126,25 @@ async fn a_tenant_account_is_its_tenant_and_only_the_workers_account_names_one()
 
     // The rerank subject crosses the import too: this worker's model is no reranker, so it
     // answers TEI's 424 (no import would be "no responders").
-    let rerank = tokio::time::timeout(
-        Duration::from_secs(10),
-        search.request(
-            format!("{DEFAULT_SUBJECT}.rerank"),
-            Bytes::from_static(br#"{"query":"q","texts":["a"]}"#),
-        ),
+    let rerank = request_on(
+        &search,
+        format!("{DEFAULT_SUBJECT}.rerank"),
+        Bytes::from_static(br#"{"query":"q","texts":["a"]}"#),
+        &[],
     )
-    .await
-    .expect("a reply within 10 s")
-    .expect("a reply from the worker across the import");
-    let code = rerank
-        .headers
-        .as_ref()
-        .and_then(|h| h.get(headers::SERVICE_ERROR_CODE))
-        .map(|v| v.as_str().to_owned());
-    assert_eq!(code.as_deref(), Some("424"), "{rerank:?}");
+    .await;
+    assert_eq!(rerank.status, 424, "{:?}", rerank.payload);
     // So does the sparse subject (contract 1.3): a dense model answers TEI's 424.
-    let sparse = tokio::time::timeout(
-        Duration::from_secs(10),
-        search.request(
-            format!("{DEFAULT_SUBJECT}.embed_sparse"),
-            Bytes::from_static(br#"{"inputs":"a"}"#),
-        ),
+    let sparse = request_on(
+        &search,
+        format!("{DEFAULT_SUBJECT}.embed_sparse"),
+        Bytes::from_static(br#"{"inputs":"a"}"#),
+        &[],
     )
-    .await
-    .expect("a reply within 10 s")
-    .expect("a reply from the worker across the import");
-    let code = sparse
-        .headers
-        .as_ref()
-        .and_then(|h| h.get(headers::SERVICE_ERROR_CODE))
-        .map(|v| v.as_str().to_owned());
-    assert_eq!(code.as_deref(), Some("424"), "{sparse:?}");
+    .await;
+    assert_eq!(sparse.status, 424, "{:?}", sparse.payload);
 
-    let metrics = reqwest::get(format!("http://{admin}/metrics"))
-        .await
-        .expect("/metrics answers")
-        .text()
-        .await
-        .expect("a text body");
+    let metrics = metrics_text(&admin).await;
     assert_eq!(served_as(&metrics, "search"), 3, "{metrics}");
     assert_eq!(served_as(&metrics, "ads"), 2, "{metrics}");
     worker.stop().await;

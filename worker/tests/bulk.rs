@@ -3,33 +3,44 @@
 //! with every line exactly once after a worker is `kill -9`ed mid-job and after the NATS server
 //! restarts (its JetStream store kept).
 
+mod common;
+
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::object_store::ObjectMetadata;
+use common::bulk_contract::{create, put_file, read_file, wait};
+use common::metrics_text;
 use embatch_local_model::Encoder;
 use embatch_protocol::Input;
 use embatch_protocol::bulk::{
-    Batch, BatchRecord, BatchStatus, FILES_BUCKET, JobKind, META_CREATED_AT, META_FILENAME,
-    META_PURPOSE, Progress, RequestCounts, events_subject, unix_now,
+    Batch, BatchStatus, FILES_BUCKET, JobKind, RequestCounts, events_subject,
 };
 use embatch_runtime::bulk::BulkStore;
 use embatch_testkit::{NatsServer, TeiConfig, TeiDouble, start_tei};
 use futures::StreamExt;
 
-/// The worker binary on `nats` and `tei`, one input per bulk item, a 2 s ack wait.
-fn spawn_worker(nats: &NatsServer, tei: &TeiDouble) -> Child {
+/// The worker binary on `nats` and `tei`, with `env` (no metrics listener unless `env` names
+/// one).
+fn spawn_with(nats: &NatsServer, tei: &TeiDouble, env: &[(&str, &str)]) -> Child {
     Command::new(env!("CARGO_BIN_EXE_embatch-worker"))
         .env("NATS_URL", nats.url())
         .env("TEI_URL", &tei.url)
         .env("METRICS_ADDR", "")
-        .env("BULK_CHUNK_INPUTS", "1")
-        .env("BULK_ACK_WAIT", "2s")
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .expect("worker binary starts")
+}
+
+/// The worker binary on `nats` and `tei`, one input per bulk item, a 2 s ack wait.
+fn spawn_worker(nats: &NatsServer, tei: &TeiDouble) -> Child {
+    spawn_with(
+        nats,
+        tei,
+        &[("BULK_CHUNK_INPUTS", "1"), ("BULK_ACK_WAIT", "2s")],
+    )
 }
 
 fn kill_9(worker: &mut Child) {
@@ -37,8 +48,8 @@ fn kill_9(worker: &mut Child) {
     let _ = worker.wait();
 }
 
-/// Submits a batch of `n` `/v1/embeddings` lines the way any NATS client can: the input file
-/// into `EMBATCH_FILES`, the `validating` record into `EMBATCH_BATCHES`, the `validate` job.
+/// Submits a batch of `n` `/v1/embeddings` lines the way any NATS client can (see
+/// [`common::bulk_contract`]).
 async fn submit(store: &BulkStore, n: usize) -> String {
     let input: String = (0..n)
         .map(|i| {
@@ -47,95 +58,14 @@ async fn submit(store: &BulkStore, n: usize) -> String {
             ) + "\n"
         })
         .collect();
-    let file_id = format!("file-{}", nuid_like());
-    let meta = ObjectMetadata {
-        name: file_id.clone(),
-        metadata: [
-            (META_PURPOSE.to_owned(), "batch".to_owned()),
-            (META_FILENAME.to_owned(), "in.jsonl".to_owned()),
-            (META_CREATED_AT.to_owned(), unix_now().to_string()),
-        ]
-        .into_iter()
-        .collect(),
-        ..Default::default()
-    };
-    store
-        .files
-        .put(meta, &mut input.as_bytes())
-        .await
-        .expect("input stored");
-    let now = unix_now();
-    let record = BatchRecord {
-        batch: Batch {
-            id: format!("batch_{}", nuid_like()),
-            object: "batch".into(),
-            endpoint: "/v1/embeddings".into(),
-            errors: None,
-            input_file_id: file_id,
-            completion_window: "24h".into(),
-            status: BatchStatus::Validating,
-            output_file_id: None,
-            error_file_id: None,
-            created_at: now,
-            in_progress_at: None,
-            expires_at: Some(now + 86_400),
-            finalizing_at: None,
-            completed_at: None,
-            failed_at: None,
-            expired_at: None,
-            cancelling_at: None,
-            cancelled_at: None,
-            request_counts: RequestCounts::default(),
-            metadata: None,
-        },
-        embatch: Progress::default(),
-        tenant: None,
-    };
-    store.create_batch(&record).await.expect("record created");
-    store
-        .publish_job(&record.batch.id, JobKind::Validate)
-        .await
-        .expect("job published");
-    record.batch.id
-}
-
-fn nuid_like() -> String {
-    format!(
-        "{:x}",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0)
-    )
-}
-
-/// Polls the batch record (through reconnects) until `done`, at most `limit`.
-async fn wait(
-    store: &BulkStore,
-    id: &str,
-    limit: Duration,
-    done: impl Fn(&Batch) -> bool,
-) -> Batch {
-    let started = Instant::now();
-    loop {
-        if let Ok(Some((record, _))) = store.batch(id).await
-            && done(&record.batch)
-        {
-            return record.batch;
-        }
-        assert!(started.elapsed() < limit, "batch {id} never got there");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let file_id = put_file(store, input.as_bytes()).await;
+    create(store, &file_id, BatchStatus::Validating, JobKind::Validate).await
 }
 
 /// The output file's lines by `custom_id`; panics on a repeat.
 async fn output(store: &BulkStore, batch: &Batch) -> HashMap<String, serde_json::Value> {
     let id = batch.output_file_id.as_deref().expect("an output file");
-    let mut object = store.files.get(id).await.expect("output file");
-    let mut text = String::new();
-    tokio::io::AsyncReadExt::read_to_string(&mut object, &mut text)
-        .await
-        .expect("read");
+    let text = read_file(store, id).await;
     let mut lines = HashMap::new();
     for line in text.lines() {
         let value: serde_json::Value = serde_json::from_str(line).expect("JSON line");
@@ -171,7 +101,7 @@ async fn a_worker_killed_mid_job_leaves_its_items_to_another_and_nothing_is_dupl
         .expect("subscribe");
 
     // Mid-job: some lines done, the worker holding others unacked.
-    wait(&store, &id, Duration::from_secs(30), |b| {
+    wait(&store, &id, (Duration::from_secs(30), "the job"), |b| {
         b.request_counts.completed >= 3
     })
     .await;
@@ -207,7 +137,7 @@ async fn a_nats_server_restart_mid_job_loses_nothing() {
     let mut worker = spawn_worker(&nats, &tei);
     let n = 16;
     let id = submit(&store, n).await;
-    wait(&store, &id, Duration::from_secs(30), |b| {
+    wait(&store, &id, (Duration::from_secs(30), "the job"), |b| {
         b.request_counts.completed >= 3
     })
     .await;
@@ -218,7 +148,7 @@ async fn a_nats_server_restart_mid_job_loses_nothing() {
     .await
     .expect("restarted");
 
-    let batch = wait(&store, &id, Duration::from_secs(90), |b| {
+    let batch = wait(&store, &id, (Duration::from_secs(90), "the job"), |b| {
         b.status.is_final()
     })
     .await;
@@ -245,18 +175,14 @@ async fn a_bulk_job_shows_in_the_worker_metrics() {
     let client = async_nats::connect(nats.url()).await.expect("connect");
     let store = BulkStore::open(client.clone()).await.expect("JetStream");
     let admin = format!("127.0.0.1:{}", embatch_testkit::free_port());
-    let mut worker = Command::new(env!("CARGO_BIN_EXE_embatch-worker"))
-        .env("NATS_URL", nats.url())
-        .env("TEI_URL", &tei.url)
-        .env("METRICS_ADDR", &admin)
-        .env("BULK_CHUNK_INPUTS", "1")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("worker binary starts");
+    let mut worker = spawn_with(
+        &nats,
+        &tei,
+        &[("METRICS_ADDR", &admin), ("BULK_CHUNK_INPUTS", "1")],
+    );
     let n = 5;
     let id = submit(&store, n).await;
-    let batch = wait(&store, &id, Duration::from_secs(30), |b| {
+    let batch = wait(&store, &id, (Duration::from_secs(30), "the job"), |b| {
         b.status.is_final()
     })
     .await;
@@ -272,12 +198,7 @@ async fn a_bulk_job_shows_in_the_worker_metrics() {
     let acked = r#"embatch_worker_bulk_items_total{model="embatch/tei-double",outcome="ack"}"#;
     let started = Instant::now();
     let metrics = loop {
-        let metrics = reqwest::get(format!("http://{admin}/metrics"))
-            .await
-            .expect("/metrics answers")
-            .text()
-            .await
-            .expect("a text body");
+        let metrics = metrics_text(&admin).await;
         if value(&metrics, acked) == Some(n as f64) || started.elapsed() > Duration::from_secs(5) {
             break metrics;
         }
@@ -317,18 +238,11 @@ async fn bulk_output_lines_report_the_tokens_of_their_inputs() {
     let client = async_nats::connect(nats.url()).await.expect("connect");
     let store = BulkStore::open(client.clone()).await.expect("JetStream");
     let tokenizer = embatch_testkit::model_dir().join("tokenizer.json");
-    let mut worker = Command::new(env!("CARGO_BIN_EXE_embatch-worker"))
-        .env("NATS_URL", nats.url())
-        .env("TEI_URL", &tei.url)
-        .env("METRICS_ADDR", "")
-        .env("TOKENIZER", &tokenizer)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("worker binary starts");
+    let tokenizer_path = tokenizer.to_str().expect("a UTF-8 path");
+    let mut worker = spawn_with(&nats, &tei, &[("TOKENIZER", tokenizer_path)]);
     let n = 12;
     let id = submit(&store, n).await;
-    let batch = wait(&store, &id, Duration::from_secs(30), |b| {
+    let batch = wait(&store, &id, (Duration::from_secs(30), "the job"), |b| {
         b.status.is_final()
     })
     .await;

@@ -10,15 +10,13 @@
 //! The files come from a seeded RNG: `EMBATCH_TEST_SEED=<n>` reruns a seed (the seed is printed).
 
 mod bulk_files;
+mod common;
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use async_nats::jetstream::object_store::ObjectMetadata;
-use embatch_protocol::bulk::{
-    Batch, BatchRecord, BatchStatus, FILES_BUCKET, JobKind, META_CREATED_AT, META_FILENAME,
-    META_PURPOSE, Progress, RequestCounts, unix_now,
-};
+use common::bulk_contract::{create, put_file, read_file, wait};
+use embatch_protocol::bulk::{Batch, BatchStatus, FILES_BUCKET, JobKind, unix_now};
 use embatch_runtime::bulk::BulkStore;
 use embatch_testkit::{NatsServer, RunningWorker, TeiConfig, TeiDouble, start_tei};
 use rand::rngs::StdRng;
@@ -49,68 +47,15 @@ async fn worker(nats: &NatsServer, tei: &TeiDouble) -> RunningWorker {
     RunningWorker::start(nats, &args).await
 }
 
-/// Stores `bytes` as an input file (`purpose: batch`); returns its id.
-async fn put_file(store: &BulkStore, bytes: &[u8]) -> String {
-    let id = format!("file-{}", nuid::next());
-    let meta = ObjectMetadata {
-        name: id.clone(),
-        metadata: [
-            (META_PURPOSE.to_owned(), "batch".to_owned()),
-            (META_FILENAME.to_owned(), "in.jsonl".to_owned()),
-            (META_CREATED_AT.to_owned(), unix_now().to_string()),
-        ]
-        .into_iter()
-        .collect(),
-        ..Default::default()
-    };
-    let mut reader = bytes;
-    store
-        .files
-        .put(meta, &mut reader)
-        .await
-        .expect("file stored");
-    id
-}
-
-/// Creates the record of a batch of `file_id` in `status` (`ending` set when cancelling) and
-/// publishes `job`, as the NATS contract says a client does.
-async fn create(store: &BulkStore, file_id: &str, status: BatchStatus, job: JobKind) -> String {
-    let now = unix_now();
-    let record = BatchRecord {
-        batch: Batch {
-            id: format!("batch_{}", nuid::next()),
-            object: "batch".into(),
-            endpoint: "/v1/embeddings".into(),
-            errors: None,
-            input_file_id: file_id.to_owned(),
-            completion_window: "24h".into(),
-            status,
-            output_file_id: None,
-            error_file_id: None,
-            created_at: now,
-            in_progress_at: None,
-            expires_at: Some(now + 86_400),
-            finalizing_at: None,
-            completed_at: None,
-            failed_at: None,
-            expired_at: None,
-            cancelling_at: (status == BatchStatus::Cancelling).then_some(now),
-            cancelled_at: None,
-            request_counts: RequestCounts::default(),
-            metadata: None,
-        },
-        embatch: Progress {
-            ending: (status == BatchStatus::Cancelling).then_some(BatchStatus::Cancelled),
-            ..Progress::default()
-        },
-        tenant: None,
-    };
-    store.create_batch(&record).await.expect("record created");
-    store
-        .publish_job(&record.batch.id, job)
-        .await
-        .expect("job published");
-    record.batch.id
+/// A `nats-server -js`, the TEI double, a [`worker`] on both, and the bulk store; the server
+/// and the double live as long as the first two values.
+async fn start() -> (NatsServer, TeiDouble, RunningWorker, BulkStore) {
+    let nats = NatsServer::start_jetstream();
+    let tei = start_tei(TeiConfig::instant()).await;
+    let worker = worker(&nats, &tei).await;
+    let client = async_nats::connect(nats.url()).await.expect("connect");
+    let store = BulkStore::open(client).await.expect("JetStream");
+    (nats, tei, worker, store)
 }
 
 /// Cancels as `POST /v1/batches/{id}/cancel` does; `true` when the batch was validating or in
@@ -141,20 +86,7 @@ async fn cancel(store: &BulkStore, id: &str) -> bool {
 
 /// Polls the record until its status is final; panics past [`LIMIT`].
 async fn final_batch(store: &BulkStore, id: &str, what: &str) -> Batch {
-    let started = Instant::now();
-    loop {
-        if let Ok(Some((record, _))) = store.batch(id).await
-            && record.batch.status.is_final()
-        {
-            return record.batch;
-        }
-        assert!(
-            started.elapsed() < LIMIT,
-            "{what}: batch {id} never ended: {:?}",
-            store.batch(id).await.ok().flatten().map(|(r, _)| r.batch)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait(store, id, (LIMIT, what), |batch| batch.status.is_final()).await
 }
 
 /// The `custom_id`s of a file's lines, each with how often it appears.
@@ -163,12 +95,7 @@ async fn custom_ids(store: &BulkStore, file_id: Option<&str>) -> BTreeMap<String
     let Some(file_id) = file_id else {
         return ids;
     };
-    let mut object = store.files.get(file_id).await.expect("file");
-    let mut text = String::new();
-    tokio::io::AsyncReadExt::read_to_string(&mut object, &mut text)
-        .await
-        .expect("a UTF-8 output file");
-    for line in text.lines() {
+    for line in read_file(store, file_id).await.lines() {
         let value: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
         let id = value["custom_id"].as_str().expect("custom_id").to_owned();
         *ids.entry(id).or_default() += 1;
@@ -184,11 +111,7 @@ async fn random_and_corrupted_input_files_all_reach_a_final_status() {
         .unwrap_or(20_260_515u64);
     println!("EMBATCH_TEST_SEED={seed}");
     let mut rng = StdRng::seed_from_u64(seed);
-    let nats = NatsServer::start_jetstream();
-    let tei = start_tei(TeiConfig::instant()).await;
-    let worker = worker(&nats, &tei).await;
-    let client = async_nats::connect(nats.url()).await.expect("connect");
-    let store = BulkStore::open(client).await.expect("JetStream");
+    let (_nats, _tei, worker, store) = start().await;
 
     let cases = cases(&mut rng);
     let mut batches = Vec::new();
@@ -267,21 +190,28 @@ fn valid_file(n: usize) -> Vec<u8> {
     bytes
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_validation_that_keeps_failing_ends_its_batch_failed() {
-    let nats = NatsServer::start_jetstream();
-    let tei = start_tei(TeiConfig::instant()).await;
-    let worker = worker(&nats, &tei).await;
-    let client = async_nats::connect(nats.url()).await.expect("connect");
-    let store = BulkStore::open(client).await.expect("JetStream");
-    let file_id = put_file(&store, &valid_file(3)).await;
-    corrupt(&store, &file_id).await;
-
-    let id = create(&store, &file_id, BatchStatus::Validating, JobKind::Validate).await;
-    let batch = final_batch(&store, &id, "a corrupted file").await;
+/// A batch of a corrupted 3-line file, created in `status` with `job`: its id and its final
+/// record, which must be `failed` with one error and no output or error file.
+async fn failed_batch(store: &BulkStore, (status, job): (BatchStatus, JobKind)) -> (String, Batch) {
+    let file_id = put_file(store, &valid_file(3)).await;
+    corrupt(store, &file_id).await;
+    let id = create(store, &file_id, status, job).await;
+    let batch = final_batch(store, &id, &format!("a corrupted file, {status:?}")).await;
     assert_eq!(batch.status, BatchStatus::Failed, "{batch:?}");
     let errors = &batch.errors.as_ref().expect("errors").data;
     assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        batch.output_file_id.is_none() && batch.error_file_id.is_none(),
+        "{batch:?}"
+    );
+    (id, batch)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_validation_that_keeps_failing_ends_its_batch_failed() {
+    let (_nats, _tei, worker, store) = start().await;
+    let (_, batch) = failed_batch(&store, (BatchStatus::Validating, JobKind::Validate)).await;
+    let errors = &batch.errors.as_ref().expect("errors").data;
     assert_eq!(errors[0].code, "validation_failed");
     assert!(
         errors[0]
@@ -290,35 +220,17 @@ async fn a_validation_that_keeps_failing_ends_its_batch_failed() {
             && errors[0].message.contains("wrong digest"),
         "the message says how often and why: {errors:?}"
     );
-    assert!(
-        batch.output_file_id.is_none() && batch.error_file_id.is_none(),
-        "{batch:?}"
-    );
     worker.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_whose_finalization_keeps_failing_still_ends_its_batch() {
-    let nats = NatsServer::start_jetstream();
-    let tei = start_tei(TeiConfig::instant()).await;
-    let worker = worker(&nats, &tei).await;
-    let client = async_nats::connect(nats.url()).await.expect("connect");
-    let store = BulkStore::open(client).await.expect("JetStream");
-    let file_id = put_file(&store, &valid_file(3)).await;
-    corrupt(&store, &file_id).await;
-
+    let (_nats, _tei, worker, store) = start().await;
     // Cancelled while validating: finalize must read the input file for the lines never run.
-    let id = create(&store, &file_id, BatchStatus::Cancelling, JobKind::Finalize).await;
-    let batch = final_batch(&store, &id, "a cancel of a corrupted file").await;
-    assert_eq!(batch.status, BatchStatus::Failed, "{batch:?}");
+    let (id, batch) = failed_batch(&store, (BatchStatus::Cancelling, JobKind::Finalize)).await;
     let errors = &batch.errors.as_ref().expect("errors").data;
-    assert_eq!(errors.len(), 1, "{errors:?}");
     assert_eq!(errors[0].code, "finalization_failed");
     assert!(errors[0].message.contains("wrong digest"), "{errors:?}");
-    assert!(
-        batch.output_file_id.is_none() && batch.error_file_id.is_none(),
-        "{batch:?}"
-    );
     // The files its runs began are gone.
     let suffix = id.strip_prefix("batch_").unwrap_or(&id);
     for file in [
@@ -334,11 +246,7 @@ async fn a_cancel_whose_finalization_keeps_failing_still_ends_its_batch() {
 /// line (it has no `custom_id` to name) and lists every other line as never run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_batch_with_a_non_utf8_line_ends_cancelled() {
-    let nats = NatsServer::start_jetstream();
-    let tei = start_tei(TeiConfig::instant()).await;
-    let worker = worker(&nats, &tei).await;
-    let client = async_nats::connect(nats.url()).await.expect("connect");
-    let store = BulkStore::open(client).await.expect("JetStream");
+    let (_nats, _tei, worker, store) = start().await;
     let mut rng = StdRng::seed_from_u64(1);
     let mut bytes = Vec::new();
     for line in [
@@ -371,11 +279,7 @@ async fn a_cancelled_batch_with_a_non_utf8_line_ends_cancelled() {
 /// ran, and the lines never run cannot be listed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_batch_whose_input_file_is_gone_ends_cancelled() {
-    let nats = NatsServer::start_jetstream();
-    let tei = start_tei(TeiConfig::instant()).await;
-    let worker = worker(&nats, &tei).await;
-    let client = async_nats::connect(nats.url()).await.expect("connect");
-    let store = BulkStore::open(client).await.expect("JetStream");
+    let (_nats, _tei, worker, store) = start().await;
     let file_id = put_file(&store, &valid_file(3)).await;
     store.files.delete(&file_id).await.expect("deleted");
 

@@ -4,11 +4,14 @@
 //! bucket gives misses, duplicates reach the upstream once and every caller gets its own copy,
 //! and the per-request bypass and the `CACHE` switch work.
 
+mod common;
+
 use std::collections::HashMap;
 use std::time::Duration;
 
 use async_nats::HeaderMap;
 use bytes::Bytes;
+use common::plain::{bucket_holds, request};
 use embatch_protocol::{DEFAULT_SUBJECT, headers};
 use embatch_testkit::{
     Faults, NatsServer, POISON, RunningWorker, TeiConfig, TeiDouble, double_vector, embedding_of,
@@ -18,62 +21,6 @@ use futures::StreamExt;
 
 /// Every KV call may take this long here: a loaded test host must not turn a hit into a miss.
 const KV_TIMEOUT: &str = "5s";
-
-/// A reply as a plain NATS client sees it.
-struct Reply {
-    status: u16,
-    /// `Embatch-Cache-Hits`, when present.
-    hits: Option<usize>,
-    payload: Bytes,
-}
-
-impl Reply {
-    /// The vectors of a success.
-    fn vectors(&self) -> Vec<Vec<f32>> {
-        assert_eq!(
-            self.status,
-            200,
-            "{}",
-            String::from_utf8_lossy(&self.payload)
-        );
-        serde_json::from_slice(&self.payload).expect("vectors")
-    }
-}
-
-/// Sends `body` on the request subject with `extra` headers.
-async fn send(
-    client: &async_nats::Client,
-    body: serde_json::Value,
-    extra: &[(&str, &str)],
-) -> Reply {
-    let mut request_headers = HeaderMap::new();
-    for (name, value) in extra {
-        request_headers.insert(*name, *value);
-    }
-    let reply = tokio::time::timeout(
-        Duration::from_secs(30),
-        client.request_with_headers(
-            DEFAULT_SUBJECT,
-            request_headers,
-            Bytes::from(body.to_string()),
-        ),
-    )
-    .await
-    .expect("a reply within 30 s")
-    .expect("a reply");
-    let header = |name: &str| {
-        reply
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(name))
-            .map(|v| v.as_str().to_owned())
-    };
-    Reply {
-        status: header(headers::SERVICE_ERROR_CODE).map_or(200, |c| c.parse().expect("a code")),
-        hits: header(headers::CACHE_HITS).map(|h| h.parse().expect("a count")),
-        payload: reply.payload,
-    }
-}
 
 /// How many times the double was sent each text.
 fn sends(tei: &TeiDouble) -> HashMap<String, usize> {
@@ -100,30 +47,6 @@ async fn worker(nats: &NatsServer, tei: &TeiDouble, args: &[&str]) -> RunningWor
     RunningWorker::start(nats, &argv).await
 }
 
-/// Waits until the cache bucket holds `entries` keys (written after the replies), at most 10 s.
-async fn bucket_holds(client: &async_nats::Client, entries: usize) {
-    let js = async_nats::jetstream::new(client.clone());
-    let kv = js
-        .get_key_value("embatch_cache")
-        .await
-        .expect("the bucket exists");
-    for _ in 0..500 {
-        let keys: Vec<String> = kv
-            .keys()
-            .await
-            .expect("keys")
-            .filter_map(|k| async move { k.ok() })
-            .collect()
-            .await;
-        if keys.len() >= entries {
-            assert_eq!(keys.len(), entries, "more entries than expected");
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("the bucket never held {entries} entries");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hits_answer_byte_for_byte_what_misses_did_from_either_tier() {
     let nats = NatsServer::start_jetstream();
@@ -132,17 +55,17 @@ async fn hits_answer_byte_for_byte_what_misses_did_from_either_tier() {
     let client = async_nats::connect(nats.url()).await.expect("connects");
     let body = serde_json::json!({"inputs": ["alpha", "beta"]});
 
-    let miss = send(&client, body.clone(), &[]).await;
+    let miss = request(&client, body.clone(), &[]).await;
     assert_eq!(miss.hits, Some(0));
     assert_eq!(
         miss.vectors(),
         vec![double_vector("alpha"), double_vector("beta")]
     );
-    let local = send(&client, body.clone(), &[]).await;
+    let local = request(&client, body.clone(), &[]).await;
     assert_eq!(local.hits, Some(2), "from the in-process LRU");
     assert_eq!(local.payload, miss.payload, "byte for byte");
     // A hit and a miss in one request, in order.
-    let mixed = send(
+    let mixed = request(
         &client,
         serde_json::json!({"inputs": ["gamma", "alpha"]}),
         &[],
@@ -158,7 +81,7 @@ async fn hits_answer_byte_for_byte_what_misses_did_from_either_tier() {
 
     // A fresh worker (an empty LRU) answers from the shared bucket.
     let second = worker(&nats, &tei, &[]).await;
-    let shared = send(&client, body, &[]).await;
+    let shared = request(&client, body, &[]).await;
     assert_eq!(shared.hits, Some(2), "from the shared bucket");
     assert_eq!(shared.payload, miss.payload, "byte for byte");
     assert_eq!(
@@ -183,14 +106,14 @@ async fn different_options_or_model_revisions_never_share_an_entry() {
         serde_json::json!({"inputs": "same", "dimensions": 4}),
     ];
     for body in &variants {
-        let reply = send(&client, body.clone(), &[]).await;
+        let reply = request(&client, body.clone(), &[]).await;
         assert_eq!(reply.hits, Some(0), "{body}: a miss");
     }
     for body in &variants {
-        let reply = send(&client, body.clone(), &[]).await;
+        let reply = request(&client, body.clone(), &[]).await;
         assert_eq!(reply.hits, Some(1), "{body}: its own entry");
     }
-    let unnormalized = send(&client, variants[1].clone(), &[]).await;
+    let unnormalized = request(&client, variants[1].clone(), &[]).await;
     assert_eq!(
         unnormalized.vectors(),
         vec![embedding_of(
@@ -207,7 +130,7 @@ async fn different_options_or_model_revisions_never_share_an_entry() {
 
     // The same model under another revision: nothing shared.
     let revised = worker(&nats, &tei, &["--cache-revision", "2"]).await;
-    let reply = send(&client, variants[0].clone(), &[]).await;
+    let reply = request(&client, variants[0].clone(), &[]).await;
     assert_eq!(reply.hits, Some(0), "another revision misses");
     assert_eq!(tei.calls().len(), variants.len() + 1);
     revised.stop().await;
@@ -221,7 +144,7 @@ async fn a_kv_outage_gives_misses_not_errors() {
     let without = worker(&plain, &tei, &["--cache-local-bytes", "0"]).await;
     let client = async_nats::connect(plain.url()).await.expect("connects");
     for _ in 0..2 {
-        let reply = send(&client, serde_json::json!({"inputs": "x"}), &[]).await;
+        let reply = request(&client, serde_json::json!({"inputs": "x"}), &[]).await;
         assert_eq!(reply.vectors(), vec![double_vector("x")]);
         assert_eq!(reply.hits, Some(0));
     }
@@ -232,14 +155,14 @@ async fn a_kv_outage_gives_misses_not_errors() {
     let running = worker(&nats, &tei, &["--cache-local-bytes", "0"]).await;
     let client = async_nats::connect(nats.url()).await.expect("connects");
     let body = serde_json::json!({"inputs": ["y", "z"]});
-    assert_eq!(send(&client, body.clone(), &[]).await.hits, Some(0));
+    assert_eq!(request(&client, body.clone(), &[]).await.hits, Some(0));
     bucket_holds(&client, 2).await;
-    assert_eq!(send(&client, body.clone(), &[]).await.hits, Some(2));
+    assert_eq!(request(&client, body.clone(), &[]).await.hits, Some(2));
     let js = async_nats::jetstream::new(client.clone());
     js.delete_key_value("embatch_cache").await.expect("deleted");
     tei.calls.clear();
     for _ in 0..2 {
-        let reply = send(&client, body.clone(), &[]).await;
+        let reply = request(&client, body.clone(), &[]).await;
         assert_eq!(
             reply.vectors(),
             vec![double_vector("y"), double_vector("z")]
@@ -273,7 +196,7 @@ async fn a_full_bucket_gives_misses_not_errors() {
     let running = worker(&nats, &tei, &["--cache-local-bytes", "0"]).await;
     let texts: Vec<String> = (0..20).map(|i| format!("full {i}")).collect();
     for text in &texts {
-        let reply = send(&client, serde_json::json!({"inputs": text}), &[]).await;
+        let reply = request(&client, serde_json::json!({"inputs": text}), &[]).await;
         assert_eq!(
             reply.vectors(),
             vec![double_vector(text)],
@@ -283,7 +206,7 @@ async fn a_full_bucket_gives_misses_not_errors() {
     bucket_holds_some(&kv).await;
     let mut hits = 0;
     for text in &texts {
-        let reply = send(&client, serde_json::json!({"inputs": text}), &[]).await;
+        let reply = request(&client, serde_json::json!({"inputs": text}), &[]).await;
         assert_eq!(reply.vectors(), vec![double_vector(text)]);
         hits += reply.hits.expect("the cache is on");
     }
@@ -336,7 +259,7 @@ async fn duplicates_reach_the_upstream_once_and_each_caller_gets_its_copy() {
     let client = async_nats::connect(nats.url()).await.expect("connects");
 
     // Inside one request.
-    let reply = send(
+    let reply = request(
         &client,
         serde_json::json!({"inputs": ["d", "e", "d", "d"]}),
         &[],
@@ -362,7 +285,7 @@ async fn duplicates_reach_the_upstream_once_and_each_caller_gets_its_copy() {
     });
     let leader = tokio::spawn({
         let client = client.clone();
-        async move { send(&client, serde_json::json!({"inputs": ["f", "g"]}), &[]).await }
+        async move { request(&client, serde_json::json!({"inputs": ["f", "g"]}), &[]).await }
     });
     calls_arrived(&tei, 1).await;
     let followers: Vec<_> = [
@@ -373,7 +296,7 @@ async fn duplicates_reach_the_upstream_once_and_each_caller_gets_its_copy() {
     .into_iter()
     .map(|body| {
         let client = client.clone();
-        tokio::spawn(async move { send(&client, body, &[]).await })
+        tokio::spawn(async move { request(&client, body, &[]).await })
     })
     .collect();
     let (f, g, h) = (double_vector("f"), double_vector("g"), double_vector("h"));
@@ -416,11 +339,11 @@ async fn a_waiter_whose_leader_fails_sends_its_input_itself() {
     let leader = tokio::spawn({
         let client = client.clone();
         let body = serde_json::json!({"inputs": ["shared", poisoned]});
-        async move { send(&client, body, &[]).await }
+        async move { request(&client, body, &[]).await }
     });
     calls_arrived(&tei, 1).await;
     tei.set_faults(Faults::default());
-    let waiter = send(&client, serde_json::json!({"inputs": ["shared"]}), &[]).await;
+    let waiter = request(&client, serde_json::json!({"inputs": ["shared"]}), &[]).await;
     assert_eq!(
         waiter.vectors(),
         vec![double_vector("shared")],
@@ -459,7 +382,7 @@ async fn a_waiter_whose_leader_fails_sends_its_input_itself() {
     tei.set_faults(Faults::default());
     let waiter = tokio::spawn({
         let client = client.clone();
-        async move { send(&client, serde_json::json!({"inputs": ["w"]}), &[]).await }
+        async move { request(&client, serde_json::json!({"inputs": ["w"]}), &[]).await }
     });
     // Give the waiter time to join the leader's flight before the leader is withdrawn (had it
     // not joined yet, it leads "w" itself: answered all the same).
@@ -485,8 +408,8 @@ async fn a_request_may_bypass_the_cache_and_the_cache_may_be_off() {
     let running = worker(&nats, &tei, &[]).await;
     let client = async_nats::connect(nats.url()).await.expect("connects");
     let body = serde_json::json!({"inputs": "p"});
-    assert_eq!(send(&client, body.clone(), &[]).await.hits, Some(0));
-    let fresh = send(
+    assert_eq!(request(&client, body.clone(), &[]).await.hits, Some(0));
+    let fresh = request(
         &client,
         body.clone(),
         &[(headers::CACHE_CONTROL, "no-cache")],
@@ -495,7 +418,7 @@ async fn a_request_may_bypass_the_cache_and_the_cache_may_be_off() {
     assert_eq!(fresh.hits, Some(0), "no-cache reads nothing");
     assert_eq!(fresh.vectors(), vec![double_vector("p")]);
     let unstored = serde_json::json!({"inputs": "q"});
-    let reply = send(
+    let reply = request(
         &client,
         unstored.clone(),
         &[(headers::CACHE_CONTROL, "no-store")],
@@ -503,11 +426,15 @@ async fn a_request_may_bypass_the_cache_and_the_cache_may_be_off() {
     .await;
     assert_eq!(reply.hits, Some(0));
     assert_eq!(
-        send(&client, unstored, &[]).await.hits,
+        request(&client, unstored, &[]).await.hits,
         Some(0),
         "no-store wrote nothing"
     );
-    assert_eq!(send(&client, body, &[]).await.hits, Some(1), "p is cached");
+    assert_eq!(
+        request(&client, body, &[]).await.hits,
+        Some(1),
+        "p is cached"
+    );
     assert_eq!(
         sends(&tei),
         HashMap::from([("p".into(), 2), ("q".into(), 2)])
@@ -518,7 +445,7 @@ async fn a_request_may_bypass_the_cache_and_the_cache_may_be_off() {
     tei.calls.clear();
     let off = worker(&nats, &tei, &["--cache", "false"]).await;
     for _ in 0..2 {
-        let reply = send(&client, serde_json::json!({"inputs": "p"}), &[]).await;
+        let reply = request(&client, serde_json::json!({"inputs": "p"}), &[]).await;
         assert_eq!(reply.hits, None);
         assert_eq!(reply.vectors(), vec![double_vector("p")]);
     }
@@ -539,12 +466,12 @@ async fn a_cold_bucket_is_probed_not_waited_for_until_it_has_entries() {
 
     // 300 lookups that find nothing: the bucket is cold.
     let corpus: Vec<String> = (0..300).map(|i| format!("new {i}")).collect();
-    let reply = send(&client, serde_json::json!({ "inputs": corpus }), &[]).await;
+    let reply = request(&client, serde_json::json!({ "inputs": corpus }), &[]).await;
     assert_eq!(reply.hits, Some(0));
     // Inputs embedded while cold are still written.
     let texts: Vec<String> = (0..200).map(|i| format!("again {i}")).collect();
     for text in &texts {
-        let reply = send(&client, serde_json::json!({ "inputs": text }), &[]).await;
+        let reply = request(&client, serde_json::json!({ "inputs": text }), &[]).await;
         assert_eq!(reply.hits, Some(0));
     }
     bucket_holds(&client, 500).await;
@@ -555,7 +482,7 @@ async fn a_cold_bucket_is_probed_not_waited_for_until_it_has_entries() {
     tei.calls.clear();
     let mut hits = Vec::new();
     for text in &texts {
-        let reply = send(&client, serde_json::json!({ "inputs": text }), &[]).await;
+        let reply = request(&client, serde_json::json!({ "inputs": text }), &[]).await;
         assert_eq!(reply.vectors(), vec![double_vector(text)]);
         hits.push(reply.hits.expect("the cache is on"));
     }

@@ -5,11 +5,13 @@
 //! nats-server with JetStream and the TEI double. One test in this binary: it installs the
 //! process's metrics recorder.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use bytes::Bytes;
-use embatch_protocol::{DEFAULT_SUBJECT, headers};
+use common::metrics_text;
+use common::plain::{bucket_holds, request};
 use embatch_testkit::{NatsServer, RunningWorker, TeiConfig, double_vector, free_port, start_tei};
 use futures::StreamExt;
 
@@ -18,65 +20,14 @@ const QUEUE_ENTRIES: usize = 1024;
 
 /// Sends `inputs`; returns the vectors and `Embatch-Cache-Hits`.
 async fn embed(client: &async_nats::Client, inputs: &[String]) -> (Vec<Vec<f32>>, usize) {
-    let body = serde_json::json!({ "inputs": inputs }).to_string();
-    let reply = tokio::time::timeout(
-        Duration::from_secs(30),
-        client.request(DEFAULT_SUBJECT, Bytes::from(body)),
-    )
-    .await
-    .expect("a reply within 30 s")
-    .expect("a reply");
-    let header = |name: &str| {
-        reply
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(name))
-            .map(|v| v.as_str().to_owned())
-    };
-    assert_eq!(
-        header(headers::SERVICE_ERROR_CODE),
-        None,
-        "{}",
-        String::from_utf8_lossy(&reply.payload)
-    );
-    let hits = header(headers::CACHE_HITS)
-        .expect("the cache is on")
-        .parse()
-        .expect("a count");
-    (
-        serde_json::from_slice(&reply.payload).expect("vectors"),
-        hits,
-    )
-}
-
-/// Waits until the bucket holds `entries` keys (written after the replies), at most 10 s.
-async fn bucket_holds(kv: &async_nats::jetstream::kv::Store, entries: usize) {
-    for _ in 0..500 {
-        let keys: Vec<String> = kv
-            .keys()
-            .await
-            .expect("keys")
-            .filter_map(|k| async move { k.ok() })
-            .collect()
-            .await;
-        if keys.len() >= entries {
-            assert_eq!(keys.len(), entries, "more entries than expected");
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("the bucket never held {entries} entries");
+    let reply = request(client, serde_json::json!({ "inputs": inputs }), &[]).await;
+    (reply.vectors(), reply.hits.expect("the cache is on"))
 }
 
 /// A counter's value on the worker's `/metrics`, summed over its labels (0 when not yet
 /// exported).
 async fn counter(metrics: SocketAddr, name: &str) -> u64 {
-    let text = reqwest::get(format!("http://{metrics}/metrics"))
-        .await
-        .expect("/metrics answers")
-        .text()
-        .await
-        .expect("a text body");
+    let text = metrics_text(metrics).await;
     // `name value` or `name{labels} value` (the worker's global label `model`).
     text.lines()
         .filter(|line| {
@@ -111,8 +62,7 @@ async fn writes_never_hold_a_reply_and_what_a_stuck_store_cannot_take_is_counted
     let shared: Vec<String> = (0..40).map(|i| format!("shared {i}")).collect();
     let (vectors, hits) = embed(&client, &shared).await;
     assert_eq!((vectors, hits), (vectors_of(&shared), 0));
-    let kv = js.get_key_value("embatch_cache").await.expect("the bucket");
-    bucket_holds(&kv, shared.len()).await;
+    bucket_holds(&client, shared.len()).await;
     first.stop().await;
     let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let metrics_arg = metrics.to_string();

@@ -2,12 +2,13 @@
 //! (`Embatch-Tenant` from the worker's own account, 400 for a value that is not a name, 403
 //! for a tenant `TENANTS_FILE` lacks).
 
+mod common;
+
 use std::time::Duration;
 
-use async_nats::HeaderMap;
-use bytes::Bytes;
-use embatch_protocol::{DEFAULT_SUBJECT, headers};
-use embatch_testkit::{NatsServer, RunningWorker, TeiConfig, start_tei};
+use common::plain::{bucket_holds, send, tenants_file};
+use embatch_protocol::headers;
+use embatch_testkit::{NatsServer, RunningWorker, TeiConfig, TeiDouble, start_tei};
 
 /// The tenants of these tests: `search` (weight 2, NATS account `SEARCH`), `ads` (account
 /// `ADS`) and `partner`, which shares `search`'s cache (group `acme`).
@@ -27,61 +28,24 @@ keys = ["sk-ads"]
 nats_account = "ADS"
 "#;
 
-/// A reply as a plain NATS client sees it.
-struct Reply {
-    status: u16,
-    /// `Embatch-Cache-Hits`, when present.
-    hits: Option<usize>,
-    payload: Bytes,
-}
-
-/// Sends `text` on the request subject, as `tenant` when given.
-async fn send(client: &async_nats::Client, text: &str, tenant: Option<&str>) -> Reply {
-    let mut request_headers = HeaderMap::new();
-    if let Some(tenant) = tenant {
-        request_headers.insert(headers::TENANT, tenant);
-    }
-    let body = serde_json::json!({ "inputs": [text] }).to_string();
-    let reply = tokio::time::timeout(
-        Duration::from_secs(30),
-        client.request_with_headers(DEFAULT_SUBJECT, request_headers, Bytes::from(body)),
-    )
-    .await
-    .expect("a reply within 30 s")
-    .expect("a reply");
-    let header = |name: &str| {
-        reply
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(name))
-            .map(|v| v.as_str().to_owned())
-    };
-    Reply {
-        status: header(headers::SERVICE_ERROR_CODE).map_or(200, |c| c.parse().expect("a code")),
-        hits: header(headers::CACHE_HITS).map(|h| h.parse().expect("a count")),
-        payload: reply.payload,
-    }
-}
-
-/// The tenants file in a temporary directory (kept alive by the returned guard).
-fn tenants_file() -> (tempfile::TempDir, String) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("tenants.toml");
-    std::fs::write(&path, TENANTS).expect("write the tenants file");
-    let path = path.to_string_lossy().into_owned();
-    (dir, path)
+/// A worker on `nats` with the double as its upstream, the tenants file `file` and `args`.
+async fn start_worker(
+    nats: &NatsServer,
+    tei: &TeiDouble,
+    file: &str,
+    args: &[&str],
+) -> RunningWorker {
+    let mut argv = vec!["--tei-url", tei.url.as_str(), "--tenants-file", file];
+    argv.extend(args);
+    RunningWorker::start(nats, &argv).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_tenant_header_names_a_configured_tenant_or_is_refused() {
     let nats = NatsServer::start();
     let tei = start_tei(TeiConfig::instant()).await;
-    let (_dir, file) = tenants_file();
-    let worker = RunningWorker::start(
-        &nats,
-        &["--tei-url", tei.url.as_str(), "--tenants-file", &file],
-    )
-    .await;
+    let (_dir, file) = tenants_file(TENANTS);
+    let worker = start_worker(&nats, &tei, &file, &[]).await;
     let client = async_nats::connect(nats.url()).await.expect("connects");
 
     assert_eq!(send(&client, "hello", Some("search")).await.status, 200);
@@ -103,7 +67,7 @@ async fn the_tenant_header_names_a_configured_tenant_or_is_refused() {
 }
 
 /// How many times the double was sent `text`.
-fn sends(tei: &embatch_testkit::TeiDouble, text: &str) -> usize {
+fn sends(tei: &TeiDouble, text: &str) -> usize {
     tei.calls()
         .iter()
         .flat_map(|call| call.inputs.iter())
@@ -111,43 +75,12 @@ fn sends(tei: &embatch_testkit::TeiDouble, text: &str) -> usize {
         .count()
 }
 
-/// Waits until the cache bucket holds `entries` keys (written after the replies), at most
-/// 10 s.
-async fn bucket_holds(client: &async_nats::Client, entries: usize) {
-    use futures::StreamExt;
-    let js = async_nats::jetstream::new(client.clone());
-    let kv = js
-        .get_key_value("embatch_cache")
-        .await
-        .expect("the bucket exists");
-    for _ in 0..500 {
-        let keys = kv.keys().await.expect("keys").count().await;
-        if keys >= entries {
-            assert_eq!(keys, entries, "more entries than expected");
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("the bucket never held {entries} entries");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cache_entries_and_hits_are_the_callers_own_scope() {
     let nats = NatsServer::start_jetstream();
     let tei = start_tei(TeiConfig::instant()).await;
-    let (_dir, file) = tenants_file();
-    let worker = RunningWorker::start(
-        &nats,
-        &[
-            "--tei-url",
-            tei.url.as_str(),
-            "--tenants-file",
-            &file,
-            "--cache-kv-timeout",
-            "5s",
-        ],
-    )
-    .await;
+    let (_dir, file) = tenants_file(TENANTS);
+    let worker = start_worker(&nats, &tei, &file, &["--cache-kv-timeout", "5s"]).await;
     let client = async_nats::connect(nats.url()).await.expect("connects");
 
     assert_eq!(
@@ -181,18 +114,7 @@ async fn cache_entries_and_hits_are_the_callers_own_scope() {
     worker.stop().await;
 
     // A second worker on the same bucket: the shared tier keeps the scopes apart too.
-    let second = RunningWorker::start(
-        &nats,
-        &[
-            "--tei-url",
-            tei.url.as_str(),
-            "--tenants-file",
-            &file,
-            "--cache-kv-timeout",
-            "5s",
-        ],
-    )
-    .await;
+    let second = start_worker(&nats, &tei, &file, &["--cache-kv-timeout", "5s"]).await;
     assert_eq!(
         send(&client, "merger memo", Some("partner")).await.hits,
         Some(1)
@@ -213,12 +135,8 @@ async fn an_input_in_flight_is_shared_within_a_scope_only() {
         ..TeiConfig::instant()
     })
     .await;
-    let (_dir, file) = tenants_file();
-    let worker = RunningWorker::start(
-        &nats,
-        &["--tei-url", tei.url.as_str(), "--tenants-file", &file],
-    )
-    .await;
+    let (_dir, file) = tenants_file(TENANTS);
+    let worker = start_worker(&nats, &tei, &file, &[]).await;
     let client = async_nats::connect(nats.url()).await.expect("connects");
 
     let leader = tokio::spawn({

@@ -3,11 +3,10 @@
 //! as TEI 1.9.3 answers them (truncated by default, 422 with `truncate: false`) before any
 //! upstream work.
 
-use std::time::Duration;
+mod common;
 
-use bytes::Bytes;
 use embatch_local_model::Encoder;
-use embatch_protocol::{Input, TruncationDirection, headers};
+use embatch_protocol::{Input, TruncationDirection};
 use embatch_testkit::{NatsServer, RunningWorker, TeiConfig, model_dir, testdata};
 
 /// The built-in model's limit (all-MiniLM-L6-v2's `max_seq_length`).
@@ -19,27 +18,8 @@ async fn request(
     client: &async_nats::Client,
     body: serde_json::Value,
 ) -> (u16, Option<u64>, serde_json::Value) {
-    let reply = tokio::time::timeout(
-        Duration::from_secs(30),
-        client.request(
-            embatch_protocol::DEFAULT_SUBJECT,
-            Bytes::from(body.to_string()),
-        ),
-    )
-    .await
-    .expect("a reply within 30 s")
-    .expect("a reply");
-    let header = |name: &str| {
-        reply
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(name))
-            .map(|v| v.as_str().to_owned())
-    };
-    let status = header(headers::SERVICE_ERROR_CODE).map_or(200, |c| c.parse().expect("a code"));
-    let tokens = header(headers::TOKENS).map(|t| t.parse().expect("a count"));
-    let body = serde_json::from_slice(&reply.payload).expect("JSON");
-    (status, tokens, body)
+    let reply = common::plain::request(client, body, &[]).await;
+    (reply.status, reply.tokens, reply.json())
 }
 
 /// The reference inputs of `testdata/` (30 texts of mixed lengths, languages and scripts).

@@ -1,5 +1,8 @@
 //! Helpers shared by the worker's test binaries (each `mod common;`).
 
+pub mod bulk_contract;
+pub mod plain;
+
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -12,6 +15,7 @@ use embatch_client::{EmbedClient, RequestError};
 /// # Panics
 /// When no reply comes for another reason (time-out, transport, no responders), or a payload is
 /// not JSON.
+#[allow(dead_code)] // not every test binary uses every helper
 pub async fn embed_status(client: &EmbedClient, body: Bytes) -> (u16, serde_json::Value) {
     match client.embed(body, Duration::from_secs(10)).await {
         Ok(reply) => (
@@ -32,4 +36,18 @@ pub async fn embed_status(client: &EmbedClient, body: Bytes) -> (u16, serde_json
         }
         Err(err) => panic!("no reply: {err}"),
     }
+}
+
+/// The text of the worker's `/metrics` at `addr` (`host:port`).
+///
+/// # Panics
+/// When `/metrics` does not answer with a text body.
+#[allow(dead_code)] // not every test binary uses every helper
+pub async fn metrics_text(addr: impl std::fmt::Display) -> String {
+    reqwest::get(format!("http://{addr}/metrics"))
+        .await
+        .expect("/metrics answers")
+        .text()
+        .await
+        .expect("a text body")
 }
