@@ -469,7 +469,9 @@ def main() -> int:
     p.add_argument("--tei-start-timeout", type=float, default=240)
     p.add_argument("--patterns", default="all", help="comma-separated indexes into PATTERNS, or all")
     p.add_argument("--tuned-batch", type=int, default=256,
-                   help="also run single c=256 and 32-input c=8 through a worker with MAX_BATCH_SIZE=N (0: skip)")
+                   help="also run --tuned-patterns through a worker with MAX_BATCH_SIZE=N (0: skip)")
+    p.add_argument("--tuned-patterns", default="1,2",
+                   help="comma-separated indexes into PATTERNS run again with the tuned settings (default: single c=256 and 32-input c=8)")
     p.add_argument("--tuned-calls", type=int, default=4,
                    help="and again with MAX_CONCURRENT_BATCHES=N besides (0: skip)")
     p.add_argument("--batch-tokens", type=int, default=16384,
@@ -554,7 +556,7 @@ def main() -> int:
             stack.start_worker(settings)
             wait_http(f"{stack.gateway}/health", 30)
             server = "tei-batching" if args.batch_tokens else "tei"
-            for pattern, c, k in [("single c=256", 256, 1), ("32-input c=8", 8, 32)]:
+            for pattern, c, k in [PATTERNS[int(i)] for i in args.tuned_patterns.split(",")]:
                 seed += 1
                 name = f"{pattern} embatch {shown} {server}".replace(" ", "_").replace("=", "").replace(",", "")
                 r = run_load(stack, sampler, name, f"{stack.gateway}/embed", c, k, seed, "embatch")

@@ -25,7 +25,7 @@ strip -o "$stage/nats-server" "$(scripts/install-nats-server.sh)"
 echo "$commit" >"$stage/BUILD_COMMIT"
 tar -C "$stage" -cf - . | xz -9e -T2 >.gpu/bin.tar.xz
 model=$(scripts/fetch-model.sh)
-for f in config.json tokenizer.json tokenizer_config.json special_tokens_map.json vocab.txt \
+for f in config.json tokenizer.json tokenizer_config.json special_tokens_map.json \
   sentence_bert_config.json modules.json config_sentence_transformers.json 1_Pooling/config.json; do
   cp "$model/$f" ".gpu/model/$f"
 done
