@@ -3,10 +3,9 @@
 //! While nats-server is away, clients hold their requests (an `embatch-client` waits for the
 //! reconnect within each request's deadline rather than fail it) and resend what was in flight.
 //! When the server is back, that backlog (the outage × the request rate) reaches the workers
-//! within a few ms of their re-subscribing. `MAX_QUEUE_DELAY` (`auto`: then 2 upstream calls +
-//! `MAX_WAIT_TIME`, now at least 500 ms) would answer much of it 429, though its callers' deadlines allow the queue
-//! to drain (benchmark 16 before this: 717 × 429 of 14,000 requests for a 1 s restart at 1,000
-//! req/s, 2,255 for 5 s). So for [`BACKLOG_WINDOW`] after each reconnect the batcher admits by
+//! within a few ms of their re-subscribing. `MAX_QUEUE_DELAY` would answer much of it 429,
+//! though its callers' deadlines allow the queue to drain (what that cost, measured:
+//! docs/design/recovery.md). So for [`BACKLOG_WINDOW`] after each reconnect the batcher admits by
 //! deadline alone ([`crate::batcher::BatcherHandle::absorb_backlog`]): `QUEUE_CAP`,
 //! `MAX_QUEUE_BYTES` and each request's deadline still bound what it takes.
 //!
