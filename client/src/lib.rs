@@ -146,6 +146,15 @@ pub enum Operation {
     /// Texts of token ids: TEI's `/decode` body on
     /// [`embatch_protocol::tokenize::decode_subject`] of the client's subject (contract v1.3).
     Decode,
+    /// Predictions: TEI's `/predict` body on [`embatch_protocol::predict::predict_subject`] of
+    /// the client's subject (contract v1.4).
+    Predict,
+    /// Token embeddings: TEI's `/embed_all` body on
+    /// [`embatch_protocol::embed_all::embed_all_subject`] of the client's subject (v1.4).
+    EmbedAll,
+    /// Sentence similarities: TEI's `/similarity` body on
+    /// [`embatch_protocol::similarity::similarity_subject`] of the client's subject (v1.4).
+    Similarity,
 }
 
 /// Why a request failed, as the NATS client saw it. [`RequestError::Reply`] is an error the
@@ -411,6 +420,11 @@ impl EmbedClient {
             Operation::Sparse => embatch_protocol::sparse::sparse_subject(&self.subject),
             Operation::Tokenize => embatch_protocol::tokenize::tokenize_subject(&self.subject),
             Operation::Decode => embatch_protocol::tokenize::decode_subject(&self.subject),
+            Operation::Predict => embatch_protocol::predict::predict_subject(&self.subject),
+            Operation::EmbedAll => embatch_protocol::embed_all::embed_all_subject(&self.subject),
+            Operation::Similarity => {
+                embatch_protocol::similarity::similarity_subject(&self.subject)
+            }
         };
         self.nats
             .publish_with_reply_and_headers(

@@ -14,6 +14,9 @@ use crate::routes::{
 use crate::routes::{
     decode, embed_sparse, model_decode, model_embed_sparse, model_tokenize, tokenize,
 };
+use crate::routes::{
+    embed_all, model_embed_all, model_predict, model_similarity, predict, similarity,
+};
 use crate::state::AppState;
 
 /// Every route the gateway serves, as `(method, path)`: exactly what [`app`] registers (the
@@ -39,7 +42,7 @@ pub const PUBLIC: [&str; 5] = [
 
 /// The embedding routes, whose requests count against their tenant's quota and usage
 /// ([`crate::metering`]).
-pub const METERED: [&str; 16] = [
+pub const METERED: [&str; 22] = [
     "/embed",
     "/",
     "/v1/embeddings",
@@ -56,10 +59,16 @@ pub const METERED: [&str; 16] = [
     "/models/{model}/tokenize",
     "/decode",
     "/models/{model}/decode",
+    "/predict",
+    "/models/{model}/predict",
+    "/embed_all",
+    "/models/{model}/embed_all",
+    "/similarity",
+    "/models/{model}/similarity",
 ];
 
 /// The routes: method (for [`served`]), path and handler.
-fn handlers() -> [(&'static str, &'static str, MethodRouter<Arc<AppState>>); 24] {
+fn handlers() -> [(&'static str, &'static str, MethodRouter<Arc<AppState>>); 30] {
     [
         ("POST", "/embed", post(embed)),
         // TEI's compat route (`huggingface_hub`'s `InferenceClient(base_url=...)` posts here).
@@ -82,6 +91,13 @@ fn handlers() -> [(&'static str, &'static str, MethodRouter<Arc<AppState>>); 24]
         ("POST", "/models/{model}/tokenize", post(model_tokenize)),
         ("POST", "/decode", post(decode)),
         ("POST", "/models/{model}/decode", post(model_decode)),
+        // Contract v1.4.
+        ("POST", "/predict", post(predict)),
+        ("POST", "/models/{model}/predict", post(model_predict)),
+        ("POST", "/embed_all", post(embed_all)),
+        ("POST", "/models/{model}/embed_all", post(model_embed_all)),
+        ("POST", "/similarity", post(similarity)),
+        ("POST", "/models/{model}/similarity", post(model_similarity)),
         ("GET", "/info", get(info)),
         ("GET", "/health", get(health)),
         ("GET", "/metrics", get(metrics)),

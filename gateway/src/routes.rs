@@ -26,6 +26,9 @@ use crate::tenancy::Caller;
 
 pub use crate::app::{METERED, PUBLIC, served};
 pub use crate::state::AppState;
+pub(crate) use classify::{
+    embed_all, model_embed_all, model_predict, model_similarity, predict, similarity,
+};
 pub use meta::ModelQuery;
 pub(crate) use meta::{health, info, list_models, metrics, model_health, model_info, openapi};
 pub(crate) use rerank::{cohere_rerank_v1, cohere_rerank_v2, model_rerank, rerank};
@@ -34,6 +37,7 @@ pub(crate) use tokenize::{decode, model_decode, model_tokenize, tokenize};
 
 use forward::{RouteRequest, TeiRoute};
 
+pub(crate) mod classify;
 mod forward;
 pub(crate) mod meta;
 pub(crate) mod rerank;

@@ -25,19 +25,26 @@
 //!   inputs batched as inputs of [`Task::Sparse`].
 //! - [`tokenize`]: TEI's `/tokenize` and `/decode` bodies on `<subject>.tokenize` and
 //!   `<subject>.decode` (contract v1.3), passed to the upstream one request per call.
+//! - [`predict`], [`embed_all`], [`similarity`]: TEI's `/predict`, `/embed_all` and
+//!   `/similarity` bodies on `<subject>.predict`, `<subject>.embed_all` and
+//!   `<subject>.similarity` (contract v1.4), batched as inputs of [`Task::Predict`],
+//!   [`Task::EmbedAll`] and (the sentences) [`Task::Embed`].
 //! - [`reply`]: the reply codec (success and error headers, decoding a reply into a result).
 //! - `openapi` (feature `openapi`): the OpenAPI schemas of [`request::Inputs`] and
 //!   [`request::Input`]; with the feature, the wire types also derive `utoipa::ToSchema`.
 
 pub mod bulk;
+pub mod embed_all;
 pub mod error;
 pub mod headers;
 pub mod model;
 #[cfg(feature = "openapi")]
 mod openapi;
+pub mod predict;
 pub mod reply;
 pub mod request;
 pub mod rerank;
+pub mod similarity;
 pub mod sparse;
 pub mod tokenize;
 
@@ -62,6 +69,7 @@ pub const PROTOCOL_VERSION: &str = "1";
 
 /// The contract's full version, `<major>.<minor>`: a minor version only adds to the contract
 /// (v1.1 added model subjects, see [`model`]; v1.2 the rerank subject, see [`rerank`]; v1.3
-/// the sparse and token subjects, see [`sparse`]), so a client of any `1.x` talks to any `1.y`
+/// the sparse and token subjects, see [`sparse`]; v1.4 the predict, embed_all and similarity
+/// subjects, see [`predict`]), so a client of any `1.x` talks to any `1.y`
 /// worker. Announced by workers as the `contract_version` metadata of `$SRV.INFO`.
-pub const CONTRACT_VERSION: &str = "1.3";
+pub const CONTRACT_VERSION: &str = "1.4";

@@ -345,6 +345,16 @@ pub enum Task {
     /// model: the non-zero values of the pooled vector as `[{"index", "value"}, ...]`
     /// ([`crate::sparse`], contract v1.3).
     Sparse,
+    /// The predictions of one sequence (a text or an [`Input::Pair`]), as TEI 1.9.3's
+    /// `/predict` computes them with the model's classifier head: `[{"score", "label"}, ...]`
+    /// for every label, highest first ([`crate::predict`], contract v1.4).
+    Predict {
+        /// TEI's `raw_scores`: the logits instead of their softmax.
+        raw_scores: bool,
+    },
+    /// One vector per token of each input, as TEI 1.9.3's `/embed_all` computes them (the last
+    /// hidden state, no pooling): `[[f32, ...], ...]` ([`crate::embed_all`], contract v1.4).
+    EmbedAll,
 }
 
 impl Default for EmbedOptions {

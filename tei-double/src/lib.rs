@@ -30,7 +30,12 @@
 //!
 //! With [`Config::reranker`], `/info` announces a reranker and `POST /rerank` and `POST /predict`
 //! score (query, text) pairs in TEI 1.9.3's shapes, deterministically and equally on both routes
-//! (see the `rerank` module and [`rerank_score`]); without it they answer 424 as TEI does.
+//! (see the `rerank` module and [`rerank_score`]); without it `/rerank` answers 424 as TEI does.
+//! With [`Config::classifier`], `/info` announces a classifier and `POST /predict` answers every
+//! label of [`CLASSIFIER_LABELS`] ([`predictions`]); with neither, `/predict` answers 424.
+//!
+//! `POST /embed_all` answers one vector per token of each input ([`token_embeddings`]) for an
+//! embedding model without SPLADE pooling, else 424 as TEI does (the `embed_all` module).
 //!
 //! With [`Config::splade`], `/info` announces an embedding model with SPLADE pooling and
 //! `POST /embed_sparse` answers deterministic sparse embeddings ([`sparse_embedding`]) in TEI
@@ -59,13 +64,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{HeaderMap, HeaderName, StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, serve};
-use embatch_protocol::{EmbedError, EmbedRequest, ErrorResponse, ErrorType, Input};
+use embatch_protocol::{EmbedError, ErrorResponse, ErrorType, Input};
 
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -105,6 +108,10 @@ pub struct Config {
     /// `/embed_sparse` answers (see the `sparse` module); else that route answers 424 as TEI
     /// does. Ignored with `reranker`.
     pub splade: bool,
+    /// A sequence classifier with the labels [`CLASSIFIER_LABELS`]: `/info`'s `model_type` is
+    /// `classifier` and `/predict` answers every label's score (the `predict` module); `/embed`
+    /// still answers (the double does not refuse it). Ignored with `reranker`.
+    pub classifier: bool,
     /// Serve `POST /tokenize` and `POST /decode` (the `tokenize` module), as TEI does. Off by
     /// default: a worker then finds no `/tokenize` and counts inputs, as the tests written
     /// before these routes expect, and the routes answer 404, as a server without them.
@@ -125,6 +132,7 @@ impl Default for Config {
             model_id: "embatch/tei-double".into(),
             reranker: false,
             splade: false,
+            classifier: false,
             tokenizer: false,
         }
     }
@@ -224,12 +232,13 @@ fn new_state(config: Config, calls: Option<CallLog>, faults: SharedFaults) -> Ar
 
 fn router(state: &Arc<AppState>) -> Router {
     Router::new()
-        .route("/embed", post(embed))
+        .route("/embed", post(embed::embed))
         .route("/rerank", post(rerank::rerank))
-        .route("/predict", post(rerank::predict))
+        .route("/predict", post(predict::predict))
         .route("/embed_sparse", post(sparse::embed_sparse))
-        .route("/info", get(info))
-        .route("/health", get(health))
+        .route("/embed_all", post(embed_all::embed_all))
+        .route("/info", get(meta::info))
+        .route("/health", get(meta::health))
         .merge(tokenize::routes(state.config.tokenizer))
         .with_state(Arc::clone(state))
 }
@@ -373,206 +382,23 @@ fn poisoned(inputs: &[Input]) -> Option<usize> {
         .position(|input| input.as_text().is_some_and(|t| t.contains(POISON)))
 }
 
-/// TEI's validation of `request`; a [`POISON`] input fails it only when `poison_rejected`.
-fn check(request: &EmbedRequest, config: &Config, poison_rejected: bool) -> Result<(), EmbedError> {
-    request.validate(config.max_client_batch_size)?;
-    if let Some(i) = poisoned(request.inputs.as_slice()).filter(|_| poison_rejected) {
-        return Err(EmbedError::Validation(format!(
-            "input {i} contains the poison marker `{POISON}`"
-        )));
-    }
-    if let Some(d) = request.dimensions
-        && d > config.dim
-    {
-        return Err(EmbedError::Validation(format!(
-            "`dimensions` must be at most {}. Given: {d}",
-            config.dim
-        )));
-    }
-    Ok(())
-}
-
-async fn embed(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
-    let arrived = Instant::now();
-    let request = match EmbedRequest::from_slice(&body) {
-        Ok(r) => r,
-        Err(err) => return error_response(&err),
-    };
-    let request_options = request.options();
-    let normalize = request.normalize;
-    let dimensions = request.dimensions;
-    let faults = state
-        .faults
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
-    let checked = check(&request, &state.config, faults.poison_status.is_none());
-    let inputs = request.inputs.into_vec();
-    // A model failure on a poisoned input: answered after the call's compute time.
-    let model_failure = faults
-        .poison_status
-        .filter(|_| checked.is_ok())
-        .and_then(|status| poisoned(&inputs).map(|i| (status, i)));
-    if let Some(calls) = &state.calls {
-        let status = faults
-            .fail_with
-            .unwrap_or_else(|| match (&checked, model_failure) {
-                (Err(err), _) => err.status(),
-                (Ok(()), Some((status, _))) => status,
-                (Ok(()), None) => 200,
-            });
-        calls.push(RecordedCall {
-            inputs: inputs.clone(),
-            options: serde_json::to_value(request_options).unwrap_or(serde_json::Value::Null),
-            status,
-            authorization: headers
-                .get(header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned),
-            at: arrived,
-        });
-    }
-    if !faults.delay.is_zero() {
-        tokio::time::sleep(faults.delay).await;
-    }
-    if let Some(status) = faults.fail_with {
-        return injected_failure(status);
-    }
-    if let Err(err) = checked {
-        return error_response(&err);
-    }
-
-    let Ok(gpu) = state.gpu.acquire().await else {
-        // The semaphore is never closed; answer as TEI would if it were shutting down.
-        return error_response(&EmbedError::Unavailable("shutting down".into()));
-    };
-    let queue_time = arrived.elapsed();
-    let cost = state.config.cost_of(&inputs);
-    precise_sleep(cost).await;
-    // The simulated GPU is free again: building and serializing the reply is not part of the cost.
-    drop(gpu);
-    if let Some((status, i)) = model_failure {
-        return failure(
-            status,
-            format!("the model failed on input {i} (`{POISON}`)"),
-        );
-    }
-    // That CPU work (about 1 ms for 32 vectors of 384 floats) runs on the blocking pool: done
-    // here, it would delay the next call, which the semaphore just woke into this runtime
-    // thread's LIFO slot, so the simulated GPU would idle while this reply is serialized.
-    let body = match vectors_json(inputs, state.config.dim, dimensions, normalize).await {
-        Ok(body) => body,
-        Err(err) => return error_response(&err),
-    };
-    (reply_headers(arrived, queue_time, cost), body).into_response()
-}
-
-/// TEI's reply headers: the content type and its `x-*-time` headers (ms).
-fn reply_headers(
-    arrived: Instant,
-    queue_time: Duration,
-    cost: Duration,
-) -> [(HeaderName, String); 5] {
-    [
-        (header::CONTENT_TYPE, "application/json".to_string()),
-        (
-            HeaderName::from_static("x-compute-type"),
-            "tei-double".to_string(),
-        ),
-        (
-            HeaderName::from_static("x-compute-time"),
-            arrived.elapsed().as_millis().to_string(),
-        ),
-        (
-            HeaderName::from_static("x-queue-time"),
-            queue_time.as_millis().to_string(),
-        ),
-        (
-            HeaderName::from_static("x-inference-time"),
-            cost.as_millis().to_string(),
-        ),
-    ]
-}
-
-/// TEI's reply body: the JSON array of the inputs' vectors, built on the blocking pool.
-async fn vectors_json(
-    inputs: Vec<Input>,
-    dim: usize,
-    dimensions: Option<usize>,
-    normalize: bool,
-) -> Result<Vec<u8>, EmbedError> {
-    let body = tokio::task::spawn_blocking(move || {
-        let vectors: Vec<Vec<f32>> = inputs
-            .iter()
-            .map(|input| embedding_of(input, dim, dimensions, normalize))
-            .collect();
-        serde_json::to_vec(&vectors)
-    })
-    .await;
-    match body {
-        Ok(Ok(body)) => Ok(body),
-        Ok(Err(err)) => Err(EmbedError::Backend(format!("cannot encode: {err}"))),
-        Err(err) => Err(EmbedError::Backend(format!("reply task failed: {err}"))),
-    }
-}
-
-async fn info(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
-    let c = &state.config;
-    Json(serde_json::json!({
-        "model_id": c.model_id,
-        "model_sha": null,
-        "model_dtype": if c.pad_group.is_some() { "float32" } else { "float16" },
-        "model_type": if c.reranker {
-            serde_json::json!({"reranker": {"id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}})
-        } else if c.splade {
-            serde_json::json!({"embedding": {"pooling": "splade"}})
-        } else {
-            serde_json::json!({"embedding": {"pooling": "mean"}})
-        },
-        "max_concurrent_requests": 512,
-        "max_input_length": MAX_INPUT_LENGTH,
-        "max_batch_tokens": 16384,
-        "max_batch_requests": c.pad_group,
-        "max_client_batch_size": c.max_client_batch_size,
-        "auto_truncate": false,
-        "tokenization_workers": 1,
-        "version": env!("CARGO_PKG_VERSION"),
-        "sha": null,
-        "docker_label": "embatch-fake-upstream",
-    }))
-}
-
-/// [`Faults::health_status`] when set; else 200, or 503 (as TEI answers while its model cannot
-/// run) while [`Faults::fail_with`] holds a 5xx status: a failing server also fails its health
-/// check.
-async fn health(State(state): State<Arc<AppState>>) -> StatusCode {
-    let faults = state
-        .faults
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
-    if let Some(status) = faults
-        .health_status
-        .and_then(|s| StatusCode::from_u16(s).ok())
-    {
-        return status;
-    }
-    if faults.fail_with.is_some_and(|status| status >= 500) {
-        StatusCode::SERVICE_UNAVAILABLE
-    } else {
-        StatusCode::OK
-    }
-}
-
 mod calls;
+mod embed;
+mod embed_all;
+mod meta;
+mod predict;
 mod rerank;
 mod sparse;
 mod tokenize;
 mod vectors;
 pub use calls::{CallLog, Faults, RecordedCall, SharedFaults};
+pub use embed_all::token_embeddings;
+pub use predict::{CLASSIFIER_LABELS, RERANKER_LABEL, predictions};
 pub use sparse::{SPARSE_VOCAB, sparse_embedding};
 pub use tokenize::{decoded, tokens_of as tokenized, word_id};
 pub use vectors::{embedding, embedding_of, logit, rerank_score};
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_classify;

@@ -1,14 +1,11 @@
-//! The double's `POST /rerank` and `POST /predict`, in TEI 1.9.3's shapes: deterministic scores
-//! of (query, text) pairs ([`crate::rerank_score`]), the same for a pair on either route, as TEI
-//! computes both with the same classifier head.
+//! The double's `POST /rerank`, in TEI 1.9.3's shapes: deterministic scores of (query, text)
+//! pairs ([`crate::rerank_score`]), the same for a pair as `/predict` gives (the `predict`
+//! module), as TEI computes both with the same classifier head.
 //!
 //! - `/rerank` `{"query", "texts", "raw_scores", "return_text", "truncate",
 //!   "truncation_direction"}` → `[{"index", "text"?, "score"}, ...]` sorted by score, highest
 //!   first; no texts → 400 `Empty` "`texts` cannot be empty"; more than
 //!   `max_client_batch_size` → 422 `Validation` "batch size N > maximum allowed batch size M".
-//! - `/predict` `{"inputs": [["q", "t"], ...], "raw_scores", ...}` → one list of predictions per
-//!   pair, `[[{"score", "label": "LABEL_0"}], ...]` (TEI's batch shape); a single pair
-//!   `["q", "t"]` → one list `[{"score", "label"}]`.
 //! - A model that is not a reranker ([`crate::Config::reranker`] off) → 424 `Backend`, as TEI
 //!   answers.
 //!
@@ -24,38 +21,9 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use embatch_protocol::rerank::{NOT_A_RERANKER, Rank};
-use embatch_protocol::{EmbedError, Input, RerankRequest, TruncationDirection};
-use serde::{Deserialize, Serialize};
+use embatch_protocol::{EmbedError, Input, RerankRequest};
 
 use crate::{AppState, POISON, RecordedCall, error_response, injected_failure, precise_sleep};
-
-/// TEI 1.9.3's `/predict` input: one sequence or pair, or a batch of them.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum PredictInputs {
-    Batch(Vec<Vec<String>>),
-    Single(Vec<String>),
-    Text(String),
-}
-
-/// TEI 1.9.3's `/predict` body.
-#[derive(Deserialize)]
-struct PredictRequest {
-    inputs: PredictInputs,
-    #[serde(default)]
-    raw_scores: bool,
-    #[serde(default)]
-    truncate: Option<bool>,
-    #[serde(default)]
-    truncation_direction: Option<TruncationDirection>,
-}
-
-/// One prediction of TEI's `/predict` reply.
-#[derive(Serialize)]
-struct Prediction {
-    score: f32,
-    label: &'static str,
-}
 
 /// `POST /rerank`.
 pub(crate) async fn rerank(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
@@ -93,64 +61,6 @@ pub(crate) async fn rerank(State(state): State<Arc<AppState>>, body: Bytes) -> R
     ranks.sort_by(|a, b| a.score.total_cmp(&b.score));
     ranks.reverse();
     Json(ranks).into_response()
-}
-
-/// `POST /predict`.
-pub(crate) async fn predict(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
-    let arrived = Instant::now();
-    let request: PredictRequest = match serde_json::from_slice(&body) {
-        Ok(r) => r,
-        Err(err) => return error_response(&EmbedError::Validation(err.to_string())),
-    };
-    let (sequences, batch) = match request.inputs {
-        PredictInputs::Batch(batch) => (batch, true),
-        PredictInputs::Single(sequence) => (vec![sequence], false),
-        PredictInputs::Text(text) => (vec![vec![text]], false),
-    };
-    let pairs: Result<Vec<Input>, EmbedError> = sequences
-        .into_iter()
-        .map(|mut s| match (s.pop(), s.pop(), s.is_empty()) {
-            (Some(text), Some(query), true) => Ok(Input::Pair(query, text)),
-            _ => Err(EmbedError::Validation(
-                "the double scores pairs only: each sequence must be [query, text]".into(),
-            )),
-        })
-        .collect();
-    let pairs = match pairs {
-        Ok(pairs) => pairs,
-        Err(err) => return error_response(&err),
-    };
-    let options = serde_json::json!({
-        "route": "/predict", "raw_scores": request.raw_scores,
-        "truncate": request.truncate, "truncation_direction": request.truncation_direction,
-    });
-    let max = state.config.max_client_batch_size;
-    let checked = if pairs.len() > max {
-        Err(EmbedError::Validation(format!(
-            "batch size {} > maximum allowed batch size {max}",
-            pairs.len()
-        )))
-    } else {
-        check(&state, &pairs)
-    };
-    let scored: Vec<Vec<Prediction>> = pairs
-        .iter()
-        .filter_map(|p| match p {
-            Input::Pair(query, text) => Some(vec![Prediction {
-                score: crate::rerank_score(query, text, request.raw_scores),
-                label: "LABEL_0",
-            }]),
-            _ => None,
-        })
-        .collect();
-    if let Err(response) = call(&state, (pairs, options, arrived), checked).await {
-        return response;
-    }
-    if batch {
-        Json(scored).into_response()
-    } else {
-        Json(scored.into_iter().next().unwrap_or_default()).into_response()
-    }
 }
 
 /// The model's and the poison checks of a call's pairs.

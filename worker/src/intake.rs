@@ -22,9 +22,12 @@
 //!   limit; a reply that still turns out too large is replaced by that 413.
 
 mod admit;
+mod capabilities;
+mod classify;
 mod held;
 mod reply;
 mod rerank;
+mod shape;
 mod sparse;
 mod tokenize;
 mod withdraw;
@@ -46,6 +49,7 @@ use crate::group::{Event, Group};
 use crate::micro::EndpointStats;
 use crate::tenant::{Caller, TenantPolicy};
 use crate::tokens::Counter;
+pub use classify::ClassifyRoutes;
 pub use held::LARGE_BODY_BYTES;
 use held::{Held, HeldShare};
 use reply::ReplyLimit;
@@ -75,6 +79,8 @@ pub struct IntakeConfig {
     pub sparse: SparseConfig,
     /// The tokenize and decode subjects and the upstream's routes.
     pub tokens: TokenRoutes,
+    /// The predict, embed_all and similarity subjects and what the model does.
+    pub classify: ClassifyRoutes,
 }
 
 /// What the intake runs on ([`run`]): where requests come from, where they go and where their
@@ -130,6 +136,7 @@ pub(crate) async fn run(intake: Intake, stop: CancellationToken) {
     let mut reconnects = crate::reconnect::Reconnects::new(&client);
     let admitter = Arc::new(Admitter {
         reply_limit: Arc::new(ReplyLimit::new(config.max_payload)),
+        token_vectors_limit: Arc::new(ReplyLimit::new(config.max_payload)),
         acks: Acks {
             worker_id: Arc::from(config.worker_id.as_str()),
             delay_ms: headers::ACK_DELAY.as_millis().to_string().into(),
@@ -263,8 +270,10 @@ struct Admitter {
     stats: EndpointStats,
     cache: Arc<Cache>,
     tenants: TenantPolicy,
-    /// Checked, and taught, by every reply.
+    /// Checked, and taught, by every embedding reply (`/embed`, `/embed_sparse`).
     reply_limit: Arc<ReplyLimit>,
+    /// Checked, and taught, by every `/embed_all` reply (see [`shape::Limit`]).
+    token_vectors_limit: Arc<ReplyLimit>,
     acks: Acks,
     /// The bodies held, from arrival to answer.
     held: Arc<Held>,

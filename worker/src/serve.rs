@@ -103,6 +103,7 @@ struct Parts<U> {
     rerank: intake::RerankConfig,
     sparse: intake::SparseConfig,
     tokens: intake::TokenRoutes,
+    classify: intake::ClassifyRoutes,
     batcher: batcher::BatcherHandle,
     batcher_task: JoinHandle<()>,
     cache: Arc<cache::Cache>,
@@ -209,6 +210,9 @@ impl<U: Upstream> Parts<U> {
         let upstream_info = upstream.info().await.ok();
         let (rerank, sparse, tokens) = routes(upstream, served, upstream_info.as_ref());
         let token_subjects = tokens.subjects();
+        let (subjects, name) = (&served.subjects, &served.model.name);
+        let classify = intake::ClassifyRoutes::new(subjects, name, upstream_info.as_ref());
+        let classify_subjects = classify.subjects();
         let (batcher, batcher_task) =
             batcher::spawn(Arc::clone(upstream), config.batcher(upstream_info.as_ref()));
         let cache_config = config.cache();
@@ -220,7 +224,12 @@ impl<U: Upstream> Parts<U> {
             address(
                 config,
                 served,
-                [&rerank.subjects, &sparse.subjects, &token_subjects],
+                [
+                    &rerank.subjects,
+                    &sparse.subjects,
+                    &token_subjects,
+                    &classify_subjects,
+                ],
                 &id,
             ),
             membership,
@@ -243,6 +252,7 @@ impl<U: Upstream> Parts<U> {
             rerank,
             sparse,
             tokens,
+            classify,
             batcher,
             batcher_task,
             cache,
@@ -306,6 +316,7 @@ impl<U: Upstream> Parts<U> {
             rerank: self.rerank,
             sparse: self.sparse,
             tokens: self.tokens,
+            classify: self.classify,
         };
         let intake = tasks.spawn(intake::run(
             intake::Intake {

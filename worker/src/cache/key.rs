@@ -131,6 +131,9 @@ impl ModelIdentity {
             Task::Rerank { raw_scores } => field(&mut hasher, b'R', &[u8::from(raw_scores)]),
             // A sparse embedding of a text is not its dense one: a namespace of its own.
             Task::Sparse => field(&mut hasher, b'Z', &[]),
+            // Predictions and token vectors: namespaces of their own, as sparse's.
+            Task::Predict { raw_scores } => field(&mut hasher, b'C', &[u8::from(raw_scores)]),
+            Task::EmbedAll => field(&mut hasher, b'A', &[]),
         }
         Prefix(hasher)
     }

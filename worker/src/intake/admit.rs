@@ -8,9 +8,11 @@ use embatch_protocol::{EmbedError, EmbedRequest, headers};
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use super::reply::ReplyLimit;
 use super::reply::{ReplyTask, answer, served};
+use super::shape::{self, Limit, Shape};
 use super::work::{Parsed, Submitted, Work, take_misses};
-use super::{Admitter, Arrival, budget, rerank};
+use super::{Admitter, Arrival, budget};
 use crate::batcher::Share;
 use crate::cache::{Plan, Usage};
 use crate::telemetry::{self, Traffic};
@@ -90,11 +92,11 @@ impl Admitter {
             Err(err) => return self.refuse(err, request, wants_ack, received, caller).await,
         };
         let inputs = parsed.inputs.len();
-        let rerank = parsed.rerank.clone();
+        let shape = parsed.shape.clone();
         if plan.is_answered() {
             return self
                 .answer_at_once(
-                    (plan, rerank),
+                    (plan, shape),
                     (inputs, &arrival.caller),
                     request,
                     wants_ack,
@@ -118,9 +120,9 @@ impl Admitter {
         let task = ReplyTask {
             work,
             inputs,
-            rerank,
+            reply_limit: self.limit_for(shape.as_ref()).cloned(),
+            shape,
             arrival,
-            reply_limit: Arc::clone(&self.reply_limit),
             client: self.client.clone(),
             stats: self.stats.clone(),
             cache: Arc::clone(&self.cache),
@@ -140,21 +142,20 @@ impl Admitter {
     /// at once, without the batch queue or admission.
     async fn answer_at_once(
         &self,
-        (plan, rerank): (Plan, Option<rerank::Shape>),
+        (plan, shape): (Plan, Option<Shape>),
         (inputs, caller): (usize, &Caller),
         request: &Message,
         wants_ack: bool,
         received: Instant,
     ) {
-        let is_rerank = rerank.is_some();
+        let limit = self.limit_for(shape.as_ref());
         let outcome = plan.answer().and_then(|answered| {
-            // A rerank reply (a score per pair) says nothing of an embedding reply's size.
-            if !is_rerank {
-                self.reply_limit.observe(inputs, answered.payload.len())?;
+            if let Some(limit) = limit {
+                limit.observe(inputs, answered.payload.len())?;
             }
             Ok(answered)
         });
-        let outcome = rerank::shaped(outcome, rerank);
+        let outcome = shape::shaped(outcome, shape);
         let label = match &outcome {
             Ok(_) => "ok",
             Err(err) => err.kind(),
@@ -215,7 +216,7 @@ impl Admitter {
             mut inputs,
             options,
             deadline,
-            rerank: _,
+            shape: _,
         } = parsed;
         let submitted = if !plan.reads_shared(&self.cache) && self.counter.is_immediate() {
             let misses = take_misses(&plan, &mut inputs);
@@ -273,10 +274,24 @@ impl Admitter {
                 inputs,
                 options,
                 deadline,
-                rerank: Some(shape),
+                shape: Some(Shape::Rerank(shape)),
             });
         }
         let max = self.config.max_client_batch_size;
+        let subject = &request.subject;
+        if let Some(parsed) = self.config.classify.parse(subject, payload, max) {
+            let (inputs, options, shape) = parsed?;
+            if let Some(limit) = self.limit_for(Some(&shape)) {
+                limit.check(inputs.len())?;
+            }
+            let shape = Some(shape);
+            return Ok(Parsed {
+                inputs,
+                options,
+                deadline,
+                shape,
+            });
+        }
         // A sparse reply teaches and checks the reply limit as a dense one: both grow with the
         // inputs, and a worker's model answers one of them in practice (SPLADE or dense).
         let (inputs, options) = if self.config.sparse.serves(&request.subject) {
@@ -291,7 +306,16 @@ impl Admitter {
             inputs,
             options,
             deadline,
-            rerank: None,
+            shape: None,
         })
+    }
+
+    /// The reply-size limit of a reply of `shape` ([`Shape::limit`]), if any.
+    fn limit_for(&self, shape: Option<&Shape>) -> Option<&Arc<ReplyLimit>> {
+        match Shape::limit(shape) {
+            Limit::Embeddings => Some(&self.reply_limit),
+            Limit::TokenVectors => Some(&self.token_vectors_limit),
+            Limit::Unchecked => None,
+        }
     }
 }

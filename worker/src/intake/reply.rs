@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use async_nats::HeaderMap;
 use embatch_protocol::{EmbedError, headers, reply};
 
-use super::rerank::{Shape, shaped};
+use super::shape::{Shape, shaped};
 use super::work::{Timing, Work};
 use super::{Arrival, acknowledge, sleep_until};
 use crate::batcher::Outcome;
@@ -73,12 +73,13 @@ pub(super) struct ReplyTask {
     pub(super) work: Work,
     /// The request's inputs.
     pub(super) inputs: usize,
-    /// How to shape the reply of a rerank request.
-    pub(super) rerank: Option<Shape>,
+    /// How to shape the reply, when not as assembled.
+    pub(super) shape: Option<Shape>,
     /// The request (its payload dropped), its registration and its share of what is held,
     /// released when the task ends.
     pub(super) arrival: Arrival,
-    pub(super) reply_limit: Arc<ReplyLimit>,
+    /// The reply-size limit that checks the reply, if any ([`Shape::limit`]).
+    pub(super) reply_limit: Option<Arc<ReplyLimit>>,
     pub(super) client: async_nats::Client,
     pub(super) stats: EndpointStats,
     pub(super) cache: Arc<Cache>,
@@ -95,7 +96,7 @@ impl ReplyTask {
         let ReplyTask {
             work,
             inputs,
-            rerank,
+            shape,
             arrival,
             reply_limit,
             client,
@@ -131,8 +132,7 @@ impl ReplyTask {
             }
         };
         drop(registered);
-        // A rerank reply (a score per pair) says nothing of an embedding reply's size.
-        let limit = rerank.is_none().then_some(&*reply_limit);
+        let limit = reply_limit.as_deref();
         let settled = settle(outcome, batcher_answered, hand_back, inputs, limit);
         let Settled {
             outcome,
@@ -140,7 +140,7 @@ impl ReplyTask {
             stash,
             all_hits,
         } = settled;
-        let outcome = shaped(outcome, rerank);
+        let outcome = shaped(outcome, shape);
         let (status, tokens) = outcome
             .as_ref()
             .map_or_else(|err| (err.status(), None), |a| (200, a.tokens));

@@ -90,17 +90,6 @@ impl Shape {
     }
 }
 
-/// `outcome` shaped as a rerank reply when `shape` is given, else as it is.
-pub(super) fn shaped(
-    outcome: Result<Answered, EmbedError>,
-    shape: Option<Shape>,
-) -> Result<Answered, EmbedError> {
-    match shape {
-        Some(shape) => outcome.and_then(|answered| shape.apply(answered)),
-        None => outcome,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -171,6 +171,6 @@ pub(super) struct Parsed {
     pub(super) options: EmbedOptions,
     /// When its deadline passes.
     pub(super) deadline: Instant,
-    /// How to shape its reply when it is a rerank request (its inputs are then pairs).
-    pub(super) rerank: Option<super::rerank::Shape>,
+    /// How to shape its reply, when not as assembled (rerank, predict, similarity, embed_all).
+    pub(super) shape: Option<super::shape::Shape>,
 }

@@ -1,7 +1,7 @@
 //! The subjects a worker serves on: its discovery endpoints, its queue-group address (the
 //! request subjects with their rerank and route subjects) and its cancel subscriptions.
 
-use embatch_protocol::{headers, tokenize};
+use embatch_protocol::{embed_all, headers, predict, similarity, tokenize};
 
 use crate::{Config, group, info, micro, model};
 
@@ -40,6 +40,14 @@ impl Endpoints {
             // Contract v1.3: sparse embeddings, served by the same intake.
             let sparse_subject = embatch_protocol::sparse::sparse_subject(subject);
             all.push(embed_stats.also_as(embatch_protocol::sparse::ROUTE, &sparse_subject));
+            // Contract v1.4: classification, token embeddings and similarity, the same intake.
+            for (route, route_subject) in [
+                (predict::ROUTE, predict::predict_subject(subject)),
+                (embed_all::ROUTE, embed_all::embed_all_subject(subject)),
+                (similarity::ROUTE, similarity::similarity_subject(subject)),
+            ] {
+                all.push(embed_stats.also_as(route, &route_subject));
+            }
             // Tokenize and decode, passed to the upstream by the same intake.
             for (route, route_subject) in [
                 (tokenize::TOKENIZE, tokenize::tokenize_subject(subject)),

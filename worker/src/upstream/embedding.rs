@@ -38,8 +38,11 @@ impl Embedding {
     /// reply that TEI could not have written, like `[["a"]]`, `[{"x":1}]`, `[[true]]`, `[[1],2]`
     /// or `[[1]` is refused; one with a malformed number inside a well-formed array is passed
     /// on as written. An element may also be a sparse embedding, TEI's `/embed_sparse` list of
-    /// `{"index": u32, "value": f32}` objects (parsed, see [`sparse_list_end`]): the cache cuts
-    /// the batcher's replies of either kind with this one function.
+    /// `{"index": u32, "value": f32}` objects, or a list of predictions, TEI's `/predict` list
+    /// of `{"score": f32, "label": string}` objects (parsed, see [`sparse_list_end`]), or an
+    /// input's token vectors, TEI's `/embed_all` list of arrays of numbers (checked as dense
+    /// ones, see [`nested_list_end`]): the cache cuts the batcher's replies of every kind with
+    /// this one function.
     ///
     /// # Errors
     /// [`ShapeError`], naming the byte offset where the body left that shape.
@@ -61,8 +64,13 @@ impl Embedding {
             if bytes.get(at) != Some(&b'[') {
                 return Err(shape_error(at, "expected `[` opening an embedding"));
             }
-            if bytes.get(skip_whitespace(bytes, at + 1)) == Some(&b'{') {
-                let end = sparse_list_end(bytes, at)?;
+            let inner = bytes.get(skip_whitespace(bytes, at + 1));
+            if matches!(inner, Some(b'{' | b'[')) {
+                let end = if inner == Some(&b'{') {
+                    sparse_list_end(bytes, at)?
+                } else {
+                    nested_list_end(bytes, at)?
+                };
                 embeddings.push(Embedding(body.slice(at..end)));
                 at = skip_whitespace(bytes, end);
                 match bytes.get(at) {
@@ -109,14 +117,60 @@ fn sparse_list_end(bytes: &[u8], at: usize) -> Result<usize, ShapeError> {
         #[serde(rename = "value", deserialize_with = "serde::Deserialize::deserialize")]
         _value: Option<f32>,
     }
-    let mut values = serde_json::Deserializer::from_slice(&bytes[at..]).into_iter::<Vec<Value>>();
+    /// One of TEI 1.9.3's `/predict` predictions.
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Prediction {
+        #[serde(rename = "score", deserialize_with = "serde::Deserialize::deserialize")]
+        _score: Option<f32>,
+        #[serde(rename = "label")]
+        _label: String,
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum Objects {
+        Sparse(#[allow(dead_code)] Vec<Value>),
+        Predictions(#[allow(dead_code)] Vec<Prediction>),
+    }
+    let mut values = serde_json::Deserializer::from_slice(&bytes[at..]).into_iter::<Objects>();
     match values.next() {
         Some(Ok(_)) => Ok(at + values.byte_offset()),
         Some(Err(err)) => Err(shape_error(
             at,
-            format!("a sparse embedding must be a list of {{\"index\", \"value\"}} ({err})"),
+            format!(
+                "a list of objects must be a sparse embedding ({{\"index\", \"value\"}}) or \
+                 predictions ({{\"score\", \"label\"}}) ({err})"
+            ),
         )),
         None => Err(shape_error(at, "a sparse embedding is missing")),
+    }
+}
+
+/// The end (one past its `]`) of the token vectors starting at `at`, TEI 1.9.3's `/embed_all`
+/// list for one input: an array of arrays holding only number text ([`all_number_text`], as
+/// a dense embedding), possibly empty.
+fn nested_list_end(bytes: &[u8], at: usize) -> Result<usize, ShapeError> {
+    let mut at = skip_whitespace(bytes, at + 1);
+    if bytes.get(at) == Some(&b']') {
+        return Ok(at + 1);
+    }
+    loop {
+        if bytes.get(at) != Some(&b'[') {
+            return Err(shape_error(at, "expected `[` opening a token's vector"));
+        }
+        let Some(len) = memchr::memchr(b']', &bytes[at..]) else {
+            return Err(shape_error(at, "a token vector's `]` is missing"));
+        };
+        let end = at + len + 1;
+        if !all_number_text(&bytes[at + 1..end - 1]) {
+            return Err(shape_error(at, "a token vector may hold only numbers"));
+        }
+        at = skip_whitespace(bytes, end);
+        match bytes.get(at) {
+            Some(b',') => at = skip_whitespace(bytes, at + 1),
+            Some(b']') => return Ok(at + 1),
+            _ => return Err(shape_error(at, "expected `,` or `]` after a token vector")),
+        }
     }
 }
 
@@ -228,7 +282,8 @@ mod tests {
             ("[[1],2]", 5, "expected `[` opening an embedding"),
             ("[[\"a\"]]", 2, "only numbers"),
             ("[[true]]", 2, "only numbers"),
-            ("[[[1]]]", 2, "only numbers"),
+            ("[[[1],2]]", 6, "opening a token's vector"),
+            ("[[[\"a\"]]]", 2, "token vector may hold only numbers"),
             ("[[1]", 4, "expected `,` or `]`"),
             ("[[1] [2]]", 5, "expected `,` or `]`"),
             ("[[1,2", 1, "`]` is missing"),
@@ -239,6 +294,30 @@ mod tests {
                 err.contains(what) && err.ends_with(&format!("at byte {offset}")),
                 "{body:?}: {err}"
             );
+        }
+    }
+
+    #[test]
+    fn token_vectors_and_predictions_are_cut_as_written() {
+        let all = "[[[1,2],[3,4]], [] ,[ [5,6] ]]";
+        assert_eq!(
+            split(all).expect("TEI's /embed_all shape"),
+            ["[[1,2],[3,4]]", "[]", "[ [5,6] ]"]
+        );
+        let predictions = r#"[[{"score":0.9,"label":"pos"},{"score":0.1,"label":"neg"}],[]]"#;
+        assert_eq!(
+            split(predictions).expect("TEI's /predict shape"),
+            [
+                r#"[{"score":0.9,"label":"pos"},{"score":0.1,"label":"neg"}]"#,
+                "[]"
+            ]
+        );
+        for body in [
+            r#"[[{"score":0.9}]]"#,
+            r#"[[{"score":1,"label":2}]]"#,
+            "[[[1],[2]",
+        ] {
+            assert!(split(body).is_err(), "{body}");
         }
     }
 

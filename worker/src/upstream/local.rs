@@ -27,17 +27,30 @@ impl LocalUpstream {
     }
 }
 
+/// Why the built-in model cannot compute `task`, as TEI 1.9.3 answers (424 `Backend`) for a
+/// model like it: it pools densely (no SPLADE head, no classifier head). It does not expose its
+/// last hidden state, so `/embed_all` is refused too, naming the route.
+fn unsupported(task: embatch_protocol::Task) -> Option<&'static str> {
+    use embatch_protocol::Task;
+    match task {
+        Task::Embed | Task::Rerank { .. } => None,
+        Task::Sparse => Some(embatch_protocol::sparse::NOT_SPLADE),
+        Task::Predict { .. } => Some(embatch_protocol::predict::NOT_A_CLASSIFIER),
+        Task::EmbedAll => Some(
+            "the built-in model does not serve /embed_all (token embeddings): run the model \
+             behind TEI (--tei-url) for them",
+        ),
+    }
+}
+
 impl Upstream for LocalUpstream {
     async fn embed(
         &self,
         inputs: &[Input],
         options: &EmbedOptions,
     ) -> Result<Vec<Embedding>, UpstreamError> {
-        if options.task == embatch_protocol::Task::Sparse {
-            // The built-in model pools densely (no SPLADE head): TEI's answer for such a model.
-            return Err(UpstreamError::Model(EmbedError::Backend(
-                embatch_protocol::sparse::NOT_SPLADE.into(),
-            )));
+        if let Some(refusal) = unsupported(options.task) {
+            return Err(UpstreamError::Model(EmbedError::Backend(refusal.into())));
         }
         let model = Arc::clone(&self.model);
         let options = options.clone();

@@ -6,6 +6,7 @@
 //! The batcher is generic over [`Upstream`], so its tests can use an in-process double.
 
 mod body;
+mod classify;
 mod embedding;
 pub mod local;
 mod local_route;

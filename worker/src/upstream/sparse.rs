@@ -46,19 +46,24 @@ impl TeiUpstream {
             prompt_name: options.prompt_name.as_deref(),
         };
         let reply = self.post(ROUTE, &body).await?;
-        split_lists(&reply, inputs.len())
+        split_lists(ROUTE, &reply, inputs.len())
     }
 }
 
-/// Cuts TEI's `/embed_sparse` reply into its lists, in order, each a slice of `reply`
-/// ([`Embedding::split_reply`], which checks each list's shape).
+/// Cuts TEI's reply of `route` (`/embed_sparse`, `/predict`, `/embed_all`: a list per input)
+/// into its lists, in order, each a slice of `reply` ([`Embedding::split_reply`], which checks
+/// each list's shape).
 ///
 /// # Errors
 /// [`UpstreamError::Malformed`] for another shape, [`UpstreamError::CountMismatch`] for another
 /// number of lists than inputs sent.
-fn split_lists(reply: &Bytes, sent: usize) -> Result<Vec<Embedding>, UpstreamError> {
+pub(super) fn split_lists(
+    route: &str,
+    reply: &Bytes,
+    sent: usize,
+) -> Result<Vec<Embedding>, UpstreamError> {
     let lists = Embedding::split_reply(reply)
-        .map_err(|e| UpstreamError::Malformed(format!("TEI /{ROUTE}: {e}")))?;
+        .map_err(|e| UpstreamError::Malformed(format!("TEI /{route}: {e}")))?;
     if lists.len() != sent {
         return Err(UpstreamError::CountMismatch {
             sent,
@@ -76,7 +81,7 @@ mod tests {
     fn a_reply_is_cut_into_each_inputs_list_as_written() {
         let reply =
             Bytes::from_static(br#"[[{"index":3,"value":0.5}], [] ,[{"index":1,"value":2e-1}]]"#);
-        let lists = split_lists(&reply, 3).expect("TEI's shape");
+        let lists = split_lists(ROUTE, &reply, 3).expect("TEI's shape");
         let texts: Vec<&[u8]> = lists.iter().map(Embedding::json).collect();
         assert_eq!(
             texts,
@@ -93,11 +98,11 @@ mod tests {
     fn another_shape_or_count_is_refused() {
         let reply = Bytes::from_static(br#"[[{"index":3,"value":0.5}]]"#);
         assert!(matches!(
-            split_lists(&reply, 2),
+            split_lists(ROUTE, &reply, 2),
             Err(UpstreamError::CountMismatch { sent: 2, got: 1 })
         ));
         for body in [&b"{}"[..], b"[{\"index\":3}]", b"[[{\"index\":3}]]", b"[1]"] {
-            let err = split_lists(&Bytes::copy_from_slice(body), 1).expect_err("shape");
+            let err = split_lists(ROUTE, &Bytes::copy_from_slice(body), 1).expect_err("shape");
             assert!(matches!(err, UpstreamError::Malformed(_)), "{err}");
         }
     }

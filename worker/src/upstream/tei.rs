@@ -177,6 +177,10 @@ impl Upstream for TeiUpstream {
                 return self.rerank(inputs, options, raw_scores).await;
             }
             embatch_protocol::Task::Sparse => return self.embed_sparse(inputs, options).await,
+            embatch_protocol::Task::Predict { raw_scores } => {
+                return self.predict(inputs, options, raw_scores).await;
+            }
+            embatch_protocol::Task::EmbedAll => return self.embed_all(inputs, options).await,
         }
         let n = inputs.len();
         // The body is written while it is sent (see `body`): a batch of long inputs is not
