@@ -3,36 +3,24 @@
 //!
 //! Needs the model: `scripts/fetch-model.sh` (or `EMBATCH_MODEL_DIR` pointing at a model dir).
 
+#[macro_use]
 mod common;
 
-use std::path::PathBuf;
-use std::sync::OnceLock;
-
-use common::{Reference, cosine, long_input, norm};
-use embatch_local_model::LocalModel;
+use common::{RealModel, cosine, long_input, model, norm};
 use embatch_protocol::{EmbedError, EmbedOptions, Input, TruncationDirection};
 
 /// TEI on CPU uses tanh-approximated GeLU, like this crate, but sums in another order.
 const MIN_COSINE: f32 = 0.999;
 
-fn model_dir() -> PathBuf {
-    common::model_dir("EMBATCH_MODEL_DIR", "all-MiniLM-L6-v2")
-}
-
-/// The model, loaded once for all tests of this binary.
-fn model() -> &'static LocalModel {
-    static MODEL: OnceLock<LocalModel> = OnceLock::new();
-    MODEL.get_or_init(|| {
-        common::load_model(
-            &model_dir(),
-            "scripts/fetch-model.sh (or set EMBATCH_MODEL_DIR to a model dir)",
-        )
-    })
-}
-
-fn reference() -> Reference {
-    common::reference("minilm-reference-embeddings.json")
-}
+/// The model under test.
+const REAL: RealModel = RealModel {
+    var: "EMBATCH_MODEL_DIR",
+    name: "all-MiniLM-L6-v2",
+    fetch: "scripts/fetch-model.sh (or set EMBATCH_MODEL_DIR to a model dir)",
+    reference: ("minilm-reference-embeddings.json", "TEI"),
+    min_cosine: MIN_COSINE,
+    limits: (384, 256),
+};
 
 /// The default options with `dimensions`.
 fn with_dimensions(dimensions: usize) -> EmbedOptions {
@@ -73,25 +61,13 @@ fn embed_one(input: &str, options: &EmbedOptions) -> Result<Vec<f32>, EmbedError
     Ok(out.remove(0))
 }
 
-#[test]
-fn matches_tei_reference_embeddings() {
-    let lowest = common::assert_matches(model(), reference(), MIN_COSINE);
-    eprintln!("minimum cosine similarity with TEI: {lowest}");
-}
-
-#[test]
-fn limits_and_dimensions_are_reported() {
-    let model = model();
-    assert_eq!(model.dim(), 384);
-    assert_eq!(model.max_input_length(), 256);
-    assert_eq!(model.model_id(), "all-MiniLM-L6-v2");
-}
+real_model_tests!();
 
 /// TEI 1.9.3 truncates by default (`--auto-truncate` is `true`): a long input without
 /// `truncate` gets the embedding TEI answered for it with `truncate: true`.
 #[test]
 fn long_input_without_truncate_is_truncated_as_tei_does() {
-    let reference = reference();
+    let reference = REAL.reference();
     let truncated = reference
         .cases
         .iter()
@@ -199,30 +175,11 @@ fn unknown_prompt_name_is_invalid() {
 #[test]
 fn prompts_from_the_sentence_transformers_config_are_prepended() {
     // The real model, with a config_sentence_transformers.json that defines prompts.
-    let source = model_dir();
-    let _ = model(); // fails with the fetch hint when the model is missing
-    let dir = tempfile::tempdir().expect("temp dir");
-    let copy = dir.path().join("minilm-with-prompts");
-    std::fs::create_dir_all(copy.join("1_Pooling")).expect("mkdir");
-    for file in [
-        "config.json",
-        "tokenizer.json",
-        "model.safetensors",
-        "sentence_bert_config.json",
-        "1_Pooling/config.json",
-    ] {
-        std::os::unix::fs::symlink(
-            source.join(file).canonicalize().expect(file),
-            copy.join(file),
-        )
-        .expect("symlink");
-    }
-    std::fs::write(
-        copy.join("config_sentence_transformers.json"),
-        r#"{"prompts": {"query": "query: ", "passage": "passage: "}}"#,
-    )
-    .expect("write");
-    let with_prompts = LocalModel::load(&copy).expect("loads");
+    let prompts = r#"{"prompts": {"query": "query: ", "passage": "passage: "}}"#;
+    let (_dir, with_prompts) = common::variant(
+        "minilm-with-prompts",
+        ("config_sentence_transformers.json", prompts),
+    );
     assert_eq!(with_prompts.model_id(), "minilm-with-prompts");
 
     let inputs = vec![Input::from("What is vector search?")];

@@ -2,32 +2,125 @@
 //! reference files of `testdata/`, and the comparison against them.
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::time::Instant;
 
 use embatch_local_model::LocalModel;
 use embatch_protocol::EmbedRequest;
 use serde::Deserialize;
 
-/// The model directory named by the environment variable `var`, else `<repo>/models/<name>`.
-pub fn model_dir(var: &str, name: &str) -> PathBuf {
-    std::env::var_os(var).map_or_else(
-        || {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../models")
-                .join(name)
-        },
-        PathBuf::from,
-    )
+/// The files of a model directory.
+const MODEL_FILES: [&str; 5] = [
+    "config.json",
+    "tokenizer.json",
+    "model.safetensors",
+    "sentence_bert_config.json",
+    "1_Pooling/config.json",
+];
+
+/// A variant of the model under test, named `name` (its model id), in a temporary directory:
+/// `written` (a path and its contents) as a new file, every other file of the model's own
+/// directory as a symbolic link. Loaded, with the guard that keeps the directory.
+pub fn variant(name: &str, (path, contents): (&str, &str)) -> (tempfile::TempDir, LocalModel) {
+    let source = crate::REAL.dir();
+    let _ = model(); // fails with the fetch hint when the model is missing
+    let dir = tempfile::tempdir().expect("temp dir");
+    let copy = dir.path().join(name);
+    std::fs::create_dir_all(copy.join("1_Pooling")).expect("mkdir");
+    for file in MODEL_FILES.into_iter().filter(|file| *file != path) {
+        std::os::unix::fs::symlink(
+            source.join(file).canonicalize().expect(file),
+            copy.join(file),
+        )
+        .expect("symlink");
+    }
+    std::fs::write(copy.join(path), contents).expect("write");
+    let model = LocalModel::load(&copy).expect("loads");
+    (dir, model)
 }
 
-/// Loads the model in `dir`, panicking with the command that fetches it when it is missing.
-pub fn load_model(dir: &Path, fetch: &str) -> LocalModel {
-    assert!(
-        dir.join("model.safetensors").is_file(),
-        "no model in {}: run {fetch}",
-        dir.display()
-    );
-    LocalModel::load(dir).unwrap_or_else(|err| panic!("loading {}: {err}", dir.display()))
+/// The tests every real model passes, on the test binary's `REAL`: it answers every case of its
+/// reference, and reports its dimension, token limit and id.
+macro_rules! real_model_tests {
+    () => {
+        #[test]
+        fn matches_its_reference_embeddings() {
+            crate::REAL.assert_matches_reference(common::model());
+        }
+
+        #[test]
+        fn limits_and_dimensions_are_reported() {
+            crate::REAL.assert_limits(common::model());
+        }
+    };
+}
+
+/// The model under test (the test binary's `REAL`), loaded once for all tests of the binary.
+pub fn model() -> &'static LocalModel {
+    static MODEL: OnceLock<LocalModel> = OnceLock::new();
+    MODEL.get_or_init(|| crate::REAL.load())
+}
+
+/// A real model the tests run: where its directory is, how to fetch it, its reference file.
+pub struct RealModel {
+    /// The environment variable naming its directory; unset: `<repo>/models/<name>`.
+    pub var: &'static str,
+    /// Its directory's name under `<repo>/models/`.
+    pub name: &'static str,
+    /// The command that fetches it, named when it is missing.
+    pub fetch: &'static str,
+    /// Its reference file in `testdata/`, and who computed it (`TEI`, `ONNX Runtime`).
+    pub reference: (&'static str, &'static str),
+    /// The lowest cosine similarity with the reference's vectors accepted.
+    pub min_cosine: f32,
+    /// Its dimension and token limit (`max_seq_length`).
+    pub limits: (usize, usize),
+}
+
+impl RealModel {
+    /// The model's directory.
+    pub fn dir(&self) -> PathBuf {
+        std::env::var_os(self.var).map_or_else(
+            || {
+                Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("../models")
+                    .join(self.name)
+            },
+            PathBuf::from,
+        )
+    }
+
+    /// Loads the model, panicking with the command that fetches it when it is missing.
+    pub fn load(&self) -> LocalModel {
+        let dir = self.dir();
+        assert!(
+            dir.join("model.safetensors").is_file(),
+            "no model in {}: run {}",
+            dir.display(),
+            self.fetch
+        );
+        LocalModel::load(&dir).unwrap_or_else(|err| panic!("loading {}: {err}", dir.display()))
+    }
+
+    /// Its reference file.
+    pub fn reference(&self) -> Reference {
+        reference(self.reference.0)
+    }
+
+    /// Asserts that `model` answers every case of the reference ([`assert_matches`]).
+    pub fn assert_matches_reference(&self, model: &LocalModel) {
+        let lowest = assert_matches(model, self.reference(), self.min_cosine);
+        eprintln!(
+            "minimum cosine similarity with {}: {lowest}",
+            self.reference.1
+        );
+    }
+
+    /// Asserts that `model` reports this model's dimension, token limit and id (its name).
+    pub fn assert_limits(&self, model: &LocalModel) {
+        assert_eq!((model.dim(), model.max_input_length()), self.limits);
+        assert_eq!(model.model_id(), self.name);
+    }
 }
 
 /// `<repo>/testdata/<name>`.
