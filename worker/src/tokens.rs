@@ -20,15 +20,21 @@
 //! it runs on tokio's blocking pool, at most one task per CPU at a time, from the task that
 //! answers the request, never in the intake loop.
 
-use std::path::PathBuf;
+mod lookup;
+mod pending;
+mod tei;
+
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use embatch_local_model::Encoder;
 use embatch_local_model::model::truncation;
 use embatch_protocol::{EmbedError, EmbedOptions, Input, TruncationDirection};
-use serde::Deserialize;
 use tokio::sync::Semaphore;
+
+pub use lookup::TokenizerLookup;
+use pending::Pending;
+pub use pending::Reservation;
+use tei::TeiTokenize;
 
 /// Where a [`Counter`]'s counts come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -100,35 +106,6 @@ pub const LARGE_REQUEST_BYTES: usize = 64 << 10;
 /// memory is ~100 bytes per character of it (`docs/design/tokenizer.md`).
 pub const LARGE_TOKENIZATIONS: usize = 2;
 
-/// The inputs waiting to be counted: bounded like the batcher's queue (`QUEUE_CAP` inputs and
-/// `MAX_QUEUE_BYTES` bytes), so that requests arriving faster than they can be tokenized are
-/// shed with 429 instead of piling up in memory ahead of the batcher's own bounds.
-struct Pending {
-    inputs: AtomicUsize,
-    limit: AtomicUsize,
-    /// Bytes of input held by the waiting requests (`Input::size_bytes`).
-    bytes: AtomicUsize,
-    /// Most bytes of input waiting (`MAX_QUEUE_BYTES`).
-    bytes_limit: AtomicUsize,
-}
-
-/// A reservation of inputs and bytes in [`Counter`]'s pending bound ([`Counter::reserve`]),
-/// released when dropped (once the request is submitted or answered).
-pub struct Reservation {
-    pending: Arc<Pending>,
-    inputs: usize,
-    bytes: usize,
-}
-
-impl Drop for Reservation {
-    fn drop(&mut self) {
-        self.pending
-            .inputs
-            .fetch_sub(self.inputs, Ordering::Relaxed);
-        self.pending.bytes.fetch_sub(self.bytes, Ordering::Relaxed);
-    }
-}
-
 enum Kind {
     Tokenizer {
         encoder: Arc<Encoder>,
@@ -170,12 +147,12 @@ impl Counter {
         max_input_length: usize,
         auto_truncate: bool,
     ) -> Counter {
-        Counter::new(Kind::Tei(TeiTokenize {
+        Counter::new(Kind::Tei(TeiTokenize::new(
             client,
-            url: format!("{}/tokenize", base_url.trim_end_matches('/')),
+            base_url,
             max_input_length,
             auto_truncate,
-        }))
+        )))
     }
 
     /// No tokenizer: every input counts as 1.
@@ -188,61 +165,9 @@ impl Counter {
         Counter {
             kind: Arc::new(kind),
             slots: Arc::new(Semaphore::new(cpus)),
-            pending: Arc::new(Pending {
-                inputs: AtomicUsize::new(0),
-                limit: AtomicUsize::new(usize::MAX),
-                bytes: AtomicUsize::new(0),
-                bytes_limit: AtomicUsize::new(usize::MAX),
-            }),
+            pending: Arc::new(Pending::unbounded()),
             large: Arc::new(Semaphore::new(LARGE_TOKENIZATIONS.min(cpus))),
         }
-    }
-
-    /// Bounds the inputs waiting to be counted to `inputs` (the worker's `QUEUE_CAP`).
-    pub fn with_pending_limit(self, inputs: usize) -> Counter {
-        self.pending.limit.store(inputs, Ordering::Relaxed);
-        self
-    }
-
-    /// Bounds the bytes of input waiting to be counted to `bytes` (the worker's
-    /// `MAX_QUEUE_BYTES`).
-    pub fn with_pending_bytes(self, bytes: usize) -> Counter {
-        self.pending.bytes_limit.store(bytes, Ordering::Relaxed);
-        self
-    }
-
-    /// Reserves room for a request of `inputs` inputs holding `bytes` bytes of input
-    /// (`Input::size_bytes`) to be counted, before its reply task counts it; the reservation
-    /// ends when dropped.
-    ///
-    /// # Errors
-    /// [`EmbedError::Overloaded`] (429) when more than the pending limit of inputs or of bytes
-    /// would wait to be counted (the tokenizer cannot keep up: load shedding, as the batcher's
-    /// queue bounds).
-    pub fn reserve(&self, inputs: usize, bytes: usize) -> Result<Reservation, EmbedError> {
-        let limit = self.pending.limit.load(Ordering::Relaxed);
-        let bytes_limit = self.pending.bytes_limit.load(Ordering::Relaxed);
-        let before = self.pending.inputs.fetch_add(inputs, Ordering::Relaxed);
-        let bytes_before = self.pending.bytes.fetch_add(bytes, Ordering::Relaxed);
-        let reservation = Reservation {
-            pending: Arc::clone(&self.pending),
-            inputs,
-            bytes,
-        };
-        // A request alone over a limit is let through when nothing waits: the batcher's own
-        // bounds answer it.
-        if before > 0 && before + inputs > limit {
-            return Err(EmbedError::Overloaded(format!(
-                "{before} inputs are waiting to be tokenized (QUEUE_CAP {limit})"
-            )));
-        }
-        if before > 0 && bytes_before.saturating_add(bytes) > bytes_limit {
-            return Err(EmbedError::Overloaded(format!(
-                "{bytes_before} bytes of input are waiting to be tokenized \
-                 (MAX_QUEUE_BYTES {bytes_limit})"
-            )));
-        }
-        Ok(reservation)
     }
 
     /// Where the counts come from.
@@ -385,126 +310,6 @@ fn stopping() -> EmbedError {
     EmbedError::Unavailable("the worker is stopping".into())
 }
 
-/// TEI's `POST /tokenize`: `{"inputs": [...], "add_special_tokens": true, "prompt_name": ...}`,
-/// answered with one array of tokens per input. TEI's `/tokenize` does not truncate: the limit is
-/// applied here.
-struct TeiTokenize {
-    client: reqwest::Client,
-    url: String,
-    max_input_length: usize,
-    auto_truncate: bool,
-}
-
-impl TeiTokenize {
-    /// Counts per input, and whether they are tokens: when TEI's `/tokenize` fails (TEI then
-    /// answers the inputs itself), each text counts 1 and the counts are not reported. TEI's
-    /// `/tokenize` takes texts only: token ids count as given.
-    async fn count(
-        &self,
-        inputs: &[Input],
-        options: &EmbedOptions,
-    ) -> Result<(Vec<u32>, bool), EmbedError> {
-        #[derive(Deserialize)]
-        struct Token {}
-        if inputs.iter().any(|i| matches!(i, Input::Pair(..))) {
-            // TEI's `/tokenize` has no pairs: rerank pairs count as inputs, and no count is
-            // reported.
-            return Ok((vec![1; inputs.len()], false));
-        }
-        let texts: Vec<&str> = inputs.iter().filter_map(Input::as_text).collect();
-        let answered = if texts.is_empty() {
-            Some(Vec::new())
-        } else {
-            let body = serde_json::json!({
-                "inputs": texts,
-                "add_special_tokens": true,
-                "prompt_name": options.prompt_name,
-            });
-            let answer = async {
-                let response = self.client.post(&self.url).json(&body).send().await.ok()?;
-                if !response.status().is_success() {
-                    return None;
-                }
-                response.json::<Vec<Vec<Token>>>().await.ok()
-            };
-            answer
-                .await
-                .filter(|tokens| tokens.len() == texts.len())
-                .map(|tokens| tokens.iter().map(Vec::len).collect::<Vec<_>>())
-        };
-        let exact = answered.is_some();
-        let mut counted = answered.unwrap_or_default().into_iter();
-        let truncate = truncate_for(options, self.auto_truncate);
-        let lengths = inputs
-            .iter()
-            .map(|input| {
-                let given = match input {
-                    Input::Text(_) => counted.next().unwrap_or(1),
-                    Input::Ids(ids) => ids.len(),
-                    Input::Pair(..) => 1,
-                };
-                limit(given, self.max_input_length, truncate)
-            })
-            .collect::<Result<_, _>>()?;
-        Ok((lengths, exact))
-    }
-}
-
-/// `given` tokens against the limit of `max` tokens: cut to `max` when truncating, else TEI's
-/// 422.
-fn limit(
-    given: usize,
-    max: usize,
-    truncate: Option<TruncationDirection>,
-) -> Result<u32, EmbedError> {
-    if given > max && truncate.is_none() {
-        return Err(EmbedError::Validation(format!(
-            "`inputs` must have less than {max} tokens. Given: {given}"
-        )));
-    }
-    Ok(u32::try_from(given.min(max)).unwrap_or(u32::MAX))
-}
-
-/// Where the TEI model's tokenizer is looked for, in order: `--tokenizer`, then the Hugging Face
-/// cache (or hub) for `model_id`.
-#[derive(Debug, Clone, Default)]
-pub struct TokenizerLookup {
-    /// `--tokenizer`: a `tokenizer.json` path.
-    pub path: Option<PathBuf>,
-}
-
-impl TokenizerLookup {
-    /// The tokenizer file for the TEI model `model_id` (from its `/info`), and where it came
-    /// from; `None` when there is none (the reason is logged). Blocking (may fetch from the hub).
-    pub fn find(&self, model_id: Option<&str>) -> Option<(PathBuf, String)> {
-        if let Some(path) = &self.path {
-            return Some((path.clone(), path.display().to_string()));
-        }
-        let model_id = model_id?;
-        find_in_hub(model_id).map(|path| (path, format!("{model_id} (Hugging Face cache)")))
-    }
-}
-
-#[cfg(feature = "hub")]
-fn find_in_hub(model_id: &str) -> Option<PathBuf> {
-    match embatch_local_model::tokenizer_path(model_id) {
-        Ok(path) => Some(path),
-        Err(err) => {
-            tracing::info!(model_id, %err, "no tokenizer for the TEI model in the Hugging Face cache or hub");
-            None
-        }
-    }
-}
-
-#[cfg(not(feature = "hub"))]
-fn find_in_hub(model_id: &str) -> Option<PathBuf> {
-    tracing::info!(
-        model_id,
-        "this build has no `hub` feature: set --tokenizer for the TEI model's tokenizer"
-    );
-    None
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -528,123 +333,6 @@ mod tests {
             ..EmbedOptions::default()
         };
         assert_eq!(truncate_for(&left, false), Some(TruncationDirection::Left));
-    }
-
-    #[test]
-    fn the_limit_cuts_or_refuses_with_teis_message() {
-        assert_eq!(limit(300, 256, Some(TruncationDirection::Right)), Ok(256));
-        assert_eq!(limit(12, 256, None), Ok(12));
-        let err = limit(830, 256, None).expect_err("over the limit");
-        assert_eq!(err.status(), 422);
-        assert_eq!(
-            err.to_string(),
-            "Input validation error: `inputs` must have less than 256 tokens. Given: 830"
-        );
-    }
-
-    #[test]
-    fn the_pending_bound_sheds_and_frees_on_drop() {
-        let counter = Counter::inputs().with_pending_limit(4);
-        let first = counter.reserve(3, 30).expect("room");
-        let err = counter.reserve(2, 20).err().expect("over the bound");
-        assert_eq!(err.status(), 429);
-        let second = counter.reserve(1, 10).expect("exactly the bound");
-        drop((first, second));
-        let alone = counter
-            .reserve(10, 100)
-            .expect("a request alone is let through");
-        assert!(counter.reserve(1, 1).is_err(), "behind one over the bound");
-        drop(alone);
-        assert!(counter.reserve(4, 40).is_ok(), "all freed");
-    }
-
-    #[test]
-    fn the_pending_bytes_bound_sheds_and_frees_on_drop() {
-        let counter = Counter::inputs()
-            .with_pending_limit(100)
-            .with_pending_bytes(1000);
-        let first = counter.reserve(1, 600).expect("room");
-        let err = counter.reserve(1, 401).err().expect("over the bytes bound");
-        assert_eq!(err.status(), 429);
-        assert!(err.to_string().contains("MAX_QUEUE_BYTES 1000"), "{err}");
-        let second = counter.reserve(1, 400).expect("exactly the bound");
-        drop((first, second));
-        let alone = counter
-            .reserve(1, 5000)
-            .expect("a request alone is let through");
-        assert!(counter.reserve(1, 1).is_err(), "behind one over the bound");
-        drop(alone);
-        assert!(counter.reserve(2, 1000).is_ok(), "all freed");
-    }
-
-    /// TEI's `POST /tokenize` shape (`{"inputs": [...], "add_special_tokens": true}` → one array
-    /// of `{id, text, special, start, stop}` per input), served by a minimal HTTP server whose
-    /// "tokenizer" is one token per word plus 2 special tokens.
-    #[tokio::test]
-    async fn tei_tokenize_counts_texts_and_applies_the_limit_here() {
-        use axum::Json;
-        use axum::routing::post;
-        async fn tokenize(Json(body): Json<serde_json::Value>) -> Json<serde_json::Value> {
-            assert_eq!(body["add_special_tokens"], true);
-            let tokens: Vec<Vec<serde_json::Value>> = body["inputs"]
-                .as_array()
-                .expect("a batch")
-                .iter()
-                .map(|text| {
-                    let words = text.as_str().expect("a text").split_whitespace().count();
-                    (0..words + 2)
-                        .map(|i| serde_json::json!({"id": i, "text": "w", "special": false, "start": null, "stop": null}))
-                        .collect()
-                })
-                .collect();
-            Json(serde_json::json!(tokens))
-        }
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let url = format!("http://{}", listener.local_addr().expect("address"));
-        let server = tokio::spawn(async move {
-            axum::serve(
-                listener,
-                axum::Router::new().route("/tokenize", post(tokenize)),
-            )
-            .await
-        });
-        let counter = Counter::tei_tokenize(reqwest::Client::new(), &url, 8, true);
-        assert_eq!(counter.source(), Source::TeiTokenize);
-        let inputs = vec![
-            Input::from("one two three"),
-            Input::Ids(vec![101, 7, 102]),
-            Input::from("a b c d e f g h i j"),
-        ];
-        let counted = counter
-            .count(inputs.clone(), EmbedOptions::default())
-            .await
-            .expect("counted");
-        assert_eq!(
-            counted.lengths,
-            [5, 3, 8],
-            "the long text is cut to the limit"
-        );
-        assert_eq!(counted.tokens(), Some(16));
-        let refuse = EmbedOptions {
-            truncate: Some(false),
-            ..EmbedOptions::default()
-        };
-        let err = counter.count(inputs, refuse).await.expect_err("over 8");
-        assert_eq!(
-            err.to_string(),
-            "Input validation error: `inputs` must have less than 8 tokens. Given: 12"
-        );
-        // TEI's `/tokenize` gone: texts count 1 each, and no token count is reported.
-        server.abort();
-        let _ = server.await;
-        let counted = counter
-            .count(vec![Input::from("a b")], EmbedOptions::default())
-            .await
-            .expect("counted as inputs");
-        assert_eq!(counted.lengths, [1]);
-        assert_eq!(counted.tokens(), None);
     }
 
     #[tokio::test]
