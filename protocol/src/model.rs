@@ -33,8 +33,8 @@ use std::fmt;
 
 /// Tokens the plain subject already uses for its own derived subjects (`<subject>.cancel`,
 /// `.info`, `.members`, `.alive`, `.room`, and the routes' subjects: `.rerank` of v1.2, `.embed_sparse`,
-/// `.tokenize`, `.decode`, `.predict` and `.embed_all` of v1.3): a model whose token is one of
-/// them would collide, and a worker refuses to start with it.
+/// `.tokenize` and `.decode` of v1.3, `.predict`, `.embed_all` and `.similarity` of v1.4): a
+/// model whose token is one of them would collide, and a worker refuses to start with it.
 pub const RESERVED_TOKENS: &[&str] = &[
     "cancel",
     "info",
@@ -47,6 +47,7 @@ pub const RESERVED_TOKENS: &[&str] = &[
     "decode",
     "predict",
     "embed_all",
+    "similarity",
 ];
 
 /// The subject token of model `name`: see the module docs for the encoding. Empty for an empty
