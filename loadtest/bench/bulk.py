@@ -268,13 +268,7 @@ def bulk_gpu_stack(b: Stack, workers: int = 1, request_timeout: str | None = Non
     """nats-server (JetStream, max_payload 8MB as nats/nats.conf), one GPU-like upstream per
     worker, the workers, the gateway."""
     nats = b.nats(max_payload="8MB")
-    ws, ups = [], []
-    for name in ("A", "B")[:workers]:
-        up_child, up = b.fake_upstream(sc.GPU_BASE_MS, sc.GPU_PER_INPUT_US, 1,
-                                       name=f"fake-upstream-{name}")
-        ups.append(up_child)
-        ws.append(b.worker(nats, tei_url=up, name=f"worker-{name}"))
-    b.wait_workers(nats, ws)
+    ups, ws = sc.gpu_workers(b, nats, ("A", "B")[:workers])
     gw_child, target = b.gateway(nats, request_timeout)
     base = target.args[1].rsplit("/embed", 1)[0]
     return nats, ups, ws, gw_child, target, Gateway(base)

@@ -83,6 +83,20 @@ def gpu_stack(b: Stack):
     return nats, up, w, gw
 
 
+def gpu_workers(b: Stack, nats, names=("A", "B"), **env) -> tuple[list, list]:
+    """One worker per name in `names` (with `env`), each on its own GPU-like fake upstream
+    (`fake-upstream-<name>`, `worker-<name>`), waited for; the upstreams' processes and the
+    workers."""
+    upstreams, workers = [], []
+    for name in names:
+        up_child, up = b.fake_upstream(GPU_BASE_MS, GPU_PER_INPUT_US, 1,
+                                       name=f"fake-upstream-{name}")
+        upstreams.append(up_child)
+        workers.append(b.worker(nats, tei_url=up, name=f"worker-{name}", **env))
+    b.wait_workers(nats, workers)
+    return upstreams, workers
+
+
 def scenario_gpu_rates(b: Stack) -> dict:
     rates = [100, 400, 2000, 5400] if b.quick else [100, 200, 400, 1000, 2500, 4000, 5000,
                                                      5400, 5550]
@@ -531,14 +545,7 @@ def kill_during_load(b: Stack, *, victim: str, warmup: float, duration: float,
 
     def run(when: str, membership: str) -> dict:
         nats = b.nats()
-        upstreams, workers = [], []
-        for name in ("A", "B"):
-            up_child, up = b.fake_upstream(GPU_BASE_MS, GPU_PER_INPUT_US, 1,
-                                           name=f"fake-upstream-{name}")
-            upstreams.append(up_child)
-            workers.append(b.worker(nats, tei_url=up, name=f"worker-{name}",
-                                    MEMBERSHIP=membership))
-        b.wait_workers(nats, workers)
+        upstreams, workers = gpu_workers(b, nats, MEMBERSHIP=membership)
         _, gw = b.gateway(nats, secs(TIMEOUT_S))
         doomed = upstreams[1] if victim == "upstream" else workers[1].child
         event = f"SIGKILL {doomed.name}"
@@ -674,13 +681,7 @@ def recovery_runs(b: Stack, cases: list[tuple[str, float, float, object]]) -> di
         mark = b.sup.mark()
         try:
             nats = b.nats()
-            upstreams, workers = [], []
-            for name in ("A", "B"):
-                up_child, up = b.fake_upstream(GPU_BASE_MS, GPU_PER_INPUT_US, 1,
-                                               name=f"fake-upstream-{name}")
-                upstreams.append(up_child)
-                workers.append(b.worker(nats, tei_url=up, name=f"worker-{name}"))
-            b.wait_workers(nats, workers)
+            upstreams, workers = gpu_workers(b, nats)
             gw_child, gw = b.gateway(nats, None)
             gw_metrics = gw.args[1].removesuffix("/embed") + "/metrics"
             events = events_of(nats, upstreams, workers)
