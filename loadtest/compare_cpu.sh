@@ -16,7 +16,9 @@
 # --concurrency 1`); LOAD_ARGS: the load instead of the closed loop (e.g. `--rate 9000`, open
 # loop); GATEWAY_ENV: the gateway's settings (default `REQUEST_TIMEOUT=2s`; empty for its
 # defaults); PROFILE=gateway|worker records `perf record -g` of that process for 4 s in each
-# run (perf.data in the run's temp dir, printed on stderr); NATS_SERVER_BIN as for the tests.
+# run (perf.data in the run's temp dir, printed on stderr); NATS_SERVER_BIN as for the tests;
+# LOAD_KEYS: space-separated tenant API keys, one closed loop per key sharing CONCURRENCY
+# (tenants contending; the req/s add up, p50 and p99 are the worst tenant's).
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 before=$1 after=$2 pairs=${3:-3} path=${4:-gateway} conc=${5:-256} secs=${6:-6}
@@ -60,9 +62,21 @@ run() {
   cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
   local names=(gateway worker nats-server fake-upstream) procs=("$gateway_pid" "$worker_pid" "$nats_pid" "$up_pid") start=() end=()
   for p in "${procs[@]}"; do start+=("$(cpu "$p")"); done
-  # shellcheck disable=SC2086 # a list of arguments
-  "$loadtest" run "${target[@]}" ${LOAD_ARGS:--c $conc} -d "${secs}s" --timeout 2s --json "$tmp/report.json" --quiet >"$tmp/load.log" 2>&1 &
-  local load_pid=$!
+  local load_pids=() reports=()
+  if [ -n "${LOAD_KEYS:-}" ]; then
+    # One closed loop per tenant key, the concurrency split evenly, each with its own inputs.
+    local keys=($LOAD_KEYS) i=0
+    for key in "${keys[@]}"; do
+      i=$((i + 1))
+      EMBATCH_API_KEY=$key "$loadtest" run "${target[@]}" -c $((conc / ${#keys[@]})) --seed "$i" \
+        -d "${secs}s" --timeout 2s --json "$tmp/report$i.json" --quiet >"$tmp/load$i.log" 2>&1 &
+      load_pids+=($!); reports+=("$tmp/report$i.json")
+    done
+  else
+    # shellcheck disable=SC2086 # a list of arguments
+    "$loadtest" run "${target[@]}" ${LOAD_ARGS:--c $conc} -d "${secs}s" --timeout 2s --json "$tmp/report.json" --quiet >"$tmp/load.log" 2>&1 &
+    load_pids+=($!); reports+=("$tmp/report.json")
+  fi
   if [ -n "${PROFILE:-}" ]; then
     local profiled=$gateway_pid
     [ "$PROFILE" = worker ] && profiled=$worker_pid
@@ -70,21 +84,29 @@ run() {
     perf record -g -o "$tmp/perf.data" -p "$profiled" -- sleep 4 >/dev/null 2>&1 || true
     echo "perf data: $tmp/perf.data" >&2
   fi
-  wait "$load_pid"
+  wait "${load_pids[@]}"
   for p in "${procs[@]}"; do end+=("$(cpu "$p")"); done
   local ticks=()
   for i in "${!procs[@]}"; do ticks+=("${names[$i]}=$(( end[i] - start[i] ))"); done
-  python3 - "$tmp/report.json" "$label" "$(getconf CLK_TCK)" "${ticks[@]}" <<'PY'
+  python3 - "$(IFS=,; echo "${reports[*]}")" "$label" "$(getconf CLK_TCK)" "${ticks[@]}" <<'PY'
 import json, sys
-report = json.load(open(sys.argv[1]))
+# Several reports (one per tenant key): counts and rates add up; p50 and p99 are the worst
+# tenant's.
+reports = [json.load(open(path)) for path in sys.argv[1].split(",")]
 label, hz = sys.argv[2], int(sys.argv[3])
-sent = max(1, report["requests"]["sent"])
+sent = max(1, sum(r["requests"]["sent"] for r in reports))
 cpu = " ".join(f"{name} {int(t) * 1e6 / hz / sent:.1f}"
                for name, t in (kv.split("=") for kv in sys.argv[4:]))
-lat = report["latency"]
-print(f"{label:<7} {report['throughput']['requests_per_s']:>8,.0f} req/s  goodput "
-      f"{report['goodput']['requests_per_s']:,.0f}  p50 {lat['p50_ms']} ms  "
-      f"p99 {lat['p99_ms']} ms  failures {report['failures'] or 0}  µs/req: {cpu}")
+rate = sum(r["throughput"]["requests_per_s"] for r in reports)
+goodput = sum(r["goodput"]["requests_per_s"] for r in reports)
+p50 = max(r["latency"]["p50_ms"] or 0 for r in reports)
+p99 = max(r["latency"]["p99_ms"] or 0 for r in reports)
+failures = {}
+for r in reports:
+    for kind, n in (r["failures"] or {}).items():
+        failures[kind] = failures.get(kind, 0) + n
+print(f"{label:<7} {rate:>8,.0f} req/s  goodput {goodput:,.0f}  p50 {p50} ms  "
+      f"p99 {p99} ms  failures {failures or 0}  µs/req: {cpu}")
 PY
 }
 
