@@ -33,6 +33,10 @@ use std::time::Duration;
 
 use embatch_protocol::headers::membership as label;
 
+/// The batcher's report of the load (`crate::batcher::BatcherHandle::load`), and the limits it
+/// finds a stalled upstream by.
+pub use embatch_batcher::{Load, STALL_CALLS, STALL_MIN};
+
 /// Failed upstream calls (or `/health` probes) in a row after which a worker leaves.
 pub const FAILURES_TO_LEAVE: u32 = 2;
 /// Interval of the upstream `/health` probe while the worker is a member or full.
@@ -47,16 +51,6 @@ pub const PROBE_INTERVAL_UNHEALTHY: Duration = Duration::from_millis(250);
 /// one refuses the probe at once. A probe that fails while the upstream answers the worker's own
 /// calls does not count (see `crate::group`).
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
-/// An upstream with calls in flight that started or finished none for this many of its
-/// measured call times (the longer of the usual and the longest seen lately) is stalled
-/// ([`Load::stalled`]).
-pub const STALL_CALLS: u32 = 10;
-/// ... and for at least this long: 500 ms. Shorter pauses happen to healthy workers: a CPU
-/// quota's throttling (100 ms periods), a loaded host (a 260 ms pause of every process was seen
-/// on a 2-core machine at load 12). With 1 s, an upstream stopped for 1.5 s held its requests
-/// until it continued (the stall was seen, and the heartbeat silent, only 1.5 s in).
-pub const STALL_MIN: Duration = Duration::from_millis(500);
-
 /// `MEMBERSHIP`: whether a worker leaves the queue group while it cannot serve in time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Mode {
@@ -141,30 +135,6 @@ impl Membership {
                 MemberState::UpstreamUnhealthy | MemberState::Stopping => false,
             }
     }
-}
-
-/// What the batcher says about the worker's load and its upstream (see
-/// `BatcherHandle::status`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Load {
-    /// Expected time until a request queued now gets its first upstream call; `None` before
-    /// the first call was measured.
-    pub start_wait: Option<Duration>,
-    /// The estimated upstream call time; `None` before the first measurement.
-    pub call: Option<Duration>,
-    /// The queue wait the worker is meant to keep below with that call time (`MAX_QUEUE_DELAY`;
-    /// `auto` = 2 × the call time + `MAX_WAIT_TIME`, where admission sheds only beyond 500 ms
-    /// while the queue is short in inputs); `None` before the first measurement.
-    pub bound: Option<Duration>,
-    /// Upstream calls that failed in a row (refused, 5xx, timeout), since the last success.
-    pub failed_calls: u32,
-    /// Whether another worker is a member of the queue group now *and has room* (its typical
-    /// queue wait under half its bound), as the last answer to its question says (see
-    /// `crate::peers`): a full worker leaves only then, and rejoins when it is no longer so.
-    pub peer_has_room: bool,
-    /// Upstream calls are in flight and none started or ended for [`STALL_CALLS`] call times
-    /// (at least [`STALL_MIN`]): the upstream hangs.
-    pub stalled: bool,
 }
 
 /// A change of membership: the intake subscribes (`joined`) or drains its subscription.

@@ -21,7 +21,7 @@ use super::isolate::Done;
 use super::queue::{Formed, Queue, Removed, Take};
 use super::{Sent, Shared};
 use crate::telemetry::names;
-use crate::upstream::Upstream;
+use crate::upstream::Backend;
 use answer::{Pending, answer};
 
 /// Counts a request refused at admission (by the actor, or by the handle's stateless checks).
@@ -68,7 +68,7 @@ pub(super) struct Actor<U> {
     last_interactive: Option<Instant>,
 }
 
-impl<U: Upstream> Actor<U> {
+impl<U: Backend> Actor<U> {
     pub(super) fn new(
         upstream: Arc<U>,
         shared: Arc<Shared>,

@@ -30,7 +30,7 @@ use tokio::time::Instant;
 use super::queue::Segment;
 use super::shape;
 use super::unique::Unique;
-use crate::upstream::{Embedding, Upstream, UpstreamError};
+use crate::upstream::{Backend, Embedding, UpstreamError};
 
 /// How one upstream call ended (the `outcome` label of `embatch_worker_upstream_calls_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,7 +117,7 @@ fn split(work: &mut Vec<Range<usize>>, range: Range<usize>) {
 /// (see the module docs).
 ///
 /// `lengths` holds the token count of each input of `inputs` (the order of each call).
-pub(super) async fn run_batch<U: Upstream>(
+pub(super) async fn run_batch<U: Backend>(
     upstream: &U,
     inputs: &[Input],
     lengths: &[u32],
@@ -206,7 +206,7 @@ type Suspect = (Range<usize>, EmbedError);
 /// `results`, pushes the halves of a rejection that blames an input of several requests on
 /// `work`, and hands back a suspect failure of several requests (unanswered). `None` when the
 /// range holds no inputs (no call made).
-async fn call_range<U: Upstream>(
+async fn call_range<U: Backend>(
     upstream: &U,
     (inputs, lengths): (&[Input], &[u32]),
     options: &EmbedOptions,
@@ -305,7 +305,7 @@ fn scopes_of(segments: &[Segment], inputs: usize) -> Option<Vec<u32>> {
 /// Embeds `batch`, each distinct input once ([`Unique`]: an input repeated in the batch is sent
 /// once and its embedding handed to every position holding it), in length order
 /// ([`embed_in_order`]); returns one embedding per input of `batch`, in its order.
-async fn embed_by_length<U: Upstream>(
+async fn embed_by_length<U: Backend>(
     upstream: &U,
     (batch, scopes): (&[Input], Option<&[u32]>),
     lengths: Option<&[u32]>,
@@ -333,7 +333,7 @@ async fn embed_by_length<U: Upstream>(
 /// Embeds `batch` with its inputs sent in length order ([`shape::order_by_length`]); returns the
 /// embeddings in `batch`'s order. Sends `batch` as it is when its lengths are unknown (`None`, or
 /// not one per input) or already in order.
-async fn embed_in_order<U: Upstream>(
+async fn embed_in_order<U: Backend>(
     upstream: &U,
     batch: &[Input],
     lengths: Option<&[u32]>,

@@ -142,7 +142,7 @@ pub use shape::{
     estimate_lengths,
 };
 
-use crate::upstream::{Embedding, Upstream};
+use crate::upstream::{Backend, Embedding};
 
 /// Every `reason` label of `embatch_worker_requests_shed_total`.
 pub const SHED_REASONS: [&str; 6] = admission::ShedReason::LABELS;
@@ -639,7 +639,7 @@ fn stopped() -> EmbedError {
 ///
 /// The task ends after every [`BatcherHandle`] clone is dropped and every accepted request is
 /// answered (or cancelled).
-pub fn spawn<U: Upstream>(
+pub fn spawn<U: Backend>(
     upstream: Arc<U>,
     config: BatcherConfig,
 ) -> (BatcherHandle, JoinHandle<()>) {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use embatch_local_model::LocalModel;
 use embatch_protocol::{EmbedError, EmbedOptions, Input};
 
-use super::{Embedding, Upstream, UpstreamError};
+use super::{Backend, Embedding, Upstream, UpstreamError};
 
 /// The built-in model behind the [`Upstream`] interface.
 pub struct LocalUpstream {
@@ -43,7 +43,7 @@ fn unsupported(task: embatch_protocol::Task) -> Option<&'static str> {
     }
 }
 
-impl Upstream for LocalUpstream {
+impl Backend for LocalUpstream {
     async fn embed(
         &self,
         inputs: &[Input],
@@ -72,7 +72,9 @@ impl Upstream for LocalUpstream {
     fn max_batch_size(&self) -> usize {
         usize::MAX
     }
+}
 
+impl Upstream for LocalUpstream {
     /// A document in the shape of TEI's `GET /info`, from what the loaded model knows: its
     /// `model_id`, `max_input_length` (tokens), `model_dtype` `float32` (the CPU model runs in
     /// f32) and `auto_truncate` `true` (inputs over the limit are truncated unless the request

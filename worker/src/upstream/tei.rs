@@ -8,7 +8,7 @@ use embatch_protocol::{EmbedError, EmbedOptions, ErrorResponse, Input};
 use serde::Deserialize;
 
 use super::body::{self, TeiRequest};
-use super::{Embedding, Upstream, UpstreamError};
+use super::{Backend, Embedding, Upstream, UpstreamError};
 
 /// A pooled HTTP client for one TEI server.
 pub struct TeiUpstream {
@@ -165,7 +165,7 @@ async fn read_info(
     serde_json::from_slice(&body).map_err(|e| UpstreamError::Malformed(format!("TEI /info: {e}")))
 }
 
-impl Upstream for TeiUpstream {
+impl Backend for TeiUpstream {
     async fn embed(
         &self,
         inputs: &[Input],
@@ -239,7 +239,9 @@ impl Upstream for TeiUpstream {
     fn max_batch_size(&self) -> usize {
         self.max_batch_size
     }
+}
 
+impl Upstream for TeiUpstream {
     /// TEI's own `GET /info` document, verbatim: the one read at start-up, or (when that read
     /// failed) read now and kept once it succeeds.
     async fn info(&self) -> Result<serde_json::Value, UpstreamError> {

@@ -14,9 +14,9 @@ use crate::batcher::fair::{Share, units};
 use crate::batcher::queue::{Arrival, Removed};
 use crate::batcher::{BulkJob, Job, Outcome, Refused};
 use crate::telemetry::names;
-use crate::upstream::Upstream;
+use crate::upstream::Backend;
 
-impl<U: Upstream> Actor<U> {
+impl<U: Backend> Actor<U> {
     /// Admits `job` (answering the refusal, and counting it, when not) and queues it.
     pub(super) fn enqueue(&mut self, job: Job) {
         let Job {

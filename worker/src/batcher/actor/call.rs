@@ -14,9 +14,9 @@ use crate::batcher::isolate::{self, CallOutcome, Done};
 use crate::batcher::queue::Formed;
 use crate::batcher::shape;
 use crate::telemetry::names;
-use crate::upstream::{Upstream, UpstreamError};
+use crate::upstream::{Backend, UpstreamError};
 
-impl<U: Upstream> Actor<U> {
+impl<U: Backend> Actor<U> {
     /// Starts `formed` as a batch task (one upstream call, bisected on a bad input), with its
     /// span and batch metrics.
     pub(super) fn launch(&mut self, formed: Formed, now: Instant) {

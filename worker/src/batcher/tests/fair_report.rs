@@ -15,7 +15,7 @@ struct Serial {
     gpu: Mutex<()>,
 }
 
-impl Upstream for Serial {
+impl Backend for Serial {
     async fn embed(
         &self,
         inputs: &[Input],

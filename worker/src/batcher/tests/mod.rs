@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::{BatcherConfig, BatcherHandle, Outcome, QueueDelay, Reply, TokenBudget, spawn};
-use crate::upstream::{Embedding, Upstream, UpstreamError};
+use crate::upstream::{Backend, Embedding, UpstreamError};
 
 /// Records calls; answers each input with `["<input>"]` so replies prove identity. An input
 /// containing `poison` is rejected (422, blames the input); one containing `panic` makes the
@@ -49,7 +49,7 @@ impl Recording {
     }
 }
 
-impl Upstream for Recording {
+impl Backend for Recording {
     async fn embed(
         &self,
         inputs: &[Input],

@@ -11,7 +11,7 @@ use std::borrow::Cow;
 
 use bytes::Bytes;
 
-use super::UpstreamError;
+use crate::UpstreamError;
 
 /// One embedding: the JSON array text of its values, e.g. `[0.0132,-0.0418,...]` (bytes, UTF-8).
 #[derive(Debug, Clone, PartialEq, Eq)]
