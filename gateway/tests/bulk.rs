@@ -431,15 +431,7 @@ async fn files_beyond_the_body_limit_upload_whole_and_beyond_the_file_limit_are_
     assert_eq!(status, 200, "{file}");
     assert_eq!(file["bytes"].as_u64(), Some(big.len() as u64));
     let id = file["id"].as_str().expect("id");
-    let content = api
-        .http
-        .get(format!("{}/v1/files/{id}/content", api.url))
-        .send()
-        .await
-        .expect("GET content")
-        .text()
-        .await
-        .expect("text");
+    let content = api.content(id).await;
     assert!(content == big, "the content comes back byte for byte");
 
     // Just over the limit, so the client has sent (nearly) all of it when the 413 comes.

@@ -64,27 +64,7 @@ struct Outcome {
 
 async fn send(http: reqwest::Client, url: Arc<str>, index: usize) -> Outcome {
     let sent = Instant::now();
-    let response = http
-        .post(format!("{url}/embed"))
-        .header("content-type", "application/json")
-        .header(
-            embatch_gateway::routes::TIMEOUT_HEADER,
-            REQUEST_TIMEOUT.as_millis().to_string(),
-        )
-        .body(serde_json::json!({ "inputs": input(index) }).to_string())
-        .send()
-        .await;
-    let status = match response {
-        Ok(response) => {
-            let status = response.status().as_u16();
-            // A 200 counts only with its body read in full.
-            match response.bytes().await {
-                Ok(_) => Some(status),
-                Err(_) => None,
-            }
-        }
-        Err(_) => None,
-    };
+    let status = common::embed_status(http, &url, input(index), REQUEST_TIMEOUT).await;
     Outcome {
         index,
         sent,

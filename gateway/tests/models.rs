@@ -5,8 +5,7 @@
 
 mod common;
 
-use std::time::Duration;
-
+use common::checks::wait_for_models;
 use common::{json_post, start_gateway_at};
 use embatch_testkit::{NatsServer, RunningWorker, TeiConfig, TeiDouble, start_tei};
 use serde_json::{Value, json};
@@ -54,32 +53,6 @@ async fn post(url: &str, body: &Value, model_header: Option<&str>) -> (u16, Valu
     let response = request.send().await.expect("HTTP response");
     let status = response.status().as_u16();
     (status, response.json().await.expect("JSON body"))
-}
-
-/// The ids `GET /v1/models` lists.
-async fn model_ids(gateway: &str) -> Vec<String> {
-    let (status, body) = get(&format!("{gateway}/v1/models")).await;
-    assert_eq!(status, 200, "{body}");
-    assert_eq!(body["object"], "list");
-    body["data"]
-        .as_array()
-        .expect("data")
-        .iter()
-        .map(|m| m["id"].as_str().expect("id").to_owned())
-        .collect()
-}
-
-/// Polls `GET /v1/models` every 50 ms until it lists exactly `expected`, for at most 10 s.
-async fn wait_for_models(gateway: &str, expected: &[&str]) {
-    let mut listed = Vec::new();
-    for _ in 0..200 {
-        listed = model_ids(gateway).await;
-        if listed == expected {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("/v1/models lists {listed:?}, not {expected:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,6 +9,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::checks::header;
 use common::{json_post, stack_with_gateway, start_gateway_at, tei_taking};
 use embatch_testkit::{Stack, TeiConfig};
 use serde_json::Value;
@@ -21,14 +22,6 @@ async fn get(url: &str, path: &str) -> (u16, String, bytes::Bytes) {
     let status = response.status().as_u16();
     let content_type = header(&response, "content-type").unwrap_or_default();
     (status, content_type, response.bytes().await.expect("body"))
-}
-
-fn header(response: &reqwest::Response, name: &str) -> Option<String> {
-    response
-        .headers()
-        .get(name)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
 }
 
 /// The gateway's document, checked to be OpenAPI 3.x JSON and the same at both paths.

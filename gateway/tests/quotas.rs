@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use common::checks::{self, header, tenants_file};
 use common::{RunningGateway, start_gateway_at};
 use embatch_testkit::NatsServer;
-use futures::StreamExt;
 use serde_json::{Value, json};
 
 const TENANTS: &str = r#"
@@ -29,23 +29,7 @@ keys = ["sk-free"]
 
 /// Answers every embedding request on `nats` with `[[0.5]]` and `Embatch-Tokens: 3`.
 async fn stand_in_worker(nats: &NatsServer) {
-    let nc = async_nats::connect(nats.url()).await.expect("connect");
-    let mut requests = nc
-        .subscribe(embatch_protocol::DEFAULT_SUBJECT)
-        .await
-        .expect("subscribe");
-    nc.flush().await.expect("flush");
-    tokio::spawn(async move {
-        while let Some(message) = requests.next().await {
-            if let Some(reply) = message.reply {
-                let mut headers = async_nats::HeaderMap::new();
-                headers.insert(embatch_protocol::headers::TOKENS, "3");
-                let _ = nc
-                    .publish_with_headers(reply, headers, "[[0.5]]".into())
-                    .await;
-            }
-        }
-    });
+    checks::stand_in_worker(nats, &[(embatch_protocol::headers::TOKENS, "3")]).await;
 }
 
 async fn gateway(nats: &NatsServer, file: &str, window: &str) -> RunningGateway {
@@ -55,12 +39,6 @@ async fn gateway(nats: &NatsServer, file: &str, window: &str) -> RunningGateway 
         None,
     )
     .await
-}
-
-fn tenants_file(dir: &tempfile::TempDir, text: &str) -> String {
-    let path = dir.path().join("tenants.toml");
-    std::fs::write(&path, text).expect("write");
-    path.to_str().expect("utf-8").to_owned()
 }
 
 /// Sleeps until `window` has at least `margin` left, so that a test's requests fall in one.
@@ -86,20 +64,11 @@ async fn embed(http: &reqwest::Client, url: &str, route: &str, key: &str) -> req
         .expect("request")
 }
 
-fn header(response: &reqwest::Response, name: &str) -> Option<String> {
-    response
-        .headers()
-        .get(name)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_over_its_quota_gets_429_with_the_rate_limit_headers() {
     let nats = NatsServer::start();
     stand_in_worker(&nats).await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let file = tenants_file(&dir, TENANTS);
+    let (_dir, file) = tenants_file(TENANTS);
     // 1 request and 2 tokens per minute, over 3 minutes: 3 requests, 6 tokens.
     let gw = gateway(&nats, &file, "3m").await;
     away_from_the_window_end(Duration::from_secs(180), Duration::from_secs(10)).await;
@@ -165,12 +134,9 @@ async fn a_tenant_over_its_quota_gets_429_with_the_rate_limit_headers() {
 async fn two_gateways_hold_one_quota_within_5_percent_at_twice_the_limit() {
     let nats = NatsServer::start();
     stand_in_worker(&nats).await;
-    let dir = tempfile::tempdir().expect("tempdir");
     // 1,500 per minute over a 4 s window: 100 per window.
-    let file = tenants_file(
-        &dir,
-        &TENANTS.replace("requests_per_minute = 1", "requests_per_minute = 1500"),
-    );
+    let (_dir, file) =
+        tenants_file(&TENANTS.replace("requests_per_minute = 1", "requests_per_minute = 1500"));
     let window = Duration::from_secs(4);
     let gateways = [
         gateway(&nats, &file, "4s").await,
@@ -220,8 +186,7 @@ async fn two_gateways_hold_one_quota_within_5_percent_at_twice_the_limit() {
 async fn usage_per_day_is_the_fleets_and_the_callers_own() {
     let nats = NatsServer::start_jetstream();
     stand_in_worker(&nats).await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let file = tenants_file(&dir, TENANTS);
+    let (_dir, file) = tenants_file(TENANTS);
     let (a, b) = (
         gateway(&nats, &file, "60s").await,
         gateway(&nats, &file, "60s").await,

@@ -35,20 +35,7 @@ const WORKER: &str = "embatch-worker";
 /// Sends `{"inputs": input}` to the gateway's `/embed`; the HTTP status, `None` without a full
 /// response.
 async fn embed(http: reqwest::Client, url: Arc<str>, input: String) -> Option<u16> {
-    let response = http
-        .post(format!("{url}/embed"))
-        .header("content-type", "application/json")
-        .header(
-            embatch_gateway::routes::TIMEOUT_HEADER,
-            REQUEST_TIMEOUT.as_millis().to_string(),
-        )
-        .body(serde_json::json!({ "inputs": input }).to_string())
-        .send()
-        .await
-        .ok()?;
-    let status = response.status().as_u16();
-    response.bytes().await.ok()?;
-    Some(status)
+    common::embed_status(http, &url, input, REQUEST_TIMEOUT).await
 }
 
 /// Sends `BURST` requests at once, inputs `<tag> 0` ..., and asserts that each is answered 200.

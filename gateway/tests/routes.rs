@@ -5,22 +5,9 @@
 mod common;
 
 use base64::Engine as _;
-use common::{assert_tei_error, json_post, stack_with_gateway, start_gateway};
+use common::tei_routes::post_json;
+use common::{assert_tei_error, stack_with_gateway, start_gateway};
 use embatch_testkit::{NatsServer, RunningWorker, TeiConfig, double_vector, model_dir};
-
-async fn post_json(url: &str, path: &str, body: &str) -> (u16, serde_json::Value) {
-    let response = json_post(
-        &reqwest::Client::new(),
-        &format!("{url}{path}"),
-        body.to_owned(),
-    )
-    .send()
-    .await
-    .expect("HTTP response");
-    let status = response.status().as_u16();
-    let body = response.json().await.expect("JSON body");
-    (status, body)
-}
 
 async fn get_json(url: &str, path: &str) -> (u16, serde_json::Value) {
     let response = reqwest::get(format!("{url}{path}"))

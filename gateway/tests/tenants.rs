@@ -7,9 +7,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::checks::{stand_in_worker, tenants_file};
 use common::start_gateway_at;
 use embatch_testkit::{NatsServer, RunningWorker, TeiConfig, start_tei};
-use futures::StreamExt;
 use serde_json::{Value, json};
 
 const TENANTS: &str = r#"
@@ -19,15 +19,6 @@ keys = ["sk-search"]
 [tenants.ads]
 keys = ["sha256:4a9f6e0e1f4e0e2d6a8c8f0b3bd1b8e1f2f0d4d7b8a2c9e5f1a3b6c7d8e9f0a1", "sk-ads"]
 "#;
-
-/// A tenants file in a temporary directory (kept while the guard lives).
-fn tenants_file(text: &str) -> (tempfile::TempDir, String) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("tenants.toml");
-    std::fs::write(&path, text).expect("write");
-    let path = path.to_str().expect("utf-8 path").to_owned();
-    (dir, path)
-}
 
 /// `path` of a served route with its parameters filled in.
 fn concrete(path: &str) -> String {
@@ -145,26 +136,7 @@ async fn the_request_carries_the_tenant_its_key_names_not_one_the_client_sends()
     let (_dir, file) = tenants_file(TENANTS);
     let gateway = start_gateway_at(&nats.url(), &["--tenants-file", &file], None).await;
     // A stand-in worker: answers every request with one vector and keeps its tenant header.
-    let nc = async_nats::connect(nats.url()).await.expect("connect");
-    let mut requests = nc
-        .subscribe(embatch_protocol::DEFAULT_SUBJECT)
-        .await
-        .expect("subscribe");
-    nc.flush().await.expect("flush");
-    let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        while let Some(message) = requests.next().await {
-            let tenant = message
-                .headers
-                .as_ref()
-                .and_then(|h| h.get(embatch_protocol::headers::TENANT))
-                .map(|v| v.to_string());
-            let _ = seen_tx.send(tenant);
-            if let Some(reply) = message.reply {
-                let _ = nc.publish(reply, "[[0.5]]".into()).await;
-            }
-        }
-    });
+    let mut seen = stand_in_worker(&nats, &[]).await;
     let http = reqwest::Client::new();
     let response = http
         .post(format!("{}/embed", gateway.url))
@@ -175,7 +147,11 @@ async fn the_request_carries_the_tenant_its_key_names_not_one_the_client_sends()
         .await
         .expect("POST /embed");
     assert_eq!(response.status(), 200);
-    assert_eq!(seen.recv().await, Some(Some("search".to_owned())));
+    let tenant = seen.recv().await.flatten().and_then(|headers| {
+        let tenant = headers.get(embatch_protocol::headers::TENANT)?;
+        Some(tenant.to_string())
+    });
+    assert_eq!(tenant.as_deref(), Some("search"));
 }
 
 /// The bulk routes of one gateway as one tenant.

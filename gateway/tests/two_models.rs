@@ -17,6 +17,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use common::checks::wait_for_models;
 use common::{json_post, start_gateway_at};
 use embatch_testkit::{NatsServer, RunningWorker, model_dir, repo_root, testdata};
 use serde::Deserialize;
@@ -160,21 +161,6 @@ fn tei_vectors(body: &Value) -> Vec<Vec<f32>> {
     serde_json::from_value(body.clone()).expect("an array of vectors")
 }
 
-/// The ids `GET /v1/models` lists.
-async fn model_ids(gateway: &str) -> Vec<String> {
-    let response = reqwest::get(format!("{gateway}/v1/models"))
-        .await
-        .expect("HTTP response");
-    assert_eq!(response.status().as_u16(), 200);
-    let body: Value = response.json().await.expect("JSON body");
-    body["data"]
-        .as_array()
-        .expect("data")
-        .iter()
-        .map(|m| m["id"].as_str().expect("id").to_owned())
-        .collect()
-}
-
 /// Polls the shared cache bucket's stream every 20 ms until it holds `entries` messages (one
 /// per key), for at most 10 s: the workers write the bucket after they reply.
 async fn wait_for_bucket_entries(js: &async_nats::jetstream::Context, entries: u64) {
@@ -234,15 +220,8 @@ async fn two_real_models_are_routed_checked_and_cached_apart() {
     // Both listed (sorted by name), once both workers have announced themselves.
     let mut both = vec![minilm.clone(), bge.clone()];
     both.sort();
-    let mut listed = Vec::new();
-    for _ in 0..200 {
-        listed = model_ids(url).await;
-        if listed == both {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(listed, both, "GET /v1/models");
+    let both: Vec<&str> = both.iter().map(String::as_str).collect();
+    wait_for_models(url, &both).await;
 
     // OpenAI, `model` = bge: bge's vectors, none from the cache.
     let openai = format!("{url}/v1/embeddings");

@@ -13,6 +13,10 @@ use super::RunningGateway;
 pub struct Api {
     pub http: reqwest::Client,
     pub url: String,
+    /// How long a read ([`Api::batch`], [`Api::content`]) is retried until it answers 200
+    /// (while a JetStream leader is elected the routes answer 503 for a few seconds); zero: a
+    /// read that does not answer 200 fails the test.
+    pub retry: Duration,
 }
 
 impl Api {
@@ -20,6 +24,19 @@ impl Api {
         Api {
             http: reqwest::Client::new(),
             url: gateway.url.clone(),
+            retry: Duration::ZERO,
+        }
+    }
+
+    /// The routes at `url`, each call given 10 s, reads retried for `retry`.
+    pub fn at(url: &str, retry: Duration) -> Api {
+        Api {
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .expect("HTTP client"),
+            url: url.to_owned(),
+            retry,
         }
     }
 
@@ -82,10 +99,34 @@ impl Api {
         (status, response.json().await.unwrap_or(Value::Null))
     }
 
+    /// `GET path`'s body once it answers 200, retried every 200 ms for [`Api::retry`].
+    async fn read(&self, path: &str) -> reqwest::Response {
+        let started = std::time::Instant::now();
+        loop {
+            let last = match self.http.get(format!("{}{path}", self.url)).send().await {
+                Ok(response) if response.status().as_u16() == 200 => return response,
+                Ok(response) => format!(
+                    "HTTP {}: {}",
+                    response.status(),
+                    response.text().await.unwrap_or_default()
+                ),
+                Err(err) => err.to_string(),
+            };
+            assert!(started.elapsed() < self.retry, "GET {path}: {last}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// The batch `id` as `GET /v1/batches/{id}` answers it.
     pub async fn batch(&self, id: &str) -> Value {
-        let (status, batch) = self.get(&format!("/v1/batches/{id}")).await;
-        assert_eq!(status, 200, "{batch}");
-        batch
+        let response = self.read(&format!("/v1/batches/{id}")).await;
+        response.json().await.expect("JSON")
+    }
+
+    /// The bytes of file `id` as `GET /v1/files/{id}/content` answers them, as text.
+    pub async fn content(&self, id: &str) -> String {
+        let response = self.read(&format!("/v1/files/{id}/content")).await;
+        response.text().await.expect("text")
     }
 
     /// Polls the batch until `done` holds (at most `limit`), returning it.
@@ -102,13 +143,7 @@ impl Api {
     }
 
     pub async fn wait_final(&self, id: &str, limit: Duration) -> Value {
-        self.wait(id, limit, |b| {
-            matches!(
-                b["status"].as_str(),
-                Some("completed" | "failed" | "expired" | "cancelled")
-            )
-        })
-        .await
+        self.wait(id, limit, is_final).await
     }
 
     /// The lines of file `id` (none when `id` is null), by `custom_id`; panics on a repeat.
@@ -116,17 +151,8 @@ impl Api {
         let Some(id) = id.as_str() else {
             return HashMap::new();
         };
-        let text = self
-            .http
-            .get(format!("{}/v1/files/{id}/content", self.url))
-            .send()
-            .await
-            .expect("GET content")
-            .text()
-            .await
-            .expect("text");
         let mut lines = HashMap::new();
-        for line in text.lines() {
+        for line in self.content(id).await.lines() {
             let value: Value = serde_json::from_str(line).expect("a JSON line");
             let custom_id = value["custom_id"].as_str().expect("custom_id").to_owned();
             assert!(
@@ -136,4 +162,26 @@ impl Api {
         }
         lines
     }
+
+    /// How many times each `custom_id` appears in file `id` (none when `id` is null).
+    pub async fn custom_ids(&self, id: &Value) -> HashMap<String, usize> {
+        let mut counts = HashMap::new();
+        let Some(id) = id.as_str() else {
+            return counts;
+        };
+        for line in self.content(id).await.lines() {
+            let value: Value = serde_json::from_str(line).expect("a JSON line");
+            let custom_id = value["custom_id"].as_str().expect("custom_id").to_owned();
+            *counts.entry(custom_id).or_default() += 1;
+        }
+        counts
+    }
+}
+
+/// Whether the batch's status is final.
+pub fn is_final(batch: &Value) -> bool {
+    matches!(
+        batch["status"].as_str(),
+        Some("completed" | "failed" | "expired" | "cancelled")
+    )
 }

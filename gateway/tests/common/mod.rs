@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 pub mod bulk_api;
+pub mod checks;
 pub mod tei_routes;
 
 use clap::Parser;
@@ -155,4 +156,30 @@ pub async fn read_to_close(stream: &mut tokio::net::TcpStream, limit: Duration) 
         Ok(Err(err)) => panic!("reading the connection failed: {err}"),
         Err(_) => None,
     }
+}
+
+/// Sends `{"inputs": input}` to the gateway at `url`'s `/embed` with an `x-embatch-timeout-ms` of
+/// `deadline`; the HTTP status once the body is read in full (a 200 counts only then), `None`
+/// without a full response.
+#[allow(dead_code)] // not every test binary uses every helper
+pub async fn embed_status(
+    http: reqwest::Client,
+    url: &str,
+    input: String,
+    deadline: Duration,
+) -> Option<u16> {
+    let response = http
+        .post(format!("{url}/embed"))
+        .header("content-type", "application/json")
+        .header(
+            embatch_gateway::routes::TIMEOUT_HEADER,
+            deadline.as_millis().to_string(),
+        )
+        .body(serde_json::json!({ "inputs": input }).to_string())
+        .send()
+        .await
+        .ok()?;
+    let status = response.status().as_u16();
+    response.bytes().await.ok()?;
+    Some(status)
 }

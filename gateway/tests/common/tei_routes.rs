@@ -19,8 +19,13 @@ pub fn instant_double(kind: impl FnOnce(&mut TeiConfig)) -> TeiConfig {
     tei
 }
 
-/// `POST {url}{path}` of the JSON `body`: the status and the JSON reply.
-pub async fn post_json(url: &str, path: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
+/// `POST {url}{path}` of `body` (a `serde_json::Value`, or JSON text as it is sent) as JSON: the
+/// status and the JSON reply.
+pub async fn post_json(
+    url: &str,
+    path: &str,
+    body: impl std::fmt::Display,
+) -> (u16, serde_json::Value) {
     let response = json_post(
         &reqwest::Client::new(),
         &format!("{url}{path}"),

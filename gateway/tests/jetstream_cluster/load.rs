@@ -67,24 +67,8 @@ async fn run(http: reqwest::Client, url: Arc<str>, stop: CancellationToken) -> V
 
 async fn send(http: reqwest::Client, url: Arc<str>, index: usize) -> Outcome {
     let sent = Instant::now();
-    let response = http
-        .post(format!("{url}/embed"))
-        .header("content-type", "application/json")
-        .header(
-            embatch_gateway::routes::TIMEOUT_HEADER,
-            DEADLINE.as_millis().to_string(),
-        )
-        .body(serde_json::json!({ "inputs": format!("interactive {index}") }).to_string())
-        .send()
-        .await;
-    let status = match response {
-        // A 200 counts only with its body read in full.
-        Ok(response) => {
-            let status = response.status().as_u16();
-            response.bytes().await.ok().map(|_| status)
-        }
-        Err(_) => None,
-    };
+    let status =
+        crate::common::embed_status(http, &url, format!("interactive {index}"), DEADLINE).await;
     Outcome {
         index,
         sent,

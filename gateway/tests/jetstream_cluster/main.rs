@@ -25,7 +25,7 @@ use embatch_protocol::bulk::{BATCHES_BUCKET, RESULTS_STREAM, WORK_STREAM};
 use embatch_runtime::bulk::FILES_STREAM;
 use embatch_testkit::{NatsCluster, RunningWorker, TeiConfig, TeiDouble, start_tei};
 
-use bulk::Api;
+use common::bulk_api::{Api, is_final};
 use load::{Load, Summary};
 
 /// One cluster at a time in this binary.
@@ -196,7 +196,7 @@ async fn assert_running(api: &Api, (id, lines): &(String, usize)) {
     let batch = api.batch(id).await;
     let done = batch["request_counts"]["completed"].as_u64().unwrap_or(0);
     assert!(
-        !bulk::is_final(&batch) && done < *lines as u64,
+        !is_final(&batch) && done < *lines as u64,
         "the job must still run: {batch}"
     );
     println!("  bulk job: {done} of {lines} lines done");
@@ -304,9 +304,9 @@ async fn killing_the_meta_leader_and_a_stream_leader_loses_no_request_and_no_lin
     let _turn = ONE_AT_A_TIME.lock().await;
     let mut fleet = start_fleet().await;
     assert_three_replicas(&fleet).await;
-    let api = Api::new(&fleet.gateway.url);
-    let id = (api.submit(LINES).await, LINES);
-    api.wait_done_lines(&id.0, 1).await;
+    let api = Api::at(&fleet.gateway.url, Duration::from_secs(20));
+    let id = (api.submit(bulk::input(LINES)).await, LINES);
+    bulk::wait_done_lines(&api, &id.0, 1).await;
     let load = Load::start(&fleet.gateway.url);
     tokio::time::sleep(Duration::from_secs(1)).await;
 
@@ -320,8 +320,8 @@ async fn killing_the_meta_leader_and_a_stream_leader_loses_no_request_and_no_lin
     println!("  meta leader now {}", fleet.cluster.node(next).name);
     restart_and_rejoin(&mut fleet, meta, down).await;
 
-    let second = (api.submit(LINES).await, LINES);
-    api.wait_done_lines(&second.0, 1).await;
+    let second = (api.submit(bulk::input(LINES)).await, LINES);
+    bulk::wait_done_lines(&api, &second.0, 1).await;
     let leader = cluster_of(&fleet.js, WORK_STREAM)
         .await
         .and_then(|c| c.leader)
@@ -359,9 +359,9 @@ async fn a_rolling_restart_of_every_node_loses_no_request_and_no_line() {
     let _turn = ONE_AT_A_TIME.lock().await;
     let mut fleet = start_fleet().await;
     assert_three_replicas(&fleet).await;
-    let api = Api::new(&fleet.gateway.url);
-    let id = (api.submit(ROLLING_LINES).await, ROLLING_LINES);
-    api.wait_done_lines(&id.0, 1).await;
+    let api = Api::at(&fleet.gateway.url, Duration::from_secs(20));
+    let id = (api.submit(bulk::input(ROLLING_LINES)).await, ROLLING_LINES);
+    bulk::wait_done_lines(&api, &id.0, 1).await;
     let load = Load::start(&fleet.gateway.url);
     tokio::time::sleep(Duration::from_secs(1)).await;
 
