@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use embatch_protocol::headers::{MEMBERSHIP_METADATA, membership};
-use embatch_protocol::model::{self, MODEL_METADATA, MODEL_REVISION_METADATA};
+use embatch_protocol::model::{
+    self, CAPABILITIES_METADATA, MODEL_METADATA, MODEL_REVISION_METADATA,
+};
 use futures::StreamExt;
 use tokio::time::Instant;
 
@@ -28,6 +30,9 @@ pub struct WorkerModel {
     pub revision: Option<String>,
     /// Whether it answers the plain subject.
     pub plain: bool,
+    /// What its model does (`embed`, `sparse`, `rerank`, `classify`); `None` for a worker that
+    /// predates contract v1.4.
+    pub capabilities: Option<Vec<String>>,
     /// Its membership (`joined`, `full`, `upstream_unhealthy`, `stopping`).
     pub membership: String,
 }
@@ -80,6 +85,13 @@ fn worker_model(info: &async_nats::service::Info, prefix: &str) -> Option<Worker
         model: meta(MODEL_METADATA).or(model_subject),
         revision: meta(MODEL_REVISION_METADATA),
         plain,
+        capabilities: meta(CAPABILITIES_METADATA).map(|names| {
+            names
+                .split(',')
+                .filter(|n| !n.is_empty())
+                .map(str::to_owned)
+                .collect()
+        }),
         membership: meta(MEMBERSHIP_METADATA).unwrap_or_else(|| membership::JOINED.to_owned()),
     })
 }

@@ -69,6 +69,8 @@ pub struct ServedModel {
     pub default: bool,
     /// How many of its workers were heard from.
     pub workers: usize,
+    /// What it does, as its workers announced it (`None`: none announced it).
+    pub capabilities: Option<Vec<String>>,
 }
 
 /// `GET /v1/models`'s body: OpenAI's list of models,
@@ -98,6 +100,12 @@ pub struct ModelObject {
     pub default: bool,
     /// How many workers serve it now.
     pub workers: usize,
+    /// What it does, from its upstream's `/info` `model_type`: `embed` (`/embed`,
+    /// `/embed_all`, `/similarity`), `sparse` (`/embed_sparse`), `rerank` (`/rerank`),
+    /// `classify` (`/predict`). Absent when its workers predate contract v1.4. A route the
+    /// model does not serve is answered 424, as TEI.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capabilities: Option<Vec<String>>,
 }
 
 impl Models {
@@ -118,6 +126,7 @@ impl Models {
                 owned_by: "embatch".to_owned(),
                 revision: m.revision,
                 workers: m.workers,
+                capabilities: m.capabilities,
             })
             .collect();
         ModelList {
@@ -169,6 +178,7 @@ struct Heard {
     model: Option<String>,
     revision: Option<String>,
     plain: bool,
+    capabilities: Option<Vec<String>>,
     /// Discovery rounds in a row it did not answer.
     missed: u32,
 }
@@ -207,6 +217,7 @@ impl Table {
                 model: worker.model,
                 revision: worker.revision,
                 plain: worker.plain,
+                capabilities: worker.capabilities,
                 missed: 0,
             };
             self.record(worker.id, stopping, heard);
@@ -238,11 +249,15 @@ impl Table {
                 created: self.created.get(name).copied().unwrap_or(0),
                 default: false,
                 workers: 0,
+                capabilities: None,
             });
             entry.workers += 1;
             entry.default |= heard.plain;
             if entry.revision.is_none() {
                 entry.revision.clone_from(&heard.revision);
+            }
+            if entry.capabilities.is_none() {
+                entry.capabilities.clone_from(&heard.capabilities);
             }
         }
         let mut models: Vec<ServedModel> = models.into_values().collect();
@@ -431,6 +446,7 @@ async fn listen(
                 model: heard.model,
                 revision: heard.model_revision,
                 plain,
+                capabilities: heard.capabilities,
                 missed: 0,
             },
         );
@@ -447,6 +463,7 @@ mod tests {
             model: Some(model.into()),
             revision: None,
             plain,
+            capabilities: None,
             missed: 0,
         }
     }
@@ -457,6 +474,7 @@ mod tests {
             model: Some(model.into()),
             revision: None,
             plain: false,
+            capabilities: None,
             membership: membership.into(),
         }
     }

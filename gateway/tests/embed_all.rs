@@ -192,6 +192,17 @@ async fn teis_errors_and_a_classifiers_424() {
         assert_tei_error(&err, error_type, needle);
     }
     assert!(stack.tei.calls().is_empty(), "refused before any call");
+    let models: serde_json::Value = reqwest::get(format!("{}/v1/models", gateway.url))
+        .await
+        .expect("GET /v1/models")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(
+        models["data"][0]["capabilities"],
+        serde_json::json!(["embed"]),
+        "{models}"
+    );
     let path = "/models/embatch%2Ftei-double/similarity";
     let body = serde_json::json!({"inputs": {"source_sentence": "s", "sentences": ["s"]}});
     let (status, body) = post_json(&gateway.url, path, body).await;

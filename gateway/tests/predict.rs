@@ -164,6 +164,18 @@ async fn teis_errors_before_any_call_and_the_model_route() {
         assert_tei_error(&err, error_type, needle);
     }
     assert!(stack.tei.calls().is_empty(), "refused before any call");
+    // `GET /v1/models` says what the model does.
+    let models: serde_json::Value = reqwest::get(format!("{}/v1/models", gateway.url))
+        .await
+        .expect("GET /v1/models")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(
+        models["data"][0]["capabilities"],
+        serde_json::json!(["classify"]),
+        "{models}"
+    );
     let (status, body) = post_json(
         &gateway.url,
         "/models/embatch%2Ftei-double/predict",

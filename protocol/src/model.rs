@@ -198,6 +198,13 @@ pub const MODEL_REVISION_METADATA: &str = "model_revision";
 /// Metadata key: `true` when the worker also answers the plain subject (it serves the default
 /// model), else `false`.
 pub const DEFAULT_METADATA: &str = "default_model";
+/// Metadata key (contract v1.4): what the worker's model does, from its upstream's `/info`
+/// `model_type`, comma-separated among [`CAPABILITIES`]: `embed` (`/embed`, `/embed_all`,
+/// `/similarity`), `sparse` (`/embed_sparse`), `rerank` (`/rerank`), `classify` (`/predict`).
+/// Absent from a worker that predates v1.4.
+pub const CAPABILITIES_METADATA: &str = "capabilities";
+/// The capabilities a worker may announce ([`CAPABILITIES_METADATA`]), in this order.
+pub const CAPABILITIES: [&str; 4] = ["embed", "sparse", "rerank", "classify"];
 
 /// A worker's announcement on [`crate::headers::members_subject`] (JSON), which the gateway's
 /// model table reads:
@@ -228,6 +235,9 @@ pub struct Announcement {
     /// Whether it also answers the plain subject (absent: a v1 worker, which does).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_model: Option<bool>,
+    /// What its model does ([`CAPABILITIES`]; absent: a worker that predates v1.4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capabilities: Option<Vec<String>>,
 }
 
 impl Announcement {
@@ -325,6 +335,7 @@ mod tests {
             model: Some("m".into()),
             model_revision: None,
             default_model: Some(false),
+            capabilities: None,
         };
         let json = serde_json::to_string(&v11).expect("encodes");
         assert_eq!(

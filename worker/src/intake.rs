@@ -49,6 +49,7 @@ use crate::group::{Event, Group};
 use crate::micro::EndpointStats;
 use crate::tenant::{Caller, TenantPolicy};
 use crate::tokens::Counter;
+pub use capabilities::Capabilities;
 pub use classify::ClassifyRoutes;
 pub use held::LARGE_BODY_BYTES;
 use held::{Held, HeldShare};

@@ -56,6 +56,8 @@ pub(crate) struct Speaker {
     pub model: embatch_protocol::model::ModelId,
     /// Whether it answers the plain subject too.
     pub plain: bool,
+    /// What its model does ([`embatch_protocol::model::CAPABILITIES`]).
+    pub capabilities: Vec<String>,
 }
 
 /// The announcement of `speaker` in `state`, with or without `room`, as JSON bytes
@@ -68,6 +70,7 @@ pub(crate) fn announcement(speaker: &Speaker, state: MemberState, room: bool) ->
         model: Some(speaker.model.name.clone()),
         model_revision: speaker.model.revision.clone(),
         default_model: Some(speaker.plain),
+        capabilities: Some(speaker.capabilities.clone()),
     })
     .map(Bytes::from)
     .unwrap_or_default()

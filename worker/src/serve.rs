@@ -115,14 +115,15 @@ struct Parts<U> {
     id: String,
 }
 
-/// Subscribes discovery (`$SRV.PING/INFO/STATS`, answered as worker `id` with the live
-/// membership of `state_rx`) and the `info` endpoints of `info_subjects`.
+/// Subscribes discovery (`$SRV.PING/INFO/STATS`, answered as worker `id` of a model that does
+/// `capabilities`, with the live membership of `state_rx`) and the `info` endpoints of
+/// `info_subjects`.
 ///
 /// # Errors
 /// [`WorkerError::Service`] when a subscription cannot be made.
 async fn subscribe_meta<U: Upstream>(
     client: &async_nats::Client,
-    (id, served): (&str, &model::Served),
+    (id, served, capabilities): (&str, &model::Served, intake::Capabilities),
     (all, info_subjects, info_stats): (
         Vec<micro::EndpointStats>,
         Vec<String>,
@@ -135,7 +136,7 @@ async fn subscribe_meta<U: Upstream>(
     let discovery = micro::Discovery::subscribe(
         client.clone(),
         id.to_owned(),
-        identity(served),
+        identity(served, capabilities),
         all,
         state_rx,
     )
@@ -194,9 +195,15 @@ impl<U: Upstream> Parts<U> {
         let membership = membership::Membership::new(config.membership);
         let (state, state_rx) = tokio::sync::watch::channel(membership.state());
         let id = service_id(client);
+        // The token budget's defaults, the routes' capabilities and the model's identity for
+        // the cache key come from what the upstream reports of itself; discovery announces
+        // the capabilities.
+        let upstream_info = upstream.info().await.ok();
+        let (subjects, name) = (&served.subjects, &served.model.name);
+        let classify = intake::ClassifyRoutes::new(subjects, name, upstream_info.as_ref());
         let (discovery, info) = subscribe_meta(
             client,
-            (&id, served),
+            (&id, served, classify.capabilities),
             (endpoints.all, endpoints.info_subjects, endpoints.info_stats),
             config,
             upstream,
@@ -205,13 +212,8 @@ impl<U: Upstream> Parts<U> {
         .await?;
         let (probes, probe_results) = probes(config.membership, upstream, state_rx.clone());
         let counter = token_counter(upstream.as_ref(), config).await;
-        // The token budget's defaults, the routes' capabilities and the model's identity for
-        // the cache key come from what the upstream reports of itself.
-        let upstream_info = upstream.info().await.ok();
         let (rerank, sparse, tokens) = routes(upstream, served, upstream_info.as_ref());
         let token_subjects = tokens.subjects();
-        let (subjects, name) = (&served.subjects, &served.model.name);
-        let classify = intake::ClassifyRoutes::new(subjects, name, upstream_info.as_ref());
         let classify_subjects = classify.subjects();
         let (batcher, batcher_task) =
             batcher::spawn(Arc::clone(upstream), config.batcher(upstream_info.as_ref()));
@@ -230,7 +232,7 @@ impl<U: Upstream> Parts<U> {
                     &token_subjects,
                     &classify_subjects,
                 ],
-                &id,
+                (&id, &classify.capabilities),
             ),
             membership,
             state,
@@ -486,8 +488,9 @@ fn service_id(client: &async_nats::Client) -> String {
 }
 
 /// The service's identity as discovery reports it: the contract version and the model served
-/// (`model`, `model_revision` when known, `default_model`: whether it answers the plain subject).
-fn identity(served: &model::Served) -> micro::Identity {
+/// (`model`, `model_revision` when known, `default_model`: whether it answers the plain subject,
+/// `capabilities`: what the model does, comma-separated).
+fn identity(served: &model::Served, capabilities: intake::Capabilities) -> micro::Identity {
     let mut metadata: std::collections::HashMap<String, String> = [
         ("protocol_version", PROTOCOL_VERSION),
         ("contract_version", CONTRACT_VERSION),
@@ -500,6 +503,10 @@ fn identity(served: &model::Served) -> micro::Identity {
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v.to_owned()))
     .collect();
+    metadata.insert(
+        model_keys::CAPABILITIES_METADATA.to_owned(),
+        capabilities.names().join(","),
+    );
     if let Some(revision) = &served.model.revision {
         metadata.insert(
             model_keys::MODEL_REVISION_METADATA.to_owned(),

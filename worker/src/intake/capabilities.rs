@@ -22,6 +22,19 @@ pub struct Capabilities {
 }
 
 impl Capabilities {
+    /// What the model does, by the names of [`embatch_protocol::model::CAPABILITIES`]
+    /// (`embed`, `sparse`, `rerank`, `classify`), as discovery announces them.
+    pub fn names(&self) -> Vec<String> {
+        let on = [self.embed, self.sparse, self.rerank, self.predict];
+        embatch_protocol::model::CAPABILITIES
+            .iter()
+            .zip(on)
+            .filter_map(|(name, on)| on.then(|| (*name).to_owned()))
+            .collect()
+    }
+}
+
+impl Capabilities {
     /// Everything: an upstream that says nothing of its model type (its calls then answer for
     /// themselves).
     pub const ALL: Capabilities = Capabilities {
@@ -81,6 +94,8 @@ mod tests {
             (false, true, true)
         );
         assert_eq!(Capabilities::from_info(None), Capabilities::ALL);
+        assert_eq!(reranker.names(), ["rerank", "classify"]);
+        assert_eq!(splade.names(), ["embed", "sparse"]);
         assert_eq!(
             Capabilities::from_info(Some(&serde_json::json!({}))),
             Capabilities::ALL

@@ -65,13 +65,14 @@ impl Endpoints {
     }
 }
 
-/// The queue-group address of worker `id`: its request subjects, with the `routes`' subjects
-/// (rerank's, sparse's, ...), which join and leave with them.
+/// The queue-group address of worker `id`, whose model does `capabilities`: its request
+/// subjects, with the `routes`' subjects (rerank's, sparse's, ...), which join and leave with
+/// them.
 pub(super) fn address<const N: usize>(
     config: &Config,
     served: &model::Served,
     routes: [&Vec<String>; N],
-    id: &str,
+    (id, capabilities): (&str, &crate::intake::Capabilities),
 ) -> group::Address {
     group::Address {
         subject: config.subject.clone(),
@@ -86,6 +87,7 @@ pub(super) fn address<const N: usize>(
             id: id.to_owned(),
             model: served.model.clone(),
             plain: served.plain,
+            capabilities: capabilities.names(),
         },
     }
 }
