@@ -15,8 +15,8 @@ use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::{self, kv, object_store, stream};
 use bytes::Bytes;
 use embatch_protocol::bulk::{
-    BATCHES_BUCKET, Batch, BatchRecord, FILES_BUCKET, ITEMS_FILTER, JOBS_FILTER, JobKind,
-    RESULTS_FILTER, RESULTS_STREAM, WORK_STREAM, events_subject, job_msg_id, job_subject,
+    BATCHES_BUCKET, Batch, BatchRecord, BatchStatus, FILES_BUCKET, ITEMS_FILTER, JOBS_FILTER,
+    JobKind, RESULTS_FILTER, RESULTS_STREAM, WORK_STREAM, events_subject, job_msg_id, job_subject,
 };
 
 use crate::replicas::{ReplicaTarget, Replicas, ensure_stream};
@@ -270,6 +270,32 @@ impl BulkStore {
         Err(BulkError::JetStream(format!(
             "batch {id}: 1000 concurrent updates in a row"
         )))
+    }
+
+    /// Cancels batch `id` as OpenAI's `POST /v1/batches/{id}/cancel` does: a `validating` or
+    /// `in_progress` batch goes `cancelling` now (ending `cancelled`), and while it is
+    /// `cancelling` a `finalize` job is published (deduplicated), which delivers what finished.
+    /// A batch in any other status is left as it is. Returns the record as it is now.
+    ///
+    /// # Errors
+    /// As [`BulkStore::update_batch`] and [`BulkStore::publish_job`].
+    pub async fn cancel_batch(&self, id: &str) -> Result<BatchRecord, BulkError> {
+        let now = embatch_protocol::bulk::unix_now();
+        let record = self
+            .update_batch(id, |record| match record.batch.status {
+                BatchStatus::Validating | BatchStatus::InProgress => {
+                    record.batch.status = BatchStatus::Cancelling;
+                    record.batch.cancelling_at = Some(now);
+                    record.embatch.ending = Some(BatchStatus::Cancelled);
+                    true
+                }
+                _ => false,
+            })
+            .await?;
+        if record.batch.status == BatchStatus::Cancelling {
+            self.publish_job(id, JobKind::Finalize).await?;
+        }
+        Ok(record)
     }
 
     /// Publishes the job `kind` for `batch_id` on the work stream (deduplicated by
