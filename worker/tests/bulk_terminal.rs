@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::bulk_contract::{create, put_file, read_file, wait};
-use embatch_protocol::bulk::{Batch, BatchStatus, FILES_BUCKET, JobKind, unix_now};
+use embatch_protocol::bulk::{Batch, BatchStatus, FILES_BUCKET, JobKind};
 use embatch_runtime::bulk::BulkStore;
 use embatch_testkit::{NatsServer, RunningWorker, TeiConfig, TeiDouble, start_tei};
 use rand::rngs::StdRng;
@@ -61,27 +61,8 @@ async fn start() -> (NatsServer, TeiDouble, RunningWorker, BulkStore) {
 /// Cancels as `POST /v1/batches/{id}/cancel` does; `true` when the batch was validating or in
 /// progress and is now cancelling.
 async fn cancel(store: &BulkStore, id: &str) -> bool {
-    let now = unix_now();
-    let record = store
-        .update_batch(id, |record| match record.batch.status {
-            BatchStatus::Validating | BatchStatus::InProgress => {
-                record.batch.status = BatchStatus::Cancelling;
-                record.batch.cancelling_at = Some(now);
-                record.embatch.ending = Some(BatchStatus::Cancelled);
-                true
-            }
-            _ => false,
-        })
-        .await
-        .expect("record updated");
-    if record.batch.status != BatchStatus::Cancelling {
-        return false;
-    }
-    store
-        .publish_job(id, JobKind::Finalize)
-        .await
-        .expect("job published");
-    true
+    let record = store.cancel_batch(id).await.expect("record updated");
+    record.batch.status == BatchStatus::Cancelling
 }
 
 /// Polls the record until its status is final; panics past [`LIMIT`].

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use embatch_client::{EmbedClient, RequestError};
 use embatch_protocol::headers::membership;
 use embatch_testkit::{
-    Faults, NatsServer, ONE_CALL_AT_A_TIME, RunningWorker, TeiConfig, start_tei,
+    Faults, NatsServer, ONE_CALL_AT_A_TIME, RunningWorker, TeiConfig, TeiDouble, start_tei,
 };
 
 mod discovery;
@@ -52,14 +52,27 @@ async fn embed(client: &EmbedClient, text: &str) -> Result<u16, RequestError> {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_worker_leaves_while_its_upstream_fails_and_rejoins_when_it_recovers() {
+/// A nats-server, the TEI double, one worker on both (batches sent after 1 ms), and a raw NATS
+/// client and an [`EmbedClient`] on the server.
+async fn one_worker() -> (
+    NatsServer,
+    TeiDouble,
+    RunningWorker,
+    async_nats::Client,
+    EmbedClient,
+) {
     let nats = NatsServer::start();
     let tei = start_tei(TeiConfig::instant()).await;
     let worker =
         RunningWorker::start(&nats, &["--tei-url", &tei.url, "--max-wait-time", "1ms"]).await;
     let raw = connect(&nats).await;
     let client = EmbedClient::new(raw.clone(), "embed");
+    (nats, tei, worker, raw, client)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_leaves_while_its_upstream_fails_and_rejoins_when_it_recovers() {
+    let (_nats, tei, worker, raw, client) = one_worker().await;
     assert_eq!(state(&raw).await.as_deref(), Some(membership::JOINED));
     assert_eq!(embed(&client, "before").await, Ok(200));
 
@@ -103,12 +116,7 @@ async fn a_worker_leaves_while_its_upstream_fails_and_rejoins_when_it_recovers()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_probes_do_not_count_while_the_upstream_answers_calls() {
-    let nats = NatsServer::start();
-    let tei = start_tei(TeiConfig::instant()).await;
-    let worker =
-        RunningWorker::start(&nats, &["--tei-url", &tei.url, "--max-wait-time", "1ms"]).await;
-    let raw = connect(&nats).await;
-    let client = EmbedClient::new(raw.clone(), "embed");
+    let (_nats, tei, worker, raw, client) = one_worker().await;
     assert_eq!(embed(&client, "before").await, Ok(200));
     // /health fails while calls are served: busy, not sick. Probes come every second; four of
     // them fail while a call is answered every 200 ms.

@@ -280,28 +280,14 @@ async fn cancel_batch(bulk: &Bulk, id: &str, caller: &Caller) -> Result<Batch, A
     // The owner never changes: checked once, before the update.
     get(bulk, id, caller).await?;
     let store = bulk.store().await?;
-    let now = unix_now();
-    let record = store
-        .update_batch(id, |record| match record.batch.status {
-            BatchStatus::Validating | BatchStatus::InProgress => {
-                record.batch.status = BatchStatus::Cancelling;
-                record.batch.cancelling_at = Some(now);
-                record.embatch.ending = Some(BatchStatus::Cancelled);
-                true
-            }
-            _ => false,
-        })
-        .await
-        .map_err(|err| match err {
-            embatch_runtime::bulk::BulkError::NotFound(_) => no_batch(id),
-            other => other.into(),
-        })?;
+    let record = store.cancel_batch(id).await.map_err(|err| match err {
+        embatch_runtime::bulk::BulkError::NotFound(_) => no_batch(id),
+        other => other.into(),
+    })?;
     match record.batch.status {
-        BatchStatus::Cancelling => {
-            store.publish_job(id, JobKind::Finalize).await?;
+        BatchStatus::Cancelling | BatchStatus::Cancelled | BatchStatus::Finalizing => {
             Ok(record.batch)
         }
-        BatchStatus::Cancelled | BatchStatus::Finalizing => Ok(record.batch),
         other => Err(ApiError {
             status: 409,
             kind: "invalid_request_error",
