@@ -7,7 +7,7 @@
 //!   subject, body size, request id and the reply's status;
 //! - `admission`: from arrival until the request was handed to the batcher or refused (parsing,
 //!   validation, the cache plan, the batcher's admission), recorded when it ends;
-//! - `embed_request` (the batcher's, `crate::batcher`): from admission to answer, with
+//! - `embed_request` (the batcher's, [`embatch_batcher`]): from admission to answer, with
 //!   `queue_wait` (admission to its first upstream call) recorded when that call starts;
 //! - `upstream_batch` (the batcher's): one upstream call's batch, a child of its oldest request's
 //!   `embed_request`, linked to the `embed_request` of every request it serves;
@@ -92,9 +92,17 @@ pub(crate) fn answered(status: Option<u16>) {
     }
 }
 
+/// The batcher's hooks into these traces: `upstream_batch` a child of its oldest request's
+/// `embed_request`, and `queue_wait`.
+pub(crate) const BATCHER: embatch_batcher::Traces = embatch_batcher::Traces {
+    enabled: tracing_otel::enabled,
+    set_parent: tracing_otel::set_parent,
+    queue_waited,
+};
+
 /// Records the `queue_wait` span of a request whose `span` is its batcher span
 /// (`embed_request`): from `accepted` to `first_call`.
-pub(crate) fn queue_waited(span: &tracing::Span, accepted: Instant, first_call: Instant) {
+fn queue_waited(span: &tracing::Span, accepted: Instant, first_call: Instant) {
     tracing_otel::record_interval(
         span,
         "queue_wait",

@@ -38,7 +38,7 @@ use super::error::{LaneError, RenderError, nats};
 use super::jobs::ending_of;
 use super::progress::Progress;
 use super::{Lane, PullConsumer, delivered, render, with_progress};
-use crate::batcher::{BulkGate, Share};
+use crate::batcher::BulkGate;
 use crate::telemetry::{Traffic, count_tenant, names};
 use crate::tenant::Caller;
 
@@ -231,7 +231,7 @@ async fn embed_lines(
     gate: &BulkGate,
     owner: &Caller,
 ) -> Result<(Vec<LineResult>, bool, DayUsage), LaneError> {
-    let share = Share::of(&owner.tenant);
+    let share = crate::batcher::share_of(&owner.tenant);
     let embedded = futures::future::join_all(item.lines.iter().map(|line| async {
         let started = std::time::Instant::now();
         let inputs = line.request.inputs.as_slice().to_vec();

@@ -112,7 +112,7 @@ impl Admitter {
         {
             self.batcher.absorb_resent(inputs);
         }
-        let share = Share::of(&arrival.caller.tenant);
+        let share = crate::batcher::share_of(&arrival.caller.tenant);
         let work = match self.hand_over(parsed, plan, share) {
             Ok(work) => work,
             Err(err) => return self.refuse(err, request, wants_ack, received, caller).await,

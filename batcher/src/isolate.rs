@@ -30,7 +30,7 @@ use tokio::time::Instant;
 use super::queue::Segment;
 use super::shape;
 use super::unique::Unique;
-use crate::upstream::{Backend, Embedding, UpstreamError};
+use crate::{Backend, Embedding, UpstreamError};
 
 /// How one upstream call ended (the `outcome` label of `embatch_worker_upstream_calls_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -314,7 +314,7 @@ async fn embed_by_length<U: Backend>(
     let Some(unique) = Unique::of(batch, scopes) else {
         return embed_in_order(upstream, batch, lengths, options).await;
     };
-    metrics::counter!(crate::telemetry::names::DEDUP_INPUTS, "where" => "batch")
+    metrics::counter!(crate::names::DEDUP_INPUTS, "where" => "batch")
         .increment(unique.folded() as u64);
     let distinct = unique.pick(batch);
     let distinct_lengths = lengths
@@ -367,24 +367,68 @@ fn fill(slots: &mut [Option<Result<Vec<Embedding>, EmbedError>>], err: &EmbedErr
 mod tests {
     use std::collections::HashMap;
 
-    use embatch_testkit::{Faults, POISON, TeiConfig, TeiDouble, start_tei};
+    use embatch_protocol::ErrorResponse;
+    use embatch_tei_double::{Config, Faults, POISON, TeiDouble};
 
     use super::*;
-    use crate::upstream::tei::{TeiConfig as Tei, TeiUpstream};
 
-    /// The TEI double and the worker's TEI client on it.
-    async fn tei() -> (TeiDouble, TeiUpstream) {
-        let tei = start_tei(TeiConfig::instant()).await;
-        let upstream = TeiUpstream::connect(&Tei {
-            base_url: tei.url.clone(),
-            tls_ca: None,
-            api_key: None,
-            timeout: Duration::from_secs(10),
-            fallback_max_batch_size: 512,
-        })
-        .await
-        .expect("the double answers");
-        (tei, upstream)
+    /// A TEI client as small as these tests need: `POST /embed` with the batch's inputs; on an
+    /// error status, TEI's error body ([`UpstreamError::Status`]) or, without one,
+    /// [`UpstreamError::Http`], as the worker's TEI client reads them.
+    struct TeiClient {
+        client: reqwest::Client,
+        url: String,
+    }
+
+    impl Backend for TeiClient {
+        async fn embed(
+            &self,
+            inputs: &[Input],
+            _options: &EmbedOptions,
+        ) -> Result<Vec<Embedding>, UpstreamError> {
+            let unreachable = |e: reqwest::Error| UpstreamError::Unreachable(e.to_string());
+            let request = serde_json::json!({ "inputs": inputs });
+            let response = self
+                .client
+                .post(&self.url)
+                .json(&request)
+                .send()
+                .await
+                .map_err(unreachable)?;
+            let status = response.status().as_u16();
+            let body = response.bytes().await.map_err(unreachable)?;
+            if status != 200 {
+                return Err(match serde_json::from_slice::<ErrorResponse>(&body) {
+                    Ok(response) => UpstreamError::Status { status, response },
+                    Err(_) => UpstreamError::Http {
+                        status,
+                        body: String::from_utf8_lossy(&body).into_owned(),
+                    },
+                });
+            }
+            Ok(Embedding::split_reply(&body)?)
+        }
+
+        fn max_batch_size(&self) -> usize {
+            512
+        }
+    }
+
+    /// The TEI double and a TEI client on it.
+    async fn tei() -> (TeiDouble, TeiClient) {
+        let tei = TeiDouble::spawn(Config::instant())
+            .await
+            .expect("bind the TEI double");
+        let client = TeiClient {
+            client: reqwest::Client::new(),
+            url: tei.embed_url(),
+        };
+        (tei, client)
+    }
+
+    /// The vector the double answers for `text` with default options.
+    fn double_vector(text: &str) -> Vec<f32> {
+        embatch_tei_double::embedding(text, Config::instant().dim, None, true)
     }
 
     /// One single-input request per text, as the queue forms them.
@@ -449,7 +493,7 @@ mod tests {
         for (segment, result) in done.results {
             let vectors = result.expect("served");
             let text = &texts[segment.request as usize];
-            let expected = serde_json::to_vec(&embatch_testkit::double_vector(text)).expect("json");
+            let expected = serde_json::to_vec(&double_vector(text)).expect("json");
             let got: Vec<f32> = serde_json::from_slice(vectors[0].json()).expect("a vector");
             let want: Vec<f32> = serde_json::from_slice(&expected).expect("a vector");
             assert_eq!(

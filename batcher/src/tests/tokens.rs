@@ -5,7 +5,7 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
 use super::*;
-use crate::batcher::BatchCost;
+use crate::BatchCost;
 
 /// `config` with a token budget, dispatching when idle (the default).
 fn by_tokens(config: BatcherConfig, max_batch_tokens: u64, cost: BatchCost) -> BatcherConfig {
@@ -53,7 +53,7 @@ fn submit_lengths(
 /// Tokens and padded tokens of one recorded call.
 fn call_totals(inputs: &[String]) -> (u64, u64) {
     let lengths: Vec<u32> = inputs.iter().map(|t| tokens_of(t)).collect();
-    crate::batcher::shape::totals(&lengths)
+    crate::shape::totals(&lengths)
 }
 
 #[tokio::test(start_paused = true)]

@@ -1,6 +1,6 @@
 //! The queue's batch formation, expiry and removal, on plain data.
 use super::*;
-use crate::batcher::fastest::Fastest;
+use crate::fastest::Fastest;
 
 /// Pushes a request whose inputs all count 1 token (count batching).
 fn push(

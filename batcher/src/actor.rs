@@ -20,8 +20,8 @@ use super::admission::{Ledger, ShedReason};
 use super::isolate::Done;
 use super::queue::{Formed, Queue, Removed, Take};
 use super::{Sent, Shared};
-use crate::telemetry::names;
-use crate::upstream::Backend;
+use crate::Backend;
+use crate::names;
 use answer::{Pending, answer};
 
 /// Counts a request refused at admission (by the actor, or by the handle's stateless checks).

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use super::*;
-use crate::batcher::Share;
+use crate::Share;
 
 fn tenant(name: &str, weight: u32) -> Share {
     Share {

@@ -3,9 +3,9 @@
 //!
 //! Requests with equal options share a batch (see `queue`), so two equal inputs of one call
 //! embed to the same vector: sending both is upstream work done twice. The worker's
-//! single-flight (`crate::cache`) keeps most duplicates out of the batcher; these are the ones
+//! single-flight (in its cache) keeps most duplicates out of the batcher; these are the ones
 //! left (the cache bypassed per request, a resent copy retried alone, inputs repeated inside
-//! a bisected half). Equal inputs of different cache scopes (tenants, see `crate::tenant`) are
+//! a bisected half). Equal inputs of different cache scopes (tenants, see [`crate::Share`]) are
 //! not folded: sharing work is sharing an answer, and it stays within a scope.
 
 use std::collections::HashMap;

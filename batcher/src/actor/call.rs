@@ -10,11 +10,11 @@ use tracing::Instrument;
 
 use super::answer::answer;
 use super::{Actor, Running};
-use crate::batcher::isolate::{self, CallOutcome, Done};
-use crate::batcher::queue::Formed;
-use crate::batcher::shape;
-use crate::telemetry::names;
-use crate::upstream::{Backend, UpstreamError};
+use crate::isolate::{self, CallOutcome, Done};
+use crate::names;
+use crate::queue::Formed;
+use crate::shape;
+use crate::{Backend, UpstreamError};
 
 impl<U: Backend> Actor<U> {
     /// Starts `formed` as a batch task (one upstream call, bisected on a bad input), with its
@@ -34,7 +34,8 @@ impl<U: Backend> Actor<U> {
             requests = segments.len(),
             probe
         );
-        if embatch_runtime::tracing_otel::enabled() {
+        let traces = self.shared.traces;
+        if (traces.enabled)() {
             // Tracing: the batch is a child of its oldest request (in that request's trace),
             // linked to every request it serves (docs/design/tracing.md).
             let oldest = segments.iter().find_map(|segment| {
@@ -42,7 +43,7 @@ impl<U: Backend> Actor<U> {
                 (!request.is_bulk()).then_some(&request.span)
             });
             if let Some(oldest) = oldest {
-                embatch_runtime::tracing_otel::set_parent(&span, oldest);
+                (traces.set_parent)(&span, oldest);
             }
         }
         for segment in &segments {
@@ -55,7 +56,7 @@ impl<U: Backend> Actor<U> {
                     request.first_call = Some(now);
                     metrics::histogram!(names::QUEUE_WAIT)
                         .record((now - request.accepted).as_secs_f64());
-                    crate::trace::queue_waited(&request.span, request.accepted, now);
+                    (traces.queue_waited)(&request.span, request.accepted, now);
                 }
             }
         }
@@ -134,13 +135,8 @@ impl<U: Backend> Actor<U> {
                     .fastest
                     .record(elapsed, running.inputs, running.tokens, now);
             }
-            self.ledger.record_call(
-                elapsed,
-                now,
-                probe,
-                crate::membership::STALL_CALLS,
-                crate::membership::STALL_MIN,
-            );
+            self.ledger
+                .record_call(elapsed, now, probe, crate::STALL_CALLS, crate::STALL_MIN);
         }
         for (segment, result) in done.results {
             let Some(request) = self.requests.get_mut(&segment.request) else {

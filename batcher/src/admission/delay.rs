@@ -13,7 +13,7 @@ use super::Limits;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum QueueDelay {
     /// The larger of [`AUTO_FLOOR`] and [`AUTO_CALLS`] × the measured upstream call time +
-    /// `MAX_WAIT_TIME` (see the module docs of [`crate::batcher`]). No bound until the first
+    /// `MAX_WAIT_TIME` (see the crate docs). No bound until the first
     /// call was measured.
     #[default]
     Auto,
@@ -71,7 +71,7 @@ impl fmt::Display for QueueDelay {
 /// The queue wait a worker is meant to keep below with the upstream call time `call`:
 /// [`AUTO_CALLS`] × `call` + `MAX_WAIT_TIME` for `auto`, else the fixed bound. Membership steers
 /// new work away beyond it.
-pub(in crate::batcher) fn steer_bound(limits: &Limits, call: Duration) -> Duration {
+pub(crate) fn steer_bound(limits: &Limits, call: Duration) -> Duration {
     match limits.max_queue_delay {
         QueueDelay::Fixed(bound) => bound,
         QueueDelay::Auto => call
@@ -84,7 +84,7 @@ pub(in crate::batcher) fn steer_bound(limits: &Limits, call: Duration) -> Durati
 /// queue: the expected queue wait beyond which admission answers 429. For `auto`,
 /// [`steer_bound`], but at least [`AUTO_FLOOR`] while fewer than [`AUTO_FLOOR_INPUTS`] are
 /// queued.
-pub(in crate::batcher) fn shed_bound(limits: &Limits, call: Duration, queued: usize) -> Duration {
+pub(crate) fn shed_bound(limits: &Limits, call: Duration, queued: usize) -> Duration {
     match limits.max_queue_delay {
         QueueDelay::Fixed(bound) => bound,
         QueueDelay::Auto if queued < AUTO_FLOOR_INPUTS => steer_bound(limits, call).max(AUTO_FLOOR),
@@ -93,7 +93,7 @@ pub(in crate::batcher) fn shed_bound(limits: &Limits, call: Duration, queued: us
 }
 
 /// How admission's 429 names the bound: `auto: …` with its terms, or `fixed`.
-pub(in crate::batcher) fn describe(limits: &Limits, call: Duration) -> String {
+pub(crate) fn describe(limits: &Limits, call: Duration) -> String {
     match limits.max_queue_delay {
         QueueDelay::Auto => format!(
             "auto: {AUTO_CALLS} x the {} ms upstream call + MAX_WAIT_TIME, at least {} ms while \

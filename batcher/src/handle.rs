@@ -1,128 +1,5 @@
-//! The batcher: an actor that turns many small requests into few full upstream calls.
-//!
-//! [`spawn`] starts one task, the actor, that owns all queue and admission state; callers send
-//! it their request through a cloneable [`BatcherHandle`] and get the admit/refuse answer and
-//! then the outcome on `oneshot` channels. The handle shares no lock with the actor: it runs
-//! only the checks that need no state (400, 413, 504) and reads a copy of the admission ledger
-//! the actor publishes after each step (for the queue-group membership's load).
-//!
-//! - `admission`: the queue bounds, the call-time estimate and the admit decision;
-//! - `fair`: the upstream shared between tenants by weight ([`Share`]);
-//! - `queue`: groups by options, due times, batch formation;
-//! - `shape`: the token budget, the cost model and the length shaping of a batch;
-//! - `actor`: the select loop, the supervised batch tasks, and every metric;
-//! - `isolate`: one batch's upstream calls, and the bisection of a batch that failed because of an
-//!   input;
-//! - `unique`: each distinct input of a call sent once, its embedding fanned out to every
-//!   position holding it.
-//!
-//! # How a batch forms
-//! Requests are grouped by their [`EmbedOptions`] (requests whose options differ never share an
-//! upstream call). At most `max_concurrent_batches` calls are in flight. Whenever a call slot is
-//! free, the oldest group that is due leaves as one call of up to the batch limit (the smaller of
-//! `max_batch_size` and the upstream's own limit) costing at most `max_batch_tokens` (see
-//! `shape`: `longest × inputs` on a padded upstream, the sum of tokens on an unpadded one; an
-//! input over the whole budget leaves alone). Every input carries its token count (see
-//! [`BatcherHandle::submit`]). The batch is shaped by length: it holds the group's oldest waiting
-//! input and, among the group's first 4 × batch-limit waiting inputs, those of the nearest
-//! lengths (padded upstream; inputs of equal length in arrival order) or the oldest that fit the
-//! budget (unpadded). So the oldest waiting input of a group is never passed over: it is in the
-//! next batch of its group, and an input with `k` older inputs waiting in its group leaves with
-//! one of the next `k + 1` batches of that group. Inside each call to a padded upstream the inputs
-//! are sent shortest first (one grouping them in arrival order pads little); each request
-//! still gets exactly its own embeddings, in its order. A group is due when:
-//! - it holds a full batch (`max_batch_size` inputs, or tokens enough to fill
-//!   `max_batch_tokens`): any free slot takes it;
-//! - no call is in flight and `dispatch_when_idle` is on (the default): an idle upstream takes
-//!   any waiting group at once, full or not;
-//! - its oldest request has waited `max_wait` and fewer than `partial_batch_slots` calls are in
-//!   flight (by default `max_concurrent_batches - 1`, at least 1): the slots beyond those take
-//!   full batches only, so while the upstream is busy a batch that is not full keeps filling
-//!   here rather than queueing inside the upstream;
-//! - the batcher is shutting down: everything leaves.
-//!
-//! With the defaults (2 slots, 1 for partial batches, dispatch when idle) a batch that is not
-//! full therefore leaves only when the upstream is idle, and `max_wait` never sends one (it still
-//! enters the `auto` queue-delay bound below); it bounds the wait of a partial batch when
-//! `dispatch_when_idle` is off or `partial_batch_slots` is above 1. A request with more inputs than the batch limit is split over several calls and
-//! reassembled in order.
-//!
-//! # Overload
-//! The actor decides admission when the request reaches it, before queueing it, and never
-//! queues a request it expects to fail ([`BatcherHandle::submit`] delivers a refusal as the
-//! outcome; [`BatcherHandle::try_submit`] waits for the answer):
-//! - Bounds: at most `queue_cap` inputs and `max_queue_bytes` bytes of input text are accepted
-//!   and not yet answered; beyond them a request gets 429 ([`EmbedError::Overloaded`]), and a
-//!   request larger than a whole bound gets 413.
-//! - A worker with nothing queued and a free upstream slot admits any request: the estimate
-//!   below cannot lock it out.
-//! - Otherwise the upstream call time, measured from completed calls, says when the request
-//!   would start (the batches queued ahead, assumed full, pass `max_concurrent_batches` at a
-//!   time; counted by inputs or by tokens, whichever needs more calls) and finish. It is
-//!   admitted only if it would finish within 75 % of its deadline
-//!   budget and, when it fits one upstream call, start within `max_queue_delay`; else 429, with
-//!   a retry-after estimate ([`BatcherHandle::try_submit`], [`BatcherHandle::retry_after_hint`]).
-//!   A request of several calls waits longer than the bound for its own work alone: its
-//!   deadline, `queue_cap` and `max_queue_bytes` bound it (a closed-loop indexing client with
-//!   8 requests of 512 inputs in flight is served, not shed).
-//! - `max_queue_delay` defaults to `auto`: 2 × the measured call time + `max_wait`, but at
-//!   least [`AUTO_FLOOR`] (500 ms) while fewer than [`AUTO_FLOOR_INPUTS`] (512) are queued. A
-//!   queue longer than what keeps the upstream busy adds latency, never throughput: with every
-//!   slot busy, the next batch of each slot must be ready when it frees, which is one call time
-//!   of queued work; 2 calls allow as much again as slack for bursts and for the estimate's
-//!   error (it assumes full batches), plus the `max_wait` a forming batch may spend. Beyond that
-//!   a worker steers new work to peers with room (membership); it sheds there only once the
-//!   queue is also long in inputs or in time: in front of a fast upstream, a closed loop of a
-//!   few hundred callers keeps a standing queue of many calls with no overload, and a 429 only
-//!   makes them resend, while an open loop over capacity fills 512 inputs within a second
-//!   (docs/design/queue-delay-floor.md). For a request that fits one call, a client's deadline
-//!   can only tighten the bound.
-//! - The call-time estimate is a moving average that leans to fresh news: a sample's weight
-//!   grows with the time since the previous one, a faster sample weighs at least 1/2 (a slower
-//!   one 1/4: an estimate too high sheds the calls that would correct it, one too low corrects
-//!   itself), and an estimate older than two call times shrinks with its age. When no call has
-//!   started or ended for a call time, one request the estimate would refuse is let through as a
-//!   probe, at admission and at dispatch (at most one probe call in flight).
-//! - A request whose deadline passes while inputs of it wait in the queue gets 504
-//!   ([`EmbedError::DeadlineExceeded`]) at its deadline, and its share of the bounds is free at
-//!   once (a timer on the earliest deadline, no scan). One whose deadline comes before a call
-//!   started now could finish (by a fresh estimate) gets 504 when its batch forms, and causes no
-//!   upstream work, unless everything queued fits that one call: then it goes as a probe (a
-//!   stale estimate costs a probe, not a failure).
-//! - A request whose receiver is dropped (the caller went away) is removed from the queue at
-//!   once, freeing its share of the bounds; its queued inputs cause no upstream work.
-//!
-//! # Faults
-//! Batch tasks are supervised: a batch task that panics fails exactly its requests with 424
-//! ([`EmbedError::Backend`], "upstream call crashed") and frees its upstream slot. When the
-//! upstream blames an input of a batch of several requests, the batch is bisected by request and
-//! retried until the offending request(s) are isolated; the others still get their embeddings.
-//! A 424 (the model failed on the batch) is bisected too, within bounds that spare an upstream
-//! failing for everyone (see `isolate`). Upstream failures (refused, 5xx, timeout) fail only the
-//! requests of that call.
-//!
-//! # Tracing
-//! Each accepted request has a span (`embed_request`: inputs, bytes, then outcome) from submit to
-//! answer, a child of the submitter's current span; each batch task runs in a span
-//! (`upstream_batch`: inputs, requests, probe) that follows from the spans of its requests, so
-//! the upstream call's events carry it. Request spans are at `debug` level
-//! (`RUST_LOG=embatch_worker=debug` turns them on), so the default `info` records none per
-//! request; batch spans are at `info`.
-//!
-//! # Shutdown
-//! When every [`BatcherHandle`] is dropped, the actor stops waiting for `max_wait`, sends all it
-//! holds upstream, answers every accepted request and exits.
-
-mod actor;
-mod admission;
-mod fair;
-mod fastest;
-mod isolate;
-mod queue;
-mod shape;
-#[cfg(test)]
-mod tests;
-mod unique;
+//! The batcher's handle: its configuration, what callers submit and get back, what the handles
+//! share with the actor, and [`spawn`].
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -134,15 +11,11 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-pub use admission::{AUTO_CALLS, AUTO_FLOOR, AUTO_FLOOR_INPUTS, QueueDelay, QueueDelayError};
-use admission::{Ask, Ledger, Limits};
-pub use fair::Share;
-pub use shape::{
-    BUILTIN_MAX_BATCH_TOKENS, BatchCost, TEI_DEFAULT_MAX_BATCH_TOKENS, TokenBudget,
-    estimate_lengths,
+use crate::admission::{self, Ask, Ledger, Limits};
+use crate::{
+    Backend, BatchCost, BulkOutcome, Load, QueueDelay, STALL_CALLS, STALL_MIN, Share, TokenBudget,
+    Traces, actor, estimate_lengths,
 };
-
-use crate::upstream::{Backend, Embedding};
 
 /// Every `reason` label of `embatch_worker_requests_shed_total`.
 pub const SHED_REASONS: [&str; 6] = admission::ShedReason::LABELS;
@@ -232,76 +105,74 @@ impl From<Refused> for EmbedError {
 /// inputs are removed before they cost upstream work.
 #[derive(Clone)]
 pub struct BatcherHandle {
-    tx: mpsc::UnboundedSender<Sent>,
-    shared: Arc<Shared>,
+    pub(crate) tx: mpsc::UnboundedSender<Sent>,
+    pub(crate) shared: Arc<Shared>,
 }
 
 /// What the handle and the actor share: the limits (fixed), the failed-call count and the
 /// published copy of the actor's [`Ledger`] (both written by the actor only).
-struct Shared {
-    limits: Limits,
+pub(crate) struct Shared {
+    pub(crate) limits: Limits,
     /// The actor's ledger as of its last step, for [`BatcherHandle::load`] and
     /// [`BatcherHandle::retry_after_hint`]; admission itself reads the actor's own.
-    ledger: watch::Sender<Ledger>,
+    pub(crate) ledger: watch::Sender<Ledger>,
     /// Inputs the handles sent that the actor has not yet published as admitted or refused:
     /// counted into the load as queued, so the membership sees a request at once.
-    in_transit: AtomicUsize,
+    pub(crate) in_transit: AtomicUsize,
     /// Upstream calls that failed as an unhealthy upstream fails, in a row (reset by a success
     /// or by [`BatcherHandle::reset_failures`]); watched by the queue-group membership.
-    failed_calls: watch::Sender<u32>,
+    pub(crate) failed_calls: watch::Sender<u32>,
     /// Upstream calls answered with embeddings since the start; read by the queue-group
     /// membership, which takes answered calls as a sign of health stronger than a slow probe.
-    answered_calls: AtomicU64,
+    pub(crate) answered_calls: AtomicU64,
     /// Set by [`BatcherHandle::absorb_backlog`], taken by the actor at its next admission.
-    backlog_until: std::sync::Mutex<Option<Instant>>,
+    pub(crate) backlog_until: std::sync::Mutex<Option<Instant>>,
     /// Most calls in flight (of any kind) under which a batch of bulk inputs alone may start
     /// (see [`BulkGate::limit_calls`]; 1 until set).
-    bulk_calls: AtomicUsize,
+    pub(crate) bulk_calls: AtomicUsize,
     /// Inputs of resent copies and when the last one came ([`BatcherHandle::absorb_resent`]),
     /// taken by the actor at its next admission.
-    resent: std::sync::Mutex<Option<(usize, Instant)>>,
+    pub(crate) resent: std::sync::Mutex<Option<(usize, Instant)>>,
+    /// How the actor's spans join distributed traces.
+    pub(crate) traces: Traces,
 }
 
 /// What the handles send the actor.
-enum Sent {
+pub(crate) enum Sent {
     /// An interactive request, admitted or refused by the actor.
     Request(Job),
     /// A bulk request (see [`BulkGate`]).
     Bulk(BulkJob),
 }
 
-/// The outcome of a bulk request: an embedding per input, in order, or the error of the call
-/// that carried it (the batcher's own isolation already split a rejected call by request).
-pub type BulkOutcome = Result<Vec<Embedding>, EmbedError>;
-
 /// A bulk request on its way to the actor.
-struct BulkJob {
-    inputs: Vec<Input>,
+pub(crate) struct BulkJob {
+    pub(crate) inputs: Vec<Input>,
     /// Tokens of each input.
-    lengths: Vec<u32>,
-    options: EmbedOptions,
+    pub(crate) lengths: Vec<u32>,
+    pub(crate) options: EmbedOptions,
     /// The batch's tenant: bulk inputs are shared between tenants too.
-    share: Share,
-    reply: oneshot::Sender<BulkOutcome>,
+    pub(crate) share: Share,
+    pub(crate) reply: oneshot::Sender<BulkOutcome>,
 }
 
 /// A request on its way to the actor, which admits or refuses it.
-struct Job {
-    inputs: Vec<Input>,
+pub(crate) struct Job {
+    pub(crate) inputs: Vec<Input>,
     /// Tokens of each input.
-    lengths: Vec<u32>,
+    pub(crate) lengths: Vec<u32>,
     /// Bytes of input text.
-    bytes: usize,
-    options: EmbedOptions,
+    pub(crate) bytes: usize,
+    pub(crate) options: EmbedOptions,
     /// Its tenant's share of the upstream.
-    share: Share,
-    deadline: Instant,
-    accepted: Instant,
-    reply: oneshot::Sender<Outcome>,
+    pub(crate) share: Share,
+    pub(crate) deadline: Instant,
+    pub(crate) accepted: Instant,
+    pub(crate) reply: oneshot::Sender<Outcome>,
     /// Where the admission answer goes ([`BatcherHandle::try_submit`]); `None`: a refusal is
     /// the request's outcome, on `reply` ([`BatcherHandle::submit`]).
-    admission: Option<oneshot::Sender<Result<(), Refused>>>,
-    span: tracing::Span,
+    pub(crate) admission: Option<oneshot::Sender<Result<(), Refused>>>,
+    pub(crate) span: tracing::Span,
 }
 
 impl BatcherHandle {
@@ -484,26 +355,22 @@ impl BatcherHandle {
         })
     }
 
-    /// The worker's load as of the actor's last step, for queue-group membership (see
-    /// `crate::membership`): the expected wait of a request queued now before its first
+    /// The worker's load as of the actor's last step, for the worker's queue-group membership:
+    /// the expected wait of a request queued now before its first
     /// upstream call (requests on their way to the actor count as queued), the estimated call
     /// time, the queue-delay bound admission enforces with it, and the failed calls in a row.
-    pub fn load(&self) -> crate::membership::Load {
+    pub fn load(&self) -> Load {
         let now = Instant::now();
         let mut ledger = self.shared.ledger.borrow().clone();
         ledger.queued_inputs += self.shared.in_transit.load(Ordering::Relaxed);
         let call = ledger.estimate.call_at(now);
-        crate::membership::Load {
+        Load {
             start_wait: call.map(|call| ledger.start_wait(&self.shared.limits, call)),
             call,
             bound: call.map(|call| admission::steer_bound(&self.shared.limits, call)),
             failed_calls: *self.shared.failed_calls.borrow(),
-            peer_has_room: false, // the batcher knows no peers; see `crate::group`
-            stalled: ledger.stalled(
-                now,
-                crate::membership::STALL_CALLS,
-                crate::membership::STALL_MIN,
-            ),
+            peer_has_room: false, // the batcher knows no peers: the worker's queue group sets it
+            stalled: ledger.stalled(now, STALL_CALLS, STALL_MIN),
         }
     }
 
@@ -536,112 +403,29 @@ impl BatcherHandle {
     }
 }
 
-/// The bulk lane's (`crate::bulk`) way into the batcher: bulk requests share the interactive
-/// batches' upstream calls without competing with interactive requests.
-///
-/// A bulk request is queued apart from interactive ones and holds no share of the admission
-/// bounds (`QUEUE_CAP`, `MAX_QUEUE_BYTES`, `MAX_QUEUE_DELAY`), so it never causes a 429. Its
-/// inputs leave in two ways:
-/// - they fill the room an interactive batch of the same options leaves (up to the batch limit
-///   and the token budget), so interactive traffic below capacity carries bulk inputs at the
-///   cost of the call's per-input time only;
-/// - as a batch of their own, only while nothing interactive is queued or on its way to the
-///   actor: on an idle upstream while interactive requests arrive (one arriving then waits
-///   behind at most that one call), and under up to [`BulkGate::limit_calls`] calls in flight
-///   once none arrived for 10 call times (so a bulk job alone keeps the upstream busy back to
-///   back; the first interactive request after such a spell may wait behind that many calls).
-///
-/// It holds a weak sender, so it never keeps the actor alive.
-#[derive(Clone)]
-pub struct BulkGate {
-    tx: mpsc::WeakUnboundedSender<Sent>,
-    shared: Arc<Shared>,
-}
-
-impl BulkGate {
-    /// Sets the most calls in flight (interactive and bulk alike) under which a batch of bulk
-    /// inputs alone may start (`BULK_CALLS`, at least 1, at most `MAX_CONCURRENT_BATCHES`).
-    pub fn limit_calls(&self, calls: usize) {
-        self.shared
-            .bulk_calls
-            .store(calls.max(1), Ordering::Relaxed);
-    }
-
-    /// Embeds `inputs` (token counts `lengths`, or [`estimate_lengths`] when they do not hold
-    /// one per input) with `options` as a bulk request: waits until the batcher has sent them
-    /// (see [`BulkGate`]) and returns an embedding per input, in order. Dropping the future
-    /// cancels the inputs not yet sent.
-    ///
-    /// # Errors
-    /// The [`EmbedError`] of the upstream call that carried the request (a rejected input's
-    /// request alone gets the rejection, as for interactive requests), or
-    /// [`EmbedError::Unavailable`] when the batcher has stopped.
-    pub async fn embed(
-        &self,
-        inputs: Vec<Input>,
-        lengths: Vec<u32>,
-        options: EmbedOptions,
-    ) -> BulkOutcome {
-        self.embed_as(Share::default(), inputs, lengths, options)
-            .await
-    }
-
-    /// [`BulkGate::embed`] for the tenant of `share`: bulk inputs of several tenants are shared
-    /// by weight too, behind every tenant's interactive traffic.
-    ///
-    /// # Errors
-    /// As [`BulkGate::embed`].
-    pub async fn embed_as(
-        &self,
-        share: Share,
-        inputs: Vec<Input>,
-        lengths: Vec<u32>,
-        options: EmbedOptions,
-    ) -> BulkOutcome {
-        if inputs.is_empty() {
-            return Ok(Vec::new());
-        }
-        let lengths = if lengths.len() == inputs.len() {
-            lengths
-        } else {
-            estimate_lengths(&inputs)
-        };
-        let tx = self.tx.upgrade().ok_or_else(stopped)?;
-        let (reply, rx) = oneshot::channel();
-        tx.send(Sent::Bulk(BulkJob {
-            inputs,
-            lengths,
-            options,
-            share,
-            reply,
-        }))
-        .map_err(|_| stopped())?;
-        drop(tx);
-        rx.await.unwrap_or_else(|_| Err(stopped()))
-    }
-}
-
-impl BatcherHandle {
-    /// The bulk lane's way into this batcher (see [`BulkGate`]).
-    pub fn bulk_gate(&self) -> BulkGate {
-        BulkGate {
-            tx: self.tx.downgrade(),
-            shared: Arc::clone(&self.shared),
-        }
-    }
-}
-
-fn stopped() -> EmbedError {
+/// The answer to a request the batcher can no longer take: 503.
+pub(crate) fn stopped() -> EmbedError {
     EmbedError::Unavailable("the worker is shutting down".into())
 }
 
-/// Starts the batcher task for `upstream`.
+/// Starts the batcher task for `upstream`, its spans in no distributed trace
+/// ([`Traces::default`]).
 ///
 /// The task ends after every [`BatcherHandle`] clone is dropped and every accepted request is
 /// answered (or cancelled).
 pub fn spawn<U: Backend>(
     upstream: Arc<U>,
     config: BatcherConfig,
+) -> (BatcherHandle, JoinHandle<()>) {
+    spawn_traced(upstream, config, Traces::default())
+}
+
+/// [`spawn`], with `traces` joining the batcher's spans to the process's distributed traces
+/// (the worker's OpenTelemetry export).
+pub fn spawn_traced<U: Backend>(
+    upstream: Arc<U>,
+    config: BatcherConfig,
+    traces: Traces,
 ) -> (BatcherHandle, JoinHandle<()>) {
     let slots = config.max_concurrent_batches.max(1);
     let limits = Limits {
@@ -679,6 +463,7 @@ pub fn spawn<U: Backend>(
         backlog_until: std::sync::Mutex::new(None),
         bulk_calls: AtomicUsize::new(1),
         resent: std::sync::Mutex::new(None),
+        traces,
     });
     let (tx, rx) = mpsc::unbounded_channel();
     let task = tokio::spawn(actor::Actor::new(upstream, Arc::clone(&shared), rx).run());

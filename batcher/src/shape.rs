@@ -120,7 +120,7 @@ impl Default for TokenBudget {
 /// An estimate of each input's token count, special tokens included, until the worker's
 /// tokenizer counts them: a text counts one token per 4 bytes (rounded up) plus 2 (`[CLS]` and
 /// `[SEP]`); token ids count exactly. Only the batch's shape and budget use it; a caller with
-/// real counts passes those to [`crate::batcher::BatcherHandle::submit`] instead.
+/// real counts passes those to [`crate::BatcherHandle::submit`] instead.
 pub fn estimate_lengths(inputs: &[Input]) -> Vec<u32> {
     inputs
         .iter()

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use tokio::sync::Mutex;
 
 use super::*;
-use crate::batcher::Share;
+use crate::Share;
 
 /// A GPU-like upstream: one call at a time, 5 ms + 20 µs per input (loadtest's simulated GPU).
 struct Serial {

@@ -16,7 +16,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use embatch_protocol::headers::DEFAULT_TENANT;
-use embatch_runtime::tenants::Tenant;
 
 use super::shape::BatchCost;
 
@@ -32,12 +31,12 @@ pub struct Share {
 }
 
 impl Share {
-    /// The share of `tenant` (its name, weight and cache scope).
-    pub fn of(tenant: &Tenant) -> Share {
+    /// The share of the tenant named `tenant`, of `weight` (at least 1) and cache `scope`.
+    pub fn new(tenant: Arc<str>, weight: u32, scope: Arc<str>) -> Share {
         Share {
-            tenant: tenant.name.clone(),
-            weight: tenant.weight.max(1),
-            scope: tenant.cache_scope.clone(),
+            tenant,
+            weight: weight.max(1),
+            scope,
         }
     }
 }

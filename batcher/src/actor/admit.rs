@@ -9,12 +9,12 @@ use tokio::time::Instant;
 
 use super::answer::{Pending, ReplyTo, answer, relay};
 use super::{Actor, BULK_DEADLINE, count_shed};
-use crate::batcher::admission::{Ask, Shed, ShedReason};
-use crate::batcher::fair::{Share, units};
-use crate::batcher::queue::{Arrival, Removed};
-use crate::batcher::{BulkJob, Job, Outcome, Refused};
-use crate::telemetry::names;
-use crate::upstream::Backend;
+use crate::Backend;
+use crate::admission::{Ask, Shed, ShedReason};
+use crate::fair::{Share, units};
+use crate::names;
+use crate::queue::{Arrival, Removed};
+use crate::{BulkJob, Job, Outcome, Refused};
 
 impl<U: Backend> Actor<U> {
     /// Admits `job` (answering the refusal, and counting it, when not) and queues it.

@@ -9,9 +9,9 @@ use futures::future::BoxFuture;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::batcher::{BulkOutcome, Outcome, Reply};
-use crate::telemetry::names;
-use crate::upstream::Embedding;
+use crate::Embedding;
+use crate::names;
+use crate::{BulkOutcome, Outcome, Reply};
 
 /// An accepted request until it is answered.
 pub(super) struct Pending {

@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::{BatcherConfig, BatcherHandle, Outcome, QueueDelay, Reply, TokenBudget, spawn};
-use crate::upstream::{Backend, Embedding, UpstreamError};
+use crate::{Backend, Embedding, UpstreamError};
 
 /// Records calls; answers each input with `["<input>"]` so replies prove identity. An input
 /// containing `poison` is rejected (422, blames the input); one containing `panic` makes the

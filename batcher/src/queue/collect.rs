@@ -7,12 +7,12 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Entry, Group, TokenBudget};
-use crate::batcher::fair::{Fair, units};
-use crate::batcher::fastest::Fastest;
+use crate::fair::{Fair, units};
+use crate::fastest::Fastest;
 
 /// How to form the next batch.
 #[derive(Debug, Clone, Copy)]
-pub(in crate::batcher) struct Take {
+pub(crate) struct Take {
     /// The current time.
     pub now: Instant,
     /// Most inputs in the batch.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use embatch_protocol::Input;
 
 use super::{Entry, Formed, Removed, Segment};
-use crate::batcher::fair::Fair;
+use crate::fair::Fair;
 
 /// Requests sharing one set of options, oldest first.
 #[derive(Default)]
