@@ -156,7 +156,7 @@ async fn subscribe_meta<U: Upstream>(
 }
 
 /// The routes beside `/embed` the worker serves, configured from the upstream's `/info`
-/// (`info`): rerank, sparse embeddings, and tokenize/decode.
+/// (`info`): rerank, sparse embeddings, tokenize/decode, and predict/embed_all/similarity.
 fn routes<U: Upstream>(
     upstream: &Arc<U>,
     served: &model::Served,
@@ -165,12 +165,14 @@ fn routes<U: Upstream>(
     intake::RerankConfig,
     intake::SparseConfig,
     intake::TokenRoutes,
+    intake::ClassifyRoutes,
 ) {
     let (subjects, model) = (&served.subjects, &served.model.name);
     (
         intake::RerankConfig::new(subjects, model, info),
         intake::SparseConfig::new(subjects, model, info),
         intake::TokenRoutes::new(subjects, Arc::clone(upstream).route_caller()),
+        intake::ClassifyRoutes::new(subjects, model, info),
     )
 }
 
@@ -195,12 +197,10 @@ impl<U: Upstream> Parts<U> {
         let membership = membership::Membership::new(config.membership);
         let (state, state_rx) = tokio::sync::watch::channel(membership.state());
         let id = service_id(client);
-        // The token budget's defaults, the routes' capabilities and the model's identity for
-        // the cache key come from what the upstream reports of itself; discovery announces
-        // the capabilities.
+        // What the upstream reports of itself decides the token budget's defaults, the routes
+        // (and the capabilities discovery announces) and the model's identity for the cache.
         let upstream_info = upstream.info().await.ok();
-        let (subjects, name) = (&served.subjects, &served.model.name);
-        let classify = intake::ClassifyRoutes::new(subjects, name, upstream_info.as_ref());
+        let (rerank, sparse, tokens, classify) = routes(upstream, served, upstream_info.as_ref());
         let (discovery, info) = subscribe_meta(
             client,
             (&id, served, classify.capabilities),
@@ -212,9 +212,13 @@ impl<U: Upstream> Parts<U> {
         .await?;
         let (probes, probe_results) = probes(config.membership, upstream, state_rx.clone());
         let counter = token_counter(upstream.as_ref(), config).await;
-        let (rerank, sparse, tokens) = routes(upstream, served, upstream_info.as_ref());
-        let token_subjects = tokens.subjects();
-        let classify_subjects = classify.subjects();
+        let (token_subjects, classify_subjects) = (tokens.subjects(), classify.subjects());
+        let routed = [
+            &rerank.subjects,
+            &sparse.subjects,
+            &token_subjects,
+            &classify_subjects,
+        ];
         let (batcher, batcher_task) =
             batcher::spawn(Arc::clone(upstream), config.batcher(upstream_info.as_ref()));
         let cache_config = config.cache();
@@ -223,17 +227,7 @@ impl<U: Upstream> Parts<U> {
         let cache = Arc::new(cache);
         let group = group::Group::join(
             client.clone(),
-            address(
-                config,
-                served,
-                [
-                    &rerank.subjects,
-                    &sparse.subjects,
-                    &token_subjects,
-                    &classify_subjects,
-                ],
-                (&id, &classify.capabilities),
-            ),
+            address(config, served, routed, (&id, &classify.capabilities)),
             membership,
             state,
             batcher.clone(),
