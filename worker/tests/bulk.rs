@@ -79,11 +79,7 @@ async fn output(store: &BulkStore, batch: &Batch) -> HashMap<String, serde_json:
 }
 
 fn slow_tei() -> TeiConfig {
-    TeiConfig {
-        base: Duration::from_millis(200),
-        concurrency: 1,
-        ..TeiConfig::instant()
-    }
+    common::tei_taking(200, 1)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

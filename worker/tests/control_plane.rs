@@ -2,6 +2,8 @@
 //! listening to them (it leaves while one has room, and rejoins when none has), and an idle
 //! fleet publishes nothing at all (no heartbeats, no membership announcements).
 
+mod common;
+
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -70,12 +72,7 @@ async fn a_full_worker_stays_out_while_a_peer_has_room_and_rejoins_when_none_has
     let nats = NatsServer::start();
     // A: one input per call, one call at a time, 600 ms each: three queued requests put it over
     // its admission bound (2 × 600 ms + 1 ms of expected wait).
-    let slow = start_tei(TeiConfig {
-        base: Duration::from_millis(600),
-        concurrency: 1,
-        ..TeiConfig::instant()
-    })
-    .await;
+    let slow = start_tei(common::tei_taking(600, 1)).await;
     let mut slow_args = vec!["--tei-url", slow.url.as_str()];
     slow_args.extend(ONE_CALL_AT_A_TIME);
     let a = RunningWorker::start(&nats, &slow_args).await;

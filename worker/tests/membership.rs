@@ -2,6 +2,8 @@
 //! upstream fails and rejoins when it recovers, a slow worker leaves while full so requests go to
 //! the one with capacity, and a client tells "every worker is full" (429) from "no worker" (503).
 
+mod common;
+
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -148,18 +150,8 @@ async fn failed_probes_do_not_count_while_the_upstream_answers_calls() {
 async fn requests_go_to_the_worker_with_capacity_and_none_is_lost() {
     let nats = NatsServer::start();
     // ~53 req/s at batch 8 with two calls in flight, against ~3,000 req/s.
-    let slow = start_tei(TeiConfig {
-        base: Duration::from_millis(300),
-        concurrency: 2,
-        ..TeiConfig::instant()
-    })
-    .await;
-    let fast = start_tei(TeiConfig {
-        base: Duration::from_millis(5),
-        concurrency: 2,
-        ..TeiConfig::instant()
-    })
-    .await;
+    let slow = start_tei(common::tei_taking(300, 2)).await;
+    let fast = start_tei(common::tei_taking(5, 2)).await;
     let args = |url: &str| {
         [
             "--tei-url",
@@ -224,11 +216,7 @@ async fn a_full_worker_leaves_only_while_another_has_room_and_no_worker_is_503()
     let nats = NatsServer::start();
     // One input per call, one call at a time, 600 ms each: three queued requests put a worker
     // over its admission bound (2 × 600 ms + 1 ms of expected wait).
-    let slow = || TeiConfig {
-        base: Duration::from_millis(600),
-        concurrency: 1,
-        ..TeiConfig::instant()
-    };
+    let slow = || common::tei_taking(600, 1);
     let tei = start_tei(slow()).await;
     let mut lone_args = vec!["--tei-url", tei.url.as_str()];
     lone_args.extend(ONE_CALL_AT_A_TIME);

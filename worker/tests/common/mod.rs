@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use embatch_client::{EmbedClient, RequestError};
+use embatch_testkit::TeiConfig;
 
 /// Sends `body` through `client` with a 10 s budget; the status (200, the worker's error code, or
 /// discovery's 429/503 when no worker is a member of the queue group) and the payload (TEI's
@@ -50,4 +51,15 @@ pub async fn metrics_text(addr: impl std::fmt::Display) -> String {
         .text()
         .await
         .expect("a text body")
+}
+
+/// The TEI double taking `base_ms` ms a call, `concurrency` calls at a time (otherwise
+/// [`TeiConfig::instant`]).
+#[allow(dead_code)] // not every test binary uses every helper
+pub fn tei_taking(base_ms: u64, concurrency: usize) -> TeiConfig {
+    TeiConfig {
+        base: Duration::from_millis(base_ms),
+        concurrency,
+        ..TeiConfig::instant()
+    }
 }
