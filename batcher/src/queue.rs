@@ -25,7 +25,7 @@ use tokio::time::Instant;
 use super::fair::{Ahead, Fair, Share, units};
 use super::shape::{self, MAX_WINDOW, TokenBudget, WINDOW_BATCHES};
 pub(super) use collect::Take;
-use collect::{Candidate, Collected};
+use collect::{Collected, pick};
 use group::{Group, cut, left_group};
 
 /// tokio's timer fires on whole-millisecond ticks, rounding a deadline up by as much as 1 ms. The
@@ -478,24 +478,6 @@ impl Queue {
         }
         added
     }
-}
-
-/// The candidates of one batch, shaped by [`shape::select`]; while tenants contend, in one run
-/// per request, in the order its first candidate came, inputs ascending.
-fn pick(candidates: &[Candidate], take: &Take, contended: bool) -> Vec<Candidate> {
-    let tokens: Vec<u32> = candidates.iter().map(|c| c.tokens).collect();
-    let mut picked: Vec<Candidate> = shape::select(&tokens, take.batch_limit, take.budget)
-        .into_iter()
-        .map(|i| candidates[i])
-        .collect();
-    if contended {
-        let mut first: HashMap<u64, usize> = HashMap::new();
-        for (rank, c) in candidates.iter().enumerate() {
-            first.entry(c.request).or_insert(rank);
-        }
-        picked.sort_by_key(|c| (first.get(&c.request).copied(), c.at));
-    }
-    picked
 }
 
 /// Adds `inputs` inputs of `tokens` tokens to what left for `tenant`.

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use super::{Entry, Group, TokenBudget};
 use crate::fair::{Fair, units};
 use crate::fastest::Fastest;
+use crate::shape;
 
 /// How to form the next batch.
 #[derive(Debug, Clone, Copy)]
@@ -266,4 +267,22 @@ pub(super) fn fair(
         expired: verdicts.expired,
         probe: verdicts.probe,
     }
+}
+
+/// The candidates of one batch, shaped by [`shape::select`]; while tenants contend, in one run
+/// per request, in the order its first candidate came, inputs ascending.
+pub(super) fn pick(candidates: &[Candidate], take: &Take, contended: bool) -> Vec<Candidate> {
+    let tokens: Vec<u32> = candidates.iter().map(|c| c.tokens).collect();
+    let mut picked: Vec<Candidate> = shape::select(&tokens, take.batch_limit, take.budget)
+        .into_iter()
+        .map(|i| candidates[i])
+        .collect();
+    if contended {
+        let mut first: HashMap<u64, usize> = HashMap::new();
+        for (rank, c) in candidates.iter().enumerate() {
+            first.entry(c.request).or_insert(rank);
+        }
+        picked.sort_by_key(|c| (first.get(&c.request).copied(), c.at));
+    }
+    picked
 }
