@@ -6,7 +6,6 @@ mod common;
 
 use std::time::Duration;
 
-use bytes::Bytes;
 use embatch_client::{EmbedClient, RequestError};
 use embatch_protocol::headers::{HEARTBEAT_LINGER, membership};
 use embatch_testkit::{
@@ -16,25 +15,13 @@ use futures::StreamExt;
 
 mod discovery;
 
-use discovery::connect;
+use discovery::{connect, embed};
 
 /// The `membership` of every worker answering `$SRV.INFO.embatch` within 200 ms, sorted.
 async fn all_states(client: &async_nats::Client) -> Vec<String> {
     let mut states = discovery::states(client, usize::MAX, Duration::from_millis(200)).await;
     states.sort();
     states
-}
-
-async fn embed(client: &EmbedClient, text: &str) -> Result<u16, RequestError> {
-    let body = serde_json::json!({ "inputs": text }).to_string();
-    match client
-        .embed(Bytes::from(body), Duration::from_secs(10))
-        .await
-    {
-        Ok(_) => Ok(200),
-        Err(RequestError::Reply(err)) => Ok(err.status()),
-        Err(err) => Err(err),
-    }
 }
 
 fn flood(

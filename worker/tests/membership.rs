@@ -6,7 +6,6 @@ mod common;
 
 use std::time::Duration;
 
-use bytes::Bytes;
 use embatch_client::{EmbedClient, RequestError};
 use embatch_protocol::headers::membership;
 use embatch_testkit::{
@@ -15,7 +14,7 @@ use embatch_testkit::{
 
 mod discovery;
 
-use discovery::{connect, states};
+use discovery::{connect, embed, states};
 
 /// The `membership` metadata of the first worker answering `$SRV.INFO.embatch` (these tests run
 /// one worker at a time when they ask), within 200 ms.
@@ -39,18 +38,6 @@ async fn wait_for_state(
             return Err(now);
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-async fn embed(client: &EmbedClient, text: &str) -> Result<u16, RequestError> {
-    let body = serde_json::json!({ "inputs": text }).to_string();
-    match client
-        .embed(Bytes::from(body), Duration::from_secs(10))
-        .await
-    {
-        Ok(_) => Ok(200),
-        Err(RequestError::Reply(err)) => Ok(err.status()),
-        Err(err) => Err(err),
     }
 }
 

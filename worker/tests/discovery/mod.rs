@@ -1,9 +1,11 @@
-//! Discovery as the membership tests see it (each `mod discovery;`): a plain connection, and the
-//! live `membership` metadata of the workers answering `$SRV.INFO.embatch`.
+//! Discovery as the membership tests see it (each `mod discovery;`): a plain connection, the
+//! live `membership` metadata of the workers answering `$SRV.INFO.embatch`, and a request's
+//! status through the queue group.
 
 use std::time::Duration;
 
 use bytes::Bytes;
+use embatch_client::{EmbedClient, RequestError};
 use embatch_testkit::NatsServer;
 use futures::StreamExt;
 
@@ -32,4 +34,18 @@ pub async fn states(client: &async_nats::Client, most: usize, wait: Duration) ->
         states.push(state.to_owned());
     }
     states
+}
+
+/// Sends `{"inputs": text}` through `client` with a 10 s budget; 200 or the worker's error
+/// status, or the client's error when no worker answered.
+pub async fn embed(client: &EmbedClient, text: &str) -> Result<u16, RequestError> {
+    let body = serde_json::json!({ "inputs": text }).to_string();
+    match client
+        .embed(Bytes::from(body), Duration::from_secs(10))
+        .await
+    {
+        Ok(_) => Ok(200),
+        Err(RequestError::Reply(err)) => Ok(err.status()),
+        Err(err) => Err(err),
+    }
 }
