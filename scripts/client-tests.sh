@@ -66,10 +66,7 @@ gateway="http://127.0.0.1:$gateway_port"
 step "starting nats-server $nats_url (JetStream, store in $tmp), a worker (built-in model) and the gateway $gateway"
 "$nats_server" -a 127.0.0.1 -p "$nats_port" -js -sd "$tmp/nats-store" >"$tmp/nats.log" 2>&1 &
 pids+=($!)
-for _ in $(seq 1 100); do
-  if (exec 3<>"/dev/tcp/127.0.0.1/$nats_port") 2>/dev/null; then break; fi
-  sleep 0.1
-done
+poll 10 listening "$nats_port" || true
 "$bin_dir/embatch-worker" --nats-url "$nats_url" --model-dir "$model_dir" --metrics-addr "" >"$tmp/worker.log" 2>&1 &
 pids+=($!)
 "$bin_dir/embatch-gateway" --nats-url "$nats_url" --listen "127.0.0.1:$gateway_port" >"$tmp/gateway.log" 2>&1 &
@@ -80,12 +77,7 @@ keyed_gateway="http://127.0.0.1:$keyed_port"
 "$bin_dir/embatch-gateway" --nats-url "$nats_url" --listen "127.0.0.1:$keyed_port" \
   --tenants-file tests/clients/tenants.toml >"$tmp/gateway-tenants.log" 2>&1 &
 pids+=($!)
-for _ in $(seq 1 300); do
-  if curl -fsS "$gateway/health" >/dev/null 2>&1; then break; fi
-  for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null || break 2; done
-  sleep 0.2
-done
-curl -fsS "$gateway/health" >/dev/null || {
+poll 60 curl -fsS "$gateway/health" || {
   echo "the stack did not become healthy (a process exited, or 60 s passed)" >&2
   show_logs
   exit 1
@@ -102,11 +94,7 @@ pids+=($!)
   --model-alias tei-double-reranker --default-model "$minilm" --metrics-addr "" \
   >"$tmp/reranker-worker.log" 2>&1 &
 pids+=($!)
-for _ in $(seq 1 150); do
-  if curl -fsS "$gateway/models/tei-double-reranker/health" >/dev/null 2>&1; then break; fi
-  sleep 0.2
-done
-curl -fsS "$gateway/models/tei-double-reranker/health" >/dev/null || {
+poll 30 curl -fsS "$gateway/models/tei-double-reranker/health" || {
   echo "the reranker worker did not become healthy" >&2
   show_logs
   exit 1
@@ -201,10 +189,7 @@ step "the acknowledgement-and-resend examples of docs/design/recovery.md, also t
 relay_subject=embatch-client-tests.drop-first
 "$venv/bin/python" tests/clients/drop_first_copy.py "$nats_url" "$relay_subject" embed >"$tmp/relay.log" 2>&1 &
 pids+=($!)
-for _ in $(seq 1 100); do
-  if grep -qx ready "$tmp/relay.log"; then break; fi
-  sleep 0.1
-done
+poll 10 grep -qx ready "$tmp/relay.log" || true
 resend_py="examples/direct_nats_resend.py (nats-py $nats_py)"
 expect_vector "$resend_py" "$venv/bin/python" examples/direct_nats_resend.py
 expect_no_responders "$resend_py" "$venv/bin/python" examples/direct_nats_resend.py

@@ -32,3 +32,19 @@ free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1
 
 # Prints the last 30 lines of each log under `$tmp` to stderr.
 show_logs() { for f in "$tmp"/*.log; do echo "--- $f" >&2; tail -n 30 "$f" >&2; done; }
+
+# Runs `cmd...` every 0.2 s until it succeeds, for at most `seconds` and while every started
+# process lives; fails when it never did. Use: `poll seconds cmd...`.
+poll() {
+  local tries=$(($1 * 5))
+  shift
+  for _ in $(seq 1 "$tries"); do
+    if "$@" >/dev/null 2>&1; then return 0; fi
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null || return 1; done
+    sleep 0.2
+  done
+  return 1
+}
+
+# Whether something listens on TCP port `port` of 127.0.0.1.
+listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }

@@ -63,10 +63,7 @@ jetstream { store_dir: "$PWD/$run_dir/nats-store", max_memory_store: 256MB, max_
 EOF
 "$nats_server" -c "$run_dir/nats.conf" -p "$nats_port" >"$run_dir/nats.log" 2>&1 &
 pids+=($!)
-for _ in $(seq 1 100); do
-  if (exec 3<>"/dev/tcp/127.0.0.1/$nats_port") 2>/dev/null; then break; fi
-  sleep 0.1
-done
+poll 10 listening "$nats_port" || true
 NATS_URL="nats://127.0.0.1:$nats_port" MODEL_DIR="$model_dir" METRICS_ADDR="127.0.0.1:$metrics_port" \
   target/release/embatch-worker >"$run_dir/worker.log" 2>&1 &
 pids+=($!)
@@ -79,22 +76,14 @@ NATS_URL="nats://127.0.0.1:$nats_port" LISTEN_ADDR="127.0.0.1:$gateway_port" \
   target/release/embatch-gateway >"$run_dir/gateway.log" 2>&1 &
 pids+=($!)
 
-for _ in $(seq 1 100); do
-  if curl -fsS "http://127.0.0.1:$gateway_port/health" >/dev/null 2>&1; then break; fi
-  sleep 0.1
-done
-curl -fsS "http://127.0.0.1:$gateway_port/health" >/dev/null || {
+poll 10 curl -fsS "http://127.0.0.1:$gateway_port/health" || {
   echo "the stack did not become healthy; see $run_dir/*.log" >&2
   tail -n 20 "$run_dir"/*.log >&2
   exit 1
 }
 if $two_models; then
   # The gateway is healthy once any worker answers; the bge worker loads its model on its own.
-  for _ in $(seq 1 300); do
-    if curl -fsS "http://127.0.0.1:$bge_metrics_port/health" >/dev/null 2>&1; then break; fi
-    sleep 0.1
-  done
-  curl -fsS "http://127.0.0.1:$bge_metrics_port/health" >/dev/null || {
+  poll 30 curl -fsS "http://127.0.0.1:$bge_metrics_port/health" || {
     echo "the bge worker did not become healthy; see $run_dir/worker-bge.log" >&2
     tail -n 20 "$run_dir/worker-bge.log" >&2
     exit 1

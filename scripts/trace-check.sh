@@ -19,11 +19,7 @@ use_tmp
 wait_for() { # wait_for WHAT CMD...: up to 60 s, while every started process lives
   local what=$1
   shift
-  for _ in $(seq 1 300); do
-    if "$@" >/dev/null 2>&1; then return 0; fi
-    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null || break 2; done
-    sleep 0.2
-  done
+  poll 60 "$@" && return 0
   echo "$what did not come up (a process exited, or 60 s passed)" >&2
   show_logs
   exit 1
