@@ -12,8 +12,8 @@ use crate::{BatcherHandle, BulkJob, Embedding, Sent, Share, Shared, estimate_len
 /// that carried it (the batcher's own isolation already split a rejected call by request).
 pub type BulkOutcome = Result<Vec<Embedding>, EmbedError>;
 
-/// The bulk lane's (the worker's bulk jobs) way into the batcher: bulk requests share the interactive
-/// batches' upstream calls without competing with interactive requests.
+/// The bulk lane's way into the batcher (the worker's bulk jobs): bulk requests share the
+/// interactive batches' upstream calls without competing with interactive requests.
 ///
 /// A bulk request is queued apart from interactive ones and holds no share of the admission
 /// bounds (`QUEUE_CAP`, `MAX_QUEUE_BYTES`, `MAX_QUEUE_DELAY`), so it never causes a 429. Its

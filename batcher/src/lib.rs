@@ -46,8 +46,8 @@
 //! With the defaults (2 slots, 1 for partial batches, dispatch when idle) a batch that is not
 //! full therefore leaves only when the upstream is idle, and `max_wait` never sends one (it still
 //! enters the `auto` queue-delay bound below); it bounds the wait of a partial batch when
-//! `dispatch_when_idle` is off or `partial_batch_slots` is above 1. A request with more inputs than the batch limit is split over several calls and
-//! reassembled in order.
+//! `dispatch_when_idle` is off or `partial_batch_slots` is above 1. A request with more inputs
+//! than the batch limit is split over several calls and reassembled in order.
 //!
 //! # Overload
 //! The actor decides admission when the request reaches it, before queueing it, and never
@@ -114,6 +114,11 @@
 //! # Shutdown
 //! When every [`BatcherHandle`] is dropped, the actor stops waiting for `max_wait`, sends all it
 //! holds upstream, answers every accepted request and exits.
+//!
+//! [`EmbedOptions`]: embatch_protocol::EmbedOptions
+//! [`EmbedError::Overloaded`]: embatch_protocol::EmbedError::Overloaded
+//! [`EmbedError::DeadlineExceeded`]: embatch_protocol::EmbedError::DeadlineExceeded
+//! [`EmbedError::Backend`]: embatch_protocol::EmbedError::Backend
 
 mod actor;
 mod admission;
