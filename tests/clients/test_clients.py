@@ -152,6 +152,40 @@ def check_cohere_v1(gateway: str, nats_url: str) -> str:
     return check_results(response.results, tei_rerank_scores(gateway), len(DOCUMENTS))
 
 
+def check_hf_sentence_similarity(gateway: str, nats_url: str) -> str:
+    """POST /similarity through huggingface_hub: each similarity equals the cosine of TEI's
+    reference vectors (the built-in MiniLM's vectors are within MIN_COSINE of them)."""
+    from huggingface_hub import InferenceClient
+
+    client = InferenceClient(model=f"{gateway}/similarity")
+    got = client.sentence_similarity(TEXTS[0], other_sentences=TEXTS[1:])
+    want = [cosine(EXPECTED[0], e) for e in EXPECTED[1:]]
+    assert len(got) == len(want), f"{len(got)} similarities for {len(want)} sentences"
+    worst = max(abs(g - w) for g, w in zip(got, want))
+    assert worst < 1e-3, f"similarities {got}, reference {want}"
+    return f"{len(got)} similarities, max difference from the reference {worst:.2e}"
+
+
+def check_hf_text_classification(gateway: str, nats_url: str) -> str:
+    """POST /models/<reranker>/predict through huggingface_hub: the label and score the gateway
+    answers over plain HTTP for the same text."""
+    import urllib.request
+
+    from huggingface_hub import InferenceClient
+
+    url = f"{gateway}/models/{RERANKER}/predict"
+    client = InferenceClient(model=url)
+    out = client.text_classification(DOCUMENTS[0])
+    # TEI's single-sequence reply is one list; the SDK returns its first element (as with TEI).
+    first = out[0] if isinstance(out, list) else out
+    body = json.dumps({"inputs": DOCUMENTS[0]}).encode()
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        want = json.load(response)[0]
+    assert (first.label, first.score) == (want["label"], want["score"]), f"{first} vs {want}"
+    return f"label {first.label} at {first.score:.4f}, equal to POST /predict's"
+
+
 def check_llama_index(gateway: str, nats_url: str) -> str:
     from llama_index.embeddings.text_embeddings_inference import TextEmbeddingsInference
 
@@ -199,6 +233,10 @@ def check_nats_py_no_responders(gateway: str, nats_url: str) -> str:
 
 CHECKS = [
     ("huggingface_hub", "InferenceClient(base_url).feature_extraction(text)", check_huggingface_hub),
+    ("huggingface_hub", "InferenceClient(model=.../similarity).sentence_similarity(s, others)",
+     check_hf_sentence_similarity),
+    ("huggingface_hub", "InferenceClient(model=.../predict).text_classification(text)",
+     check_hf_text_classification),
     ("openai", "embeddings.create(), SDK default (base64)", check_openai_base64),
     ("openai", "embeddings.create(encoding_format='float')", check_openai_float),
     ("openai", "files.create, batches.create, batches.retrieve until done, files.content "
