@@ -8,6 +8,7 @@ mod fair_report;
 mod faults;
 mod overload;
 mod tokens;
+mod traces;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
