@@ -29,7 +29,8 @@ impl Capabilities {
         embatch_protocol::model::CAPABILITIES
             .iter()
             .zip(on)
-            .filter_map(|(name, on)| on.then(|| (*name).to_owned()))
+            .filter(|&(_, on)| on)
+            .map(|(name, _)| (*name).to_owned())
             .collect()
     }
 }
