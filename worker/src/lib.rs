@@ -16,7 +16,8 @@
 //! - `heartbeat`: the liveness signal clients watch to resend what a lost worker held.
 //! - [`bulk`]: the bulk lane: OpenAI-style batch jobs from NATS JetStream, behind interactive
 //!   traffic.
-//! - [`batcher`]: the batching actor: batch formation, overload control, fault isolation.
+//! - [`batcher`]: the batching actor ([`embatch_batcher`]: batch formation, overload control,
+//!   fault isolation), wired to the worker's traces and tenants.
 //! - [`tenant`]: the tenant a request is served for, from its NATS account or, from a trusted
 //!   caller, its `Embatch-Tenant` header.
 //! - [`tokens`]: token counts per input (the model's tokenizer), before the batcher.
