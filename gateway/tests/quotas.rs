@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::checks::{self, header, tenants_file};
+use common::checks::{self, header};
 use common::{RunningGateway, start_gateway_at};
-use embatch_testkit::NatsServer;
+use embatch_testkit::{NatsServer, tenants_file};
 use serde_json::{Value, json};
 
 const TENANTS: &str = r#"

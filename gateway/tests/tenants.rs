@@ -7,9 +7,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::checks::{stand_in_worker, tenants_file};
+use common::checks::stand_in_worker;
 use common::start_gateway_at;
-use embatch_testkit::{NatsServer, RunningWorker, TeiConfig, start_tei};
+use embatch_testkit::{NatsServer, RunningWorker, TeiConfig, start_tei, tenants_file};
 use serde_json::{Value, json};
 
 const TENANTS: &str = r#"

@@ -40,6 +40,18 @@ pub fn testdata() -> PathBuf {
     repo_root().join("testdata")
 }
 
+/// `toml` as a tenants file (`TENANTS_FILE`) in a temporary directory, kept while the returned
+/// guard lives; and the file's path.
+///
+/// # Panics
+/// When the directory or the file cannot be written.
+pub fn tenants_file(toml: &str) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("tenants.toml");
+    std::fs::write(&path, toml).expect("write the tenants file");
+    (dir, path.to_string_lossy().into_owned())
+}
+
 /// The built-in model's directory: `$EMBATCH_MODEL_DIR`, else `<repo>/models/all-MiniLM-L6-v2`.
 ///
 /// # Panics

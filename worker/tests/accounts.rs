@@ -12,10 +12,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::metrics_text;
-use common::plain::{Reply, bucket_holds, request_on, send, tenants_file};
+use common::plain::{Reply, bucket_holds, request_on, send};
 use embatch_client::{EmbedClient, SendOptions};
 use embatch_protocol::DEFAULT_SUBJECT;
-use embatch_testkit::{NatsServer, RunningWorker, TeiConfig, free_port, repo_root, start_tei};
+use embatch_testkit::{
+    NatsServer, RunningWorker, TeiConfig, free_port, repo_root, start_tei, tenants_file,
+};
 
 /// The workers' tenants: `search` is the account SEARCH, `ads` the account ADS.
 const TENANTS: &str = r#"

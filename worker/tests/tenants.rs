@@ -6,9 +6,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::plain::{bucket_holds, send, tenants_file};
+use common::plain::{bucket_holds, send};
 use embatch_protocol::headers;
-use embatch_testkit::{NatsServer, RunningWorker, TeiConfig, TeiDouble, start_tei};
+use embatch_testkit::{NatsServer, RunningWorker, TeiConfig, TeiDouble, start_tei, tenants_file};
 
 /// The tenants of these tests: `search` (weight 2, NATS account `SEARCH`), `ads` (account
 /// `ADS`) and `partner`, which shares `search`'s cache (group `acme`).

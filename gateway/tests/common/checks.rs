@@ -1,5 +1,5 @@
 //! Small steps several gateway test binaries take: a response header, the ids `GET /v1/models`
-//! lists, a tenants file, and a stand-in worker that answers every embedding request.
+//! lists, and a stand-in worker that answers every embedding request.
 #![allow(dead_code)] // not every test binary uses every helper
 
 use std::time::Duration;
@@ -44,15 +44,6 @@ pub async fn wait_for_models(gateway: &str, expected: &[&str]) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     panic!("/v1/models lists {listed:?}, not {expected:?}");
-}
-
-/// `text` as a tenants file in a temporary directory (kept alive by the returned guard), and
-/// its path.
-pub fn tenants_file(text: &str) -> (tempfile::TempDir, String) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("tenants.toml");
-    std::fs::write(&path, text).expect("write the tenants file");
-    (dir, path.to_string_lossy().into_owned())
 }
 
 /// A stand-in worker on `nats`: answers every embedding request on the default subject with

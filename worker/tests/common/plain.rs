@@ -130,13 +130,3 @@ pub async fn bucket_holds(client: &async_nats::Client, entries: usize) {
     }
     panic!("the bucket never held {entries} entries");
 }
-
-/// `toml` as a tenants file in a temporary directory (kept alive by the returned guard), and
-/// its path.
-pub fn tenants_file(toml: &str) -> (tempfile::TempDir, String) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("tenants.toml");
-    std::fs::write(&path, toml).expect("write the tenants file");
-    let path = path.to_string_lossy().into_owned();
-    (dir, path)
-}
