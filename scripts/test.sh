@@ -7,6 +7,7 @@
 # Usage: scripts/test.sh [extra cargo test args]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+python3 scripts/checks/sizes.py # files <= 500 lines, fns <= 80; before the slow steps, to fail fast
 
 export NATS_SERVER_BIN
 NATS_SERVER_BIN=$(scripts/install-nats-server.sh)
