@@ -6,7 +6,8 @@
 mod common;
 
 use common::tei_routes::{
-    assert_the_deadline, direct_client, instant_double, post_json, send_direct,
+    assert_capabilities, assert_refused_before_any_call, assert_the_deadline, direct_client,
+    instant_double, post_json, send_direct,
 };
 use common::{assert_tei_error, stack_with_gateway};
 use embatch_client::Operation;
@@ -150,7 +151,7 @@ async fn similarity_is_the_cosine_of_the_doubles_embeddings() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn teis_errors_and_a_classifiers_424() {
     let (stack, gateway) = stack_with_gateway(TeiConfig::instant(), &[], 1 << 20, 3).await;
-    for (path, body, status, error_type, needle) in [
+    let cases = vec![
         (
             "/similarity",
             serde_json::json!({"inputs": {"source_sentence": "s", "sentences": []}}),
@@ -186,23 +187,9 @@ async fn teis_errors_and_a_classifiers_424() {
             "Validation",
             "batch size 4 > maximum allowed batch size 3",
         ),
-    ] {
-        let (got, err) = post_json(&gateway.url, path, body.clone()).await;
-        assert_eq!(got, status, "{path} {body}: {err}");
-        assert_tei_error(&err, error_type, needle);
-    }
-    assert!(stack.tei.calls().is_empty(), "refused before any call");
-    let models: serde_json::Value = reqwest::get(format!("{}/v1/models", gateway.url))
-        .await
-        .expect("GET /v1/models")
-        .json()
-        .await
-        .expect("JSON");
-    assert_eq!(
-        models["data"][0]["capabilities"],
-        serde_json::json!(["embed"]),
-        "{models}"
-    );
+    ];
+    assert_refused_before_any_call(&stack, &gateway.url, cases).await;
+    assert_capabilities(&gateway.url, &["embed"]).await;
     let path = "/models/embatch%2Ftei-double/similarity";
     let body = serde_json::json!({"inputs": {"source_sentence": "s", "sentences": ["s"]}});
     let (status, body) = post_json(&gateway.url, path, body).await;

@@ -6,8 +6,8 @@
 mod common;
 
 use common::tei_routes::{
-    assert_plain_model_424, assert_the_deadline, direct_client, instant_double, post_json,
-    send_direct,
+    assert_capabilities, assert_plain_model_424, assert_refused_before_any_call,
+    assert_the_deadline, direct_client, instant_double, post_json, send_direct,
 };
 use common::{assert_tei_error, json_post, stack_with_gateway};
 use embatch_client::Operation;
@@ -127,55 +127,47 @@ async fn a_bad_sequence_fails_its_own_request_only() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn teis_errors_before_any_call_and_the_model_route() {
     let (stack, gateway) = stack_with_gateway(classifier(), &[], 1 << 20, 2).await;
-    for (body, status, error_type, needle) in [
+    let p = "/predict";
+    let cases = vec![
         (
+            p,
             serde_json::json!({"inputs": ""}),
             400,
             "Empty",
             "`inputs` cannot be empty",
         ),
         (
+            p,
             serde_json::json!({"inputs": [["a"], ["b"], ["c"]]}),
             422,
             "Validation",
             "batch size 3 > maximum allowed batch size 2",
         ),
         (
+            p,
             serde_json::json!({"inputs": ["a", "b", "c"]}),
             422,
             "Validation",
             "a string, a pair of strings",
         ),
         (
+            p,
             serde_json::json!({"inputs": []}),
             422,
             "Validation",
             "inputs",
         ),
         (
+            p,
             serde_json::json!({"input": "a"}),
             422,
             "Validation",
             "missing field `inputs`",
         ),
-    ] {
-        let (got, err) = post_json(&gateway.url, "/predict", body.clone()).await;
-        assert_eq!(got, status, "{body}: {err}");
-        assert_tei_error(&err, error_type, needle);
-    }
-    assert!(stack.tei.calls().is_empty(), "refused before any call");
+    ];
+    assert_refused_before_any_call(&stack, &gateway.url, cases).await;
     // `GET /v1/models` says what the model does.
-    let models: serde_json::Value = reqwest::get(format!("{}/v1/models", gateway.url))
-        .await
-        .expect("GET /v1/models")
-        .json()
-        .await
-        .expect("JSON");
-    assert_eq!(
-        models["data"][0]["capabilities"],
-        serde_json::json!(["classify"]),
-        "{models}"
-    );
+    assert_capabilities(&gateway.url, &["classify"]).await;
     let (status, body) = post_json(
         &gateway.url,
         "/models/embatch%2Ftei-double/predict",

@@ -129,22 +129,8 @@ pub(crate) async fn call(
 
 #[cfg(test)]
 mod tests {
+    use crate::tests::post_to as post;
     use crate::{Config, TeiDouble, logit, rerank_score};
-
-    async fn post(
-        tei: &TeiDouble,
-        route: &str,
-        body: serde_json::Value,
-    ) -> (u16, serde_json::Value) {
-        let response = reqwest::Client::new()
-            .post(format!("{}/{route}", tei.url))
-            .json(&body)
-            .send()
-            .await
-            .expect("send");
-        let status = response.status().as_u16();
-        (status, response.json().await.expect("json body"))
-    }
 
     fn reranker() -> Config {
         Config {

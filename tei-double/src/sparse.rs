@@ -100,14 +100,7 @@ mod tests {
     use crate::{Config, TeiDouble};
 
     async fn post(tei: &TeiDouble, body: serde_json::Value) -> (u16, serde_json::Value) {
-        let response = reqwest::Client::new()
-            .post(format!("{}/embed_sparse", tei.url))
-            .json(&body)
-            .send()
-            .await
-            .expect("send");
-        let status = response.status().as_u16();
-        (status, response.json().await.expect("json body"))
+        crate::tests::post_to(tei, "embed_sparse", body).await
     }
 
     #[tokio::test]

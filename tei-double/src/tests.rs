@@ -21,8 +21,18 @@ async fn spawn_taking(base: Duration) -> TeiDouble {
 
 /// `POST /embed` of `body` to `tei` (on a client of its own); the status and the JSON body.
 async fn post(tei: &TeiDouble, body: serde_json::Value) -> (u16, serde_json::Value) {
+    post_to(tei, "embed", body).await
+}
+
+/// `POST /{route}` of `body` to `tei` (on a client of its own); the status and the JSON body.
+/// Shared by the tests of every route.
+pub(crate) async fn post_to(
+    tei: &TeiDouble,
+    route: &str,
+    body: serde_json::Value,
+) -> (u16, serde_json::Value) {
     let resp = reqwest::Client::new()
-        .post(tei.embed_url())
+        .post(format!("{}/{route}", tei.url))
         .json(&body)
         .send()
         .await

@@ -3,18 +3,8 @@
 use embatch_protocol::Input;
 use embatch_protocol::predict::Prediction;
 
+use crate::tests::post_to as post;
 use crate::{CLASSIFIER_LABELS, Config, TeiDouble, predictions, token_embeddings};
-
-async fn post(tei: &TeiDouble, route: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
-    let response = reqwest::Client::new()
-        .post(format!("{}/{route}", tei.url))
-        .json(&body)
-        .send()
-        .await
-        .expect("send");
-    let status = response.status().as_u16();
-    (status, response.json().await.expect("json body"))
-}
 
 fn classifier() -> Config {
     Config {

@@ -1,6 +1,8 @@
-//! The steps the TEI route tests share (`rerank.rs`, `sparse.rs`, `tokenize.rs`): the double
-//! as one kind of model, a JSON `POST` read back as JSON, a route's deadline, and the route's
-//! NATS subject called directly, as a caller that skips the gateway does.
+//! The steps the TEI route tests share (`rerank.rs`, `sparse.rs`, `tokenize.rs`, `predict.rs`,
+//! `embed_all.rs`): the double as one kind of model, a JSON `POST` read back as JSON, TEI's
+//! errors before any upstream call, a route's deadline, the capabilities `GET /v1/models`
+//! shows, and the route's NATS subject called directly, as a caller that skips the gateway
+//! does.
 #![allow(dead_code)] // not every test binary uses every helper
 
 use std::time::Duration;
@@ -37,6 +39,33 @@ pub async fn post_json(
     let status = response.status().as_u16();
     let body = response.json().await.expect("JSON body");
     (status, body)
+}
+
+/// One request TEI refuses: `(path, body, status, error_type, a part of the message)`.
+pub type Refused<'a> = (&'a str, serde_json::Value, u16, &'a str, &'a str);
+
+/// Asserts that each of `cases` is answered with its status and TEI's error body by the gateway
+/// at `url`, and that `stack`'s upstream saw no call.
+pub async fn assert_refused_before_any_call(stack: &Stack, url: &str, cases: Vec<Refused<'_>>) {
+    for (path, body, status, error_type, needle) in cases {
+        let (got, err) = post_json(url, path, body.clone()).await;
+        assert_eq!(got, status, "{path} {body}: {err}");
+        assert_tei_error(&err, error_type, needle);
+    }
+    assert!(stack.tei.calls().is_empty(), "refused before any call");
+}
+
+/// Asserts that `GET /v1/models` of the gateway at `url` lists `capabilities` for its first
+/// model.
+pub async fn assert_capabilities(url: &str, capabilities: &[&str]) {
+    let models: serde_json::Value = reqwest::get(format!("{url}/v1/models"))
+        .await
+        .expect("GET /v1/models")
+        .json()
+        .await
+        .expect("JSON");
+    let want = serde_json::json!(capabilities);
+    assert_eq!(models["data"][0]["capabilities"], want, "{models}");
 }
 
 /// Asserts that `POST {path}` of `body`, on a stack whose `tei` takes 800 ms a call, with an
