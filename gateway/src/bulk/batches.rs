@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use axum::Json;
-use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Extension, Path, Query, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Extension, Query, State};
 use axum::response::{IntoResponse, Response};
 use embatch_protocol::bulk::{
     Batch, BatchRecord, BatchStatus, JobKind, META_PURPOSE, Progress, RequestCounts, unix_now,
@@ -17,7 +17,8 @@ use futures::StreamExt;
 use serde::Deserialize;
 
 use super::files::newest_page;
-use super::{ApiError, Bulk, BulkErrors, json_ok, new_id, parse_limit, path_id};
+use super::owned::{Lookup, Owned};
+use super::{ApiError, Bulk, BulkErrors, json_ok, new_id, parse_limit};
 use crate::tenancy::Caller;
 
 /// Most batches in a page, and the default (OpenAI's).
@@ -197,21 +198,22 @@ fn new_record(request: CreateBatch, window: Duration, caller: &Caller) -> BatchR
 #[utoipa::path(get, path = "/v1/batches/{id}", operation_id = "retrieve_batch", tag = "batch", summary = "A batch, with its progress",
     params(("id" = String, Path, description = "The batch id, `batch_...`.")),
     responses((status = 200, description = "OpenAI's Batch object.", body = Object), BulkErrors))]
-pub async fn retrieve(
-    State(bulk): State<Bulk>,
-    Extension(caller): Extension<Caller>,
-    id: Result<Path<String>, PathRejection>,
-) -> Result<Response, ApiError> {
-    let id = path_id(id).ok_or_else(|| no_batch("?"))?;
-    Ok(json_ok(&get(&bulk, &id, &caller).await?))
+pub async fn retrieve(batch: Owned<Batch>) -> Response {
+    json_ok(&batch.item)
 }
 
-/// The batch `id` if `caller` owns it; 404 otherwise, as for a batch that does not exist (as
+/// The batch `id` if `tenant` owns it; 404 otherwise, as for a batch that does not exist (as
 /// OpenAI answers another project's id).
-async fn get(bulk: &Bulk, id: &str, caller: &Caller) -> Result<Batch, ApiError> {
-    match bulk.store().await?.batch(id).await? {
-        Some((record, _)) if record.owner() == caller.name() => Ok(record.batch),
-        _ => Err(no_batch(id)),
+impl Lookup for Batch {
+    async fn lookup(bulk: &Bulk, id: &str, tenant: &str) -> Result<Batch, ApiError> {
+        match bulk.store().await?.batch(id).await? {
+            Some((record, _)) if record.owner() == tenant => Ok(record.batch),
+            _ => Err(no_batch(id)),
+        }
+    }
+
+    fn not_found(id: &str) -> ApiError {
+        no_batch(id)
     }
 }
 
@@ -267,24 +269,15 @@ pub async fn list(
     description = "What finished is delivered; the status goes `cancelling`, then `cancelled`.",
     params(("id" = String, Path, description = "The batch id, `batch_...`.")),
     responses((status = 200, description = "OpenAI's Batch object.", body = Object), BulkErrors))]
-pub async fn cancel(
-    State(bulk): State<Bulk>,
-    Extension(caller): Extension<Caller>,
-    id: Result<Path<String>, PathRejection>,
-) -> Result<Response, ApiError> {
-    let id = path_id(id).ok_or_else(|| no_batch("?"))?;
-    Ok(Json(cancel_batch(&bulk, &id, &caller).await?).into_response())
-}
-
-async fn cancel_batch(bulk: &Bulk, id: &str, caller: &Caller) -> Result<Batch, ApiError> {
-    // The owner never changes: checked once, before the update.
-    get(bulk, id, caller).await?;
+pub async fn cancel(batch: Owned<Batch>) -> Result<Response, ApiError> {
+    // The owner never changes: checked once (by the extractor), before the update.
+    let Owned { bulk, id, .. } = batch;
     let store = bulk.store().await?;
-    let record = store.cancel_batch(id).await.map_err(|err| match err {
-        embatch_runtime::bulk::BulkError::NotFound(_) => no_batch(id),
+    let record = store.cancel_batch(&id).await.map_err(|err| match err {
+        embatch_runtime::bulk::BulkError::NotFound(_) => no_batch(&id),
         other => other.into(),
     })?;
-    match record.batch.status {
+    let batch = match record.batch.status {
         BatchStatus::Cancelling | BatchStatus::Cancelled | BatchStatus::Finalizing => {
             Ok(record.batch)
         }
@@ -301,5 +294,6 @@ async fn cancel_batch(bulk: &Bulk, id: &str, caller: &Caller) -> Result<Batch, A
             param: None,
             code: Some("batch_not_cancellable"),
         }),
-    }
+    }?;
+    Ok(Json(batch).into_response())
 }

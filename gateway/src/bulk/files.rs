@@ -2,13 +2,14 @@
 //! with its purpose, filename and creation time in the object's metadata.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::Arc;
 
 use async_nats::jetstream::object_store::{InfoErrorKind, ObjectInfo, ObjectMetadata, PutError};
 use axum::body::Body;
 use axum::extract::multipart::{Field, MultipartError};
-use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Extension, FromRequest, Multipart, Path, Query, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Extension, FromRequest, Multipart, Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use embatch_protocol::bulk::{
@@ -20,11 +21,12 @@ use futures::StreamExt;
 use serde::Deserialize;
 use tokio::sync::oneshot;
 
+use super::owned::{Lookup, Owned};
 use super::sweep::discard;
 use super::upload::{
     CHUNK_OVERHEAD, Capped, Caps, FORM_ALLOWANCE, LINGER_TIMEOUT, RECORD_RESERVE, linger, no_room,
 };
-use super::{ApiError, Bulk, BulkErrors, json_ok, new_id, parse_limit, path_id};
+use super::{ApiError, Bulk, BulkErrors, json_ok, new_id, parse_limit};
 use crate::tenancy::Caller;
 
 /// Most files in a page, and the default (OpenAI's).
@@ -87,6 +89,20 @@ pub async fn info(bulk: &Bulk, id: &str, tenant: &str) -> Result<ObjectInfo, Api
 
 fn no_file(id: &str) -> ApiError {
     ApiError::not_found(format!("No such File object: {id}"))
+}
+
+impl Lookup for ObjectInfo {
+    fn lookup(
+        bulk: &Bulk,
+        id: &str,
+        tenant: &str,
+    ) -> impl Future<Output = Result<ObjectInfo, ApiError>> + Send {
+        info(bulk, id, tenant)
+    }
+
+    fn not_found(id: &str) -> ApiError {
+        no_file(id)
+    }
 }
 
 /// `POST /v1/files`: a multipart form with `purpose` (`batch`) and `file`; the file is streamed
@@ -403,15 +419,9 @@ pub fn newest_page<T: serde::Serialize>(
 #[utoipa::path(get, path = "/v1/files/{id}", operation_id = "retrieve_file", tag = "batch", summary = "A file's File object",
     params(("id" = String, Path, description = "The file id, `file-...`.")),
     responses((status = 200, description = "OpenAI's File object.", body = Object), BulkErrors))]
-pub async fn retrieve(
-    State(bulk): State<Bulk>,
-    Extension(caller): Extension<Caller>,
-    id: Result<Path<String>, PathRejection>,
-) -> Result<Response, ApiError> {
-    let id = path_id(id).ok_or_else(|| no_file("?"))?;
-    let info = info(&bulk, &id, caller.name()).await?;
-    let file = file_object(&info).ok_or_else(|| no_file(&id))?;
-    Ok(json_ok(&file))
+pub async fn retrieve(file: Owned<ObjectInfo>) -> Result<Response, ApiError> {
+    let object = file_object(&file.item).ok_or_else(|| no_file(&file.id))?;
+    Ok(json_ok(&object))
 }
 
 /// `GET /v1/files/{id}/content`: the file's bytes, streamed from the object store
@@ -420,13 +430,12 @@ pub async fn retrieve(
     params(("id" = String, Path, description = "The file id, `file-...`.")),
     responses((status = 200, description = "The file's bytes (`application/jsonl` for `.jsonl` files).",
         content((String = "application/jsonl"), (String = "application/octet-stream"))), BulkErrors))]
-pub async fn content(
-    State(bulk): State<Bulk>,
-    Extension(caller): Extension<Caller>,
-    id: Result<Path<String>, PathRejection>,
-) -> Result<Response, ApiError> {
-    let id = path_id(id).ok_or_else(|| no_file("?"))?;
-    let info = info(&bulk, &id, caller.name()).await?;
+pub async fn content(file: Owned<ObjectInfo>) -> Result<Response, ApiError> {
+    let Owned {
+        bulk,
+        id,
+        item: info,
+    } = file;
     let object = bulk.store().await?.files.get(&id).await;
     let object =
         object.map_err(|e| ApiError::server(503, format!("cannot read file {id}: {e}")))?;
@@ -451,13 +460,8 @@ pub async fn content(
 #[utoipa::path(delete, path = "/v1/files/{id}", operation_id = "delete_file", tag = "batch", summary = "Delete a file",
     params(("id" = String, Path, description = "The file id, `file-...`.")),
     responses((status = 200, description = "`{\"id\", \"object\": \"file\", \"deleted\": true}`.", body = Object), BulkErrors))]
-pub async fn delete(
-    State(bulk): State<Bulk>,
-    Extension(caller): Extension<Caller>,
-    id: Result<Path<String>, PathRejection>,
-) -> Result<Response, ApiError> {
-    let id = path_id(id).ok_or_else(|| no_file("?"))?;
-    info(&bulk, &id, caller.name()).await?;
+pub async fn delete(file: Owned<ObjectInfo>) -> Result<Response, ApiError> {
+    let Owned { bulk, id, .. } = file;
     let deleted = bulk.store().await?.files.delete(&id).await;
     deleted.map_err(|e| ApiError::server(503, format!("cannot delete file {id}: {e}")))?;
     Ok(json_ok(

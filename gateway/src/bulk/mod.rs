@@ -8,6 +8,7 @@
 //!   messages the workers act on.
 //!
 //! - [`upload`]: the body of `POST /v1/files` read against the file limit and the files' budget.
+//! - [`owned`]: the file or batch a route's `{id}` names, checked to be the caller's.
 //! - [`sweep`]: removes what failed uploads left in the object store's stream, at start and
 //!   every hour.
 //!
@@ -20,6 +21,7 @@
 
 pub mod batches;
 pub mod files;
+pub mod owned;
 pub mod sweep;
 pub mod upload;
 
@@ -293,14 +295,6 @@ pub fn query<T>(
     query
         .map(|axum::extract::Query(q)| q)
         .map_err(|e| ApiError::invalid("query", format!("invalid query string: {}", e.body_text())))
-}
-
-/// The `{id}` of a path, or `None` when it cannot be one (not UTF-8 once percent-decoded): such an
-/// id names nothing, so the route answers its 404.
-pub fn path_id(
-    id: Result<axum::extract::Path<String>, axum::extract::rejection::PathRejection>,
-) -> Option<String> {
-    id.ok().map(|axum::extract::Path(id)| id)
 }
 
 /// A 200 JSON response of `value`.
