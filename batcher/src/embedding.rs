@@ -64,34 +64,11 @@ impl Embedding {
             if bytes.get(at) != Some(&b'[') {
                 return Err(shape_error(at, "expected `[` opening an embedding"));
             }
-            let inner = bytes.get(skip_whitespace(bytes, at + 1));
-            if matches!(inner, Some(b'{' | b'[')) {
-                let end = if inner == Some(&b'{') {
-                    sparse_list_end(bytes, at)?
-                } else {
-                    nested_list_end(bytes, at)?
-                };
-                embeddings.push(Embedding(body.slice(at..end)));
-                at = skip_whitespace(bytes, end);
-                match bytes.get(at) {
-                    Some(b',') => at = skip_whitespace(bytes, at + 1),
-                    Some(b']') => return finish(bytes, at + 1, embeddings),
-                    _ => return Err(shape_error(at, "expected `,` or `]` after an embedding")),
-                }
-                continue;
-            }
-            let Some(len) = memchr::memchr(b']', &bytes[at..]) else {
-                return Err(shape_error(at, "an embedding's `]` is missing"));
+            let end = match bytes.get(skip_whitespace(bytes, at + 1)) {
+                Some(b'{') => sparse_list_end(bytes, at)?,
+                Some(b'[') => nested_list_end(bytes, at)?,
+                _ => dense_end(bytes, at)?,
             };
-            let end = at + len + 1;
-            let values = &bytes[at + 1..end - 1];
-            if !all_number_text(values) {
-                let bad = values.iter().position(|&b| !is_number_text(b)).unwrap_or(0);
-                return Err(shape_error(
-                    at + 1 + bad,
-                    "an embedding may hold only numbers (found another character)",
-                ));
-            }
             embeddings.push(Embedding(body.slice(at..end)));
             at = skip_whitespace(bytes, end);
             match bytes.get(at) {
@@ -101,6 +78,24 @@ impl Embedding {
             }
         }
     }
+}
+
+/// The end (one past its `]`) of the dense embedding starting at `at`: an array holding only
+/// number text ([`all_number_text`]), TEI's `/embed` shape. The values are not parsed.
+fn dense_end(bytes: &[u8], at: usize) -> Result<usize, ShapeError> {
+    let Some(len) = memchr::memchr(b']', &bytes[at..]) else {
+        return Err(shape_error(at, "an embedding's `]` is missing"));
+    };
+    let end = at + len + 1;
+    let values = &bytes[at + 1..end - 1];
+    if !all_number_text(values) {
+        let bad = values.iter().position(|&b| !is_number_text(b)).unwrap_or(0);
+        return Err(shape_error(
+            at + 1 + bad,
+            "an embedding may hold only numbers (found another character)",
+        ));
+    }
+    Ok(end)
 }
 
 /// The end (one past its `]`) of the sparse embedding starting at `at`: a JSON array of
