@@ -6,7 +6,8 @@
 //!   list is a text, a two-element list a pair; a batch of one is still a batch, so the reply is
 //!   always one list of predictions per sequence).
 //! - `/embed_all` (TEI 1.9.3): `{"inputs": [...], "truncate", "truncation_direction",
-//!   "prompt_name"}`, a list of token vectors per input.
+//!   "prompt_name"}` (`/embed_sparse`'s fields, sent by the same code), a list of token vectors
+//!   per input.
 //!
 //! Either reply is cut into one slice per input (no copy, no float parsed) by
 //! [`super::sparse::split_lists`], so the batcher, the cache and the reply assembly treat each
@@ -33,18 +34,6 @@ struct PredictBody<'a> {
     truncate: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     truncation_direction: Option<TruncationDirection>,
-}
-
-/// TEI 1.9.3's `POST /embed_all` body.
-#[derive(Serialize)]
-struct EmbedAllBody<'a> {
-    inputs: &'a [Input],
-    #[serde(skip_serializing_if = "Option::is_none")]
-    truncate: Option<bool>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    truncation_direction: Option<TruncationDirection>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    prompt_name: Option<&'a str>,
 }
 
 /// `input` as a `/predict` sequence.
@@ -97,14 +86,8 @@ impl TeiUpstream {
         inputs: &[Input],
         options: &EmbedOptions,
     ) -> Result<Vec<Embedding>, UpstreamError> {
-        let body = EmbedAllBody {
-            inputs,
-            truncate: options.truncate,
-            truncation_direction: options.truncation_direction,
-            prompt_name: options.prompt_name.as_deref(),
-        };
-        let reply = self.post(embed_all::ROUTE, &body).await?;
-        split_lists(embed_all::ROUTE, &reply, inputs.len())
+        self.per_input_lists(embed_all::ROUTE, inputs, options)
+            .await
     }
 }
 

@@ -14,7 +14,8 @@ use serde::Serialize;
 use super::tei::TeiUpstream;
 use super::{Embedding, UpstreamError};
 
-/// TEI 1.9.3's `POST /embed_sparse` body, as the worker sends it.
+/// TEI 1.9.3's `POST /embed_sparse` body, as the worker sends it (and `/embed_all`'s: the same
+/// fields).
 #[derive(Serialize)]
 struct SparseBody<'a> {
     inputs: &'a [Input],
@@ -39,14 +40,29 @@ impl TeiUpstream {
         inputs: &[Input],
         options: &EmbedOptions,
     ) -> Result<Vec<Embedding>, UpstreamError> {
+        self.per_input_lists(ROUTE, inputs, options).await
+    }
+
+    /// One `POST /{route}` (`embed_sparse` or `embed_all`: TEI 1.9.3's body of `inputs`,
+    /// `truncate`, `truncation_direction`, `prompt_name`) whose reply is one list per input:
+    /// the lists, in order, each a slice of the reply.
+    ///
+    /// # Errors
+    /// As [`TeiUpstream::embed_sparse`].
+    pub(super) async fn per_input_lists(
+        &self,
+        route: &str,
+        inputs: &[Input],
+        options: &EmbedOptions,
+    ) -> Result<Vec<Embedding>, UpstreamError> {
         let body = SparseBody {
             inputs,
             truncate: options.truncate,
             truncation_direction: options.truncation_direction,
             prompt_name: options.prompt_name.as_deref(),
         };
-        let reply = self.post(ROUTE, &body).await?;
-        split_lists(ROUTE, &reply, inputs.len())
+        let reply = self.post(route, &body).await?;
+        split_lists(route, &reply, inputs.len())
     }
 }
 
