@@ -78,16 +78,22 @@ async fn output(store: &BulkStore, batch: &Batch) -> HashMap<String, serde_json:
     lines
 }
 
+/// A `nats-server -js`, the TEI double as `tei` says, a client, and the bulk store on it.
+async fn stand(tei: TeiConfig) -> (NatsServer, TeiDouble, async_nats::Client, BulkStore) {
+    let nats = NatsServer::start_jetstream();
+    let tei = start_tei(tei).await;
+    let client = async_nats::connect(nats.url()).await.expect("connect");
+    let store = BulkStore::open(client.clone()).await.expect("JetStream");
+    (nats, tei, client, store)
+}
+
 fn slow_tei() -> TeiConfig {
     common::tei_taking(200, 1)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_killed_mid_job_leaves_its_items_to_another_and_nothing_is_duplicated() {
-    let nats = NatsServer::start_jetstream();
-    let tei = start_tei(slow_tei()).await;
-    let client = async_nats::connect(nats.url()).await.expect("connect");
-    let store = BulkStore::open(client.clone()).await.expect("JetStream");
+    let (nats, tei, client, store) = stand(slow_tei()).await;
     let mut first = spawn_worker(&nats, &tei);
     let n = 16;
     let id = submit(&store, n).await;
@@ -126,10 +132,7 @@ async fn a_worker_killed_mid_job_leaves_its_items_to_another_and_nothing_is_dupl
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nats_server_restart_mid_job_loses_nothing() {
-    let mut nats = NatsServer::start_jetstream();
-    let tei = start_tei(slow_tei()).await;
-    let client = async_nats::connect(nats.url()).await.expect("connect");
-    let store = BulkStore::open(client.clone()).await.expect("JetStream");
+    let (mut nats, tei, _, store) = stand(slow_tei()).await;
     let mut worker = spawn_worker(&nats, &tei);
     let n = 16;
     let id = submit(&store, n).await;
@@ -166,10 +169,7 @@ async fn a_nats_server_restart_mid_job_loses_nothing() {
 /// carried them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bulk_job_shows_in_the_worker_metrics() {
-    let nats = NatsServer::start_jetstream();
-    let tei = start_tei(TeiConfig::instant()).await;
-    let client = async_nats::connect(nats.url()).await.expect("connect");
-    let store = BulkStore::open(client.clone()).await.expect("JetStream");
+    let (nats, tei, _, store) = stand(TeiConfig::instant()).await;
     let admin = format!("127.0.0.1:{}", embatch_testkit::free_port());
     let mut worker = spawn_with(
         &nats,
@@ -229,10 +229,7 @@ async fn a_bulk_job_shows_in_the_worker_metrics() {
 /// gives (special tokens included), not 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bulk_output_lines_report_the_tokens_of_their_inputs() {
-    let nats = NatsServer::start_jetstream();
-    let tei = start_tei(TeiConfig::instant()).await;
-    let client = async_nats::connect(nats.url()).await.expect("connect");
-    let store = BulkStore::open(client.clone()).await.expect("JetStream");
+    let (nats, tei, _, store) = stand(TeiConfig::instant()).await;
     let tokenizer = embatch_testkit::model_dir().join("tokenizer.json");
     let tokenizer_path = tokenizer.to_str().expect("a UTF-8 path");
     let mut worker = spawn_with(&nats, &tei, &[("TOKENIZER", tokenizer_path)]);
