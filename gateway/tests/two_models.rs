@@ -218,9 +218,8 @@ async fn two_real_models_are_routed_checked_and_cached_apart() {
     let js = async_nats::jetstream::new(nats_client);
 
     // Both listed (sorted by name), once both workers have announced themselves.
-    let mut both = vec![minilm.clone(), bge.clone()];
-    both.sort();
-    let both: Vec<&str> = both.iter().map(String::as_str).collect();
+    let mut both = [minilm.as_str(), bge.as_str()];
+    both.sort_unstable();
     wait_for_models(url, &both).await;
 
     // OpenAI, `model` = bge: bge's vectors, none from the cache.
