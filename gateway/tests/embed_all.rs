@@ -199,6 +199,7 @@ async fn teis_errors_and_a_classifiers_424() {
     let classifier = instant_double(|tei| tei.classifier = true);
     let (stack, gateway) = stack_with_gateway(classifier, &[], 1 << 20, 64).await;
     for (path, body) in [
+        ("/embed", serde_json::json!({"inputs": "a"})),
         ("/embed_all", serde_json::json!({"inputs": "a"})),
         (
             "/similarity",

@@ -297,6 +297,7 @@ impl Admitter {
         let (inputs, options) = if self.config.sparse.serves(&request.subject) {
             self.config.sparse.parse(payload, max)?
         } else {
+            self.config.classify.check_embed()?;
             let body = EmbedRequest::from_slice(payload)?;
             body.validate(max)?;
             body.into_parts()

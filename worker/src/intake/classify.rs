@@ -116,6 +116,15 @@ impl ClassifyRoutes {
         None
     }
 
+    /// Whether `/embed` (and OpenAI's route, which is `/embed`) is served.
+    ///
+    /// # Errors
+    /// TEI 1.9.3's 424 `Backend` "Model is not an embedding model" for a classifier or a
+    /// reranker, before any upstream work.
+    pub(super) fn check_embed(&self) -> Result<(), EmbedError> {
+        self.refuse(!self.capabilities.embed, NOT_AN_EMBEDDING_MODEL)
+    }
+
     /// TEI's 424 `Backend` `message` when `refused`, naming this worker's model.
     fn refuse(&self, refused: bool, message: &str) -> Result<(), EmbedError> {
         if !refused {
@@ -193,5 +202,10 @@ mod tests {
             assert_eq!(err.status(), 424);
             assert!(err.to_string().contains(message), "{err}");
         }
+        let err = classifier
+            .check_embed()
+            .expect_err("a classifier does not embed");
+        assert!(err.to_string().contains(NOT_AN_EMBEDDING_MODEL), "{err}");
+        assert_eq!((err.status(), dense.check_embed()), (424, Ok(())));
     }
 }
