@@ -324,17 +324,30 @@ pub fn new_id(prefix: &str) -> String {
 /// (`24h`, `10s`).
 ///
 /// # Errors
-/// A message naming the value that is not a duration.
-pub fn parse_windows(s: &str) -> Result<Vec<(String, Duration)>, String> {
+/// [`WindowError`], naming the value that is not a duration.
+pub fn parse_windows(s: &str) -> Result<Vec<(String, Duration)>, WindowError> {
     s.split(',')
         .map(str::trim)
         .filter(|w| !w.is_empty())
         .map(|w| {
             humantime::parse_duration(w)
                 .map(|d| (w.to_owned(), d))
-                .map_err(|e| format!("{w:?} is not a duration: {e}"))
+                .map_err(|source| WindowError {
+                    value: w.to_owned(),
+                    source,
+                })
         })
         .collect()
+}
+
+/// A `BULK_COMPLETION_WINDOWS` entry that is not a duration (clap prints it at start).
+#[derive(Debug, thiserror::Error)]
+#[error("{value:?} is not a duration: {source}")]
+pub struct WindowError {
+    /// The entry as written.
+    pub value: String,
+    /// Why humantime refused it.
+    pub source: humantime::DurationError,
 }
 
 #[cfg(test)]
