@@ -762,7 +762,7 @@ def scenario_recovery_upstream_stop(b: Stack) -> dict:
         for name, sig in (("SIGTERM", signal.SIGTERM), ("SIGKILL", signal.SIGKILL))])
 
 
-INDEXING_INPUTS = 512  # inputs per request: TEI's default max_client_batch_size
+INDEXING_INPUTS = 512  # inputs per request: the gateway's default MAX_CLIENT_BATCH_SIZE
 INDEXING_IN_FLIGHT = 8
 SCENARIOS += [("indexing", "18. An indexing client: 8 in flight x 512-input requests, "
                            "default settings")]
