@@ -166,7 +166,7 @@ class Stack:
         env = {k: v for k, v in os.environ.items() if k not in self.scrubbed}
         env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
         # The processes' log filter: warnings only, unless EMBATCH_BENCH_RUST_LOG says otherwise
-        # (e.g. `embatch_worker=debug` to follow a scenario; logs in the run's log directory).
+        # (e.g. `embatch_worker=debug,embatch_batcher=debug` to follow a scenario; logs in the run's log directory).
         env["RUST_LOG"] = os.environ.get("EMBATCH_BENCH_RUST_LOG", "warn")
         env.update(extra or {})
         return env
