@@ -410,6 +410,11 @@ pub struct FakeUpstreamArgs {
     #[arg(long)]
     pub splade: bool,
 
+    /// Serve as a sequence classifier (labels negative, neutral, positive): /info's model_type
+    /// is `classifier`, and /predict answers every label's score of texts and pairs.
+    #[arg(long)]
+    pub classifier: bool,
+
     /// Serve TEI's /tokenize and /decode (a made-up tokenizer, one token per word). A worker
     /// then counts tokens with /tokenize, one extra call per request.
     #[arg(long)]
@@ -429,6 +434,7 @@ impl FakeUpstreamArgs {
             max_client_batch_size: self.max_client_batch_size as usize,
             reranker: self.reranker,
             splade: self.splade,
+            classifier: self.classifier,
             tokenizer: self.tokenizer,
             ..TeiDoubleConfig::default()
         }
