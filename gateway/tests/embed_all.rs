@@ -108,7 +108,7 @@ async fn similarity_is_the_cosine_of_the_doubles_embeddings() {
     let c = serde_json::json!({"inputs": {"source_sentence": "u", "sentences": ["u"]},
                                "parameters": {"truncate": true}});
     let ((status_a, body_a), (status_b, body_b), (status_c, body_c)) = tokio::join!(
-        post_json(&gateway.url, "/similarity", a),
+        post_json(&gateway.url, "/similarity", a.clone()),
         post_json(&gateway.url, "/similarity", b),
         post_json(&gateway.url, "/similarity", c),
     );
@@ -145,6 +145,20 @@ async fn similarity_is_the_cosine_of_the_doubles_embeddings() {
     let mut sizes: Vec<usize> = calls.iter().map(|c| c.inputs.len()).collect();
     sizes.sort_unstable();
     assert_eq!(sizes, [3, 3], "s x y | t x u: {calls:?}");
+
+    // A repeat is answered from the cache (its three embeddings), the same cosines.
+    let response = common::json_post(
+        &reqwest::Client::new(),
+        &format!("{}/similarity", gateway.url),
+        a.to_string(),
+    )
+    .send()
+    .await
+    .expect("HTTP response");
+    assert_eq!(response.headers()["x-embatch-cache-hits"], "3");
+    let repeat: Vec<f32> = response.json().await.expect("a float per sentence");
+    assert_eq!(repeat, got_a);
+    assert_eq!(stack.tei.calls().len(), 2, "no upstream call");
     stack.worker.stop().await;
 }
 
