@@ -34,7 +34,7 @@ pub(crate) const ENDPOINT: &str = "info";
 /// Longest an answer waits for the upstream's `/info` when it has not been read yet (TEI was
 /// down at start-up). The gateway's `/health` asks this endpoint, so an upstream that hangs must
 /// not make a present worker look absent: past this, the answer is a 503 error reply.
-const UPSTREAM_INFO_WAIT: Duration = Duration::from_millis(500);
+pub(crate) const UPSTREAM_INFO_WAIT: Duration = Duration::from_millis(500);
 
 /// The `info` endpoint: its queue subscription and what it answers from.
 pub(crate) struct Endpoint<U> {

@@ -79,6 +79,18 @@ async fn subscribe_meta<U: Upstream>(
     Ok((discovery, info))
 }
 
+/// What the upstream reports of itself (TEI's `/info`), which decides the token budget's
+/// defaults, the routes (and the capabilities discovery announces) and the model's identity for
+/// the cache; `None` when it cannot be had. It was read at connect when the upstream answered
+/// then; an upstream that hangs must not keep the worker out of discovery, so a second attempt
+/// here is bounded as the `info` endpoint's is ([`info::UPSTREAM_INFO_WAIT`], 500 ms).
+async fn startup_info<U: Upstream>(upstream: &U) -> Option<serde_json::Value> {
+    tokio::time::timeout(info::UPSTREAM_INFO_WAIT, upstream.info())
+        .await
+        .ok()
+        .and_then(Result::ok)
+}
+
 /// The routes beside `/embed` the worker serves, configured from the upstream's `/info`
 /// (`info`): rerank, sparse embeddings, tokenize/decode, and predict/embed_all/similarity.
 fn routes<U: Upstream>(
@@ -121,9 +133,7 @@ impl<U: Upstream> Parts<U> {
         let membership = membership::Membership::new(config.membership);
         let (state, state_rx) = tokio::sync::watch::channel(membership.state());
         let id = service_id(client);
-        // What the upstream reports of itself decides the token budget's defaults, the routes
-        // (and the capabilities discovery announces) and the model's identity for the cache.
-        let upstream_info = upstream.info().await.ok();
+        let upstream_info = startup_info(upstream.as_ref()).await;
         let (rerank, sparse, tokens, classify) = routes(upstream, served, upstream_info.as_ref());
         let (discovery, info) = subscribe_meta(
             client,
