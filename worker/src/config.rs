@@ -34,7 +34,7 @@ pub struct Config {
     pub queue_group: String,
 
     /// Base URL of a text-embeddings-inference server (e.g. http://tei:80, or https://... for
-    /// TLS). Unset: use the built-in CPU model from --model-dir.
+    /// TLS). Unset, and no OPENAI_URL: the built-in CPU model from --model-dir.
     #[arg(long, env = "TEI_URL", value_parser = parse_tei_url)]
     pub tei_url: Option<reqwest::Url>,
 
@@ -47,9 +47,45 @@ pub struct Config {
     #[arg(long, env = "TEI_TLS_CA")]
     pub tei_tls_ca: Option<PathBuf>,
 
+    /// Base URL of an OpenAI-compatible embeddings API up to its version (vLLM, Infinity,
+    /// SGLang, Ollama, LiteLLM or a hosted API, e.g. http://vllm:8000/v1): the worker posts
+    /// batches to `{url}/embeddings` and probes `GET {url}/models` for health. Needs
+    /// OPENAI_MODEL; not with TEI_URL or MODEL_ID. Such a server has no /info: its limits are
+    /// OPENAI_MAX_INPUTS and OPENAI_MAX_INPUT_TOKENS.
+    #[arg(
+        long,
+        env = "OPENAI_URL",
+        value_parser = parse_tei_url,
+        requires = "openai_model",
+        conflicts_with_all = ["tei_url", "model_id"]
+    )]
+    pub openai_url: Option<reqwest::Url>,
+
+    /// The `model` field sent to OPENAI_URL (e.g. BAAI/bge-small-en-v1.5); also the name the
+    /// model is served by unless MODEL_ALIAS.
+    #[arg(long, env = "OPENAI_MODEL", requires = "openai_url")]
+    pub openai_model: Option<String>,
+
+    /// Bearer token sent to OPENAI_URL (a hosted API's key, vLLM's `--api-key`). Never logged.
+    #[arg(long, env = "OPENAI_API_KEY", hide_env_values = true)]
+    pub openai_api_key: Option<Secret>,
+
+    /// Most inputs the OPENAI_URL server takes in one call (inputs). 2,048 is OpenAI's own
+    /// limit; batches are MAX_BATCH_SIZE below it, so lower this only for a server that takes
+    /// fewer than MAX_BATCH_SIZE.
+    #[arg(long, env = "OPENAI_MAX_INPUTS", default_value_t = crate::upstream::openai::DEFAULT_MAX_INPUTS)]
+    pub openai_max_inputs: usize,
+
+    /// The OPENAI_URL model's input limit (tokens, e.g. 512). With it the worker counts tokens
+    /// with the model's tokenizer (TOKENIZER, or OPENAI_MODEL's in the Hugging Face cache),
+    /// batches by tokens, and refuses an input over it that says `truncate: false` (422, as
+    /// TEI). Unset: inputs are counted, and `truncate: false` is refused.
+    #[arg(long, env = "OPENAI_MAX_INPUT_TOKENS")]
+    pub openai_max_input_tokens: Option<usize>,
+
     /// Directory of a sentence-transformers BERT-family model for the built-in CPU upstream
     /// (config.json, tokenizer.json, model.safetensors, 1_Pooling/config.json). Used when
-    /// --tei-url is unset; `scripts/fetch-model.sh` fills the default.
+    /// neither --tei-url nor --openai-url is set; `scripts/fetch-model.sh` fills the default.
     #[arg(long, env = "MODEL_DIR", default_value = "models/all-MiniLM-L6-v2")]
     pub model_dir: PathBuf,
 
@@ -324,7 +360,7 @@ impl Config {
 impl Config {
     /// `MAX_BATCH_TOKENS` and `BATCH_COST`, their defaults resolved from the upstream's /info.
     pub fn token_budget(&self, upstream_info: Option<&serde_json::Value>) -> TokenBudget {
-        let builtin = self.tei_url.is_none();
+        let builtin = self.tei_url.is_none() && self.openai_url.is_none();
         let field = |name: &str| upstream_info.and_then(|info| info.get(name));
         let max_batch_tokens = self.max_batch_tokens.unwrap_or_else(|| {
             let reported = field("max_batch_tokens")
@@ -450,6 +486,58 @@ mod tests {
                 .expect_err(url)
                 .to_string();
             assert!(err.contains(message), "{url}: {err}");
+        }
+    }
+
+    #[test]
+    fn exactly_one_upstream_is_configured() {
+        let openai = ["--openai-url", "http://vllm:8000/v1", "--openai-model", "m"];
+        let config = parse(&openai);
+        assert_eq!(config.openai_model.as_deref(), Some("m"));
+        assert_eq!(
+            config.token_budget(None),
+            TokenBudget::default(),
+            "not the built-in model's budget"
+        );
+        for (args, message) in [
+            (
+                &["--openai-url", "http://vllm:8000/v1"][..],
+                "--openai-model <OPENAI_MODEL>",
+            ),
+            (&["--openai-model", "m"][..], "--openai-url <OPENAI_URL>"),
+            (
+                &[
+                    "--tei-url",
+                    "http://tei",
+                    "--openai-url",
+                    "http://v/v1",
+                    "--openai-model",
+                    "m",
+                ][..],
+                "cannot be used with",
+            ),
+            (
+                &[
+                    "--model-id",
+                    "x/y",
+                    "--openai-url",
+                    "http://v/v1",
+                    "--openai-model",
+                    "m",
+                ][..],
+                "cannot be used with",
+            ),
+            (
+                &["--openai-url", "ftp://v", "--openai-model", "m"][..],
+                "scheme must be http",
+            ),
+        ] {
+            let err = Config::try_parse_from(
+                std::iter::once("embatch-worker").chain(args.iter().copied()),
+            )
+            .expect_err(message)
+            .to_string();
+            assert!(err.contains(message), "{args:?}: {err}");
         }
     }
 

@@ -121,13 +121,25 @@ pub enum ModelError {
     Task(#[from] tokio::task::JoinError),
 }
 
-/// Builds the upstream the configuration names: TEI when `--tei-url` is set, else the built-in
-/// model from `--model-dir`.
+/// Builds the upstream the configuration names: TEI when `--tei-url` is set, an
+/// OpenAI-compatible server when `--openai-url` is (the two exclude each other), else the
+/// built-in model from `--model-dir`.
 ///
 /// # Errors
 /// [`WorkerError::Model`] when the model cannot be loaded, [`WorkerError::Upstream`] when the
 /// HTTP client cannot be built.
 pub async fn build_upstream(config: &Config) -> Result<AnyUpstream, WorkerError> {
+    if let (Some(url), Some(model)) = (&config.openai_url, &config.openai_model) {
+        let openai = upstream::openai::OpenAiUpstream::new(&upstream::openai::OpenAiConfig {
+            base_url: url.to_string(),
+            model: model.clone(),
+            api_key: config.openai_api_key.clone(),
+            timeout: config.upstream_timeout,
+            max_inputs: config.openai_max_inputs,
+            max_input_tokens: config.openai_max_input_tokens,
+        })?;
+        return Ok(AnyUpstream::OpenAi(openai));
+    }
     match &config.tei_url {
         Some(url) => {
             let tei = upstream::tei::TeiUpstream::connect(&upstream::tei::TeiConfig {

@@ -2,6 +2,7 @@
 //!
 //! - [`tei::TeiUpstream`]: a text-embeddings-inference server over HTTP (`--tei-url`).
 //! - [`local::LocalUpstream`]: the built-in CPU model (the default when no TEI URL is given).
+//! - [`openai::OpenAiUpstream`]: an OpenAI-compatible `/v1/embeddings` server (`--openai-url`).
 //!
 //! The batcher is generic over [`Upstream`], so its tests can use an in-process double.
 
@@ -9,6 +10,7 @@ mod body;
 mod classify;
 pub mod local;
 mod local_route;
+pub mod openai;
 mod rerank;
 pub mod route;
 mod sparse;
@@ -82,6 +84,8 @@ pub enum AnyUpstream {
     Tei(tei::TeiUpstream),
     /// See [`local::LocalUpstream`].
     Local(local::LocalUpstream),
+    /// See [`openai::OpenAiUpstream`].
+    OpenAi(openai::OpenAiUpstream),
 }
 
 impl AnyUpstream {
@@ -94,16 +98,25 @@ impl AnyUpstream {
         match self {
             AnyUpstream::Tei(u) => u.embed(inputs, options).await,
             AnyUpstream::Local(u) => u.embed(inputs, options).await,
+            AnyUpstream::OpenAi(u) => u.embed(inputs, options).await,
         }
     }
 }
 
-/// TEI's routes on TEI; on the built-in model, its own tokenizer answers them.
+/// TEI's routes on TEI; on the built-in model, its own tokenizer answers them (an OpenAI
+/// upstream has none: see [`Upstream::route_caller`] below).
 impl route::RouteCaller for AnyUpstream {
     fn call(&self, route: &'static str, body: bytes::Bytes) -> route::RouteCall<'_> {
         match self {
             AnyUpstream::Tei(u) => u.call(route, body),
             AnyUpstream::Local(u) => local_route::call(u.encoder(), route, body),
+            AnyUpstream::OpenAi(_) => Box::pin(async move {
+                let _ = body;
+                Err(UpstreamError::Http {
+                    status: 404,
+                    body: format!("an OpenAI-compatible upstream has no /{route}"),
+                })
+            }),
         }
     }
 }
@@ -120,6 +133,7 @@ impl Backend for AnyUpstream {
         let kind = match self {
             AnyUpstream::Tei(_) => "tei",
             AnyUpstream::Local(_) => "local",
+            AnyUpstream::OpenAi(_) => "openai",
         };
         let span = crate::trace::upstream_call(kind, inputs.len());
         let result =
@@ -134,19 +148,26 @@ impl Backend for AnyUpstream {
         match self {
             AnyUpstream::Tei(u) => u.max_batch_size(),
             AnyUpstream::Local(u) => u.max_batch_size(),
+            AnyUpstream::OpenAi(u) => u.max_batch_size(),
         }
     }
 }
 
 impl Upstream for AnyUpstream {
+    /// TEI's `/tokenize` and `/decode` on TEI and the built-in model; none on an OpenAI upstream
+    /// (the worker answers them 424 naming the route).
     fn route_caller(self: std::sync::Arc<Self>) -> Option<std::sync::Arc<dyn route::RouteCaller>> {
-        Some(self)
+        match *self {
+            AnyUpstream::OpenAi(_) => None,
+            _ => Some(self),
+        }
     }
 
     async fn info(&self) -> Result<serde_json::Value, UpstreamError> {
         match self {
             AnyUpstream::Tei(u) => u.info().await,
             AnyUpstream::Local(u) => u.info().await,
+            AnyUpstream::OpenAi(u) => u.info().await,
         }
     }
 
@@ -154,6 +175,7 @@ impl Upstream for AnyUpstream {
         match self {
             AnyUpstream::Tei(u) => u.health().await,
             AnyUpstream::Local(u) => u.health().await,
+            AnyUpstream::OpenAi(u) => u.health().await,
         }
     }
 
@@ -161,6 +183,7 @@ impl Upstream for AnyUpstream {
         match self {
             AnyUpstream::Tei(u) => u.counter(lookup).await,
             AnyUpstream::Local(u) => u.counter(lookup).await,
+            AnyUpstream::OpenAi(u) => u.counter(lookup).await,
         }
     }
 }

@@ -1,0 +1,444 @@
+//! An OpenAI-compatible embeddings server as the upstream (vLLM, Infinity, SGLang, Ollama,
+//! LiteLLM, a hosted API): `POST {openai_url}/embeddings` with a batch, `GET {openai_url}/models`
+//! as its health check. Such a server has no TEI `/info`, so what the worker would learn from
+//! it (the model's name, the most inputs per call, the input limit in tokens) comes from the
+//! configuration (`OPENAI_MODEL`, `OPENAI_MAX_INPUTS`, `OPENAI_MAX_INPUT_TOKENS`), and the
+//! worker's `info` is a TEI-shaped document made of them ([`OpenAiUpstream::info`]).
+//!
+//! One batch is one call, `{"model", "input": [...], "encoding_format": "float"}` plus
+//! `dimensions` when the requests ask for it; each `data[i].embedding` of the reply is kept as
+//! the JSON text the server wrote (its floats are not decoded) and put in `index` order. TEI's
+//! options the API has no field for are refused with 422 naming the option unless they ask for
+//! what the server does anyway ([`refusal`]). See docs/design/upstreams.md.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use embatch_protocol::{EmbedError, EmbedOptions, Input, Task, TruncationDirection};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use super::tei::{TOKENIZER_LOOKUP_TIMEOUT, transport_error};
+use super::{Backend, Embedding, Upstream, UpstreamError};
+
+/// Default of `OPENAI_MAX_INPUTS`: 2,048 inputs per call, OpenAI's own limit on
+/// `/v1/embeddings`. The batch size is `MAX_BATCH_SIZE` (32 by default) below it; this only
+/// caps a `MAX_BATCH_SIZE` raised past what the server takes.
+pub const DEFAULT_MAX_INPUTS: usize = 2048;
+
+/// How to reach one OpenAI-compatible server, and what it cannot tell about itself.
+#[derive(Debug, Clone)]
+pub struct OpenAiConfig {
+    /// Base URL up to the API version, `http://` or `https://` (e.g. `http://vllm:8000/v1`):
+    /// the worker posts to `{base_url}/embeddings`.
+    pub base_url: String,
+    /// The `model` field sent with every call; also the served model's name (unless
+    /// `MODEL_ALIAS`).
+    pub model: String,
+    /// Bearer token for `Authorization` (a hosted API's key, vLLM's `--api-key`).
+    pub api_key: Option<embatch_runtime::Secret>,
+    /// Timeout of one call.
+    pub timeout: Duration,
+    /// Most inputs one call may carry (inputs).
+    pub max_inputs: usize,
+    /// The model's input limit (tokens), when known: announced as `max_input_length`, and with
+    /// the model's tokenizer the worker counts tokens and refuses an input over it that says
+    /// `truncate: false`.
+    pub max_input_tokens: Option<usize>,
+}
+
+/// A pooled HTTP client for one OpenAI-compatible server.
+pub struct OpenAiUpstream {
+    client: reqwest::Client,
+    /// `{base}/embeddings`.
+    embeddings_url: String,
+    /// `{base}/models`, the health check.
+    models_url: String,
+    model: String,
+    max_inputs: usize,
+    max_input_tokens: Option<usize>,
+    timeout: Duration,
+    /// Set once [`Upstream::counter`] loaded the model's tokenizer with its input limit: an
+    /// input over it with `truncate: false` is then refused by the token count, before any
+    /// call, so `truncate: false` is honoured.
+    counts_tokens: AtomicBool,
+}
+
+impl OpenAiUpstream {
+    /// A pooled client for the server of `config` (the bearer key on every request). It does
+    /// not call the server: the health checks find whether it answers.
+    ///
+    /// # Errors
+    /// [`EmbedError::Unavailable`] when the API key is not a valid header value or the HTTP
+    /// client cannot be built.
+    pub fn new(config: &OpenAiConfig) -> Result<OpenAiUpstream, EmbedError> {
+        let base = config.base_url.trim_end_matches('/');
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(key) = &config.api_key {
+            let bearer = format!("Bearer {}", key.expose());
+            let mut value = reqwest::header::HeaderValue::from_str(&bearer).map_err(|_| {
+                EmbedError::Unavailable("OPENAI_API_KEY is not a valid header value".into())
+            })?;
+            value.set_sensitive(true);
+            headers.insert(reqwest::header::AUTHORIZATION, value);
+        }
+        let client = reqwest::Client::builder()
+            .default_headers(headers)
+            .timeout(config.timeout)
+            .connect_timeout(Duration::from_secs(2).min(config.timeout))
+            .pool_max_idle_per_host(64)
+            .tcp_nodelay(true)
+            .build()
+            .map_err(|e| EmbedError::Unavailable(format!("cannot build HTTP client: {e}")))?;
+        Ok(OpenAiUpstream {
+            client,
+            embeddings_url: format!("{base}/embeddings"),
+            models_url: format!("{base}/models"),
+            model: config.model.clone(),
+            max_inputs: config.max_inputs.max(1),
+            max_input_tokens: config.max_input_tokens,
+            timeout: config.timeout,
+            counts_tokens: AtomicBool::new(false),
+        })
+    }
+}
+
+/// The body of one call, OpenAI's `POST /v1/embeddings` request.
+#[derive(Serialize)]
+struct Request<'a> {
+    model: &'a str,
+    /// Texts (`"a"`) or token-id arrays (`[101, 102]`), never both in one call.
+    input: &'a [&'a Input],
+    /// Always `float`: the vectors as JSON numbers, passed on as written.
+    encoding_format: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dimensions: Option<usize>,
+}
+
+/// The part of OpenAI's reply the worker reads: `data[i].index` and `data[i].embedding`, the
+/// embedding borrowed from the reply body as written.
+#[derive(Deserialize)]
+struct Reply<'a> {
+    #[serde(borrow)]
+    data: Vec<Datum<'a>>,
+}
+
+#[derive(Deserialize)]
+struct Datum<'a> {
+    index: usize,
+    #[serde(borrow)]
+    embedding: &'a RawValue,
+}
+
+/// Why the API cannot honour `options`, naming the option; `None` when it can. The API has a
+/// `dimensions` field and nothing else of TEI's: the server normalizes (every server above does
+/// for a sentence-transformers model) and applies its own prompts and truncation, so only the
+/// values that ask for what it does anyway pass. `truncate: false` passes when the worker
+/// checks inputs' lengths itself (`counts_tokens`).
+fn refusal(options: &EmbedOptions, counts_tokens: bool) -> Option<String> {
+    let unsupported = |option: &str| {
+        Some(format!(
+            "`{option}` cannot be honoured by this worker's upstream (an OpenAI-compatible \
+             /v1/embeddings server)"
+        ))
+    };
+    if !options.normalize {
+        return unsupported("normalize: false");
+    }
+    if options.prompt_name.is_some() {
+        return unsupported("prompt_name");
+    }
+    if options.truncation_direction == Some(TruncationDirection::Left) {
+        return unsupported("truncation_direction: left");
+    }
+    if options.truncate == Some(false) && !counts_tokens {
+        return Some(format!(
+            "{} unless the worker knows the model's tokenizer and input limit \
+             (OPENAI_MAX_INPUT_TOKENS)",
+            unsupported("truncate: false").unwrap_or_default()
+        ));
+    }
+    None
+}
+
+/// TEI's routes other than `/embed` on this upstream: 424 `Backend` naming the route, as a TEI
+/// model without the head answers.
+fn not_served(task: Task) -> Option<&'static str> {
+    match task {
+        Task::Embed => None,
+        Task::Rerank { .. } => Some("/rerank"),
+        Task::Sparse => Some("/embed_sparse"),
+        Task::Predict { .. } => Some("/predict"),
+        Task::EmbedAll => Some("/embed_all"),
+    }
+}
+
+impl Backend for OpenAiUpstream {
+    async fn embed(
+        &self,
+        inputs: &[Input],
+        options: &EmbedOptions,
+    ) -> Result<Vec<Embedding>, UpstreamError> {
+        if let Some(route) = not_served(options.task) {
+            return Err(UpstreamError::Model(EmbedError::Backend(format!(
+                "{route} is not served by this upstream (an OpenAI-compatible /v1/embeddings \
+                 server computes embeddings only)"
+            ))));
+        }
+        if let Some(refusal) = refusal(options, self.counts_tokens.load(Ordering::Relaxed)) {
+            return Err(UpstreamError::Model(EmbedError::Validation(refusal)));
+        }
+        // The API takes texts or token arrays, not both in one `input`: a mixed batch is two
+        // calls, run together.
+        let (ids, texts): (Vec<usize>, Vec<usize>) =
+            (0..inputs.len()).partition(|&i| matches!(inputs[i], Input::Ids(_)));
+        if ids.is_empty() || texts.is_empty() {
+            let all: Vec<&Input> = inputs.iter().collect();
+            return self.call(&all, options.dimensions).await;
+        }
+        let pick = |indices: &[usize]| indices.iter().map(|&i| &inputs[i]).collect::<Vec<_>>();
+        let (id_inputs, text_inputs) = (pick(&ids), pick(&texts));
+        let (of_ids, of_texts) = tokio::try_join!(
+            self.call(&id_inputs, options.dimensions),
+            self.call(&text_inputs, options.dimensions)
+        )?;
+        let mut merged: Vec<Option<Embedding>> = vec![None; inputs.len()];
+        for (indices, embeddings) in [(ids, of_ids), (texts, of_texts)] {
+            for (i, embedding) in indices.into_iter().zip(embeddings) {
+                merged[i] = Some(embedding);
+            }
+        }
+        // Each call's count was checked, so every slot is filled.
+        Ok(merged.into_iter().flatten().collect())
+    }
+
+    fn max_batch_size(&self) -> usize {
+        self.max_inputs
+    }
+}
+
+impl OpenAiUpstream {
+    /// One `POST {base}/embeddings` of `inputs` (all texts or all token arrays): one embedding
+    /// per input, in order.
+    async fn call(
+        &self,
+        inputs: &[&Input],
+        dimensions: Option<usize>,
+    ) -> Result<Vec<Embedding>, UpstreamError> {
+        let request = Request {
+            model: &self.model,
+            input: inputs,
+            encoding_format: "float",
+            dimensions,
+        };
+        let body = serde_json::to_vec(&request)
+            .map_err(|e| UpstreamError::Malformed(format!("cannot encode the request: {e}")))?;
+        let mut post = self
+            .client
+            .post(&self.embeddings_url)
+            .header(reqwest::header::CONTENT_TYPE, "application/json");
+        if let Some(trace) = crate::trace::upstream_context() {
+            post = post.header(embatch_protocol::headers::TRACEPARENT, trace.traceparent());
+            if let Some(state) = trace.tracestate() {
+                post = post.header(embatch_protocol::headers::TRACESTATE, state);
+            }
+        }
+        let response = post
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| transport_error(e, self.timeout))?;
+        let status = response.status();
+        let body = response
+            .bytes()
+            .await
+            .map_err(|e| transport_error(e, self.timeout))?;
+        if !status.is_success() {
+            return Err(status_error(status.as_u16(), &body));
+        }
+        split_reply(&body, inputs.len())
+    }
+}
+
+/// The embeddings of an OpenAI reply `body` to a call of `sent` inputs, in `index` order, each
+/// a slice of `body` as the server wrote it (its floats are not decoded: the reply is parsed
+/// with each embedding as a [`RawValue`], checked to be an array of numbers).
+///
+/// # Errors
+/// [`UpstreamError::Malformed`] for a reply that is not OpenAI's shape, an embedding that is
+/// not an array of numbers (a base64 string, say) or an `index` out of range or repeated;
+/// [`UpstreamError::CountMismatch`] for another number of embeddings than `sent`.
+fn split_reply(body: &Bytes, sent: usize) -> Result<Vec<Embedding>, UpstreamError> {
+    let reply: Reply<'_> = serde_json::from_slice(body)
+        .map_err(|e| UpstreamError::Malformed(format!("not an OpenAI embeddings reply: {e}")))?;
+    if reply.data.len() != sent {
+        return Err(UpstreamError::CountMismatch {
+            sent,
+            got: reply.data.len(),
+        });
+    }
+    let mut ordered: Vec<Option<Embedding>> = vec![None; sent];
+    for datum in reply.data {
+        let text = datum.embedding.get();
+        // Valid JSON (the parser checked it) that opens an array and holds no array, object,
+        // string or literal other than `null` is an array of numbers.
+        let numbers = text.starts_with('[')
+            && !text[1..]
+                .bytes()
+                .any(|b| matches!(b, b'[' | b'{' | b'"' | b't' | b'f'));
+        if !numbers {
+            return Err(UpstreamError::Malformed(format!(
+                "data[{}].embedding is not an array of numbers",
+                datum.index
+            )));
+        }
+        // The raw text lies inside `body` (borrowed, not copied): slice the body there.
+        let start = (text.as_ptr() as usize)
+            .checked_sub(body.as_ptr() as usize)
+            .filter(|start| start + text.len() <= body.len())
+            .ok_or_else(|| UpstreamError::Malformed("an embedding outside the reply".into()))?;
+        let slot = ordered.get_mut(datum.index).ok_or_else(|| {
+            UpstreamError::Malformed(format!("index {} of {sent} inputs", datum.index))
+        })?;
+        if slot
+            .replace(Embedding::from_json(body.slice(start..start + text.len())))
+            .is_some()
+        {
+            return Err(UpstreamError::Malformed(format!(
+                "index {} repeated",
+                datum.index
+            )));
+        }
+    }
+    // `sent` data with distinct indices below `sent` fill every slot.
+    Ok(ordered.into_iter().flatten().collect())
+}
+
+/// An error answer of the server by cause. 400, 413 and 422 blame an input (the batcher then
+/// isolates it), 429 is the server's overload, 5xx the server failing, as for TEI; a 401, 403
+/// or 404 means this worker's key, model or URL is wrong, which no caller can fix: unreachable
+/// (503, so callers go to another worker, and it counts against the worker's health).
+fn status_error(status: u16, body: &[u8]) -> UpstreamError {
+    let message = error_message(body);
+    match status {
+        401 | 403 | 404 => UpstreamError::Unreachable(format!(
+            "the OpenAI-compatible upstream answered {status}: {message} (check OPENAI_URL, \
+             OPENAI_MODEL and OPENAI_API_KEY)"
+        )),
+        _ => UpstreamError::Http {
+            status,
+            body: message,
+        },
+    }
+}
+
+/// The message of an error body, as the servers write it: OpenAI's `{"error": {"message"}}`,
+/// vLLM's `{"message"}`, TEI-like `{"error": "..."}`, FastAPI's `{"detail": ...}`; else the
+/// text. At most 512 bytes.
+fn error_message(body: &[u8]) -> String {
+    let parsed: Option<serde_json::Value> = serde_json::from_slice(body).ok();
+    let found = parsed.as_ref().and_then(|v| {
+        [
+            v.pointer("/error/message"),
+            v.get("message"),
+            v.get("error"),
+            v.get("detail"),
+        ]
+        .into_iter()
+        .flatten()
+        .next()
+        .map(|m| m.as_str().map_or_else(|| m.to_string(), str::to_owned))
+    });
+    let mut message = found.unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
+    if message.len() > 512 {
+        let mut end = 512;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+    }
+    message
+}
+
+impl Upstream for OpenAiUpstream {
+    /// A TEI-shaped `/info` made of the configuration: `model_id` `OPENAI_MODEL`, an embedding
+    /// model (`model_type` `{"embedding": {"pooling": null}}`: the pooling is the server's),
+    /// `max_input_length` `OPENAI_MAX_INPUT_TOKENS` (`null` when unset),
+    /// `max_client_batch_size` `OPENAI_MAX_INPUTS` (the worker's `info` endpoint answers its
+    /// own), `auto_truncate` `null` (the server decides); the rest `null`.
+    async fn info(&self) -> Result<serde_json::Value, UpstreamError> {
+        Ok(serde_json::json!({
+            "model_id": self.model,
+            "model_sha": null,
+            "model_dtype": null,
+            "model_type": {"embedding": {"pooling": null}},
+            "max_concurrent_requests": null,
+            "max_input_length": self.max_input_tokens,
+            "max_batch_tokens": null,
+            "max_batch_requests": null,
+            "max_client_batch_size": self.max_inputs,
+            "auto_truncate": null,
+            "tokenization_workers": null,
+            "version": env!("CARGO_PKG_VERSION"),
+            "sha": null,
+            "docker_label": null,
+        }))
+    }
+
+    /// `GET {base}/models`: 200 is healthy (the API has no `/health`; every server above
+    /// answers this route, and a hosted API checks the key on it). Bounded by
+    /// `crate::membership::PROBE_TIMEOUT` (less when `UPSTREAM_TIMEOUT` is shorter).
+    async fn health(&self) -> Result<(), UpstreamError> {
+        let timeout = crate::membership::PROBE_TIMEOUT.min(self.timeout);
+        let response = self
+            .client
+            .get(&self.models_url)
+            .timeout(timeout)
+            .send()
+            .await
+            .map_err(|e| transport_error(e, timeout))?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        let body = response.bytes().await.unwrap_or_default();
+        Err(UpstreamError::Http {
+            status: status.as_u16(),
+            body: error_message(&body),
+        })
+    }
+
+    /// With `OPENAI_MAX_INPUT_TOKENS`, the tokenizer `lookup` finds for `OPENAI_MODEL` (a
+    /// `TOKENIZER` path, or the Hugging Face cache or hub, for at most
+    /// [`TOKENIZER_LOOKUP_TIMEOUT`]), an absent `truncate` counted as truncating (the server
+    /// decides); else input counts (the API has no tokenize route).
+    async fn counter(&self, lookup: &crate::tokens::TokenizerLookup) -> crate::tokens::Counter {
+        use crate::tokens::Counter;
+        let Some(max_input_tokens) = self.max_input_tokens else {
+            return Counter::inputs();
+        };
+        let (lookup, model) = (lookup.clone(), self.model.clone());
+        let find = tokio::task::spawn_blocking(move || {
+            let (path, origin) = lookup.find(Some(&model))?;
+            embatch_local_model::Encoder::load_file(&path, max_input_tokens)
+                .map_err(|err| tracing::warn!(%err, "cannot load the upstream model's tokenizer"))
+                .ok()
+                .map(|encoder| (encoder, origin))
+        });
+        match tokio::time::timeout(TOKENIZER_LOOKUP_TIMEOUT, find).await {
+            Ok(Ok(Some((encoder, origin)))) => {
+                self.counts_tokens.store(true, Ordering::Relaxed);
+                Counter::tokenizer(std::sync::Arc::new(encoder), origin, true, false)
+            }
+            _ => {
+                tracing::warn!("no tokenizer for OPENAI_MODEL: counting inputs, not tokens");
+                Counter::inputs()
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "openai_tests.rs"]
+mod tests;
