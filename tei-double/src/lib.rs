@@ -240,6 +240,7 @@ fn router(state: &Arc<AppState>) -> Router {
         .route("/info", get(meta::info))
         .route("/health", get(meta::health))
         .merge(tokenize::routes(state.config.tokenizer))
+        .merge(openai::routes())
         .with_state(Arc::clone(state))
 }
 
@@ -386,6 +387,7 @@ mod calls;
 mod embed;
 mod embed_all;
 mod meta;
+mod openai;
 mod predict;
 mod rerank;
 mod sparse;
