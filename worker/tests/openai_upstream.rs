@@ -1,0 +1,207 @@
+//! The worker on an OpenAI-compatible upstream (`--openai-url`), over a real nats-server and the
+//! TEI double's `POST /v1/embeddings`: the vectors are the double's, callers' requests share one
+//! call, the bearer key is sent, a bad input is isolated, the server's 5xx and 429 are mapped as
+//! TEI's, and what the API cannot do is refused naming the option or the route.
+
+mod common;
+
+use bytes::Bytes;
+use common::embed_status;
+use common::plain::request_on;
+use embatch_client::EmbedClient;
+use embatch_protocol::{DEFAULT_SUBJECT, Input, tokenize};
+use embatch_testkit::{
+    Faults, NatsServer, POISON, RunningWorker, TeiConfig, TeiDouble, double_vector, embedding_of,
+    start_tei,
+};
+
+/// A nats-server, the double and a worker posting to the double's `/v1` with key `sk-test`;
+/// batches form when full or after 250 ms, so requests sent together share one call.
+struct OpenAiStack {
+    nats: NatsServer,
+    double: TeiDouble,
+    worker: RunningWorker,
+}
+
+async fn start() -> OpenAiStack {
+    let nats = NatsServer::start();
+    let double = start_tei(TeiConfig::instant()).await;
+    let base = format!("{}/v1", double.url);
+    let model = TeiConfig::instant().model_id;
+    let args = [
+        "--openai-url",
+        base.as_str(),
+        "--openai-model",
+        model.as_str(),
+        "--openai-api-key",
+        "sk-test",
+        "--max-batch-size",
+        "64",
+        "--max-wait-time",
+        "250ms",
+        "--dispatch-when-idle",
+        "false",
+        "--cache",
+        "false",
+    ];
+    let worker = RunningWorker::start(&nats, &args).await;
+    OpenAiStack {
+        nats,
+        double,
+        worker,
+    }
+}
+
+/// Sends each body at once as its own request; each reply's status and body, in order.
+async fn send_all(
+    stack: &OpenAiStack,
+    bodies: Vec<serde_json::Value>,
+) -> Vec<(u16, serde_json::Value)> {
+    let raw = async_nats::connect(stack.nats.url())
+        .await
+        .expect("client connects");
+    let client = EmbedClient::new(raw, "embed");
+    let tasks: Vec<_> = bodies
+        .into_iter()
+        .map(|body| {
+            let client = client.clone();
+            tokio::spawn(async move { embed_status(&client, Bytes::from(body.to_string())).await })
+        })
+        .collect();
+    let mut replies = Vec::new();
+    for task in tasks {
+        replies.push(task.await.expect("client task"));
+    }
+    replies
+}
+
+fn vectors(body: &serde_json::Value) -> Vec<Vec<f32>> {
+    serde_json::from_value(body.clone()).expect("vectors")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_share_one_call_with_the_key_and_get_the_doubles_vectors() {
+    let stack = start().await;
+    let texts: Vec<String> = (0..12).map(|i| format!("shared call {i}")).collect();
+    let bodies = texts
+        .iter()
+        .map(|t| serde_json::json!({ "inputs": t }))
+        .collect();
+    let replies = send_all(&stack, bodies).await;
+    for (text, (status, body)) in texts.iter().zip(&replies) {
+        assert_eq!(*status, 200, "{text}: {body}");
+        assert_eq!(vectors(body), vec![double_vector(text)], "{text}");
+    }
+    let calls = stack.double.calls();
+    assert_eq!(
+        stack.double.calls.batch_sizes(),
+        [12],
+        "one call for the 12 callers"
+    );
+    assert_eq!(calls[0].authorization.as_deref(), Some("Bearer sk-test"));
+    assert_eq!(calls[0].options["model"], TeiConfig::instant().model_id);
+    assert_eq!(calls[0].options["encoding_format"], "float");
+    stack.worker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn texts_token_ids_and_dimensions_map_onto_the_api() {
+    let stack = start().await;
+    let mixed = serde_json::json!({ "inputs": ["mixed text", [101, 7592, 102], "more text"] });
+    let cut = serde_json::json!({ "inputs": "cut to four", "dimensions": 4 });
+    let replies = send_all(&stack, vec![mixed, cut]).await;
+    assert_eq!(replies[0].0, 200, "{}", replies[0].1);
+    let dim = TeiConfig::instant().dim;
+    let ids = embedding_of(&Input::Ids(vec![101, 7592, 102]), dim, None, true);
+    assert_eq!(
+        vectors(&replies[0].1),
+        [double_vector("mixed text"), ids, double_vector("more text")],
+        "in the request's order"
+    );
+    assert_eq!(replies[1].0, 200, "{}", replies[1].1);
+    let four = embedding_of(&Input::Text("cut to four".into()), dim, Some(4), true);
+    assert_eq!(vectors(&replies[1].1), [four]);
+    let calls = stack.double.calls();
+    // Texts and token arrays never share an `input`: the mixed request is two calls.
+    let mut sizes: Vec<usize> = calls.iter().map(|c| c.inputs.len()).collect();
+    sizes.sort_unstable();
+    assert_eq!(sizes, [1, 1, 2], "{calls:?}");
+    assert!(calls.iter().any(|c| c.options["dimensions"] == 4));
+    stack.worker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_input_is_isolated_and_server_failures_are_mapped() {
+    let stack = start().await;
+    let mut texts: Vec<String> = (0..9).map(|i| format!("good {i}")).collect();
+    texts.insert(4, format!("bad {POISON}"));
+    let bodies = texts
+        .iter()
+        .map(|t| serde_json::json!({ "inputs": t }))
+        .collect();
+    let replies = send_all(&stack, bodies).await;
+    for (text, (status, body)) in texts.iter().zip(&replies) {
+        if text.contains(POISON) {
+            assert_eq!(*status, 400, "the server's 400 blames the input: {body}");
+            assert!(
+                body["error"].as_str().is_some_and(|e| e.contains("poison")),
+                "{body}"
+            );
+        } else {
+            assert_eq!(*status, 200, "{text}: {body}");
+            assert_eq!(vectors(body), vec![double_vector(text)]);
+        }
+    }
+    assert_eq!(stack.double.calls()[0].inputs.len(), 10, "one batch first");
+    for (fault, expected) in [(500, 424), (429, 429)] {
+        stack.double.set_faults(Faults::failing_with(fault));
+        let body = serde_json::json!({ "inputs": format!("during a {fault}") });
+        let replies = send_all(&stack, vec![body]).await;
+        assert_eq!(replies[0].0, expected, "{fault}: {}", replies[0].1);
+    }
+    stack.worker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_the_api_cannot_do_is_refused_naming_it() {
+    let stack = start().await;
+    let client = async_nats::connect(stack.nats.url())
+        .await
+        .expect("client connects");
+    for (option, body) in [
+        (
+            "normalize: false",
+            serde_json::json!({"inputs": "a", "normalize": false}),
+        ),
+        (
+            "prompt_name",
+            serde_json::json!({"inputs": "a", "prompt_name": "query"}),
+        ),
+        (
+            "truncate: false",
+            serde_json::json!({"inputs": "a", "truncate": false}),
+        ),
+    ] {
+        let reply = request_on(&client, DEFAULT_SUBJECT, Bytes::from(body.to_string()), &[]).await;
+        assert_eq!(reply.status, 422, "{option}");
+        let error = reply.json()["error"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert!(error.contains(option), "{option}: {error}");
+    }
+    let tokenize = tokenize::tokenize_subject(DEFAULT_SUBJECT);
+    let body = Bytes::from_static(br#"{"inputs":"a"}"#);
+    let reply = request_on(&client, tokenize, body, &[]).await;
+    assert_eq!(reply.status, 424);
+    assert!(
+        String::from_utf8_lossy(&reply.payload).contains("POST /tokenize"),
+        "{:?}",
+        reply.payload
+    );
+    assert!(
+        stack.double.calls().is_empty(),
+        "no call for what was refused"
+    );
+    stack.worker.stop().await;
+}
