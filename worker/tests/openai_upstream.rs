@@ -9,6 +9,8 @@ use bytes::Bytes;
 use common::embed_status;
 use common::plain::request_on;
 use embatch_client::EmbedClient;
+use embatch_protocol::embed_all::embed_all_subject;
+use embatch_protocol::rerank::rerank_subject;
 use embatch_protocol::{DEFAULT_SUBJECT, Input, tokenize};
 use embatch_testkit::{
     Faults, NatsServer, POISON, RunningWorker, TeiConfig, TeiDouble, double_vector, embedding_of,
@@ -190,15 +192,29 @@ async fn what_the_api_cannot_do_is_refused_naming_it() {
             .to_owned();
         assert!(error.contains(option), "{option}: {error}");
     }
-    let tokenize = tokenize::tokenize_subject(DEFAULT_SUBJECT);
-    let body = Bytes::from_static(br#"{"inputs":"a"}"#);
-    let reply = request_on(&client, tokenize, body, &[]).await;
-    assert_eq!(reply.status, 424);
-    assert!(
-        String::from_utf8_lossy(&reply.payload).contains("POST /tokenize"),
-        "{:?}",
-        reply.payload
-    );
+    let routes = [
+        (
+            tokenize::tokenize_subject(DEFAULT_SUBJECT),
+            r#"{"inputs":"a"}"#,
+            "POST /tokenize",
+        ),
+        (
+            embed_all_subject(DEFAULT_SUBJECT),
+            r#"{"inputs":"a"}"#,
+            "/embed_all is not served",
+        ),
+        (
+            rerank_subject(DEFAULT_SUBJECT),
+            r#"{"query":"q","texts":["a"]}"#,
+            "re-ranker",
+        ),
+    ];
+    for (subject, body, named) in routes {
+        let reply = request_on(&client, subject, Bytes::from(body), &[]).await;
+        assert_eq!(reply.status, 424, "{named}");
+        let text = String::from_utf8_lossy(&reply.payload);
+        assert!(text.contains(named), "{named}: {text}");
+    }
     assert!(
         stack.double.calls().is_empty(),
         "no call for what was refused"
