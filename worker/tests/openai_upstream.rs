@@ -26,6 +26,11 @@ struct OpenAiStack {
 }
 
 async fn start() -> OpenAiStack {
+    start_with(&[]).await
+}
+
+/// [`start`] with `extra` worker arguments.
+async fn start_with(extra: &[&str]) -> OpenAiStack {
     let nats = NatsServer::start();
     let double = start_tei(TeiConfig::instant()).await;
     let base = format!("{}/v1", double.url);
@@ -46,6 +51,7 @@ async fn start() -> OpenAiStack {
         "--cache",
         "false",
     ];
+    let args: Vec<&str> = args.iter().chain(extra).copied().collect();
     let worker = RunningWorker::start(&nats, &args).await;
     OpenAiStack {
         nats,
@@ -218,6 +224,64 @@ async fn what_the_api_cannot_do_is_refused_naming_it() {
     assert!(
         stack.double.calls().is_empty(),
         "no call for what was refused"
+    );
+    stack.worker.stop().await;
+}
+
+#[tokio::test]
+async fn health_is_get_models_and_info_is_made_of_the_settings() {
+    use embatch_worker::upstream::Upstream;
+    use embatch_worker::upstream::openai::{OpenAiConfig, OpenAiUpstream};
+    let double = start_tei(TeiConfig::instant()).await;
+    let upstream = OpenAiUpstream::new(&OpenAiConfig {
+        base_url: format!("{}/v1/", double.url),
+        model: "some/model".into(),
+        api_key: None,
+        timeout: std::time::Duration::from_secs(5),
+        max_inputs: 96,
+        max_input_tokens: Some(512),
+    })
+    .expect("client");
+    upstream.health().await.expect("GET /v1/models answers 200");
+    double.set_faults(Faults {
+        health_status: Some(503),
+        ..Faults::default()
+    });
+    let err = upstream.health().await.expect_err("503");
+    assert!(err.is_unhealthy(), "{err}");
+    let info = upstream.info().await.expect("made of the settings");
+    assert_eq!(info["model_id"], "some/model");
+    assert_eq!(info["max_client_batch_size"], 96);
+    assert_eq!(info["max_input_length"], 512);
+    assert_eq!(
+        info["model_type"],
+        serde_json::json!({"embedding": {"pooling": null}})
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_input_limit_and_tokenizer_truncate_false_is_honoured_by_the_worker() {
+    let tokenizer = embatch_testkit::model_dir().join("tokenizer.json");
+    let tokenizer = tokenizer.to_string_lossy();
+    let stack = start_with(&["--openai-max-input-tokens", "16", "--tokenizer", &tokenizer]).await;
+    let long = "word ".repeat(40);
+    let bodies = vec![
+        serde_json::json!({"inputs": "short enough", "truncate": false}),
+        serde_json::json!({"inputs": long, "truncate": false}),
+    ];
+    let replies = send_all(&stack, bodies).await;
+    assert_eq!(replies[0].0, 200, "{}", replies[0].1);
+    assert_eq!(vectors(&replies[0].1), [double_vector("short enough")]);
+    assert_eq!(replies[1].0, 422, "{}", replies[1].1);
+    let error = replies[1].1["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("less than 16 tokens"),
+        "TEI's answer: {error}"
+    );
+    assert_eq!(
+        stack.double.calls.batch_sizes(),
+        [1],
+        "the long input never went upstream"
     );
     stack.worker.stop().await;
 }
