@@ -183,7 +183,12 @@ async fn embeddings(
     if let Some((status, i)) = model_failure {
         return openai_error(status, format!("the model failed on input {i}"), None);
     }
-    let dim = state.config.dim;
+    reply(&inputs, state.config.dim, dimensions, &request.model)
+}
+
+/// OpenAI's reply: each input's vector (as `/embed`'s, normalized) listed in reverse order with
+/// its `index`, the model and the token usage.
+fn reply(inputs: &[Input], dim: usize, dimensions: Option<usize>, model: &str) -> Response {
     let tokens: u64 = inputs.iter().map(|i| u64::from(tokens_of(i))).sum();
     let data: Vec<serde_json::Value> = inputs
         .iter()
@@ -200,7 +205,7 @@ async fn embeddings(
     axum::Json(serde_json::json!({
         "object": "list",
         "data": data,
-        "model": request.model,
+        "model": model,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }))
     .into_response()
