@@ -21,7 +21,8 @@
 //! - [`tenant`]: the tenant a request is served for, from its NATS account or, from a trusted
 //!   caller, its `Embatch-Tenant` header.
 //! - [`tokens`]: token counts per input (the model's tokenizer), before the batcher.
-//! - [`upstream`]: TEI over HTTP, or the built-in CPU model.
+//! - [`upstream`]: TEI over HTTP, an OpenAI-compatible `/v1/embeddings` server, or the built-in
+//!   CPU model.
 //! - [`http`]: the admin HTTP server, `/metrics` and `/health`.
 //! - [`telemetry`]: logging, the Prometheus recorder and metric names; `trace`: the spans of a
 //!   request in the worker, exported over OTLP with `--otlp-endpoint`.
