@@ -101,6 +101,10 @@ pub(crate) struct Group {
     room_retry: Option<Instant>,
     /// The last answer to this worker's question on the room subject.
     answers: Answers,
+    /// A member over its high water looks for a peer with room: it re-checks on `recheck` as a
+    /// full worker does, so it asks again (every `peers::ASK_EVERY`) without waiting for the
+    /// next request (a peer that joins after a burst is found while the burst's queue lasts).
+    asking: bool,
     answered: mpsc::Receiver<bool>,
     answer_to: mpsc::Sender<bool>,
     /// Told of each request read: the heartbeat beats while requests are held.
@@ -143,6 +147,7 @@ impl Group {
                 .unwrap_or_else(Instant::now),
             room_retry: None,
             answers: Answers::default(),
+            asking: false,
             answered,
             answer_to,
             busy: Arc::default(),
@@ -198,7 +203,9 @@ impl Group {
                     None => continue, // every drain is complete
                 },
                 Some(ok) = recv_of(&mut self.probes) => return Event::Control(Control::Probe(ok)),
-                _ = self.recheck.tick(), if full => return Event::Control(Control::Recheck),
+                _ = self.recheck.tick(), if full || self.asking => {
+                    return Event::Control(Control::Recheck);
+                }
                 Ok(()) = self.failures.changed(), if adaptive => {
                     return Event::Control(Control::Recheck);
                 }
@@ -276,7 +283,8 @@ impl Group {
         let transition = self.membership.observe(load);
         self.apply(transition).await;
         self.follow_room(load).await;
-        if self.membership.asks_for_room(load) && self.answers.should_ask(Instant::now()) {
+        self.asking = self.membership.asks_for_room(load);
+        if self.asking && self.answers.should_ask(Instant::now()) {
             peers::ask(
                 &self.client,
                 self.room_subject(),
