@@ -119,6 +119,25 @@ async fn send_scenario(client: &async_nats::Client) -> std::collections::BTreeMa
     counts
 }
 
+/// Waits until the worker takes requests: discovery answers before the worker has joined the
+/// queue group (it loads a tokenizer first, say), so a request sent at once may find no
+/// responders. An empty body is refused at once (400), which proves the subscription.
+async fn in_queue_group(client: &async_nats::Client) {
+    for _ in 0..200 {
+        match client
+            .request(
+                embatch_protocol::DEFAULT_SUBJECT,
+                bytes::Bytes::from_static(b"{}"),
+            )
+            .await
+        {
+            Ok(_) => return,
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    panic!("the worker never joined the queue group");
+}
+
 /// Starts a worker with `settings` on a fresh nats-server and the TEI double, sends the scenario
 /// and asserts the worker's peak RSS above idle.
 async fn peak_within_bound(settings: &[(&str, &str)]) {
@@ -145,6 +164,7 @@ async fn peak_within_bound(settings: &[(&str, &str)]) {
     env.extend_from_slice(settings);
     let worker = spawn_worker(&nats, &tei, &env, &client, 1).await;
     let pid = worker.0.id();
+    in_queue_group(&client).await;
     // Settled: the start's allocations done (a NATS round trip and a moment).
     client.flush().await.expect("flush");
     tokio::time::sleep(Duration::from_millis(500)).await;
