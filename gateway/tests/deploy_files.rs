@@ -39,7 +39,22 @@ const COMPOSE_VARIABLES: &[&str] = &["COMPOSE_PROFILES"];
 
 /// Flags compose.yaml deliberately does not set on a service: (service or `*` for all three,
 /// variable, why).
+/// The stack's workers use TEI or the built-in model; an OpenAI-compatible upstream excludes
+/// both (the worker refuses OPENAI_URL beside TEI_URL), so its settings are the operator's.
+const OPENAI_UPSTREAM: &str =
+    "compose runs TEI or the built-in model, not an OpenAI-compatible upstream";
+
 const LEFT_TO_THE_BINARY: &[(&str, &str, &str)] = &[
+    ("worker", "OPENAI_URL", OPENAI_UPSTREAM),
+    ("worker", "OPENAI_MODEL", OPENAI_UPSTREAM),
+    ("worker", "OPENAI_API_KEY", OPENAI_UPSTREAM),
+    ("worker", "OPENAI_MAX_INPUTS", OPENAI_UPSTREAM),
+    ("worker", "OPENAI_MAX_INPUT_TOKENS", OPENAI_UPSTREAM),
+    ("worker-local", "OPENAI_URL", OPENAI_UPSTREAM),
+    ("worker-local", "OPENAI_MODEL", OPENAI_UPSTREAM),
+    ("worker-local", "OPENAI_API_KEY", OPENAI_UPSTREAM),
+    ("worker-local", "OPENAI_MAX_INPUTS", OPENAI_UPSTREAM),
+    ("worker-local", "OPENAI_MAX_INPUT_TOKENS", OPENAI_UPSTREAM),
     ("*", "NATS_CREDS", NATS_PLAIN),
     ("*", "NATS_NKEY", NATS_PLAIN),
     ("*", "NATS_USER", NATS_PLAIN),
