@@ -51,7 +51,9 @@ def read(rel):
 # metrics
 # ------------------------------------------------------------------------------------------
 
-SOURCE_DIRS = ["gateway/src", "worker/src", "client/src", "runtime/src"]
+SOURCE_DIRS = ["gateway/src", "worker/src", "batcher/src", "client/src", "runtime/src"]
+# The worker re-exports the batcher's metric names and describes them: one namespace.
+SAME_NAMES = {"batcher": "worker"}
 
 
 def exported_metrics():
@@ -61,6 +63,7 @@ def exported_metrics():
     hist_re = re.compile(r'(?:describe_)?histogram!\(\s*(?:[a-z_]+::)*([A-Z_]+)')
     for d in SOURCE_DIRS:
         crate = d.split("/")[0]  # constants are resolved within their crate
+        crate = SAME_NAMES.get(crate, crate)
         for base, _, files in os.walk(os.path.join(ROOT, d)):
             for file in files:
                 if not file.endswith(".rs"):
