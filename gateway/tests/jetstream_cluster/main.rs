@@ -175,11 +175,12 @@ async fn rejoined(fleet: &Fleet, i: usize) -> bool {
 /// 3 replicas: a leader and two others, all current.
 async fn assert_three_replicas(fleet: &Fleet) {
     for stream in streams() {
-        let what = format!("{stream} created with a leader");
+        // A new stream reports its leader before its followers: wait for both.
+        let what = format!("{stream} created with a leader and two replicas");
         eventually(Duration::from_secs(20), &what, || async {
             cluster_of(&fleet.js, &stream)
                 .await
-                .is_some_and(|c| c.leader.is_some())
+                .is_some_and(|c| c.leader.is_some() && c.replicas.len() == 2)
         })
         .await;
         let info = cluster_of(&fleet.js, &stream)
