@@ -30,6 +30,9 @@ pub struct ClassifyRoutes {
     pub capabilities: Capabilities,
     /// The model's name, for the errors.
     pub model: String,
+    /// Whether `/similarity` embeds with `normalize: true` rather than TEI's `false` (see
+    /// [`ClassifyRoutes::normalizing_similarity`]).
+    pub normalize_similarity: bool,
 }
 
 impl Default for ClassifyRoutes {
@@ -41,6 +44,7 @@ impl Default for ClassifyRoutes {
             similarity: Vec::new(),
             capabilities: Capabilities::ALL,
             model: String::new(),
+            normalize_similarity: false,
         }
     }
 }
@@ -56,7 +60,18 @@ impl ClassifyRoutes {
             similarity: each(similarity::similarity_subject),
             capabilities: Capabilities::from_info(info),
             model: model.to_owned(),
+            normalize_similarity: false,
         }
+    }
+
+    /// These routes with `/similarity` embedding its sentences normalized when `normalize`
+    /// (an upstream without unnormalized vectors, `Upstream::unnormalized`: an OpenAI-compatible
+    /// server refuses TEI's `normalize: false`). The cosines are the same either way,
+    /// a·b / (|a||b|), up to f32 rounding; TEI's `/similarity` embeds with `normalize: false`,
+    /// which stays the default so a TEI upstream sees TEI's own calls.
+    pub fn normalizing_similarity(mut self, normalize: bool) -> Self {
+        self.normalize_similarity = normalize;
+        self
     }
 
     /// Every subject of these routes, for the queue group.
@@ -108,7 +123,8 @@ impl ClassifyRoutes {
                     .and_then(|()| {
                         let request = SimilarityRequest::from_slice(payload)?;
                         request.validate(max_inputs)?;
-                        let (inputs, options) = request.into_parts();
+                        let (inputs, mut options) = request.into_parts();
+                        options.normalize |= self.normalize_similarity;
                         Ok((inputs, options, Shape::Similarity))
                     }),
             );
@@ -169,6 +185,16 @@ mod tests {
             .expect("route")
             .expect("ok");
         assert_eq!(inputs.len(), 2);
+        // TEI's `normalize: false`, unless the upstream has only unit vectors.
+        for (normalizing, normalize) in [(false, false), (true, true)] {
+            let (_, options, _) = dense
+                .clone()
+                .normalizing_similarity(normalizing)
+                .parse("embed.m.similarity", sim, 8)
+                .expect("route")
+                .expect("ok");
+            assert_eq!(options.normalize, normalize, "normalizing: {normalizing}");
+        }
         for (routes, subject, body, message) in [
             (
                 &dense,

@@ -70,6 +70,16 @@ pub trait Upstream: Backend {
         async { crate::tokens::Counter::inputs() }
     }
 
+    /// Whether the upstream can answer unnormalized vectors (`normalize: false`). TEI and the
+    /// built-in model can; an OpenAI-compatible server cannot (the API has no such field), so
+    /// `/similarity`, whose cosines are the same for unit vectors, asks it for normalized ones
+    /// (see `crate::intake::ClassifyRoutes::normalizing_similarity`).
+    ///
+    /// The default, for upstreams in this process (test doubles), is `true`.
+    fn unnormalized(&self) -> bool {
+        true
+    }
+
     /// What serves TEI's pass-through routes (`/tokenize`, `/decode`, see [`route`]) for this
     /// upstream. The default, for upstreams without them (test doubles), is `None`: the worker
     /// answers those routes 424 naming the route.
@@ -160,6 +170,14 @@ impl Upstream for AnyUpstream {
         match *self {
             AnyUpstream::OpenAi(_) => None,
             _ => Some(self),
+        }
+    }
+
+    fn unnormalized(&self) -> bool {
+        match self {
+            AnyUpstream::Tei(u) => u.unnormalized(),
+            AnyUpstream::Local(u) => u.unnormalized(),
+            AnyUpstream::OpenAi(u) => u.unnormalized(),
         }
     }
 

@@ -362,6 +362,11 @@ fn error_message(body: &[u8]) -> String {
 }
 
 impl Upstream for OpenAiUpstream {
+    /// `false`: the API has no `normalize` field, and the servers normalize (see [`refusal`]).
+    fn unnormalized(&self) -> bool {
+        false
+    }
+
     /// A TEI-shaped `/info` made of the configuration: `model_id` `OPENAI_MODEL`, an embedding
     /// model (`model_type` `{"embedding": {"pooling": null}}`: the pooling is the server's),
     /// `max_input_length` `OPENAI_MAX_INPUT_TOKENS` (`null` when unset),
