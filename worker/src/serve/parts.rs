@@ -108,7 +108,8 @@ fn routes<U: Upstream>(
         intake::RerankConfig::new(subjects, model, info),
         intake::SparseConfig::new(subjects, model, info),
         intake::TokenRoutes::new(subjects, Arc::clone(upstream).route_caller()),
-        intake::ClassifyRoutes::new(subjects, model, info),
+        intake::ClassifyRoutes::new(subjects, model, info)
+            .normalizing_similarity(!upstream.unnormalized()),
     )
 }
 
