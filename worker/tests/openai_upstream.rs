@@ -11,6 +11,7 @@ use common::plain::request_on;
 use embatch_client::EmbedClient;
 use embatch_protocol::embed_all::embed_all_subject;
 use embatch_protocol::rerank::rerank_subject;
+use embatch_protocol::similarity::similarity_subject;
 use embatch_protocol::{DEFAULT_SUBJECT, Input, tokenize};
 use embatch_testkit::{
     Faults, NatsServer, POISON, RunningWorker, TeiConfig, TeiDouble, double_vector, embedding_of,
@@ -225,6 +226,57 @@ async fn what_the_api_cannot_do_is_refused_naming_it() {
         stack.double.calls().is_empty(),
         "no call for what was refused"
     );
+    stack.worker.stop().await;
+}
+
+/// The cosine similarity of `a` and `b`, computed here in f64.
+fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    let dot: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| f64::from(*x) * f64::from(*y))
+        .sum();
+    let norm = |v: &[f32]| v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+    (dot / (norm(a) * norm(b))) as f32
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn similarity_asks_for_unit_vectors_and_answers_their_cosines() {
+    let stack = start().await;
+    let client = async_nats::connect(stack.nats.url())
+        .await
+        .expect("client connects");
+    let sentences = ["a close sentence", "another one", "the source"];
+    let body = serde_json::json!({
+        "inputs": {"source_sentence": "the source", "sentences": sentences}
+    });
+    let subject = similarity_subject(DEFAULT_SUBJECT);
+    let reply = request_on(&client, subject, Bytes::from(body.to_string()), &[]).await;
+    assert_eq!(
+        reply.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&reply.payload)
+    );
+    let got: Vec<f32> = serde_json::from_value(reply.json()).expect("a float per sentence");
+    let source = double_vector("the source");
+    let want: Vec<f32> = sentences
+        .iter()
+        .map(|s| cosine(&source, &double_vector(s)))
+        .collect();
+    assert_eq!(got.len(), want.len());
+    for (got, want) in got.iter().zip(&want) {
+        assert!((got - want).abs() < 1e-6, "{got} against {want}");
+    }
+    assert!(
+        (got[2] - 1.0).abs() < 1e-6 && got[0].abs() < 0.9,
+        "the source is itself, the others not: {got:?}"
+    );
+    // The source and the sentences in one call, which the server answered (not refused for
+    // TEI's `normalize: false`).
+    let calls = stack.double.calls();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(calls[0].status, 200, "{calls:?}");
     stack.worker.stop().await;
 }
 
