@@ -8,6 +8,7 @@
 
 mod body;
 mod classify;
+mod http;
 pub mod local;
 mod local_route;
 pub mod openai;

@@ -19,7 +19,8 @@ use embatch_protocol::{EmbedError, EmbedOptions, Input, Task, TruncationDirectio
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use super::tei::{TOKENIZER_LOOKUP_TIMEOUT, transport_error};
+use super::http;
+use super::tei::TOKENIZER_LOOKUP_TIMEOUT;
 use super::{Backend, Embedding, Upstream, UpstreamError};
 
 /// Default of `OPENAI_MAX_INPUTS`: 2,048 inputs per call, OpenAI's own limit on
@@ -74,23 +75,12 @@ impl OpenAiUpstream {
     /// client cannot be built.
     pub fn new(config: &OpenAiConfig) -> Result<OpenAiUpstream, EmbedError> {
         let base = config.base_url.trim_end_matches('/');
-        let mut headers = reqwest::header::HeaderMap::new();
-        if let Some(key) = &config.api_key {
-            let bearer = format!("Bearer {}", key.expose());
-            let mut value = reqwest::header::HeaderValue::from_str(&bearer).map_err(|_| {
-                EmbedError::Unavailable("OPENAI_API_KEY is not a valid header value".into())
-            })?;
-            value.set_sensitive(true);
-            headers.insert(reqwest::header::AUTHORIZATION, value);
-        }
-        let client = reqwest::Client::builder()
-            .default_headers(headers)
-            .timeout(config.timeout)
-            .connect_timeout(Duration::from_secs(2).min(config.timeout))
-            .pool_max_idle_per_host(64)
-            .tcp_nodelay(true)
-            .build()
-            .map_err(|e| EmbedError::Unavailable(format!("cannot build HTTP client: {e}")))?;
+        let client = http::client(
+            reqwest::Client::builder(),
+            config.api_key.as_ref(),
+            "OPENAI_API_KEY",
+            config.timeout,
+        )?;
         Ok(OpenAiUpstream {
             client,
             embeddings_url: format!("{base}/embeddings"),
@@ -234,26 +224,8 @@ impl OpenAiUpstream {
         };
         let body = serde_json::to_vec(&request)
             .map_err(|e| UpstreamError::Malformed(format!("cannot encode the request: {e}")))?;
-        let mut post = self
-            .client
-            .post(&self.embeddings_url)
-            .header(reqwest::header::CONTENT_TYPE, "application/json");
-        if let Some(trace) = crate::trace::upstream_context() {
-            post = post.header(embatch_protocol::headers::TRACEPARENT, trace.traceparent());
-            if let Some(state) = trace.tracestate() {
-                post = post.header(embatch_protocol::headers::TRACESTATE, state);
-            }
-        }
-        let response = post
-            .body(body)
-            .send()
-            .await
-            .map_err(|e| transport_error(e, self.timeout))?;
-        let status = response.status();
-        let body = response
-            .bytes()
-            .await
-            .map_err(|e| transport_error(e, self.timeout))?;
+        let post = http::post_json(&self.client, &self.embeddings_url);
+        let (status, body) = http::answer(post.body(body).send().await, self.timeout).await?;
         if !status.is_success() {
             return Err(status_error(status.as_u16(), &body));
         }
@@ -396,22 +368,7 @@ impl Upstream for OpenAiUpstream {
     /// `crate::membership::PROBE_TIMEOUT` (less when `UPSTREAM_TIMEOUT` is shorter).
     async fn health(&self) -> Result<(), UpstreamError> {
         let timeout = crate::membership::PROBE_TIMEOUT.min(self.timeout);
-        let response = self
-            .client
-            .get(&self.models_url)
-            .timeout(timeout)
-            .send()
-            .await
-            .map_err(|e| transport_error(e, timeout))?;
-        let status = response.status();
-        if status.is_success() {
-            return Ok(());
-        }
-        let body = response.bytes().await.unwrap_or_default();
-        Err(UpstreamError::Http {
-            status: status.as_u16(),
-            body: error_message(&body),
-        })
+        http::probe(&self.client, &self.models_url, timeout, error_message).await
     }
 
     /// With `OPENAI_MAX_INPUT_TOKENS`, the tokenizer `lookup` finds for `OPENAI_MODEL` (a

@@ -9,7 +9,8 @@ use std::pin::Pin;
 use bytes::Bytes;
 
 use super::UpstreamError;
-use super::tei::{TeiUpstream, status_error, transport_error};
+use super::http;
+use super::tei::{TeiUpstream, status_error};
 
 /// One pass-through call's future.
 pub type RouteCall<'a> = Pin<Box<dyn Future<Output = Result<Bytes, UpstreamError>> + Send + 'a>>;
@@ -37,26 +38,9 @@ impl TeiUpstream {
         route: &str,
         body: Bytes,
     ) -> Result<Bytes, UpstreamError> {
-        let mut post = self
-            .client
-            .post(format!("{}/{route}", self.base_url))
-            .header(reqwest::header::CONTENT_TYPE, "application/json");
-        if let Some(trace) = crate::trace::upstream_context() {
-            post = post.header(embatch_protocol::headers::TRACEPARENT, trace.traceparent());
-            if let Some(state) = trace.tracestate() {
-                post = post.header(embatch_protocol::headers::TRACESTATE, state);
-            }
-        }
-        let response = post
-            .body(body)
-            .send()
-            .await
-            .map_err(|e| transport_error(e, self.timeout))?;
-        let status = response.status();
-        let reply = response
-            .bytes()
-            .await
-            .map_err(|e| transport_error(e, self.timeout))?;
+        let url = format!("{}/{route}", self.base_url);
+        let sent = http::post_json(&self.client, &url).body(body).send().await;
+        let (status, reply) = http::answer(sent, self.timeout).await?;
         if !status.is_success() {
             return Err(status_error(status.as_u16(), &reply));
         }

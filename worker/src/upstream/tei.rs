@@ -8,6 +8,7 @@ use embatch_protocol::{EmbedError, EmbedOptions, ErrorResponse, Input};
 use serde::Deserialize;
 
 use super::body::{self, TeiRequest};
+use super::http;
 use super::{Backend, Embedding, Upstream, UpstreamError};
 
 /// A pooled HTTP client for one TEI server.
@@ -65,16 +66,6 @@ impl TeiUpstream {
     /// "ready" and failing every request.
     pub async fn connect(config: &TeiConfig) -> Result<TeiUpstream, EmbedError> {
         let base = config.base_url.trim_end_matches('/');
-        let mut headers = reqwest::header::HeaderMap::new();
-        if let Some(key) = &config.api_key {
-            let mut value =
-                reqwest::header::HeaderValue::from_str(&format!("Bearer {}", key.expose()))
-                    .map_err(|_| {
-                        EmbedError::Unavailable("TEI_API_KEY is not a valid header value".into())
-                    })?;
-            value.set_sensitive(true);
-            headers.insert(reqwest::header::AUTHORIZATION, value);
-        }
         let timeout = config.timeout;
         let fallback_max_batch_size = config.fallback_max_batch_size;
         let mut builder = reqwest::Client::builder();
@@ -89,14 +80,7 @@ impl TeiUpstream {
                 builder = builder.add_root_certificate(certificate);
             }
         }
-        let client = builder
-            .default_headers(headers)
-            .timeout(timeout)
-            .connect_timeout(Duration::from_secs(2).min(timeout))
-            .pool_max_idle_per_host(64)
-            .tcp_nodelay(true)
-            .build()
-            .map_err(|e| EmbedError::Unavailable(format!("cannot build HTTP client: {e}")))?;
+        let client = http::client(builder, config.api_key.as_ref(), "TEI_API_KEY", timeout)?;
         let info_url = format!("{base}/info");
         let health_url = format!("{base}/health");
         let info = tokio::sync::OnceCell::new();
@@ -146,16 +130,7 @@ async fn read_info(
     url: &str,
     timeout: Duration,
 ) -> Result<serde_json::Value, UpstreamError> {
-    let response = client
-        .get(url)
-        .send()
-        .await
-        .map_err(|e| transport_error(e, timeout))?;
-    let status = response.status();
-    let body = response
-        .bytes()
-        .await
-        .map_err(|e| transport_error(e, timeout))?;
+    let (status, body) = http::answer(client.get(url).send().await, timeout).await?;
     if !status.is_success() {
         return Err(UpstreamError::Http {
             status: status.as_u16(),
@@ -187,17 +162,7 @@ impl Backend for TeiUpstream {
         // copied whole into a buffer that lives as long as the call.
         let request = TeiRequest { inputs, options };
         let (body, writer) = body::body(&request);
-        let mut post = self
-            .client
-            .post(&self.embed_url)
-            .header(reqwest::header::CONTENT_TYPE, "application/json");
-        if let Some(trace) = crate::trace::upstream_context() {
-            // TEI continues the trace (its own spans, when it exports them).
-            post = post.header(embatch_protocol::headers::TRACEPARENT, trace.traceparent());
-            if let Some(state) = trace.tracestate() {
-                post = post.header(embatch_protocol::headers::TRACESTATE, state);
-            }
-        }
+        let post = http::post_json(&self.client, &self.embed_url);
         let send = post.body(reqwest::Body::wrap(body)).send();
         let write = writer.write(&request);
         tokio::pin!(send, write);
@@ -209,22 +174,10 @@ impl Backend for TeiUpstream {
                 response = &mut send => break response,
                 () = &mut write, if writing => writing = false,
             }
-        }
-        .map_err(|e| transport_error(e, self.timeout))?;
-        let status = response.status();
-        let body = response
-            .bytes()
-            .await
-            .map_err(|e| transport_error(e, self.timeout))?;
+        };
+        let (status, body) = http::answer(response, self.timeout).await?;
         if !status.is_success() {
-            let status = status.as_u16();
-            return Err(match serde_json::from_slice::<ErrorResponse>(&body) {
-                Ok(response) => UpstreamError::Status { status, response },
-                Err(_) => UpstreamError::Http {
-                    status,
-                    body: String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned(),
-                },
-            });
+            return Err(status_error(status.as_u16(), &body));
         }
         let embeddings = Embedding::split_reply(&body)?;
         if embeddings.len() != n {
@@ -316,22 +269,8 @@ impl Upstream for TeiUpstream {
     /// shorter).
     async fn health(&self) -> Result<(), UpstreamError> {
         let timeout = crate::membership::PROBE_TIMEOUT.min(self.timeout);
-        let response = self
-            .client
-            .get(&self.health_url)
-            .timeout(timeout)
-            .send()
-            .await
-            .map_err(|e| transport_error(e, timeout))?;
-        let status = response.status();
-        if status.is_success() {
-            return Ok(());
-        }
-        let body = response.text().await.unwrap_or_default();
-        Err(UpstreamError::Http {
-            status: status.as_u16(),
-            body: body.chars().take(512).collect(),
-        })
+        let text = |body: &[u8]| String::from_utf8_lossy(body).chars().take(512).collect();
+        http::probe(&self.client, &self.health_url, timeout, text).await
     }
 }
 
@@ -345,35 +284,4 @@ pub(super) fn status_error(status: u16, body: &[u8]) -> UpstreamError {
             body: String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned(),
         },
     }
-}
-
-/// Connection refused / DNS, or a connection that broke during the call (the upstream died
-/// mid-call) → unreachable (503: not the inputs' fault, so a client resends to another worker);
-/// timeouts → 424.
-pub(super) fn transport_error(err: reqwest::Error, timeout: Duration) -> UpstreamError {
-    if let Some(reason) = tls_failure(&err) {
-        UpstreamError::Tls(reason)
-    } else if err.is_timeout() {
-        UpstreamError::Timeout(timeout)
-    } else {
-        UpstreamError::Unreachable(format!("upstream call failed: {err}"))
-    }
-}
-
-/// The TLS failure in `err`'s chain of causes, if any. rustls reports it inside (nested) I/O
-/// errors, whose `source()` skips the error they wrap, so those are opened with `get_ref()`.
-fn tls_failure(err: &(dyn std::error::Error + 'static)) -> Option<String> {
-    let mut cause = Some(err);
-    while let Some(current) = cause {
-        if let Some(tls) = current.downcast_ref::<rustls::Error>() {
-            return Some(tls.to_string());
-        }
-        cause = match current.downcast_ref::<std::io::Error>() {
-            Some(io) => io
-                .get_ref()
-                .map(|inner| inner as &(dyn std::error::Error + 'static)),
-            None => current.source(),
-        };
-    }
-    None
 }
