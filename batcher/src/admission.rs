@@ -14,7 +14,7 @@ use tokio::time::Instant;
 mod delay;
 
 pub(super) use delay::steer_bound;
-pub use delay::{AUTO_CALLS, AUTO_FLOOR, AUTO_FLOOR_INPUTS, QueueDelay, QueueDelayError};
+pub use delay::{AUTO_CALLS, AUTO_FLOOR, AUTO_FLOOR_REQUESTS, QueueDelay, QueueDelayError};
 
 use super::fair::Ahead;
 use super::fastest::Fastest;
@@ -264,6 +264,8 @@ pub(super) struct Ledger {
     pub held_inputs: usize,
     /// Bytes of input text accepted and not yet answered.
     pub held_bytes: usize,
+    /// Requests accepted and not yet answered ([`AUTO_FLOOR_REQUESTS`]).
+    pub held_requests: usize,
     /// Inputs accepted and not yet sent upstream.
     pub queued_inputs: usize,
     /// Their tokens.
@@ -393,6 +395,7 @@ impl Ledger {
         }
         self.held_inputs += ask.inputs;
         self.held_bytes += ask.bytes;
+        self.held_requests += 1;
         self.queued_inputs += ask.inputs;
         self.queued_tokens += ask.tokens;
         if excused {
@@ -632,7 +635,7 @@ impl Ledger {
             finish: start.saturating_add(call.saturating_mul(own_rounds)),
             budget,
             allowed: budget.mul_f64(ADMISSION_HEADROOM),
-            bound: delay::shed_bound(limits, call, self.queued_inputs),
+            bound: delay::shed_bound(limits, call, self.held_requests),
             // A request that needs several upstream calls waits longer than the bound for its
             // own work alone: its deadline, QUEUE_CAP and MAX_QUEUE_BYTES bound it instead.
             bulk: own_batches > 1,
@@ -678,7 +681,7 @@ impl Ledger {
         };
         let over_delay = self
             .start_wait(limits, call)
-            .saturating_sub(delay::shed_bound(limits, call, self.queued_inputs));
+            .saturating_sub(delay::shed_bound(limits, call, self.held_requests));
         let over_cap = (self.held_inputs + 1).saturating_sub(limits.queue_cap);
         let over_cap = if over_cap > 0 {
             self.drain_time(limits, over_cap, Some(call))
@@ -714,8 +717,10 @@ impl Ledger {
         last.is_none_or(|at| now.saturating_duration_since(at) >= call)
     }
 
-    /// Releases an answered request's share of `QUEUE_CAP` and `MAX_QUEUE_BYTES`.
+    /// Releases an answered request's share of `QUEUE_CAP` and `MAX_QUEUE_BYTES`, and the
+    /// request itself from the held count.
     pub fn release(&mut self, inputs: usize, bytes: usize) {
+        self.held_requests = self.held_requests.saturating_sub(1);
         self.held_inputs = self.held_inputs.saturating_sub(inputs);
         self.held_bytes = self.held_bytes.saturating_sub(bytes);
     }

@@ -68,15 +68,15 @@
 //!   deadline, `queue_cap` and `max_queue_bytes` bound it (a closed-loop indexing client with
 //!   8 requests of 512 inputs in flight is served, not shed).
 //! - `max_queue_delay` defaults to `auto`: 2 × the measured call time + `max_wait`, but at
-//!   least [`AUTO_FLOOR`] (500 ms) while fewer than [`AUTO_FLOOR_INPUTS`] (512) are queued. A
-//!   queue longer than what keeps the upstream busy adds latency, never throughput: with every
+//!   least [`AUTO_FLOOR`] (500 ms) while fewer than [`AUTO_FLOOR_REQUESTS`] (512) requests are
+//!   held (accepted and not answered, as TEI counts `--max-concurrent-requests`). A queue longer than what keeps the upstream busy adds latency, never throughput: with every
 //!   slot busy, the next batch of each slot must be ready when it frees, which is one call time
 //!   of queued work; 2 calls allow as much again as slack for bursts and for the estimate's
 //!   error (it assumes full batches), plus the `max_wait` a forming batch may spend. Beyond that
 //!   a worker steers new work to peers with room (membership); it sheds there only once the
-//!   queue is also long in inputs or in time: in front of a fast upstream, a closed loop of a
+//!   queue is also long in requests or in time: in front of a fast upstream, a closed loop of a
 //!   few hundred callers keeps a standing queue of many calls with no overload, and a 429 only
-//!   makes them resend, while an open loop over capacity fills 512 inputs within a second
+//!   makes them resend, while an open loop over capacity holds 512 requests within a second
 //!   (docs/design/queue-delay-floor.md). For a request that fits one call, a client's deadline
 //!   can only tighten the bound.
 //! - The call-time estimate is a moving average that leans to fresh news: a sample's weight
@@ -138,7 +138,7 @@ mod tests;
 mod traces;
 mod unique;
 
-pub use admission::{AUTO_CALLS, AUTO_FLOOR, AUTO_FLOOR_INPUTS, QueueDelay, QueueDelayError};
+pub use admission::{AUTO_CALLS, AUTO_FLOOR, AUTO_FLOOR_REQUESTS, QueueDelay, QueueDelayError};
 pub use backend::{Backend, UpstreamError};
 pub use bulk::{BulkGate, BulkOutcome};
 pub use embedding::{Embedding, ShapeError};

@@ -163,7 +163,7 @@ pub struct Config {
     /// needs several calls (more inputs than MAX_BATCH_SIZE) is bounded by its deadline,
     /// QUEUE_CAP and MAX_QUEUE_BYTES instead. `auto`: 2 x the measured upstream call time +
     /// MAX_WAIT_TIME (the queue that keeps the upstream busy, plus as much slack), but at least
-    /// 500 ms while fewer than 512 inputs are queued; or a duration (e.g. 200ms).
+    /// 500 ms while fewer than 512 requests are held; or a duration (e.g. 200ms).
     #[arg(long, env = "MAX_QUEUE_DELAY", default_value = "auto")]
     pub max_queue_delay: QueueDelay,
 

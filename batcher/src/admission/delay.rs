@@ -27,19 +27,21 @@ pub enum QueueDelay {
 /// member has room), but sheds only beyond [`AUTO_FLOOR`].
 pub const AUTO_CALLS: u32 = 2;
 
-/// Queue wait [`QueueDelay::Auto`] admits while fewer than [`AUTO_FLOOR_INPUTS`] inputs are
-/// queued: 500 ms. A closed loop of a few hundred callers in front of a fast upstream keeps a
+/// Queue wait [`QueueDelay::Auto`] admits while fewer than [`AUTO_FLOOR_REQUESTS`] requests are
+/// held: 500 ms. A closed loop of a few hundred callers in front of a fast upstream keeps a
 /// standing queue of many calls without any overload, and a 429 only makes each caller resend
-/// (or fail, if it does not retry); such a queue is short in time and in inputs.
+/// (or fail, if it does not retry); such a queue is short in time and in requests.
 pub const AUTO_FLOOR: Duration = Duration::from_millis(500);
 
-/// Queued inputs from which [`QueueDelay::Auto`] is back to its call-time bound: 512, as many as
-/// the concurrent requests TEI admits by default (`--max-concurrent-requests`). No closed loop
-/// of up to 511 single-input callers (or 15 callers of 32 inputs) reaches it, while an open loop
-/// over capacity does within a second, and its successes then wait about the call-time bound,
-/// not [`AUTO_FLOOR`] (a client with its own timeout of 1-2 s and no deadline header keeps its
-/// goodput).
-pub const AUTO_FLOOR_INPUTS: usize = 512;
+/// Requests held (accepted and not yet answered) from which [`QueueDelay::Auto`] is back to its
+/// call-time bound: 512, TEI's `--max-concurrent-requests` default, which counts requests too. A
+/// closed loop holds at most one request per caller whatever their size, so no closed loop of up
+/// to 511 callers reaches it (64 callers of 20 inputs included), while an open loop over
+/// capacity does within a second, and its successes then wait about the call-time bound, not
+/// [`AUTO_FLOOR`] (a client with its own timeout of 1-2 s and no deadline header keeps its
+/// goodput). Counted in inputs, this bound shed closed loops of multi-input requests
+/// (docs/design/queue-delay-floor.md).
+pub const AUTO_FLOOR_REQUESTS: usize = 512;
 
 /// `MAX_QUEUE_DELAY` is neither `auto` nor a duration.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -80,14 +82,14 @@ pub(crate) fn steer_bound(limits: &Limits, call: Duration) -> Duration {
     }
 }
 
-/// `MAX_QUEUE_DELAY` in effect with the upstream call time `call` and `queued` inputs in the
-/// queue: the expected queue wait beyond which admission answers 429. For `auto`,
-/// [`steer_bound`], but at least [`AUTO_FLOOR`] while fewer than [`AUTO_FLOOR_INPUTS`] are
-/// queued.
-pub(crate) fn shed_bound(limits: &Limits, call: Duration, queued: usize) -> Duration {
+/// `MAX_QUEUE_DELAY` in effect with the upstream call time `call` and `held` requests accepted
+/// and not yet answered: the expected queue wait beyond which admission answers 429. For
+/// `auto`, [`steer_bound`], but at least [`AUTO_FLOOR`] while fewer than
+/// [`AUTO_FLOOR_REQUESTS`] are held.
+pub(crate) fn shed_bound(limits: &Limits, call: Duration, held: usize) -> Duration {
     match limits.max_queue_delay {
         QueueDelay::Fixed(bound) => bound,
-        QueueDelay::Auto if queued < AUTO_FLOOR_INPUTS => steer_bound(limits, call).max(AUTO_FLOOR),
+        QueueDelay::Auto if held < AUTO_FLOOR_REQUESTS => steer_bound(limits, call).max(AUTO_FLOOR),
         QueueDelay::Auto => steer_bound(limits, call),
     }
 }
@@ -97,7 +99,7 @@ pub(crate) fn describe(limits: &Limits, call: Duration) -> String {
     match limits.max_queue_delay {
         QueueDelay::Auto => format!(
             "auto: {AUTO_CALLS} x the {} ms upstream call + MAX_WAIT_TIME, at least {} ms while \
-             fewer than {AUTO_FLOOR_INPUTS} inputs are queued",
+             fewer than {AUTO_FLOOR_REQUESTS} requests are held",
             call.as_millis(),
             AUTO_FLOOR.as_millis()
         ),

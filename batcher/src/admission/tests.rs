@@ -227,7 +227,7 @@ fn auto_sheds_no_queue_shorter_than_its_floor() {
 }
 
 #[test]
-fn auto_is_back_to_its_call_time_bound_once_the_queue_is_long_in_inputs() {
+fn auto_is_back_to_its_call_time_bound_once_many_requests_are_held() {
     // 64 inputs per call, 2 slots, 8 ms calls: the call-time bound is 2 x 8 + 5 = 21 ms.
     let limits = Limits {
         batch_limit: 64,
@@ -239,18 +239,47 @@ fn auto_is_back_to_its_call_time_bound_once_the_queue_is_long_in_inputs() {
     let now = after_calls(&mut ledger, Instant::now(), 3, ms(8));
     let far = now + Duration::from_secs(30);
     ledger.in_flight = 2;
-    // 511 inputs = 8 batches ahead: 36 ms, over 21 ms but a short queue: admitted.
-    ledger.queued_inputs = AUTO_FLOOR_INPUTS - 1;
+    // 511 requests of one input = 8 batches ahead: 36 ms, over 21 ms but few requests: admitted.
+    ledger.queued_inputs = AUTO_FLOOR_REQUESTS - 1;
+    ledger.held_requests = AUTO_FLOOR_REQUESTS - 1;
     ledger
         .admit(&limits, ask(1, far), now)
         .expect("under AUTO_FLOOR");
-    // 512 inputs (the admitted one included): the same wait, shed (an open loop over
+    // 512 requests held (the admitted one included): the same wait, shed (an open loop over
     // capacity fills the queue; its successes keep the call-time latency).
-    assert_eq!(ledger.queued_inputs, AUTO_FLOOR_INPUTS);
+    assert_eq!(ledger.held_requests, AUTO_FLOOR_REQUESTS);
     let err = ledger
         .admit(&limits, ask(1, far), now)
-        .expect_err("a long queue");
+        .expect_err("many requests");
     assert_shed(&err, ShedReason::QueueDelay, "MAX_QUEUE_DELAY = 21 ms");
+    // Answering one brings it back under the count.
+    ledger.release(1, 10);
+    ledger
+        .admit(&limits, ask(1, far), now)
+        .expect("511 held again");
+}
+
+#[test]
+fn a_closed_loop_of_multi_input_requests_is_held_to_the_floor_not_shed() {
+    // 64 callers of 20 inputs in front of 32-input calls of 5.6 ms, one at a time: 1,260 inputs
+    // queued (40 calls, 225 ms) is a closed loop's standing queue, not overload. Counted in
+    // inputs it was over 512 and shed at 2 calls + MAX_WAIT_TIME (16 ms).
+    let limits = Limits {
+        batch_limit: 32,
+        slots: 1,
+        queue_cap: 10_000,
+        ..limits()
+    };
+    let mut ledger = Ledger::default();
+    let now = after_calls(&mut ledger, Instant::now(), 3, Duration::from_micros(5_640));
+    let far = now + Duration::from_secs(30);
+    ledger.in_flight = 1;
+    ledger.queued_inputs = 63 * 20;
+    ledger.queued_tokens = 63 * 20;
+    ledger.held_requests = 63;
+    ledger
+        .admit(&limits, ask(20, far), now)
+        .expect("63 requests held, 0.23 s < 500 ms");
 }
 
 #[test]
