@@ -12,6 +12,7 @@ mod http;
 pub mod local;
 mod local_route;
 pub mod openai;
+mod openai_reply;
 mod rerank;
 pub mod route;
 mod sparse;

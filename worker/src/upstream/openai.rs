@@ -7,19 +7,19 @@
 //!
 //! One batch is one call, `{"model", "input": [...], "encoding_format": "float"}` plus
 //! `dimensions` when the requests ask for it; each `data[i].embedding` of the reply is kept as
-//! the JSON text the server wrote (its floats are not decoded) and put in `index` order. TEI's
+//! the JSON text the server wrote (its floats are not decoded, the reply is cut byte-wise:
+//! [`super::openai_reply`]) and put in `index` order. TEI's
 //! options the API has no field for are refused with 422 naming the option unless they ask for
 //! what the server does anyway ([`refusal`]). See docs/design/upstreams.md.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use bytes::Bytes;
 use embatch_protocol::{EmbedError, EmbedOptions, Input, Task, TruncationDirection};
-use serde::{Deserialize, Serialize};
-use serde_json::value::RawValue;
+use serde::Serialize;
 
 use super::http;
+use super::openai_reply::split_reply;
 use super::tei::TOKENIZER_LOOKUP_TIMEOUT;
 use super::{Backend, Embedding, Upstream, UpstreamError};
 
@@ -104,21 +104,6 @@ struct Request<'a> {
     encoding_format: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     dimensions: Option<usize>,
-}
-
-/// The part of OpenAI's reply the worker reads: `data[i].index` and `data[i].embedding`, the
-/// embedding borrowed from the reply body as written.
-#[derive(Deserialize)]
-struct Reply<'a> {
-    #[serde(borrow)]
-    data: Vec<Datum<'a>>,
-}
-
-#[derive(Deserialize)]
-struct Datum<'a> {
-    index: usize,
-    #[serde(borrow)]
-    embedding: &'a RawValue,
 }
 
 /// Why the API cannot honour `options`, naming the option; `None` when it can. The API has a
@@ -231,60 +216,6 @@ impl OpenAiUpstream {
         }
         split_reply(&body, inputs.len())
     }
-}
-
-/// The embeddings of an OpenAI reply `body` to a call of `sent` inputs, in `index` order, each
-/// a slice of `body` as the server wrote it (its floats are not decoded: the reply is parsed
-/// with each embedding as a [`RawValue`], checked to be an array of numbers).
-///
-/// # Errors
-/// [`UpstreamError::Malformed`] for a reply that is not OpenAI's shape, an embedding that is
-/// not an array of numbers (a base64 string, say) or an `index` out of range or repeated;
-/// [`UpstreamError::CountMismatch`] for another number of embeddings than `sent`.
-fn split_reply(body: &Bytes, sent: usize) -> Result<Vec<Embedding>, UpstreamError> {
-    let reply: Reply<'_> = serde_json::from_slice(body)
-        .map_err(|e| UpstreamError::Malformed(format!("not an OpenAI embeddings reply: {e}")))?;
-    if reply.data.len() != sent {
-        return Err(UpstreamError::CountMismatch {
-            sent,
-            got: reply.data.len(),
-        });
-    }
-    let mut ordered: Vec<Option<Embedding>> = vec![None; sent];
-    for datum in reply.data {
-        let text = datum.embedding.get();
-        // Valid JSON (the parser checked it) that opens an array and holds no array, object,
-        // string or literal other than `null` is an array of numbers.
-        let numbers = text.starts_with('[')
-            && !text[1..]
-                .bytes()
-                .any(|b| matches!(b, b'[' | b'{' | b'"' | b't' | b'f'));
-        if !numbers {
-            return Err(UpstreamError::Malformed(format!(
-                "data[{}].embedding is not an array of numbers",
-                datum.index
-            )));
-        }
-        // The raw text lies inside `body` (borrowed, not copied): slice the body there.
-        let start = (text.as_ptr() as usize)
-            .checked_sub(body.as_ptr() as usize)
-            .filter(|start| start + text.len() <= body.len())
-            .ok_or_else(|| UpstreamError::Malformed("an embedding outside the reply".into()))?;
-        let slot = ordered.get_mut(datum.index).ok_or_else(|| {
-            UpstreamError::Malformed(format!("index {} of {sent} inputs", datum.index))
-        })?;
-        if slot
-            .replace(Embedding::from_json(body.slice(start..start + text.len())))
-            .is_some()
-        {
-            return Err(UpstreamError::Malformed(format!(
-                "index {} repeated",
-                datum.index
-            )));
-        }
-    }
-    // `sent` data with distinct indices below `sent` fill every slot.
-    Ok(ordered.into_iter().flatten().collect())
 }
 
 /// An error answer of the server by cause. 400, 413 and 422 blame an input (the batcher then

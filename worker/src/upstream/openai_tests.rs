@@ -1,4 +1,5 @@
 use super::*;
+use bytes::Bytes;
 
 fn texts(embeddings: &[Embedding]) -> Vec<String> {
     embeddings
@@ -74,6 +75,74 @@ fn replies_not_of_openais_shape_are_malformed() {
         split_reply(&one, 2).expect_err("one of two"),
         UpstreamError::CountMismatch { sent: 2, got: 1 }
     );
+}
+
+#[test]
+fn the_envelope_is_walked_not_parsed_but_its_shape_is_checked() {
+    // Whitespace anywhere, fields before and after, strings holding brackets, quotes and
+    // escapes, nested objects and arrays, `null` values and exponents are all taken.
+    let body = Bytes::from_static(
+        br#" { "model" : "m]\"}{[" , "extra": {"a": [1, {"b": "]"}], "c": null} ,
+            "data" : [ { "object" : "emb\\", "embedding" : [ 1.5e-3 , null ] , "index" : 1 } ,
+                       {"index":0,"x":[[],{}],"embedding":[]} ] ,
+            "usage":{"prompt_tokens":3,"total_tokens":3} }
+        "#,
+    );
+    let embeddings = split_reply(&body, 2).expect("OpenAI's shape");
+    assert_eq!(texts(&embeddings), ["[]", "[ 1.5e-3 , null ]"]);
+    for (body, what) in [
+        (r#"{"model":"m"}"#, "no `data`"),
+        (r#"{"data":[],"data":[]}"#, "`data` twice"),
+        (
+            r#"{"data":[{"index":0}]}"#,
+            "without `index` or `embedding`",
+        ),
+        (
+            r#"{"data":[{"index":0,"index":0,"embedding":[1]}]}"#,
+            "field twice",
+        ),
+        (r#"{"data":[{"index":-1,"embedding":[1]}]}"#, "non-negative"),
+        (
+            r#"{"data":[{"index":0.5,"embedding":[1]}]}"#,
+            "non-negative",
+        ),
+        (
+            r#"{"data":[{"index":"0","embedding":[1]}]}"#,
+            "non-negative",
+        ),
+        (r#"{"data":[{"embedding":[1}],"index":0}]}"#, "an embedding"),
+        (r#"{"data":[{"index":0,"embedding":[1]}]} x"#, "bytes after"),
+        (
+            r#"{"data":[{"index":0,"embedding":[1]}],"m":"open}"#,
+            "string",
+        ),
+        (
+            r#"{"data":[{"index":0,"embedding":[1]}],"u":{"a":[}]}"#,
+            "unbalanced",
+        ),
+        (
+            r#"{"data":[{"index":0,"embedding":[1]}],"u":{"a":[1]"#,
+            "truncated",
+        ),
+        (r#"{"data":[{"index":0,"embedding":[1]}],"u":}"#, "missing"),
+        (r#"{"data" [{"index":0,"embedding":[1]}]}"#, "expected `:`"),
+    ] {
+        let err = split_reply(&Bytes::from(body), 1).expect_err(body);
+        assert!(
+            matches!(&err, UpstreamError::Malformed(m) if m.contains(what)),
+            "{body}: {err}"
+        );
+    }
+}
+
+#[test]
+fn a_long_reply_cuts_as_serde_json_reads_it() {
+    let (_, openai, vectors) = replies_32x384();
+    let embeddings = split_reply(&openai, 32).expect("OpenAI's shape");
+    for (embedding, vector) in embeddings.iter().zip(&vectors) {
+        let read: Vec<f32> = serde_json::from_slice(embedding.json()).expect("numbers");
+        assert_eq!(&read, vector);
+    }
 }
 
 #[test]
@@ -159,5 +228,71 @@ fn the_request_body_is_openais() {
     assert_eq!(
         body(&[&ids, &ids], Some(8)),
         r#"{"model":"m","input":[[101,102],[101,102]],"encoding_format":"float","dimensions":8}"#
+    );
+}
+
+/// A reply of 32 distinct vectors of 384 floats, in TEI's shape (`serde_json`'s f32 digits)
+/// and in OpenAI's (as `serde_json::json!` writes them: f64 digits, reverse order), with the
+/// vectors.
+fn replies_32x384() -> (Bytes, Bytes, Vec<Vec<f32>>) {
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    };
+    let vectors: Vec<Vec<f32>> = (0..32)
+        .map(|_| (0..384).map(|_| next()).collect())
+        .collect();
+    let tei = Bytes::from(serde_json::to_vec(&vectors).expect("JSON"));
+    let data: Vec<serde_json::Value> = vectors
+        .iter()
+        .enumerate()
+        .rev()
+        .map(
+            |(index, v)| serde_json::json!({"object": "embedding", "index": index, "embedding": v}),
+        )
+        .collect();
+    let openai = serde_json::json!({
+        "object": "list", "data": data, "model": "m",
+        "usage": {"prompt_tokens": 320, "total_tokens": 320},
+    });
+    let openai = Bytes::from(serde_json::to_vec(&openai).expect("JSON"));
+    (tei, openai, vectors)
+}
+
+/// Times cutting a 32 × 384 reply in TEI's shape and in OpenAI's, printing µs per cut (best
+/// and median of 7 rounds of 500 cuts). Run by hand, in release:
+/// `cargo test --release -p embatch-worker --lib cut_timing -- --ignored --nocapture`.
+/// Asserts nothing about time (the figures are in docs/design/upstreams.md).
+#[test]
+#[ignore = "a timing harness, run by hand in release"]
+fn cut_timing() {
+    let (tei, openai, _) = replies_32x384();
+    let per_cut = |cut: &dyn Fn() -> usize| {
+        let mut rounds: Vec<f64> = (0..7)
+            .map(|_| {
+                let start = std::time::Instant::now();
+                for _ in 0..500 {
+                    assert_eq!(std::hint::black_box(cut()), 32);
+                }
+                start.elapsed().as_secs_f64() * 1e6 / 500.0
+            })
+            .collect();
+        rounds.sort_by(f64::total_cmp);
+        (rounds[0], rounds[3])
+    };
+    let tei_cut = || Embedding::split_reply(&tei).map_or(0, |v| v.len());
+    let openai_cut = || split_reply(&openai, 32).map_or(0, |v| v.len());
+    let (tei_best, tei_median) = per_cut(&tei_cut);
+    let (openai_best, openai_median) = per_cut(&openai_cut);
+    println!(
+        "TEI reply ({} bytes): best {tei_best:.1} µs, median {tei_median:.1} µs per cut",
+        tei.len()
+    );
+    println!(
+        "OpenAI reply ({} bytes): best {openai_best:.1} µs, median {openai_median:.1} µs per cut",
+        openai.len()
     );
 }
