@@ -690,27 +690,29 @@ def render_recovery(res: dict, targets: list) -> list[str]:
 
 
 def render_indexing(res: dict, targets: list) -> list[str]:
-    """The indexing client: goodput in inputs/s as a share of the full-batch ceiling, and 429s;
-    the target is >= 95% of the ceiling and no 429."""
+    """The indexing client, a row per vector size: goodput in inputs/s as a share of the
+    full-batch ceiling, and 429s; the target is >= 95% of the ceiling and no 429 for each."""
     s = res["settings"]
-    r = res["runs"][0]["report"]
-    req = r["requests"]
-    shed = (r.get("failures") or {}).get("429", 0)
-    inputs_s = goodput(r) * s["inputs"]
-    share = inputs_s / s["ceiling_inputs_per_s"]
     out = [f"Closed loop through the gateway: {s['in_flight']} requests of {s['inputs']} inputs "
            f"in flight, the gateway's default REQUEST_TIMEOUT as their deadline; one worker with "
            f"every setting at its default on {s['upstream']}; nats-server with max_payload 8MB "
            f"(as nats/nats.conf).", "",
-           "| requests | succeeded | failures | goodput inputs/s | share of the full-batch "
-           "ceiling | p50 ms | p99 ms |",
-           "|---:|---:|---|---:|---:|---:|---:|",
-           f"| {req['sent']:,} | {req['succeeded']:,} | {failures(r)} | {inputs_s:,.0f} | "
-           f"{share:.0%} of {s['ceiling_inputs_per_s']:,.0f} | {fmt_ms(lat(r, 'p50_ms'))} | "
-           f"{fmt_ms(lat(r, 'p99_ms'))} |"]
-    targets.append(("indexing client: goodput >= 95% of the full-batch ceiling",
-                    f"{share:.0%}", share >= 0.95))
-    targets.append(("indexing client: no 429", f"{shed:,}", shed == 0))
+           "| vector dims | requests | succeeded | failures | goodput inputs/s | share of the "
+           "full-batch ceiling | p50 ms | p99 ms |",
+           "|---:|---:|---:|---|---:|---:|---:|---:|"]
+    for run in res["runs"]:
+        r = run["report"]
+        req = r["requests"]
+        dim = run.get("dim", 384)  # results from before the size was recorded used 384
+        shed = (r.get("failures") or {}).get("429", 0)
+        inputs_s = goodput(r) * s["inputs"]
+        share = inputs_s / s["ceiling_inputs_per_s"]
+        out.append(f"| {dim} | {req['sent']:,} | {req['succeeded']:,} | {failures(r)} | "
+                   f"{inputs_s:,.0f} | {share:.0%} of {s['ceiling_inputs_per_s']:,.0f} | "
+                   f"{fmt_ms(lat(r, 'p50_ms'))} | {fmt_ms(lat(r, 'p99_ms'))} |")
+        targets.append((f"indexing client, {dim} dims: goodput >= 95% of the full-batch "
+                        "ceiling", f"{share:.0%}", share >= 0.95))
+        targets.append((f"indexing client, {dim} dims: no 429", f"{shed:,}", shed == 0))
     return out
 
 

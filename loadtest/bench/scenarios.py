@@ -769,29 +769,36 @@ SCENARIOS += [("indexing", "18. An indexing client: 8 in flight x 512-input requ
 SCENARIO_NAMES += ["indexing"]
 
 
+INDEXING_DIMS = (384, 1024)  # MiniLM's and a large model's vectors (bge-large, e5-large)
+
+
 def scenario_indexing(b: Stack) -> dict:
     """A client posting its chunks: closed loop, INDEXING_IN_FLIGHT requests of INDEXING_INPUTS
     inputs each through the gateway, whose default REQUEST_TIMEOUT (30 s) is their deadline; one
     worker with every setting at its default on the GPU-like upstream; nats-server with the
     8 MB max_payload of nats/nats.conf (a 512-input reply of 384 floats is over the 1 MB default).
-    Goodput in inputs/s against the upstream's full-batch ceiling."""
-    mark = b.sup.mark()
-    try:
-        nats = b.nats(max_payload="8MB")
-        _, up = b.fake_upstream(GPU_BASE_MS, GPU_PER_INPUT_US, 1)
-        w = b.worker(nats, tei_url=up, defaults_only=True)
-        b.wait_workers(nats, [w])
-        _, gw = b.gateway(nats, None)
-        r = b.load(f"indexing c={INDEXING_IN_FLIGHT} k={INDEXING_INPUTS}", gw,
-                   concurrency=INDEXING_IN_FLIGHT, inputs_per_request=INDEXING_INPUTS,
-                   warmup=2, duration=b.d(60, 15), timeout=35, workers=[w])
-        settings = w.settings
-    finally:
-        b.sup.stop_since(mark)
+    Once per vector size of INDEXING_DIMS. Goodput in inputs/s against the upstream's full-batch
+    ceiling."""
+    runs, settings = [], {}
+    for dim in INDEXING_DIMS:
+        mark = b.sup.mark()
+        try:
+            nats = b.nats(max_payload="8MB")
+            _, up = b.fake_upstream(GPU_BASE_MS, GPU_PER_INPUT_US, 1, extra=["--dim", str(dim)])
+            w = b.worker(nats, tei_url=up, defaults_only=True)
+            b.wait_workers(nats, [w])
+            _, gw = b.gateway(nats, None)
+            r = b.load(f"indexing c={INDEXING_IN_FLIGHT} k={INDEXING_INPUTS} dim={dim}", gw,
+                       concurrency=INDEXING_IN_FLIGHT, inputs_per_request=INDEXING_INPUTS,
+                       warmup=2, duration=b.d(60, 15), timeout=35, workers=[w])
+            settings = w.settings
+        finally:
+            b.sup.stop_since(mark)
+        runs.append(run_entry("gateway", {"path": "gateway", "dim": dim}, r))
     return {"settings": {"upstream": GPU_UPSTREAM, "worker": settings, "gateway": "defaults",
                          "in_flight": INDEXING_IN_FLIGHT, "inputs": INDEXING_INPUTS,
                          "ceiling_inputs_per_s": ceiling(b.defaults.max_batch_size)},
-            "runs": [run_entry("gateway", {"path": "gateway"}, r)]}
+            "runs": runs}
 
 
 SCENARIO_FUNCS.update({
