@@ -95,7 +95,16 @@ struct Verdicts<'a> {
     probe: Option<u64>,
 }
 
-impl Verdicts<'_> {
+impl<'a> Verdicts<'a> {
+    /// No request met yet: none expired, no probe.
+    fn new(take: &'a Take) -> Self {
+        Verdicts {
+            take,
+            expired: Vec::new(),
+            probe: None,
+        }
+    }
+
     /// Whether `entry` (request `id`) may give candidates; records it as expired or the probe.
     fn admit(&mut self, id: u64, entry: &Entry) -> bool {
         match self.take.verdict(entry, self.probe.is_some()) {
@@ -119,11 +128,7 @@ pub(super) fn fifo(
     take: &Take,
     window: usize,
 ) -> Collected {
-    let mut verdicts = Verdicts {
-        take,
-        expired: Vec::new(),
-        probe: None,
-    };
+    let mut verdicts = Verdicts::new(take);
     let mut candidates: Vec<Candidate> = Vec::new();
     for &id in &group.queue {
         if candidates.len() >= window {
@@ -223,11 +228,7 @@ pub(super) fn fair(
     take: &Take,
     window: usize,
 ) -> Collected {
-    let mut verdicts = Verdicts {
-        take,
-        expired: Vec::new(),
-        probe: None,
-    };
+    let mut verdicts = Verdicts::new(take);
     let mut cursors: Vec<Cursor<'_>> = Vec::with_capacity(group.lanes.len());
     for (tenant, lane) in &group.lanes {
         let (served, weight) = marks.mark(tenant);
