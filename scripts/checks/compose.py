@@ -21,6 +21,9 @@ import re
 import subprocess
 import sys
 
+import outcome
+from outcome import check, info
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 # Profile sets that make sense, and the services each must enable.
@@ -38,18 +41,6 @@ PROFILE_SETS = {
 STRUCTURE_SETS = (("gpu", "local"), ("cpu", "local"), ("local", "bge"))
 # Every worker service.
 WORKERS = ("worker", "worker-local", "worker-bge")
-
-failures = 0
-
-
-def check(good, msg):
-    global failures
-    failures += not good
-    print(("ok " if good else "fail ") + msg)
-
-
-def info(msg):
-    print("info " + msg)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -285,7 +276,7 @@ def main():
         for p in STRUCTURE_SETS:
             services.update(rendered[p])
         check_structure(tag, services)
-    sys.exit(1 if failures else 0)
+    sys.exit(outcome.status())
 
 
 if __name__ == "__main__":

@@ -32,14 +32,10 @@ import tempfile
 
 import yaml
 
+import outcome
+from outcome import check
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-failures = 0
-
-
-def check(good, msg):
-    global failures
-    failures += not good
-    print(("ok " if good else "fail ") + msg)
 
 
 def read(rel):
@@ -311,7 +307,7 @@ def main():
         fails(*args)
     else:
         sys.exit(f"unknown check {cmd}")
-    sys.exit(1 if failures else 0)
+    sys.exit(outcome.status())
 
 
 if __name__ == "__main__":

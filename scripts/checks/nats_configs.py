@@ -27,18 +27,14 @@ import tempfile
 import time
 import urllib.request
 
+import outcome
+from outcome import check
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 EXPECTED_MAX_PAYLOAD = 8 * 1024 * 1024  # 8 MiB, see the arithmetic in nats/nats.conf
 EXPECTED_MAX_FILE_STORE = 10 * 1024 ** 3  # jetstream.max_file_store: 10GB in every config
 HELM_VALUES = ["deploy/helm/embatch/values.yaml", "deploy/helm/embatch/values-gpu.yaml",
                "deploy/helm/embatch/ci/*.yaml"]
-failures = 0
-
-
-def check(good, msg):
-    global failures
-    failures += not good
-    print(("ok " if good else "fail ") + msg)
 
 
 def pinned_version():
@@ -182,7 +178,7 @@ def main():
     # gateway/tests/regions.rs; here their syntax and accounts are checked as written.
     for conf in sorted(glob.glob(os.path.join(ROOT, "nats/regions/*.conf"))):
         syntax_ok(server, os.path.relpath(conf, ROOT))
-    sys.exit(1 if failures else 0)
+    sys.exit(outcome.status())
 
 
 if __name__ == "__main__":

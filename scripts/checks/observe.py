@@ -37,6 +37,9 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+import outcome
+from outcome import check, info
+
 # First-event series that only a fault, or a pressure the e2e traffic does not cause, makes:
 # their dashboard queries draw 0 until then (zero_when_none in generate.py). Keyed by the text
 # that names the series in the query (a metric, or a metric with its first matcher).
@@ -54,18 +57,6 @@ FAULT_ONLY = {
     "embatch_gateway_tenant_quota_refused_total":
         "a tenant over its per-minute quota (a tenants file with quotas; compose runs open)",
 }
-
-failures = 0
-
-
-def check(good, msg):
-    global failures
-    failures += not good
-    print(("ok " if good else "fail ") + msg, flush=True)
-
-
-def info(msg):
-    print("info " + msg, flush=True)
 
 
 def get(prom, path, **params):
@@ -291,7 +282,7 @@ def main(argv):
         rules(*args)
     else:
         sys.exit(f"unknown command {cmd}")
-    return 1 if failures else 0
+    return outcome.status()
 
 
 if __name__ == "__main__":
