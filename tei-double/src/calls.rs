@@ -4,6 +4,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use axum::http::{HeaderMap, header};
 use embatch_protocol::Input;
 use serde::Serialize;
 
@@ -64,6 +65,51 @@ impl Faults {
             poison_status: Some(status),
             ..Faults::default()
         }
+    }
+
+    /// Waits out [`Faults::delay`], then gives [`Faults::fail_with`]: the first two faults a
+    /// call meets, in that order, on every route.
+    pub(crate) async fn injected(&self) -> Option<u16> {
+        if !self.delay.is_zero() {
+            tokio::time::sleep(self.delay).await;
+        }
+        self.fail_with
+    }
+}
+
+impl crate::AppState {
+    /// The faults in effect now, copied: a call keeps those it arrived with.
+    pub(crate) fn faults(&self) -> Faults {
+        self.faults
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Logs a call that arrived `at`, to be answered `status`, when a log is kept (`options` is
+    /// only built then); `headers` gives its `Authorization` (`None`: a route that does not
+    /// record it).
+    pub(crate) fn record(
+        &self,
+        inputs: &[Input],
+        options: impl FnOnce() -> serde_json::Value,
+        status: u16,
+        headers: Option<&HeaderMap>,
+        at: Instant,
+    ) {
+        let Some(calls) = &self.calls else {
+            return;
+        };
+        calls.push(RecordedCall {
+            inputs: inputs.to_vec(),
+            options: options(),
+            status,
+            authorization: headers
+                .and_then(|h| h.get(header::AUTHORIZATION))
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
+            at,
+        });
     }
 }
 

@@ -11,8 +11,8 @@ use axum::response::{IntoResponse, Response};
 use embatch_protocol::{EmbedError, EmbedRequest, Input};
 
 use crate::{
-    AppState, Config, POISON, RecordedCall, embedding_of, error_response, failure,
-    injected_failure, poisoned, precise_sleep,
+    AppState, Config, POISON, embedding_of, error_response, failure, injected_failure, poisoned,
+    precise_sleep,
 };
 
 /// TEI's validation of `request`; a [`POISON`] input fails it only when `poison_rejected`.
@@ -47,11 +47,7 @@ pub(crate) async fn embed(
     let request_options = request.options();
     let normalize = request.normalize;
     let dimensions = request.dimensions;
-    let faults = state
-        .faults
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
+    let faults = state.faults();
     let checked = check(&request, &state.config, faults.poison_status.is_none());
     let inputs = request.inputs.into_vec();
     // A model failure on a poisoned input: answered after the call's compute time.
@@ -59,29 +55,16 @@ pub(crate) async fn embed(
         .poison_status
         .filter(|_| checked.is_ok())
         .and_then(|status| poisoned(&inputs).map(|i| (status, i)));
-    if let Some(calls) = &state.calls {
-        let status = faults
-            .fail_with
-            .unwrap_or_else(|| match (&checked, model_failure) {
-                (Err(err), _) => err.status(),
-                (Ok(()), Some((status, _))) => status,
-                (Ok(()), None) => 200,
-            });
-        calls.push(RecordedCall {
-            inputs: inputs.clone(),
-            options: serde_json::to_value(request_options).unwrap_or(serde_json::Value::Null),
-            status,
-            authorization: headers
-                .get(header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned),
-            at: arrived,
+    let status = faults
+        .fail_with
+        .unwrap_or_else(|| match (&checked, model_failure) {
+            (Err(err), _) => err.status(),
+            (Ok(()), Some((status, _))) => status,
+            (Ok(()), None) => 200,
         });
-    }
-    if !faults.delay.is_zero() {
-        tokio::time::sleep(faults.delay).await;
-    }
-    if let Some(status) = faults.fail_with {
+    let options = || serde_json::to_value(request_options).unwrap_or(serde_json::Value::Null);
+    state.record(&inputs, options, status, Some(&headers), arrived);
+    if let Some(status) = faults.injected().await {
         return injected_failure(status);
     }
     if let Err(err) = checked {

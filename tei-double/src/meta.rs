@@ -52,11 +52,7 @@ pub(crate) async fn info(State(state): State<Arc<AppState>>) -> Json<serde_json:
 /// run) while [`Faults::fail_with`] holds a 5xx status: a failing server also fails its health
 /// check.
 pub(crate) async fn health(State(state): State<Arc<AppState>>) -> StatusCode {
-    let faults = state
-        .faults
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
+    let faults = state.faults();
     if let Some(status) = faults
         .health_status
         .and_then(|s| StatusCode::from_u16(s).ok())

@@ -22,13 +22,13 @@ use std::time::Instant;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use embatch_protocol::Input;
 use serde::Deserialize;
 
-use crate::{AppState, RecordedCall, embedding_of, poisoned, precise_sleep, tokens_of};
+use crate::{AppState, embedding_of, poisoned, precise_sleep, tokens_of};
 
 /// The double's OpenAI routes, merged into its router.
 pub(crate) fn routes() -> Router<Arc<AppState>> {
@@ -131,11 +131,7 @@ async fn embeddings(
         Ok(request) => request,
         Err(err) => return openai_error(400, format!("invalid body: {err}"), None),
     };
-    let faults = state
-        .faults
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
+    let faults = state.faults();
     let options = serde_json::json!({
         "model": request.model,
         "encoding_format": request.encoding_format,
@@ -149,27 +145,13 @@ async fn embeddings(
         .poison_status
         .filter(|_| checked.is_ok())
         .and_then(|status| poisoned(&inputs).map(|i| (status, i)));
-    if let Some(calls) = &state.calls {
-        let status = faults
-            .fail_with
-            .or_else(|| checked.as_ref().err().map(|(status, ..)| *status))
-            .or(model_failure.map(|(status, _)| status))
-            .unwrap_or(200);
-        calls.push(RecordedCall {
-            inputs: inputs.clone(),
-            options,
-            status,
-            authorization: headers
-                .get(header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned),
-            at: arrived,
-        });
-    }
-    if !faults.delay.is_zero() {
-        tokio::time::sleep(faults.delay).await;
-    }
-    if let Some(status) = faults.fail_with {
+    let status = faults
+        .fail_with
+        .or_else(|| checked.as_ref().err().map(|(status, ..)| *status))
+        .or(model_failure.map(|(status, _)| status))
+        .unwrap_or(200);
+    state.record(&inputs, || options, status, Some(&headers), arrived);
+    if let Some(status) = faults.injected().await {
         return openai_error(status, format!("injected failure ({status})"), None);
     }
     if let Err((status, message, code)) = checked {

@@ -23,7 +23,7 @@ use axum::response::{IntoResponse, Response};
 use embatch_protocol::rerank::{NOT_A_RERANKER, Rank};
 use embatch_protocol::{EmbedError, Input, RerankRequest};
 
-use crate::{AppState, POISON, RecordedCall, error_response, injected_failure, precise_sleep};
+use crate::{AppState, POISON, error_response, injected_failure, precise_sleep};
 
 /// `POST /rerank`.
 pub(crate) async fn rerank(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
@@ -94,27 +94,13 @@ pub(crate) async fn call(
     (pairs, options, arrived): (Vec<Input>, serde_json::Value, Instant),
     checked: Result<(), EmbedError>,
 ) -> Result<(), Response> {
-    let faults = state
-        .faults
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
+    let faults = state.faults();
     let cost = state.config.cost_of(&pairs);
-    if let Some(calls) = &state.calls {
-        calls.push(RecordedCall {
-            inputs: pairs,
-            options,
-            status: faults
-                .fail_with
-                .unwrap_or_else(|| checked.as_ref().map_or_else(EmbedError::status, |()| 200)),
-            authorization: None,
-            at: arrived,
-        });
-    }
-    if !faults.delay.is_zero() {
-        tokio::time::sleep(faults.delay).await;
-    }
-    if let Some(status) = faults.fail_with {
+    let status = faults
+        .fail_with
+        .unwrap_or_else(|| checked.as_ref().map_or_else(EmbedError::status, |()| 200));
+    state.record(&pairs, || options, status, None, arrived);
+    if let Some(status) = faults.injected().await {
         return Err(injected_failure(status));
     }
     checked.map_err(|err| error_response(&err))?;
