@@ -67,6 +67,15 @@ impl Faults {
         }
     }
 
+    /// The failure a call meets after its compute time when one of its `inputs` holds
+    /// [`POISON`](crate::POISON) ([`Faults::poison_status`]): that status and the input's
+    /// index. `None` for a call that failed its checks (`checked` false): that error comes first.
+    pub(crate) fn model_failure(&self, checked: bool, inputs: &[Input]) -> Option<(u16, usize)> {
+        self.poison_status
+            .filter(|_| checked)
+            .and_then(|status| crate::poisoned(inputs).map(|i| (status, i)))
+    }
+
     /// Waits out [`Faults::delay`], then gives [`Faults::fail_with`]: the first two faults a
     /// call meets, in that order, on every route.
     pub(crate) async fn injected(&self) -> Option<u16> {

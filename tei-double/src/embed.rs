@@ -51,10 +51,7 @@ pub(crate) async fn embed(
     let checked = check(&request, &state.config, faults.poison_status.is_none());
     let inputs = request.inputs.into_vec();
     // A model failure on a poisoned input: answered after the call's compute time.
-    let model_failure = faults
-        .poison_status
-        .filter(|_| checked.is_ok())
-        .and_then(|status| poisoned(&inputs).map(|i| (status, i)));
+    let model_failure = faults.model_failure(checked.is_ok(), &inputs);
     let status = faults
         .fail_with
         .unwrap_or_else(|| match (&checked, model_failure) {

@@ -141,10 +141,7 @@ async fn embeddings(
     let inputs =
         std::mem::replace(&mut request.input, OpenAiInput::Texts(Vec::new())).into_inputs();
     let checked = check(&state, &request, &inputs, faults.poison_status.is_none());
-    let model_failure = faults
-        .poison_status
-        .filter(|_| checked.is_ok())
-        .and_then(|status| poisoned(&inputs).map(|i| (status, i)));
+    let model_failure = faults.model_failure(checked.is_ok(), &inputs);
     let status = faults
         .fail_with
         .or_else(|| checked.as_ref().err().map(|(status, ..)| *status))
