@@ -158,7 +158,9 @@ async fn model_health_of(state: &AppState, model: Option<&str>) -> StatusCode {
 
 /// `GET /v1/models`: the models served now, in OpenAI's list shape, from NATS discovery (see
 /// [`crate::models`]): a model is listed from its first worker's announcement until its last
-/// worker leaves (or is not heard for 1.5 s).
+/// worker stops (or misses two discovery rounds in a row). When the table is older than
+/// [`crate::models::LIST_TTL`] (2 s) it answers after a fresh round, at most
+/// [`crate::models::DISCOVERY_WAIT`] (100 ms) later.
 #[utoipa::path(
     get,
     path = "/v1/models",
