@@ -37,6 +37,7 @@ pub mod bulk;
 pub mod embed_all;
 pub mod error;
 pub mod headers;
+mod inputs_request;
 pub mod model;
 #[cfg(feature = "openapi")]
 mod openapi;

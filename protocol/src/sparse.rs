@@ -10,8 +10,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::request::{Inputs, Task, TruncationDirection, parse_object};
-use crate::{EmbedError, EmbedOptions, Input};
+use crate::Task;
+use crate::inputs_request::inputs_request;
 
 /// The route's token: TEI's path without its `/`, and the suffix of [`sparse_subject`].
 pub const ROUTE: &str = "embed_sparse";
@@ -27,29 +27,19 @@ pub fn sparse_subject(subject: &str) -> String {
 /// answers it (424 `Backend`) for a model without SPLADE pooling.
 pub const NOT_SPLADE: &str = "Model is not an embedding model with SPLADE pooling";
 
-/// TEI 1.9.3's `POST /embed_sparse` body.
-///
-/// ```json
-/// {"inputs": "one text" | ["text", ...] | [101, 7592, 102] | [[101, 102], "text", ...],
-///  "truncate": false, "truncation_direction": "Right", "prompt_name": null}
-/// ```
-/// Only `inputs` is required. Unknown fields are ignored, as TEI does (`normalize` is not a
-/// field of this route).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct SparseRequest {
-    /// One input or an array of inputs; an input is a text or an array of token ids.
-    pub inputs: Inputs,
-    /// Truncate inputs longer than the model's maximum instead of failing. Absent: the
-    /// upstream's default (TEI's `--auto-truncate`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub truncate: Option<bool>,
-    /// Which end to cut when truncating (default `Right`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub truncation_direction: Option<TruncationDirection>,
-    /// Name of a prompt from the model's sentence-transformers config to prepend.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub prompt_name: Option<String>,
+inputs_request! {
+    /// TEI 1.9.3's `POST /embed_sparse` body.
+    ///
+    /// ```json
+    /// {"inputs": "one text" | ["text", ...] | [101, 7592, 102] | [[101, 102], "text", ...],
+    ///  "truncate": false, "truncation_direction": "Right", "prompt_name": null}
+    /// ```
+    /// Only `inputs` is required. Unknown fields are ignored, as TEI does (`normalize` is not a
+    /// field of this route).
+    SparseRequest,
+    route = "/embed_sparse",
+    task = Task::Sparse,
+    parts = "`normalize` off: TEI refuses it for SPLADE"
 }
 
 /// One non-zero value of a sparse embedding, as TEI 1.9.3 writes it: `{"index": 1012,
@@ -63,43 +53,10 @@ pub struct SparseValue {
     pub value: f32,
 }
 
-impl SparseRequest {
-    /// Parses an `/embed_sparse` body, with the statuses of [`crate::EmbedRequest::from_slice`]
-    /// (400 for a body that is not JSON, 422 naming the field for JSON of the wrong shape).
-    ///
-    /// # Errors
-    /// [`EmbedError::InvalidJson`] or [`EmbedError::Validation`].
-    pub fn from_slice(body: &[u8]) -> Result<SparseRequest, EmbedError> {
-        parse_object(body, "{\"inputs\": \"text\"}")
-    }
-
-    /// Checks TEI 1.9.3's limits of `inputs` ([`Inputs::validate`]: 400 for none or an empty
-    /// one, 422 for more than `max_inputs`).
-    ///
-    /// # Errors
-    /// [`EmbedError::Empty`] or [`EmbedError::Validation`].
-    pub fn validate(&self, max_inputs: usize) -> Result<(), EmbedError> {
-        self.inputs.validate(max_inputs)
-    }
-
-    /// The request's inputs and its batching key ([`Task::Sparse`] with its `truncate`,
-    /// `truncation_direction` and `prompt_name`; `normalize` off: TEI refuses it for SPLADE).
-    pub fn into_parts(self) -> (Vec<Input>, EmbedOptions) {
-        let options = EmbedOptions {
-            normalize: false,
-            truncate: self.truncate,
-            truncation_direction: self.truncation_direction,
-            prompt_name: self.prompt_name,
-            dimensions: None,
-            task: Task::Sparse,
-        };
-        (self.inputs.into_vec(), options)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Input;
 
     #[test]
     fn parses_teis_body_into_sparse_inputs() {
