@@ -6,16 +6,12 @@
 //!
 //! [`Task`]: crate::Task
 
-/// Declares `pub struct $name` (`inputs`, `truncate`, `truncation_direction`, `prompt_name`,
-/// with the attributes given before the name as its docs) and its `from_slice`, `validate` and
-/// `into_parts` (inputs batched under `$task`, `normalize` off; `$parts` says why).
+/// `inputs_request! { /// docs  Name("/route", Task::X, "why normalize is off") }` declares
+/// `pub struct Name` (`inputs`, `truncate`, `truncation_direction`, `prompt_name`, with the
+/// docs given) and its `from_slice`, `validate` and `into_parts` (inputs batched under the task
+/// given, `normalize` off).
 macro_rules! inputs_request {
-    (
-        $(#[$meta:meta])* $name:ident,
-        route = $route:literal,
-        task = $task:expr,
-        parts = $parts:literal
-    ) => {
+    ($(#[$meta:meta])* $name:ident($route:literal, $task:expr, $parts:literal)) => {
         $(#[$meta])*
         #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
         #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

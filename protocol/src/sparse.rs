@@ -36,10 +36,7 @@ inputs_request! {
     /// ```
     /// Only `inputs` is required. Unknown fields are ignored, as TEI does (`normalize` is not a
     /// field of this route).
-    SparseRequest,
-    route = "/embed_sparse",
-    task = Task::Sparse,
-    parts = "`normalize` off: TEI refuses it for SPLADE"
+    SparseRequest("/embed_sparse", Task::Sparse, "`normalize` off: TEI refuses it for SPLADE")
 }
 
 /// One non-zero value of a sparse embedding, as TEI 1.9.3 writes it: `{"index": 1012,
