@@ -13,17 +13,7 @@ async fn a_poisoned_request_is_isolated_and_its_batch_mates_still_succeed() {
             } else {
                 format!("good {i}")
             };
-            (
-                text.clone(),
-                batcher
-                    .submit(
-                        vec![Input::from(text)],
-                        vec![1],
-                        EmbedOptions::default(),
-                        far(),
-                    )
-                    .expect("accepted"),
-            )
+            (text.clone(), submit_one(&batcher, text))
         })
         .collect();
     for (text, rx) in receivers {

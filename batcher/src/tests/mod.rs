@@ -163,17 +163,21 @@ fn submit_each(
 ) -> Vec<oneshot::Receiver<Outcome>> {
     texts
         .into_iter()
-        .map(|text| {
-            batcher
-                .submit(
-                    vec![Input::from(text)],
-                    vec![1],
-                    EmbedOptions::default(),
-                    far(),
-                )
-                .expect("accepted")
-        })
+        .map(|text| submit_one(batcher, text))
         .collect()
+}
+
+/// Submits `text` as a request of its own (1 token), with default options and a far deadline;
+/// its refusal, if any, comes as its outcome (a submit that the actor received).
+fn submit_one(batcher: &BatcherHandle, text: impl Into<String>) -> oneshot::Receiver<Outcome> {
+    batcher
+        .submit(
+            vec![Input::from(text.into())],
+            vec![1],
+            EmbedOptions::default(),
+            far(),
+        )
+        .expect("validated and sent to the actor")
 }
 
 /// `"0"`, `"1"`, … up to `n - 1`.
