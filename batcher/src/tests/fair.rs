@@ -31,6 +31,23 @@ fn submit_one(
         .expect("accepted")
 }
 
+/// Offers `text` as a one-input request of `share` with default options and a far deadline,
+/// refused at once when the queue has no room for it (`try_submit_as`).
+async fn offer(
+    batcher: &BatcherHandle,
+    share: Share,
+    text: impl Into<String>,
+) -> Result<oneshot::Receiver<Outcome>, crate::Refused> {
+    batcher
+        .try_submit_as(
+            share,
+            (vec![Input::from(text.into())], vec![1]),
+            EmbedOptions::default(),
+            far(),
+        )
+        .await
+}
+
 /// Inputs of each call by the prefix of their text (`a7` counts for `a`).
 fn split_by_prefix(calls: &[(Vec<String>, EmbedOptions)]) -> Vec<HashMap<char, usize>> {
     calls
@@ -158,23 +175,11 @@ async fn a_full_queue_sheds_the_tenant_furthest_over_its_share() {
         .map(|i| submit_one(&batcher, &heavy, format!("h{i}"), EmbedOptions::default()))
         .collect();
     tokio::time::sleep(Duration::from_millis(1)).await;
-    let err = batcher
-        .try_submit_as(
-            heavy.clone(),
-            (vec![Input::from("h10")], vec![1]),
-            EmbedOptions::default(),
-            far(),
-        )
+    let err = offer(&batcher, heavy.clone(), "h10")
         .await
         .expect_err("the heavy tenant's own request finds the queue full");
     assert_eq!(err.error.status(), 429);
-    let light = batcher
-        .try_submit_as(
-            tenant("light", 1),
-            (vec![Input::from("light")], vec![1]),
-            EmbedOptions::default(),
-            far(),
-        )
+    let light = offer(&batcher, tenant("light", 1), "light")
         .await
         .expect("a tenant under its share makes room");
     let mut outcomes = Vec::new();
@@ -200,15 +205,7 @@ async fn the_queue_delay_bound_sheds_a_backlogged_tenant_not_a_light_one() {
     let mut refused = 0;
     let mut held = Vec::new();
     for i in 0..40 {
-        match batcher
-            .try_submit_as(
-                heavy.clone(),
-                (vec![Input::from(format!("h{i}"))], vec![1]),
-                EmbedOptions::default(),
-                far(),
-            )
-            .await
-        {
+        match offer(&batcher, heavy.clone(), format!("h{i}")).await {
             Ok(rx) => held.push(rx),
             Err(refusal) => {
                 assert_eq!(refusal.error.status(), 429);
@@ -220,13 +217,7 @@ async fn the_queue_delay_bound_sheds_a_backlogged_tenant_not_a_light_one() {
         refused > 20,
         "the heavy tenant's own backlog bounds it: {refused} shed"
     );
-    let light = batcher
-        .try_submit_as(
-            tenant("light", 1),
-            (vec![Input::from("light")], vec![1]),
-            EmbedOptions::default(),
-            far(),
-        )
+    let light = offer(&batcher, tenant("light", 1), "light")
         .await
         .expect("only its share of the heavy backlog is ahead of it");
     outcome(light).await.expect("ok");

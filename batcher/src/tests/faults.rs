@@ -13,7 +13,7 @@ async fn a_poisoned_request_is_isolated_and_its_batch_mates_still_succeed() {
             } else {
                 format!("good {i}")
             };
-            (text.clone(), submit_one(&batcher, text))
+            (text.clone(), submit_text(&batcher, text))
         })
         .collect();
     for (text, rx) in receivers {

@@ -163,13 +163,13 @@ fn submit_each(
 ) -> Vec<oneshot::Receiver<Outcome>> {
     texts
         .into_iter()
-        .map(|text| submit_one(batcher, text))
+        .map(|text| submit_text(batcher, text))
         .collect()
 }
 
 /// Submits `text` as a request of its own (1 token), with default options and a far deadline;
 /// its refusal, if any, comes as its outcome (a submit that the actor received).
-fn submit_one(batcher: &BatcherHandle, text: impl Into<String>) -> oneshot::Receiver<Outcome> {
+fn submit_text(batcher: &BatcherHandle, text: impl Into<String>) -> oneshot::Receiver<Outcome> {
     batcher
         .submit(
             vec![Input::from(text.into())],

@@ -354,8 +354,8 @@ async fn a_sustained_2x_overload_of_big_requests_is_shed_and_the_admitted_meet_d
 async fn submit_without_waiting_gets_a_refusal_as_its_outcome_at_once() {
     let cfg = config(2, 5, 1).with_queue_cap(1);
     let (upstream, batcher, _task) = start(Duration::from_secs(1), cfg);
-    let first = submit_one(&batcher, "first");
-    let second = submit_one(&batcher, "second");
+    let first = submit_text(&batcher, "first");
+    let second = submit_text(&batcher, "second");
     let start = Instant::now();
     let err = outcome(second).await.expect_err("QUEUE_CAP = 1");
     assert_eq!(err.status(), 429);
