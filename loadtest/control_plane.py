@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -187,6 +188,7 @@ def run(bin_dir: str, nats_bin: str, workers: int, gateways: int, seconds: float
                 p.send_signal(signal.SIGKILL)
         for p in procs:
             p.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def measure(nodes, worker_procs, gateway_procs, seconds, loader, workers, gateways, cluster, load) -> dict:
