@@ -128,9 +128,10 @@ pub struct NatsServer {
     pub port: u16,
     /// The extra command-line arguments it was started with (kept for [`NatsServer::restart`]).
     args: Vec<String>,
-    /// The JetStream store directory of [`NatsServer::start_jetstream`], removed on drop (a
-    /// restart keeps it, as a server restarted on its volume would).
-    store: Option<TempDir>,
+    /// The server's own temporary directory, removed on drop (a restart keeps it, as a server
+    /// restarted on its volume would): the JetStream store of [`NatsServer::start_jetstream`],
+    /// the config file of [`NatsServer::start_with_max_payload`].
+    dir: Option<TempDir>,
 }
 
 impl NatsServer {
@@ -152,7 +153,7 @@ impl NatsServer {
                         child,
                         port,
                         args: args.iter().map(|a| (*a).to_owned()).collect(),
-                        store: None,
+                        dir: None,
                     };
                 }
                 _ => continue, // it exited: the port was someone else's
@@ -167,7 +168,19 @@ impl NatsServer {
         let store = tempfile::tempdir().expect("a temporary JetStream store directory");
         let dir = store.path().to_string_lossy().into_owned();
         let mut server = NatsServer::start_with_args(&["-js", "-sd", &dir]);
-        server.store = Some(store);
+        server.dir = Some(store);
+        server
+    }
+
+    /// Starts `nats-server` on a free port with `max_payload` (a size as its config file takes
+    /// it: `4096` bytes, `8MB`), from a config file in a temporary directory removed when the
+    /// server is dropped.
+    pub fn start_with_max_payload(max_payload: &str) -> NatsServer {
+        let dir = tempfile::tempdir().expect("a temporary config directory");
+        let conf = dir.path().join("nats.conf");
+        std::fs::write(&conf, format!("max_payload: {max_payload}\n")).expect("writes the config");
+        let mut server = NatsServer::start_with_args(&["-c", &conf.to_string_lossy()]);
+        server.dir = Some(dir);
         server
     }
 

@@ -36,10 +36,7 @@ fn many(n: usize) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_vectors_have_a_reply_limit_of_their_own() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let conf = dir.path().join("small.conf");
-    std::fs::write(&conf, "max_payload: 4096\n").expect("writes the config");
-    let nats = NatsServer::start_with_args(&["-c", conf.to_str().expect("UTF-8 path")]);
+    let nats = NatsServer::start_with_max_payload("4096");
     let tei = start_tei(TeiConfig::instant()).await;
     let worker = RunningWorker::start(&nats, &["--tei-url", &tei.url]).await;
     let nats_client = async_nats::connect(nats.url()).await.expect("connects");

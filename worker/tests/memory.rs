@@ -144,9 +144,7 @@ async fn peak_within_bound(settings: &[(&str, &str)]) {
     // One scenario at a time: each one's worker alone on the CPUs.
     let _alone = ALONE.lock().await;
     // The shipped nats/nats.conf's max_payload: a request of 2 MiB needs more than the default.
-    let conf = tempfile::NamedTempFile::new().expect("a config file");
-    std::fs::write(conf.path(), "max_payload: 8MB\n").expect("write the config");
-    let nats = NatsServer::start_with_args(&["-c", &conf.path().to_string_lossy()]);
+    let nats = NatsServer::start_with_max_payload("8MB");
     let tei = start_tei(TeiConfig::instant()).await;
     let client = async_nats::ConnectOptions::new()
         .subscription_capacity(4 * REQUESTS)

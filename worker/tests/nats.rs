@@ -490,10 +490,7 @@ async fn the_tei_api_key_is_sent_as_a_bearer_token_and_never_logged() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reply_over_the_servers_max_payload_is_a_413_not_a_timeout() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let conf = dir.path().join("small.conf");
-    std::fs::write(&conf, "max_payload: 4096\n").expect("writes the config");
-    let nats = NatsServer::start_with_args(&["-c", conf.to_str().expect("UTF-8 path")]);
+    let nats = NatsServer::start_with_max_payload("4096");
     let tei = start_tei(TeiConfig::instant()).await;
     let worker = RunningWorker::start(&nats, &["--tei-url", &tei.url]).await;
     let client = connect(&nats).await;
