@@ -25,6 +25,29 @@ fn push(
     );
 }
 
+/// [`push`] with the default options.
+fn push_plain(
+    queue: &mut Queue,
+    id: u64,
+    inputs: Vec<Input>,
+    accepted: Instant,
+    deadline: Instant,
+) {
+    push(
+        queue,
+        id,
+        inputs,
+        EmbedOptions::default(),
+        accepted,
+        deadline,
+    );
+}
+
+/// The request of each segment of `formed`, in order.
+fn requests(formed: &Formed) -> Vec<u64> {
+    formed.segments.iter().map(|s| s.request).collect()
+}
+
 fn take(now: Instant, batch_limit: usize) -> Take {
     Take {
         now,
@@ -49,11 +72,10 @@ fn texts(prefix: &str, n: usize) -> Vec<Input> {
 fn a_group_is_due_when_full_or_when_its_head_waited_max_wait() {
     let t0 = Instant::now();
     let mut queue = Queue::default();
-    push(
+    push_plain(
         &mut queue,
         1,
         texts("a", 2),
-        EmbedOptions::default(),
         t0,
         t0 + Duration::from_secs(9),
     );
@@ -79,23 +101,9 @@ fn a_large_request_is_split_into_segments_and_options_never_mix() {
         ..EmbedOptions::default()
     };
     let mut queue = Queue::default();
-    push(
-        &mut queue,
-        1,
-        texts("a", 3),
-        EmbedOptions::default(),
-        t0,
-        far,
-    );
+    push_plain(&mut queue, 1, texts("a", 3), t0, far);
     push(&mut queue, 2, texts("b", 1), other.clone(), t0, far);
-    push(
-        &mut queue,
-        3,
-        texts("c", 3),
-        EmbedOptions::default(),
-        t0,
-        far,
-    );
+    push_plain(&mut queue, 3, texts("c", 3), t0, far);
     let first = queue.take(take(t0, 4)).expect("full group");
     assert_eq!(first.options, EmbedOptions::default());
     assert_eq!(first.inputs, ["a0", "a1", "a2", "c0"]);
@@ -147,20 +155,18 @@ fn requests_that_cannot_finish_in_time_expire_unless_one_may_probe() {
     let t0 = Instant::now();
     let mut queue = Queue::default();
     for id in 0..3 {
-        push(
+        push_plain(
             &mut queue,
             id,
             texts("x", 1),
-            EmbedOptions::default(),
             t0,
             t0 + Duration::from_millis(50),
         );
     }
-    push(
+    push_plain(
         &mut queue,
         3,
         texts("ok", 1),
-        EmbedOptions::default(),
         t0,
         t0 + Duration::from_secs(9),
     );
@@ -173,14 +179,7 @@ fn requests_that_cannot_finish_in_time_expire_unless_one_may_probe() {
         })
         .expect("due");
     assert!(formed.probe);
-    assert_eq!(
-        formed
-            .segments
-            .iter()
-            .map(|s| s.request)
-            .collect::<Vec<_>>(),
-        [0, 3]
-    );
+    assert_eq!(requests(&formed), [0, 3]);
     assert_eq!(
         formed.expired,
         [
@@ -209,11 +208,10 @@ fn a_request_due_before_the_fastest_call_expires_even_when_a_probe_is_allowed() 
     let mut queue = Queue::default();
     // Due in 5 ms and in 50 ms; the fastest one-input call lately took 22 ms.
     for (id, due) in [(0, 5), (1, 50)] {
-        push(
+        push_plain(
             &mut queue,
             id,
             texts("x", 1),
-            EmbedOptions::default(),
             t0,
             t0 + Duration::from_millis(due),
         );
@@ -230,14 +228,7 @@ fn a_request_due_before_the_fastest_call_expires_even_when_a_probe_is_allowed() 
         })
         .expect("due");
     assert!(!formed.probe, "the hopeless request is no probe");
-    assert_eq!(
-        formed
-            .segments
-            .iter()
-            .map(|s| s.request)
-            .collect::<Vec<_>>(),
-        [1]
-    );
+    assert_eq!(requests(&formed), [1]);
     assert_eq!(
         formed.expired,
         [(
@@ -255,30 +246,9 @@ fn expiry_follows_the_earliest_deadline_and_skips_requests_that_left() {
     let t0 = Instant::now();
     let at = |ms| t0 + Duration::from_millis(ms);
     let mut queue = Queue::default();
-    push(
-        &mut queue,
-        1,
-        texts("a", 1),
-        EmbedOptions::default(),
-        t0,
-        at(300),
-    );
-    push(
-        &mut queue,
-        2,
-        texts("b", 2),
-        EmbedOptions::default(),
-        t0,
-        at(100),
-    );
-    push(
-        &mut queue,
-        3,
-        texts("c", 1),
-        EmbedOptions::default(),
-        t0,
-        at(200),
-    );
+    push_plain(&mut queue, 1, texts("a", 1), t0, at(300));
+    push_plain(&mut queue, 2, texts("b", 2), t0, at(100));
+    push_plain(&mut queue, 3, texts("c", 1), t0, at(200));
     assert_eq!(queue.next_deadline(), Some(at(100)));
     assert_eq!(queue.remove(2).inputs, 2);
     assert_eq!(
@@ -312,23 +282,9 @@ fn a_group_whose_head_left_is_due_by_its_next_request() {
     let t0 = Instant::now();
     let far = t0 + Duration::from_secs(9);
     let mut queue = Queue::default();
-    push(
-        &mut queue,
-        1,
-        texts("a", 1),
-        EmbedOptions::default(),
-        t0,
-        far,
-    );
+    push_plain(&mut queue, 1, texts("a", 1), t0, far);
     let later = t0 + Duration::from_millis(3);
-    push(
-        &mut queue,
-        2,
-        texts("b", 1),
-        EmbedOptions::default(),
-        later,
-        far,
-    );
+    push_plain(&mut queue, 2, texts("b", 1), later, far);
     queue.remove(1);
     assert_eq!(
         queue.next_due(Duration::from_millis(5)),
@@ -346,22 +302,8 @@ fn removing_a_request_frees_its_inputs_and_keeps_the_rest_in_order() {
     let t0 = Instant::now();
     let far = t0 + Duration::from_secs(9);
     let mut queue = Queue::default();
-    push(
-        &mut queue,
-        1,
-        texts("a", 2),
-        EmbedOptions::default(),
-        t0,
-        far,
-    );
-    push(
-        &mut queue,
-        2,
-        texts("b", 2),
-        EmbedOptions::default(),
-        t0,
-        far,
-    );
+    push_plain(&mut queue, 1, texts("a", 2), t0, far);
+    push_plain(&mut queue, 2, texts("b", 2), t0, far);
     assert_eq!(queue.remove(1).inputs, 2);
     assert_eq!(queue.remove(1).inputs, 0, "already gone");
     assert_eq!(queue.inputs(), 2);
