@@ -8,6 +8,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::LoadtestError;
 use crate::load::{Plan, Stop};
+use crate::route::Route;
 use embatch_tei_double::Config as TeiDoubleConfig;
 
 /// Load generator and GPU-like upstream simulator for embatch benchmarks.
@@ -56,7 +57,7 @@ pub struct NatsRelayArgs {
 #[command(group(clap::ArgGroup::new("target").required(true).args(["url", "nats"])))]
 pub struct RunArgs {
     /// Target: a TEI-compatible /embed URL (gateway, TEI or fake upstream), e.g.
-    /// http://127.0.0.1:8080/embed. Plain http only.
+    /// http://127.0.0.1:8080/embed, or the URL of --route's route. Plain http only.
     #[arg(long)]
     pub url: Option<String>,
 
@@ -151,6 +152,12 @@ pub struct RunArgs {
     #[arg(long, short = 'k', default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub inputs_per_request: u32,
 
+    /// The TEI route the bodies are shaped for; --url must name the same route (e.g.
+    /// http://127.0.0.1:8080/rerank). `rerank` sends one query and --inputs-per-request texts
+    /// (that many pairs, counted as the inputs); every reply must hold one element per input.
+    #[arg(long, value_enum, default_value_t = Route::Embed)]
+    pub route: Route,
+
     /// Seed of the input sampling.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
@@ -231,6 +238,8 @@ pub struct RunConfig {
     pub zipf: Option<(usize, f64)>,
     /// Texts per request (>= 1).
     pub inputs_per_request: usize,
+    /// The route the bodies are shaped for.
+    pub route: Route,
     /// RNG seed.
     pub seed: u64,
     /// Ask for `"truncate": true`.
@@ -304,6 +313,7 @@ impl RunArgs {
             words: usize::from(self.words),
             zipf: self.zipf_unique.map(|n| (n as usize, self.zipf_s)),
             inputs_per_request: self.inputs_per_request as usize,
+            route: self.route,
             seed: self.seed,
             truncate: self.truncate,
             json: self.json,
@@ -468,6 +478,7 @@ mod tests {
         let c = run_config(&["run", "--url", "http://127.0.0.1:1/embed"]);
         assert_eq!(c.load, LoadModel::Closed { concurrency: 1 });
         assert_eq!(c.plan.stop, Stop::Duration(Duration::from_secs(10)));
+        assert_eq!(c.route, Route::Embed);
         assert_eq!(c.timeout, Duration::from_secs(2));
         assert_eq!(c.inputs_per_request, 1);
     }
@@ -508,6 +519,10 @@ mod tests {
         assert_eq!(c.plan.stop, Stop::Requests(300));
         assert_eq!(c.plan.warmup, Duration::from_secs(2));
         assert_eq!(c.inputs_per_request, 4);
+        let rerank = run_config(&["run", "--url", "http://h/rerank", "--route", "rerank"]);
+        assert_eq!(rerank.route, Route::Rerank);
+        let sparse = run_config(&["run", "--url", "http://h/x", "--route", "embed-sparse"]);
+        assert_eq!(sparse.route, Route::EmbedSparse);
     }
 
     #[test]

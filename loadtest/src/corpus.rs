@@ -1,20 +1,20 @@
 //! Input texts and request bodies.
 //!
 //! A [`Corpus`] is either the lines of a file (sampled uniformly) or a generator of sentences of a
-//! fixed number of words. A [`PayloadFactory`] turns samples into TEI `/embed` bodies with a
+//! fixed number of words. A [`PayloadFactory`] turns samples into TEI request bodies (`/embed`,
+//! `/rerank` or `/embed_sparse`, see [`crate::route`]) with a
 //! seeded RNG, so a run with the same `--seed` sends the same texts in the same order per stream.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::LoadtestError;
+use crate::route::Route;
 use bytes::Bytes;
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
 use rand::{RngExt, SeedableRng};
-use serde::Serialize;
-
-use crate::LoadtestError;
 
 /// Words the sentence generator draws from.
 const VOCABULARY: &[&str] = &[
@@ -250,29 +250,15 @@ impl Corpus {
     }
 }
 
-/// One request ready to send: the serialized `/embed` body and how many embeddings the reply must
-/// hold.
+/// One request ready to send: the serialized body (`/embed` unless the factory is
+/// [`PayloadFactory::for_route`]) and how many elements the reply must hold.
 #[derive(Debug, Clone)]
 pub struct Payload {
-    /// TEI `/embed` JSON body.
+    /// The TEI JSON body.
     pub body: Bytes,
-    /// Number of inputs in the body (= embeddings expected in the reply).
+    /// Number of inputs in the body (= elements expected in the reply: embeddings, or ranks of
+    /// a `/rerank` body's (query, text) pairs).
     pub inputs: usize,
-}
-
-#[derive(Serialize)]
-#[serde(untagged)]
-enum InputsBody<'a> {
-    Single(&'a str),
-    Batch(&'a [String]),
-}
-
-#[derive(Serialize)]
-struct EmbedBody<'a> {
-    inputs: InputsBody<'a>,
-    normalize: bool,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    truncate: bool,
 }
 
 /// Builds request bodies from a corpus with its own seeded RNG. Use [`PayloadFactory::fork`] for
@@ -284,6 +270,7 @@ pub struct PayloadFactory {
     seed: u64,
     rng: StdRng,
     truncate: bool,
+    route: Route,
 }
 
 impl PayloadFactory {
@@ -296,6 +283,7 @@ impl PayloadFactory {
             seed,
             rng: StdRng::seed_from_u64(seed),
             truncate: false,
+            route: Route::Embed,
         }
     }
 
@@ -305,6 +293,12 @@ impl PayloadFactory {
         PayloadFactory { truncate, ..self }
     }
 
+    /// The same factory, whose bodies are shaped for `route` (`/embed` by default). A `/rerank`
+    /// body draws its query as one more text, so every request's pairs are distinct too.
+    pub fn for_route(self, route: Route) -> PayloadFactory {
+        PayloadFactory { route, ..self }
+    }
+
     /// An independent, deterministic stream for worker `stream` of a closed loop.
     pub fn fork(&self, stream: u64) -> PayloadFactory {
         let seed = self
@@ -312,6 +306,7 @@ impl PayloadFactory {
             .wrapping_add(stream.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         PayloadFactory::new(self.corpus.clone(), self.inputs_per_request, seed)
             .truncating(self.truncate)
+            .for_route(self.route)
     }
 
     /// Inputs per request.
@@ -321,22 +316,16 @@ impl PayloadFactory {
 
     /// The next request body.
     pub fn next_payload(&mut self) -> Payload {
+        let query = if self.route.has_query() {
+            self.corpus.sample(&mut self.rng)
+        } else {
+            String::new()
+        };
         let texts: Vec<String> = (0..self.inputs_per_request)
             .map(|_| self.corpus.sample(&mut self.rng))
             .collect();
-        let inputs = match texts.as_slice() {
-            [one] => InputsBody::Single(one),
-            many => InputsBody::Batch(many),
-        };
-        let body = EmbedBody {
-            inputs,
-            normalize: true,
-            truncate: self.truncate,
-        };
-        // Serializing strings and a bool into a Vec cannot fail.
-        let body = serde_json::to_vec(&body).unwrap_or_default();
         Payload {
-            body: Bytes::from(body),
+            body: Bytes::from(self.route.body(&query, &texts, self.truncate)),
             inputs: self.inputs_per_request,
         }
     }
@@ -403,6 +392,20 @@ mod tests {
         assert_eq!(p.inputs, 3);
         let req = embatch_protocol::EmbedRequest::from_slice(&p.body).expect("valid request");
         assert_eq!(req.inputs.len(), 3);
+    }
+
+    #[test]
+    fn rerank_payloads_count_pairs_and_keep_the_route_across_forks() {
+        let corpus = Arc::new(Corpus::Generated { words: 6 });
+        let base = PayloadFactory::new(corpus, 20, 9).for_route(Route::Rerank);
+        let p = base.fork(3).next_payload();
+        assert_eq!(p.inputs, 20);
+        let req = embatch_protocol::RerankRequest::from_slice(&p.body).expect("a /rerank body");
+        assert_eq!(req.texts.len(), 20);
+        assert!(!req.texts.contains(&req.query), "the query is drawn apart");
+        let other = embatch_protocol::RerankRequest::from_slice(&base.fork(4).next_payload().body)
+            .expect("a /rerank body");
+        assert_ne!(req.query, other.query);
     }
 
     #[test]

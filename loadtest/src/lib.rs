@@ -4,6 +4,7 @@
 //! # Layout
 //! - [`cli`]: command-line arguments (clap) and their validation into a [`cli::RunConfig`].
 //! - [`corpus`]: input texts (a file or a seeded sentence generator) and request bodies.
+//! - [`route`]: the TEI route the bodies are shaped for (`--route`).
 //! - [`targets`]: where requests go: HTTP (`--url`) or NATS request-reply (`--nats`).
 //! - [`load`]: the load models: closed loop (`--concurrency`) and open loop (`--rate`).
 //! - [`stats`]: outcome classification, latency histograms and counters.
@@ -22,6 +23,7 @@ pub mod load;
 pub mod progress;
 pub mod relay;
 pub mod report;
+pub mod route;
 pub mod run;
 pub mod stats;
 pub mod targets;

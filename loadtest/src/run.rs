@@ -42,12 +42,12 @@ async fn connect(config: &RunConfig) -> Result<Target, LoadtestError> {
     Ok(target)
 }
 
-/// Connects to the target and runs the load described by `config`.
+/// The bodies of a run (`--corpus`, `--zipf-unique` or generated sentences, shaped for
+/// `--route`), and the Zipf draw when there is one (the report counts its distinct texts).
 ///
 /// # Errors
-/// Configuration errors (unreadable corpus, bad URL) and a failed initial NATS connection.
-/// Failed requests are not errors: they are counted in the report.
-pub async fn run(config: &RunConfig) -> Result<Report, LoadtestError> {
+/// [`LoadtestError::Corpus`] when the corpus file cannot be read.
+fn payloads(config: &RunConfig) -> Result<(PayloadFactory, Option<Zipf>), LoadtestError> {
     let zipf = config
         .zipf
         .map(|(unique, s)| Zipf::new(unique, s, config.words, config.seed));
@@ -59,7 +59,18 @@ pub async fn run(config: &RunConfig) -> Result<Report, LoadtestError> {
         },
     };
     let factory = PayloadFactory::new(Arc::new(corpus), config.inputs_per_request, config.seed)
-        .truncating(config.truncate);
+        .truncating(config.truncate)
+        .for_route(config.route);
+    Ok((factory, zipf))
+}
+
+/// Connects to the target and runs the load described by `config`.
+///
+/// # Errors
+/// Configuration errors (unreadable corpus, bad URL) and a failed initial NATS connection.
+/// Failed requests are not errors: they are counted in the report.
+pub async fn run(config: &RunConfig) -> Result<Report, LoadtestError> {
+    let (factory, zipf) = payloads(config)?;
     let target = connect(config).await?;
     tracing::info!(target = %target.describe(), load = ?config.load, plan = ?config.plan, "starting");
 

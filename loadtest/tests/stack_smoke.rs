@@ -47,6 +47,7 @@ async fn closed_loop_through_nats_and_a_worker_is_batched() {
         words: 8,
         zipf: None,
         inputs_per_request: 1,
+        route: embatch_loadtest::route::Route::Embed,
         seed: 7,
         truncate: false,
         json: None,
