@@ -854,3 +854,8 @@ from .tenants import RENDERERS as TENANTS_RENDERERS, SHOWS as TENANTS_SHOWS  # n
 
 RENDERERS.update(TENANTS_RENDERERS)
 SHOWS.update(TENANTS_SHOWS)
+# The retrieval scenario's table (loadtest/bench/retrieval.py).
+from .retrieval import RENDERERS as RETRIEVAL_RENDERERS, SHOWS as RETRIEVAL_SHOWS  # noqa: E402
+
+RENDERERS.update(RETRIEVAL_RENDERERS)
+SHOWS.update(RETRIEVAL_SHOWS)

@@ -947,3 +947,5 @@ from . import steady  # noqa: E402,F401
 from . import twomodels  # noqa: E402,F401
 # The tenants scenario lives in tenants.py, likewise.
 from . import tenants  # noqa: E402,F401
+# The retrieval scenario (rerank and sparse embeddings) lives in retrieval.py, likewise.
+from . import retrieval  # noqa: E402,F401
