@@ -38,6 +38,9 @@ pub(crate) enum Resend {
     Reconnect,
     /// Every worker holding a copy stopped its heartbeat.
     WorkerLost,
+    /// Every worker holding a copy stopped its heartbeat or reconnected to NATS since it
+    /// acknowledged the copy, at least one of them reconnected.
+    WorkerReconnected,
 }
 
 impl Resend {
@@ -49,6 +52,7 @@ impl Resend {
             Resend::NoAck => "no_ack",
             Resend::Reconnect => "reconnect",
             Resend::WorkerLost => "worker_lost",
+            Resend::WorkerReconnected => "worker_reconnected",
         }
     }
 }
@@ -98,8 +102,10 @@ struct Delivery<'a> {
     sends: u32,
     /// 503s resent so far.
     unavailable: u32,
-    /// The workers that acknowledged a copy (cleared when their heartbeat stops, or on a 503).
-    holders: Vec<String>,
+    /// The workers that acknowledged a copy, each with the connect count its acknowledgement
+    /// carried ([`headers::WORKER_CONNECTS`]); cleared when their heartbeats stop or show a
+    /// reconnect, or on a 503.
+    holders: Vec<(String, Option<u64>)>,
     /// Whether any copy was ever acknowledged. `holders` cannot tell a worker that predates
     /// acknowledgements from one whose heartbeat was merely late (a starved process): only a
     /// success with no acknowledgement at all, and without the acknowledgement delay that an
@@ -267,10 +273,12 @@ impl Delivery<'_> {
         self.no_responders_since = None;
         self.backoff = NO_RESPONDERS_BACKOFF_MIN;
         if let Some(worker) = header(&message, headers::ACCEPTED_BY) {
-            self.inbox.acknowledged(worker, copy.sent.elapsed());
+            let connects = crate::inbox::connects_of(&message);
+            self.inbox
+                .acknowledged(worker, connects, copy.sent.elapsed());
             self.acknowledged = true;
-            if !self.holders.iter().any(|h| h == worker) {
-                self.holders.push(worker.to_owned());
+            if !self.holders.iter().any(|(h, _)| h == worker) {
+                self.holders.push((worker.to_owned(), connects));
             }
             copy.ack_by = None;
             return Next::Wait;
@@ -338,16 +346,25 @@ impl Delivery<'_> {
     }
 
     /// An inbox event: this client reconnected (copies sent before it may be lost), or a
-    /// worker's heartbeat stopped (`now`; `None` when the inbox closed).
+    /// worker's heartbeat stopped or came from a later connection than its acknowledgement
+    /// (`now`; `None` when the inbox closed). Resends when every worker holding a copy is lost
+    /// or reconnected: a reply sent before a reconnect may have been lost with its server.
     fn on_event(&mut self, copy: &mut Copy, now: Option<Generation>) -> Next {
         let Some(now) = now else {
             return Next::Failed(RequestError::Transport("the reply inbox closed".into()));
         };
         let reconnected = now.reconnects != copy.seen.reconnects
             && self.client.connects() != copy.connects_at_send;
-        let lost = now.lost != copy.seen.lost
+        let moved = |(id, acked): &(String, Option<u64>)| self.inbox.reconnected_since(id, *acked);
+        let changed =
+            now.lost != copy.seen.lost || now.worker_reconnects != copy.seen.worker_reconnects;
+        let lost = changed
             && !self.holders.is_empty()
-            && self.holders.iter().all(|h| self.inbox.is_lost(h));
+            && self
+                .holders
+                .iter()
+                .all(|holder| self.inbox.is_lost(&holder.0) || moved(holder));
+        let worker_reconnected = lost && self.holders.iter().any(moved);
         copy.seen = now;
         if reconnected {
             self.reconnect_grace_until = Instant::now() + RECONNECT_GRACE;
@@ -360,6 +377,8 @@ impl Delivery<'_> {
         }
         Next::Resend(if reconnected {
             Resend::Reconnect
+        } else if worker_reconnected {
+            Resend::WorkerReconnected
         } else {
             Resend::WorkerLost
         })
@@ -384,6 +403,7 @@ mod tests {
             Resend::NoAck,
             Resend::Reconnect,
             Resend::WorkerLost,
+            Resend::WorkerReconnected,
         ];
         let mut labels: Vec<&str> = all.iter().map(|r| r.label()).collect();
         labels.sort_unstable();

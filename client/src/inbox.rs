@@ -56,6 +56,8 @@ pub(crate) struct Generation {
     pub reconnects: u64,
     /// When the last reconnect was seen (checked every 50 ms).
     pub reconnected_at: Option<Instant>,
+    /// Watched workers heard with a larger connect count ([`headers::WORKER_CONNECTS`]) so far.
+    pub worker_reconnects: u64,
 }
 
 /// What the client heard of one worker it watches.
@@ -65,6 +67,8 @@ struct Heard {
     lost: bool,
     /// This client's requests it acknowledged and that have not ended: watched while over 0.
     holding: usize,
+    /// The largest connect count ([`headers::WORKER_CONNECTS`]) heard from it, if any.
+    connects: Option<u64>,
 }
 
 /// One request's route: where its messages go, and the workers that acknowledged it.
@@ -163,7 +167,7 @@ impl Inbox {
                 loop {
                     tokio::select! {
                         Some(message) = replies.next() => shared.route(message),
-                        Some(beat) = beats.next() => shared.heard(&beat.payload),
+                        Some(beat) = beats.next() => shared.heard(&beat.payload, connects_of(&beat)),
                         _ = tick.tick() => {
                             let now = statistics.connects.load(Ordering::Relaxed);
                             let reconnected = now != connects;
@@ -207,12 +211,21 @@ impl Inbox {
         lock(&self.shared.workers).get(id).is_some_and(|w| w.lost)
     }
 
+    /// Whether worker `id`, which acknowledged a request on its connection number `acked`
+    /// ([`headers::WORKER_CONNECTS`]), was heard on a later connection since: the reply it sent
+    /// before it reconnected may have been lost with its server. `false` when either count is
+    /// unknown (a worker that predates the header).
+    pub(crate) fn reconnected_since(&self, id: &str, acked: Option<u64>) -> bool {
+        let now = lock(&self.shared.workers).get(id).and_then(|w| w.connects);
+        matches!((acked, now), (Some(acked), Some(now)) if now > acked)
+    }
+
     /// Takes an acknowledgement from worker `id`, `rtt` after the request was sent: a sign of
     /// life of the worker (watched from the acknowledgement on: the routing task saw it first),
     /// and the round trip less the acknowledgement delay smooths the acknowledgement wait.
-    pub(crate) fn acknowledged(&self, id: &str, rtt: Duration) {
+    pub(crate) fn acknowledged(&self, id: &str, connects: Option<u64>, rtt: Duration) {
         self.shared.acking.store(true, Ordering::Relaxed);
-        self.shared.heard(id.as_bytes());
+        self.shared.heard(id.as_bytes(), connects);
         let delay = self.shared.ack_delay_us.load(Ordering::Relaxed);
         let sample = micros(rtt).saturating_sub(delay);
         let old = self.shared.ack_rtt_us.load(Ordering::Relaxed);
@@ -256,6 +269,15 @@ impl Inbox {
     }
 }
 
+/// The [`headers::WORKER_CONNECTS`] of a worker's acknowledgement or heartbeat, if it has one.
+pub(crate) fn connects_of(message: &Message) -> Option<u64> {
+    message
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(headers::WORKER_CONNECTS))
+        .and_then(|v| v.as_str().parse().ok())
+}
+
 /// `d` in whole µs (saturating).
 fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
@@ -287,6 +309,7 @@ impl Shared {
             && !route.held_by.contains(&id)
         {
             self.watch(&id, Instant::now());
+            self.heard(id.as_bytes(), connects_of(&message));
             route.held_by.push(id);
         }
         let _ = route.tx.send(message);
@@ -300,6 +323,7 @@ impl Shared {
             last: now,
             lost: false,
             holding: 0,
+            connects: None,
         });
         if heard.holding == 0 {
             heard.last = now;
@@ -322,15 +346,28 @@ impl Shared {
         }
     }
 
-    /// Takes a heartbeat (the worker's id as the payload) of a watched worker; others are
-    /// ignored.
-    fn heard(&self, payload: &[u8]) {
+    /// Takes a heartbeat (the worker's id as the payload, its connect count as `connects`) of
+    /// a watched worker; others are ignored. A larger count than heard before is announced
+    /// ([`Generation::worker_reconnects`]).
+    fn heard(&self, payload: &[u8], connects: Option<u64>) {
         let Ok(id) = std::str::from_utf8(payload) else {
             return;
         };
-        if let Some(heard) = lock(&self.workers).get_mut(id) {
+        let reconnected = {
+            let mut workers = lock(&self.workers);
+            let Some(heard) = workers.get_mut(id) else {
+                return;
+            };
             heard.last = Instant::now();
             heard.lost = false;
+            let before = heard.connects;
+            heard.connects = heard.connects.max(connects);
+            before.is_some() && heard.connects > before
+        };
+        if reconnected {
+            tracing::debug!(worker = id, "a worker reconnected; resending what it held");
+            self.events
+                .send_modify(|generation| generation.worker_reconnects += 1);
         }
     }
 
@@ -402,7 +439,7 @@ mod tests {
         shared.check(start + HEARTBEAT_EXPIRY + CHECK_EVERY, false);
         assert!(lock(&shared.workers)["w1"].lost);
         assert_eq!(events.borrow_and_update().lost, 1);
-        shared.heard(b"w1");
+        shared.heard(b"w1", None);
         assert!(!lock(&shared.workers)["w1"].lost, "heard again");
     }
 
@@ -420,13 +457,46 @@ mod tests {
                 lost: 0,
                 reconnects: 1,
                 reconnected_at: Some(later),
+                worker_reconnects: 0,
             }
         );
+    }
+
+    #[test]
+    fn a_worker_heard_on_a_later_connection_is_announced() {
+        let shared = shared();
+        let mut events = shared.events.subscribe();
+        shared.watch("w1", Instant::now());
+        shared.heard(b"w1", Some(1));
+        shared.heard(b"w1", None);
+        assert!(
+            !events.has_changed().unwrap_or(true),
+            "the first count heard"
+        );
+        shared.heard(b"w1", Some(2));
+        assert_eq!(events.borrow_and_update().worker_reconnects, 1);
+        shared.heard(b"w1", Some(1));
+        assert!(!events.has_changed().unwrap_or(true), "a stale beat");
+        let inbox = Inbox {
+            shared: Arc::new(shared),
+            task: tokio::runtime::Builder::new_current_thread()
+                .build()
+                .expect("a runtime")
+                .spawn(async {}),
+        };
+        assert!(inbox.reconnected_since("w1", Some(1)));
+        assert!(
+            !inbox.reconnected_since("w1", Some(2)),
+            "acknowledged since"
+        );
+        assert!(!inbox.reconnected_since("w1", None), "an older worker");
+        assert!(!inbox.reconnected_since("w2", Some(1)), "not watched");
     }
 
     fn acknowledgement(token: u64, worker: &str) -> Message {
         let mut headers = async_nats::HeaderMap::new();
         headers.insert(headers::ACCEPTED_BY, worker);
+        headers.insert(headers::WORKER_CONNECTS, "1");
         Message {
             subject: format!("_INBOX.x.{token}").into(),
             reply: None,
@@ -449,7 +519,7 @@ mod tests {
                 .spawn(async {}),
         };
         let inbox = inbox_of(&shared);
-        shared.heard(b"idle");
+        shared.heard(b"idle", Some(1));
         assert!(
             lock(&shared.workers).is_empty(),
             "a beat of a worker that holds nothing of ours"

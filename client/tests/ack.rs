@@ -137,6 +137,11 @@ async fn a_plain_request_gets_one_reply_and_an_acked_one_an_acknowledgement_firs
         header(&acked[0], headers::ACCEPTED_BY).expect("the first message names the worker");
     assert!(acked[0].payload.is_empty());
     assert!(!worker.is_empty());
+    assert_eq!(
+        header(&acked[0], headers::WORKER_CONNECTS).as_deref(),
+        Some("1"),
+        "the worker's first connection"
+    );
     assert_eq!(header(&acked[1], headers::ACCEPTED_BY), None);
     assert_eq!(
         header(&acked[1], headers::ACK_DELAY_MS),
@@ -149,7 +154,7 @@ async fn a_plain_request_gets_one_reply_and_an_acked_one_an_acknowledgement_firs
         vec![embatch_testkit::double_vector("held past the delay")]
     );
 
-    // The worker's heartbeat carries the same id.
+    // The worker's heartbeat carries the same id and connect count.
     let mut beats = nats
         .subscribe(headers::heartbeat_subject("embed"))
         .await
@@ -159,6 +164,10 @@ async fn a_plain_request_gets_one_reply_and_an_acked_one_an_acknowledgement_firs
         .expect("a heartbeat within 2 s")
         .expect("subscription open");
     assert_eq!(beat.payload, Bytes::from(worker));
+    assert_eq!(
+        header(&beat, headers::WORKER_CONNECTS).as_deref(),
+        Some("1")
+    );
     stack.worker.stop().await;
 }
 

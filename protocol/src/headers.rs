@@ -77,6 +77,15 @@ pub const ACK_DELAY: Duration = Duration::from_millis(20);
 /// body and is not the reply; the final reply follows on the same subject.
 pub const ACCEPTED_BY: &str = "Embatch-Accepted-By";
 
+/// Header of a worker's acknowledgements ([`ACCEPTED_BY`]) and heartbeats
+/// ([`heartbeat_subject`]): how many times the worker has connected to NATS (1 on its first
+/// connection, a whole number). A reply the worker published just before its NATS server went
+/// away can be lost with that server, while the worker, reconnected elsewhere within
+/// [`HEARTBEAT_EXPIRY`], beats on: a client that sees a larger count on a heartbeat than on the
+/// acknowledgement of a request it still waits for resends that request (the worker answers a
+/// copy it still holds on the first reply subject, and computes one it answered again).
+pub const WORKER_CONNECTS: &str = "Embatch-Worker-Connects";
+
 /// Reply header on every final reply to a request that asked for an acknowledgement ([`ACK`]):
 /// the worker's acknowledgement delay in whole ms ([`ACK_DELAY`]). It tells the client that the
 /// worker acknowledges (a reply without an acknowledgement merely came first, or the

@@ -1,4 +1,5 @@
-//! The worker's liveness signal for clients: its service id on
+//! The worker's liveness signal for clients: its service id (and its connect count,
+//! [`embatch_protocol::headers::WORKER_CONNECTS`]) on
 //! [`embatch_protocol::headers::heartbeat_subject`] every
 //! [`embatch_protocol::headers::HEARTBEAT_INTERVAL`] while it holds requests, and for
 //! [`HEARTBEAT_LINGER`] after it answered the last one. An idle worker is silent.
@@ -19,7 +20,7 @@
 //! the other workers after [`embatch_protocol::headers::HEARTBEAT_EXPIRY`], and the first reply
 //! wins. (A worker whose upstream fails answers 503 for what it holds anyway.)
 //!
-//! Cost: one message of ~22 bytes per interval per subject served (10 per second; 20 for a
+//! Cost: one message of ~22 bytes of body and ~50 of header per interval per subject served (10 per second; 20 for a
 //! worker of the default model, which serves two subjects) while the worker is busy, fanned out
 //! by the NATS server to every client that listens on that subject: at most 10 × busy workers ×
 //! listening clients per second, none while idle (docs/design/control-plane.md).
@@ -121,8 +122,21 @@ async fn spell(beat: &Beat, subjects: &[String], payload: &Bytes, stop: &Cancell
         {
             continue;
         }
+        // The connect count tells a client that replies sent before a reconnect may be lost.
+        let mut connects = async_nats::HeaderMap::new();
+        connects.insert(
+            embatch_protocol::headers::WORKER_CONNECTS,
+            crate::reconnect::connects(&beat.client)
+                .to_string()
+                .as_str(),
+        );
         for subject in subjects {
-            if let Err(err) = beat.client.publish(subject.clone(), payload.clone()).await {
+            let sent = beat.client.publish_with_headers(
+                subject.clone(),
+                connects.clone(),
+                payload.clone(),
+            );
+            if let Err(err) = sent.await {
                 tracing::debug!(%err, "cannot publish the heartbeat");
             }
         }

@@ -242,14 +242,19 @@ async fn sleep_until(at: Option<Instant>) {
 }
 
 /// Tells the client of `request` that worker `worker_id` holds it: an empty message with
-/// [`headers::ACCEPTED_BY`] on its reply subject, so the client can resend what it never saw
-/// acknowledged or answered, or what a worker that went silent held.
+/// [`headers::ACCEPTED_BY`] (and the connection's [`headers::WORKER_CONNECTS`]) on its reply
+/// subject, so the client can resend what it never saw acknowledged or answered, or what a
+/// worker that went silent or reconnected held.
 async fn acknowledge(client: &async_nats::Client, request: &Message, worker_id: &str) {
     let Some(inbox) = request.reply.clone() else {
         return;
     };
     let mut ack = HeaderMap::new();
     ack.insert(headers::ACCEPTED_BY, worker_id);
+    ack.insert(
+        headers::WORKER_CONNECTS,
+        crate::reconnect::connects(client).to_string().as_str(),
+    );
     if let Err(err) = client
         .publish_with_headers(inbox, ack, bytes::Bytes::new())
         .await

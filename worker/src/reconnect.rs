@@ -25,6 +25,13 @@ use crate::batcher::BatcherHandle;
 /// outage's length × the load's share of capacity (≈ 0.5 s for 5 s down, benchmark 16).
 pub const BACKLOG_WINDOW: Duration = Duration::from_secs(3);
 
+/// How many times `client` has connected to NATS (1 before any reconnect): the
+/// [`embatch_protocol::headers::WORKER_CONNECTS`] of this worker's acknowledgements and
+/// heartbeats, by which a client learns that a reply may have been lost with the server.
+pub(crate) fn connects(client: &async_nats::Client) -> u64 {
+    client.statistics().connects.load(Ordering::Relaxed)
+}
+
 /// The connect count of a NATS connection as last seen.
 pub(crate) struct Reconnects {
     statistics: Arc<async_nats::Statistics>,
