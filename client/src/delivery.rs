@@ -277,8 +277,11 @@ impl Delivery<'_> {
             self.inbox
                 .acknowledged(worker, connects, copy.sent.elapsed());
             self.acknowledged = true;
-            if !self.holders.iter().any(|(h, _)| h == worker) {
-                self.holders.push((worker.to_owned(), connects));
+            // A later acknowledgement by the same worker (of a resent copy, on a newer
+            // connection) says it holds the request now: its reply is not behind a reconnect.
+            match self.holders.iter_mut().find(|(h, _)| h == worker) {
+                Some((_, acked)) => *acked = (*acked).max(connects),
+                None => self.holders.push((worker.to_owned(), connects)),
             }
             copy.ack_by = None;
             return Next::Wait;
