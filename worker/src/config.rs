@@ -12,6 +12,10 @@ use crate::batcher::{
 };
 use crate::telemetry::LogFormat;
 
+mod tei_urls;
+pub use tei_urls::{TeiUrlError, TeiUrls, TeiUrlsError};
+use tei_urls::{parse_tei_url, parse_tei_urls};
+
 /// embatch worker: joins the NATS queue group, collects requests into batches and calls the
 /// upstream model once per batch.
 #[derive(Debug, Clone, Parser)]
@@ -34,9 +38,11 @@ pub struct Config {
     pub queue_group: String,
 
     /// Base URL of a text-embeddings-inference server (e.g. http://tei:80, or https://... for
-    /// TLS). Unset, and no OPENAI_URL: the built-in CPU model from --model-dir.
-    #[arg(long, env = "TEI_URL", value_parser = parse_tei_url)]
-    pub tei_url: Option<reqwest::Url>,
+    /// TLS), or several separated by commas: replicas of one model, each call to the one with
+    /// the fewest calls in flight. Unset, and no OPENAI_URL: the built-in CPU model from
+    /// --model-dir.
+    #[arg(long, env = "TEI_URL", value_parser = parse_tei_urls)]
+    pub tei_url: Option<TeiUrls>,
 
     /// Bearer token sent to TEI (TEI's `--api-key`, or a hosted endpoint's token). Never logged.
     #[arg(long, env = "TEI_API_KEY", hide_env_values = true)]
@@ -440,26 +446,6 @@ impl Config {
     }
 }
 
-/// Why a `--tei-url` was refused (clap prints it after the flag's name).
-#[derive(Debug, thiserror::Error)]
-pub enum TeiUrlError {
-    /// The text does not parse as a URL.
-    #[error("not a URL: {0}")]
-    NotAUrl(#[source] <reqwest::Url as std::str::FromStr>::Err),
-    /// A URL of another scheme than `http` or `https`.
-    #[error("the scheme must be http or https, not {0}")]
-    Scheme(String),
-}
-
-/// `--tei-url`: an `http://` or `https://` base URL (TEI's routes are appended to it).
-fn parse_tei_url(s: &str) -> Result<reqwest::Url, TeiUrlError> {
-    let url = reqwest::Url::parse(s).map_err(TeiUrlError::NotAUrl)?;
-    match url.scheme() {
-        "http" | "https" => Ok(url),
-        other => Err(TeiUrlError::Scheme(other.to_owned())),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -474,7 +460,7 @@ mod tests {
         assert_eq!(
             parse(&["--tei-url", "https://tei:8443"])
                 .tei_url
-                .map(String::from),
+                .map(|urls| urls.to_string()),
             Some("https://tei:8443/".to_owned())
         );
         for (url, message) in [
@@ -486,6 +472,37 @@ mod tests {
                 .expect_err(url)
                 .to_string();
             assert!(err.contains(message), "{url}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_tei_url_list_names_replicas_and_its_bad_item() {
+        let urls = parse(&["--tei-url", "http://tei-a:8080, http://tei-b:8080/"])
+            .tei_url
+            .expect("a list");
+        let urls: Vec<&str> = urls.urls().iter().map(reqwest::Url::as_str).collect();
+        assert_eq!(urls, ["http://tei-a:8080/", "http://tei-b:8080/"]);
+        for (list, message) in [
+            (
+                "http://a,ftp://b",
+                r#"TEI_URL item 2 ("ftp://b"): the scheme must be http or https, not ftp"#,
+            ),
+            (
+                "http://a,,http://c",
+                "TEI_URL item 2 is empty (the list is URLs separated by commas)",
+            ),
+            ("http://a,", "TEI_URL item 2 is empty"),
+            ("", "TEI_URL item 1 is empty"),
+            (
+                "tei:80,http://b",
+                r#"TEI_URL item 1 ("tei:80"): the scheme"#,
+            ),
+        ] {
+            let err = Config::try_parse_from(["embatch-worker", "--tei-url", list])
+                .expect_err(list)
+                .to_string();
+            assert!(err.contains(message), "{list}: {err}");
+            assert!(err.contains("--tei-url"), "names the field: {err}");
         }
     }
 

@@ -89,6 +89,9 @@ pub enum WorkerError {
     /// The upstream client could not be built.
     #[error("cannot set up the upstream: {0}")]
     Upstream(#[from] embatch_protocol::EmbedError),
+    /// TEI could not be set up: its client, TLS to it, or replicas that serve different models.
+    #[error("cannot set up TEI: {0}")]
+    Tei(#[from] upstream::tei::ConnectError),
     /// The metrics recorder could not be installed.
     #[error("cannot install the metrics recorder: {0}")]
     Metrics(#[from] metrics_exporter_prometheus::BuildError),
@@ -142,9 +145,9 @@ pub async fn build_upstream(config: &Config) -> Result<AnyUpstream, WorkerError>
         return Ok(AnyUpstream::OpenAi(openai));
     }
     match &config.tei_url {
-        Some(url) => {
+        Some(urls) => {
             let tei = upstream::tei::TeiUpstream::connect(&upstream::tei::TeiConfig {
-                base_url: url.to_string(),
+                base_urls: urls.urls().iter().map(ToString::to_string).collect(),
                 api_key: config.tei_api_key.clone(),
                 tls_ca: config.tei_tls_ca.clone(),
                 timeout: config.upstream_timeout,

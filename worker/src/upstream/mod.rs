@@ -13,6 +13,7 @@ pub mod local;
 mod local_route;
 pub mod openai;
 mod openai_reply;
+pub mod replicas;
 mod rerank;
 pub mod route;
 mod sparse;

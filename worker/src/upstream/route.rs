@@ -31,19 +31,26 @@ impl RouteCaller for TeiUpstream {
 }
 
 impl TeiUpstream {
-    /// `POST {tei_url}/{route}` with the JSON text `body` (and the trace context): the reply
-    /// body of a 2xx, else the error by cause (TEI's error body as [`UpstreamError::Status`]).
+    /// `POST {tei_url}/{route}` with the JSON text `body` (and the trace context) on a replica
+    /// ([`TeiUpstream::on_replica`]): the reply body of a 2xx, else the error by cause (TEI's
+    /// error body as [`UpstreamError::Status`]).
     pub(super) async fn post_bytes(
         &self,
         route: &str,
         body: Bytes,
     ) -> Result<Bytes, UpstreamError> {
-        let url = format!("{}/{route}", self.base_url);
-        let sent = http::post_json(&self.client, &url).body(body).send().await;
-        let (status, reply) = http::answer(sent, self.timeout).await?;
-        if !status.is_success() {
-            return Err(status_error(status.as_u16(), &reply));
-        }
-        Ok(reply)
+        self.on_replica(|base| {
+            let body = body.clone();
+            async move {
+                let url = format!("{base}/{route}");
+                let sent = http::post_json(&self.client, &url).body(body).send().await;
+                let (status, reply) = http::answer(sent, self.timeout).await?;
+                if !status.is_success() {
+                    return Err(status_error(status.as_u16(), &reply));
+                }
+                Ok(reply)
+            }
+        })
+        .await
     }
 }

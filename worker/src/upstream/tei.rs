@@ -1,7 +1,9 @@
 //! TEI over HTTP or HTTPS: `POST {tei_url}/embed` with a batch, `GET {tei_url}/info` for its
 //! limits. TLS uses the system's roots plus an optional CA file, with the workspace's one crypto
-//! provider (aws-lc-rs, through reqwest's `rustls` feature).
+//! provider (aws-lc-rs, through reqwest's `rustls` feature). Several TEI URLs are replicas of
+//! one model: every call goes to one of them through [`Replicas`].
 
+use std::future::Future;
 use std::time::Duration;
 
 use embatch_protocol::{EmbedError, EmbedOptions, ErrorResponse, Input};
@@ -9,31 +11,28 @@ use serde::Deserialize;
 
 use super::body::{self, TeiRequest};
 use super::http;
+use super::replicas::Replicas;
 use super::{Backend, Embedding, Upstream, UpstreamError};
 
-/// A pooled HTTP client for one TEI server.
+/// A pooled HTTP client for one TEI server, or for several replicas of one model.
 pub struct TeiUpstream {
     pub(super) client: reqwest::Client,
-    /// `{tei_url}`, without a trailing `/`.
-    pub(super) base_url: String,
-    embed_url: String,
-    /// `{tei_url}/info`.
-    info_url: String,
-    /// `{tei_url}/health`.
-    health_url: String,
-    /// TEI's `GET /info` document as read at start-up, or on the first [`Upstream::info`] call
-    /// after a start-up read failed.
+    /// The TEI base URLs (`TEI_URL`'s list), with their calls in flight.
+    pub(super) replicas: Replicas,
+    /// TEI's `GET /info` document as read at start-up (from the first replica that answered),
+    /// or on the first [`Upstream::info`] call after a start-up read failed.
     info: tokio::sync::OnceCell<serde_json::Value>,
     max_batch_size: usize,
     /// `UPSTREAM_TIMEOUT`, reported in [`UpstreamError::Timeout`].
     pub(super) timeout: Duration,
 }
 
-/// How to reach one TEI server.
+/// How to reach TEI.
 #[derive(Debug, Clone)]
 pub struct TeiConfig {
-    /// Base URL, `http://` or `https://` (e.g. `http://tei:80`).
-    pub base_url: String,
+    /// Base URLs, `http://` or `https://` (e.g. `http://tei:80`): one TEI server, or several
+    /// replicas of one model, at least one.
+    pub base_urls: Vec<String>,
     /// PEM file of a private CA to trust for `https://` (besides the system's roots).
     pub tls_ca: Option<std::path::PathBuf>,
     /// Bearer token for `Authorization`, when TEI runs with `--api-key` or behind a hosted endpoint.
@@ -42,6 +41,34 @@ pub struct TeiConfig {
     pub timeout: Duration,
     /// Batch limit used when `/info` cannot be read.
     pub fallback_max_batch_size: usize,
+}
+
+/// Why the worker cannot use the configured TEI.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// The HTTP client cannot be built, or TLS to a replica failed (see
+    /// [`TeiUpstream::connect`]).
+    #[error(transparent)]
+    Client(#[from] EmbedError),
+    /// No URL was given.
+    #[error("TEI_URL names no URL")]
+    NoUrl,
+    /// Two replicas' `/info` name different models: batches would get one model's vectors or
+    /// the other's by chance.
+    #[error(
+        "TEI replicas serve different models: {first_url} serves {first_model}, {url} serves \
+         {model} (every URL in TEI_URL must serve the same model)"
+    )]
+    ModelMismatch {
+        /// The first replica (in `TEI_URL` order) whose `/info` answered.
+        first_url: String,
+        /// Its `model_id`.
+        first_model: String,
+        /// The replica that disagrees.
+        url: String,
+        /// Its `model_id`.
+        model: String,
+    },
 }
 
 /// Longest the worker looks for the TEI model's tokenizer at start (the hub may be slow or
@@ -55,17 +82,20 @@ struct TeiInfo {
 }
 
 impl TeiUpstream {
-    /// Builds a pooled client for the TEI server of `config` (the bearer token on every request)
-    /// and reads `max_client_batch_size` from its `/info`. When `/info` cannot be read (TEI still
-    /// starting, or a proxy without it), `fallback_max_batch_size` is used and a warning logged.
+    /// Builds a pooled client for the TEI servers of `config` (the bearer token on every
+    /// request) and reads `/info` from every one: `max_client_batch_size` comes from the first
+    /// (in `base_urls` order) that answered. When no `/info` can be read (TEI still starting,
+    /// or a proxy without it), `fallback_max_batch_size` is used and a warning logged.
     ///
     /// # Errors
-    /// [`EmbedError::Unavailable`] when the HTTP client cannot be built (an API key that is not
-    /// a valid header value, an unreadable `tls_ca`), or when TLS to TEI fails (an untrusted
-    /// certificate, say): the worker then stops at start-up with the reason instead of starting
-    /// "ready" and failing every request.
-    pub async fn connect(config: &TeiConfig) -> Result<TeiUpstream, EmbedError> {
-        let base = config.base_url.trim_end_matches('/');
+    /// [`ConnectError::Client`] ([`EmbedError::Unavailable`]) when the HTTP client cannot be
+    /// built (an API key that is not a valid header value, an unreadable `tls_ca`), or when TLS
+    /// to a replica fails (an untrusted certificate, say): the worker then stops at start-up
+    /// with the reason instead of starting "ready" and failing every request.
+    /// [`ConnectError::ModelMismatch`] when two replicas' `/info` name different `model_id`s.
+    pub async fn connect(config: &TeiConfig) -> Result<TeiUpstream, ConnectError> {
+        let replicas =
+            Replicas::new(config.base_urls.iter().cloned()).ok_or(ConnectError::NoUrl)?;
         let timeout = config.timeout;
         let fallback_max_batch_size = config.fallback_max_batch_size;
         let mut builder = reqwest::Client::builder();
@@ -81,16 +111,8 @@ impl TeiUpstream {
             }
         }
         let client = http::client(builder, config.api_key.as_ref(), "TEI_API_KEY", timeout)?;
-        let info_url = format!("{base}/info");
-        let health_url = format!("{base}/health");
         let info = tokio::sync::OnceCell::new();
-        let read = read_info(&client, &info_url, timeout).await;
-        if let Err(UpstreamError::Tls(reason)) = &read {
-            return Err(EmbedError::Unavailable(format!(
-                "TLS to TEI at {base} failed: {reason} (a private CA goes in TEI_TLS_CA)"
-            )));
-        }
-        let limit = match read {
+        let limit = match read_infos(&client, &replicas, timeout).await? {
             Ok(document) => {
                 let limit = serde_json::from_value::<TeiInfo>(document.clone())
                     .map(|i| i.max_client_batch_size)
@@ -103,7 +125,11 @@ impl TeiUpstream {
         };
         let max_batch_size = match limit {
             Ok(max_client_batch_size) => {
-                tracing::info!(max_client_batch_size, "read TEI /info");
+                tracing::info!(
+                    max_client_batch_size,
+                    replicas = replicas.len(),
+                    "read TEI /info"
+                );
                 max_client_batch_size.max(1)
             }
             Err(err) => {
@@ -113,15 +139,144 @@ impl TeiUpstream {
         };
         Ok(TeiUpstream {
             client,
-            base_url: base.to_owned(),
-            embed_url: format!("{base}/embed"),
-            info_url,
-            health_url,
+            replicas,
             info,
             max_batch_size,
             timeout,
         })
     }
+
+    /// Runs `call` with the base URL of the replica [`Replicas::pick`] chooses, counted in
+    /// flight there while it runs. When the replica is unreachable (connection refused or
+    /// broken: nothing the inputs did), the call goes once to each other replica not cooling
+    /// before the failure is returned; other failures (a timeout, an error status) are returned
+    /// at once.
+    ///
+    /// # Errors
+    /// The call's own error, or the last replica's unreachable.
+    pub(super) async fn on_replica<T, F, Fut>(&self, call: F) -> Result<T, UpstreamError>
+    where
+        F: Fn(String) -> Fut,
+        Fut: Future<Output = Result<T, UpstreamError>>,
+    {
+        let mut failed = None;
+        for _ in 0..self.replicas.len() {
+            let pick = self.replicas.pick();
+            if failed.is_some() && pick.fallback() {
+                break; // every replica cools: the failure stands
+            }
+            let result = call(pick.base().to_owned()).await;
+            pick.observe(&result);
+            match result {
+                Err(err @ UpstreamError::Unreachable(_)) => {
+                    tracing::debug!(replica = pick.base(), %err, "TEI replica unreachable");
+                    failed = Some(err);
+                }
+                other => return other,
+            }
+        }
+        Err(failed.unwrap_or_else(|| UpstreamError::Unreachable("no TEI replica".into())))
+    }
+
+    /// `POST {replica}/embed` with a batch of `inputs`: the embeddings, one per input.
+    async fn embed_on(
+        &self,
+        base: &str,
+        inputs: &[Input],
+        options: &EmbedOptions,
+    ) -> Result<Vec<Embedding>, UpstreamError> {
+        let n = inputs.len();
+        // The body is written while it is sent (see `body`): a batch of long inputs is not
+        // copied whole into a buffer that lives as long as the call.
+        let request = TeiRequest { inputs, options };
+        let (body, writer) = body::body(&request);
+        let post = http::post_json(&self.client, &format!("{base}/embed"));
+        let send = post.body(reqwest::Body::wrap(body)).send();
+        let write = writer.write(&request);
+        tokio::pin!(send, write);
+        let mut writing = true;
+        // The answer ends the call, whether the body was written whole or not (an early error
+        // answer, or a broken connection, drops the body and so ends the writer).
+        let response = loop {
+            tokio::select! {
+                response = &mut send => break response,
+                () = &mut write, if writing => writing = false,
+            }
+        };
+        let (status, body) = http::answer(response, self.timeout).await?;
+        if !status.is_success() {
+            return Err(status_error(status.as_u16(), &body));
+        }
+        let embeddings = Embedding::split_reply(&body)?;
+        if embeddings.len() != n {
+            return Err(UpstreamError::CountMismatch {
+                sent: n,
+                got: embeddings.len(),
+            });
+        }
+        Ok(embeddings)
+    }
+}
+
+/// `/info` of every replica, read at once: the first document that answered (in `TEI_URL`
+/// order), or the first replica's failure when none did. A replica that cannot be read is
+/// logged and left to its health probe.
+///
+/// # Errors
+/// [`ConnectError::Client`] when TLS to a replica fails, [`ConnectError::ModelMismatch`] when
+/// two documents name different `model_id`s (a document without one is not compared).
+async fn read_infos(
+    client: &reqwest::Client,
+    replicas: &Replicas,
+    timeout: Duration,
+) -> Result<Result<serde_json::Value, UpstreamError>, ConnectError> {
+    let reads = replicas.bases().map(|base| async move {
+        (
+            base,
+            read_info(client, &format!("{base}/info"), timeout).await,
+        )
+    });
+    let mut first: Option<(&str, serde_json::Value)> = None;
+    let mut failure = None;
+    for (base, read) in futures::future::join_all(reads).await {
+        let document = match read {
+            Ok(document) => document,
+            Err(UpstreamError::Tls(reason)) => {
+                return Err(EmbedError::Unavailable(format!(
+                    "TLS to TEI at {base} failed: {reason} (a private CA goes in TEI_TLS_CA)"
+                ))
+                .into());
+            }
+            Err(err) => {
+                if replicas.len() > 1 {
+                    tracing::warn!(replica = base, %err, "cannot read this TEI replica's /info");
+                }
+                failure.get_or_insert(err);
+                continue;
+            }
+        };
+        let Some((first_url, first_document)) = &first else {
+            first = Some((base, document));
+            continue;
+        };
+        if let (Some(first_model), Some(model)) = (
+            first_document["model_id"].as_str(),
+            document["model_id"].as_str(),
+        ) && first_model != model
+        {
+            return Err(ConnectError::ModelMismatch {
+                first_url: (*first_url).to_owned(),
+                first_model: first_model.to_owned(),
+                url: base.to_owned(),
+                model: model.to_owned(),
+            });
+        }
+    }
+    Ok(match (first, failure) {
+        (Some((_, document)), _) => Ok(document),
+        (None, Some(err)) => Err(err),
+        (None, None) => Err(UpstreamError::Unreachable("no TEI replica".into())),
+    })
 }
 
 /// `GET {tei_url}/info` as JSON; errors by cause, as for `/embed`.
@@ -157,36 +312,8 @@ impl Backend for TeiUpstream {
             }
             embatch_protocol::Task::EmbedAll => return self.embed_all(inputs, options).await,
         }
-        let n = inputs.len();
-        // The body is written while it is sent (see `body`): a batch of long inputs is not
-        // copied whole into a buffer that lives as long as the call.
-        let request = TeiRequest { inputs, options };
-        let (body, writer) = body::body(&request);
-        let post = http::post_json(&self.client, &self.embed_url);
-        let send = post.body(reqwest::Body::wrap(body)).send();
-        let write = writer.write(&request);
-        tokio::pin!(send, write);
-        let mut writing = true;
-        // The answer ends the call, whether the body was written whole or not (an early error
-        // answer, or a broken connection, drops the body and so ends the writer).
-        let response = loop {
-            tokio::select! {
-                response = &mut send => break response,
-                () = &mut write, if writing => writing = false,
-            }
-        };
-        let (status, body) = http::answer(response, self.timeout).await?;
-        if !status.is_success() {
-            return Err(status_error(status.as_u16(), &body));
-        }
-        let embeddings = Embedding::split_reply(&body)?;
-        if embeddings.len() != n {
-            return Err(UpstreamError::CountMismatch {
-                sent: n,
-                got: embeddings.len(),
-            });
-        }
-        Ok(embeddings)
+        self.on_replica(|base| async move { self.embed_on(&base, inputs, options).await })
+            .await
     }
 
     fn max_batch_size(&self) -> usize {
@@ -196,12 +323,14 @@ impl Backend for TeiUpstream {
 
 impl Upstream for TeiUpstream {
     /// TEI's own `GET /info` document, verbatim: the one read at start-up, or (when that read
-    /// failed) read now and kept once it succeeds.
+    /// failed) read now from a replica and kept once it succeeds.
     async fn info(&self) -> Result<serde_json::Value, UpstreamError> {
-        self.info
-            .get_or_try_init(|| read_info(&self.client, &self.info_url, self.timeout))
-            .await
-            .cloned()
+        let read = || {
+            self.on_replica(|base| async move {
+                read_info(&self.client, &format!("{base}/info"), self.timeout).await
+            })
+        };
+        self.info.get_or_try_init(read).await.cloned()
     }
 
     /// The tokenizer of the model TEI's `/info` names (`model_id`, with its `max_input_length`
@@ -246,9 +375,11 @@ impl Upstream for TeiUpstream {
                 "looking up the TEI model's tokenizer timed out"
             ),
         }
+        // The counter keeps the replica that answered the probe (see `tokens::tei`).
+        let replica = self.replicas.pick();
         let probe = self
             .client
-            .post(format!("{}/tokenize", self.base_url))
+            .post(replica.url("tokenize"))
             .json(&serde_json::json!({"inputs": "probe"}))
             .timeout(crate::membership::PROBE_TIMEOUT.min(self.timeout))
             .send()
@@ -256,7 +387,7 @@ impl Upstream for TeiUpstream {
         match probe {
             Ok(response) if response.status().is_success() => Counter::tei_tokenize(
                 self.client.clone(),
-                &self.base_url,
+                replica.base(),
                 max_input_length,
                 auto_truncate,
             ),
@@ -264,13 +395,33 @@ impl Upstream for TeiUpstream {
         }
     }
 
-    /// `GET {tei_url}/health`: 200 is healthy (TEI answers 503 while its model cannot run).
-    /// Bounded by `crate::membership::PROBE_TIMEOUT` (less than `UPSTREAM_TIMEOUT` when that is
-    /// shorter).
+    /// `GET {tei_url}/health` on every replica at once: healthy when one answers 200 (TEI
+    /// answers 503 while its model cannot run); a replica that does not is skipped by calls for
+    /// [`super::replicas::COOL_DOWN`], one that does is used again. Each probe is bounded by
+    /// `crate::membership::PROBE_TIMEOUT` (less than `UPSTREAM_TIMEOUT` when that is shorter).
+    ///
+    /// # Errors
+    /// The first replica's failure, when none is healthy.
     async fn health(&self) -> Result<(), UpstreamError> {
         let timeout = crate::membership::PROBE_TIMEOUT.min(self.timeout);
         let text = |body: &[u8]| String::from_utf8_lossy(body).chars().take(512).collect();
-        http::probe(&self.client, &self.health_url, timeout, text).await
+        let probes = (0..self.replicas.len()).map(|index| async move {
+            let replica = self.replicas.at(index);
+            let probed = http::probe(&self.client, &replica.url("health"), timeout, text).await;
+            match &probed {
+                Ok(()) => replica.observe(&probed),
+                Err(_) => replica.cool(),
+            }
+            probed
+        });
+        let probed = futures::future::join_all(probes).await;
+        if probed.iter().any(Result::is_ok) {
+            return Ok(());
+        }
+        match probed.into_iter().find_map(Result::err) {
+            Some(err) => Err(err),
+            None => Ok(()),
+        }
     }
 }
 
