@@ -138,14 +138,15 @@ pub struct Config {
     #[arg(long, env = "MAX_WAIT_TIME", default_value = "5ms", value_parser = humantime::parse_duration)]
     pub max_wait_time: Duration,
 
-    /// Most upstream calls in flight at once from this worker. 2 keeps a GPU busy while the
-    /// next batch is being filled; more only adds queueing inside the upstream.
+    /// Most upstream calls in flight at once from this worker to each upstream replica (the
+    /// worker's total is this times the URLs in `TEI_URL`). 2 keeps a GPU process busy while
+    /// its next batch is being filled; more only adds queueing inside the upstream.
     #[arg(long, env = "MAX_CONCURRENT_BATCHES", default_value_t = 2)]
     pub max_concurrent_batches: usize,
 
     /// A batch that is not full (fewer than MAX_BATCH_SIZE inputs) is sent only while fewer than
     /// this many upstream calls are in flight; beyond it only full batches take a slot. Unset:
-    /// MAX_CONCURRENT_BATCHES - 1 (at least 1), so while a call runs, a batch that waited
+    /// the worker's calls in flight (MAX_CONCURRENT_BATCHES × replicas) - 1 (at least 1), so while a call runs, a batch that waited
     /// MAX_WAIT_TIME keeps filling in the worker instead of queueing inside the busy upstream,
     /// and the last slot is kept for a full batch. MAX_CONCURRENT_BATCHES: any due batch takes
     /// any free slot.
@@ -353,7 +354,7 @@ impl Config {
             max_batch_size: self.max_batch_size,
             tokens: self.token_budget(upstream_info),
             max_wait: self.max_wait_time,
-            max_concurrent_batches: self.max_concurrent_batches,
+            max_concurrent_batches: self.concurrent_batches(),
             partial_batch_slots: self.partial_batch_slots,
             queue_cap: self.queue_cap,
             max_queue_bytes: self.max_queue_bytes,
@@ -364,6 +365,13 @@ impl Config {
 }
 
 impl Config {
+    /// The worker's upstream calls in flight: `MAX_CONCURRENT_BATCHES` per upstream replica
+    /// (one, but for a `TEI_URL` list), so a replica listed is a replica kept busy.
+    pub fn concurrent_batches(&self) -> usize {
+        let replicas = self.tei_url.as_ref().map_or(1, |urls| urls.urls().len());
+        self.max_concurrent_batches.saturating_mul(replicas.max(1))
+    }
+
     /// `MAX_BATCH_TOKENS` and `BATCH_COST`, their defaults resolved from the upstream's /info.
     pub fn token_budget(&self, upstream_info: Option<&serde_json::Value>) -> TokenBudget {
         let builtin = self.tei_url.is_none() && self.openai_url.is_none();
@@ -504,6 +512,19 @@ mod tests {
             assert!(err.contains(message), "{list}: {err}");
             assert!(err.contains("--tei-url"), "names the field: {err}");
         }
+    }
+
+    #[test]
+    fn max_concurrent_batches_counts_per_replica() {
+        let calls = |args: &[&str]| parse(args).batcher(None).max_concurrent_batches;
+        assert_eq!(calls(&[]), 2, "the built-in model");
+        assert_eq!(calls(&["--tei-url", "http://a"]), 2);
+        assert_eq!(calls(&["--tei-url", "http://a,http://b,http://c"]), 6);
+        let three = ["--tei-url", "http://a,http://b,http://c"];
+        assert_eq!(
+            calls(&[&three[..], &["--max-concurrent-batches", "1"]].concat()),
+            3
+        );
     }
 
     #[test]
