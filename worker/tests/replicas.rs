@@ -155,6 +155,17 @@ async fn a_replica_that_dies_mid_run_loses_no_request() {
     worker.stop().await;
 }
 
+/// A worker's settings with `TEI_URL` listing `urls`, no admin server.
+fn listing(urls: &[&str]) -> embatch_worker::Config {
+    embatch_worker::Config::parse_from([
+        "embatch-worker",
+        "--tei-url",
+        &urls.join(","),
+        "--metrics-addr",
+        "",
+    ])
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_of_different_models_stop_the_worker_at_start() {
     let a = start_tei(TeiConfig::instant()).await;
@@ -163,14 +174,7 @@ async fn replicas_of_different_models_stop_the_worker_at_start() {
         ..TeiConfig::instant()
     })
     .await;
-    let urls = format!("{},{}", a.url, b.url);
-    let config = embatch_worker::Config::parse_from([
-        "embatch-worker",
-        "--tei-url",
-        &urls,
-        "--metrics-addr",
-        "",
-    ]);
+    let config = listing(&[&a.url, &b.url]);
     let err = match embatch_worker::build_upstream(&config).await {
         Ok(_) => panic!("replicas of two models must stop the worker"),
         Err(err) => err,
@@ -195,14 +199,7 @@ async fn replicas_of_different_models_stop_the_worker_at_start() {
         ..TeiConfig::instant()
     })
     .await;
-    let urls = format!("{},{}", same.url, a.url);
-    let config = embatch_worker::Config::parse_from([
-        "embatch-worker",
-        "--tei-url",
-        &urls,
-        "--metrics-addr",
-        "",
-    ]);
+    let config = listing(&[&same.url, &a.url]);
     let upstream = embatch_worker::build_upstream(&config)
         .await
         .expect("one model on both");
