@@ -74,14 +74,8 @@ async fn one_worker_spreads_its_batches_over_two_replicas() {
     let a = start_tei(common::tei_taking(20, 1)).await;
     let b = start_tei(common::tei_taking(20, 1)).await;
     let urls = format!("{},{}", a.url, b.url);
-    let args = [
-        "--tei-url",
-        &urls,
-        "--max-batch-size",
-        "4",
-        "--max-concurrent-batches",
-        "4",
-    ];
+    let args = ["--tei-url", &urls, "--max-batch-size", "4"];
+    // MAX_CONCURRENT_BATCHES at its default: 2 per replica.
     let worker = RunningWorker::start(&nats, &args).await;
     let client = client(&nats).await;
 
@@ -110,14 +104,7 @@ async fn a_replica_that_dies_mid_run_loses_no_request() {
     let urls = format!("{a_url},{}", b.url);
     // Batches of up to 8: one replica alone serves a burst of 100 within MAX_QUEUE_DELAY, so
     // no request is shed for overload once a is gone.
-    let args = [
-        "--tei-url",
-        &urls,
-        "--max-batch-size",
-        "8",
-        "--max-concurrent-batches",
-        "4",
-    ];
+    let args = ["--tei-url", &urls, "--max-batch-size", "8"];
     let worker = RunningWorker::start(&nats, &args).await;
     let client = client(&nats).await;
 
