@@ -94,6 +94,19 @@ def panel(title, description, targets, unit="short", kind="timeseries", stack=Fa
     }
 
 
+def rates_by(title, description, metric, by, unit="reqps"):
+    """A stacked panel of one counter's rate, a series for each value of the `by` labels, named
+    by them ("{{model}} {{reason}}")."""
+    legend = " ".join("{{" + label.strip() + "}}" for label in by.split(","))
+    return panel(title, description, [(rate(metric, by=by), legend)], unit=unit, stack=True)
+
+
+def p50_p99(title, description, metric):
+    """A panel of a histogram's (`metric`, in seconds) median and 99th percentile per model."""
+    return panel(title, description, [(quantile(0.5, metric), "p50 {{model}}"),
+                                      (quantile(0.99, metric), "p99 {{model}}")], unit="s")
+
+
 ROWS = [
     ("Traffic", [
         panel("Goodput", "Requests answered with embeddings per second: by the workers (outcome ok) "
@@ -101,25 +114,22 @@ ROWS = [
               [(rate("embatch_worker_requests_total", 'outcome="ok"'), "{{model}} workers"),
                (rate("embatch_gateway_requests_total", 'status="200"'), "{{model}} gateways")],
               unit="reqps"),
-        panel("Load shed by reason", "Requests refused at admission (429, or 504 for `expired`): "
-              "queue_full (QUEUE_CAP), queue_bytes (MAX_QUEUE_BYTES), queue_delay (MAX_QUEUE_DELAY), "
-              "deadline (cannot finish in time), expired, fair_share (queued, then shed for a tenant "
-              "under its share).",
-              [(rate("embatch_worker_requests_shed_total", by="model, reason"), "{{model}} {{reason}}")],
-              unit="reqps", stack=True),
+        rates_by("Load shed by reason", "Requests refused at admission (429, or 504 for `expired`): "
+                 "queue_full (QUEUE_CAP), queue_bytes (MAX_QUEUE_BYTES), queue_delay (MAX_QUEUE_DELAY), "
+                 "deadline (cannot finish in time), expired, fair_share (queued, then shed for a tenant "
+                 "under its share).",
+                 "embatch_worker_requests_shed_total", "model, reason"),
         panel("Shed ratio", "Shed requests over all requests the workers answered.",
               [(ratio(rate("embatch_worker_requests_shed_total"),
                       rate("embatch_worker_requests_total", 'outcome!~"duplicate|handed_back"')),
                 "{{model}}")],
               unit="percentunit", minimum=0),
-        panel("Worker answers by outcome", "Requests the workers answered: ok or the error kind "
-              "(overloaded, deadline_exceeded, backend, cancelled, ...).",
-              [(rate("embatch_worker_requests_total", by="outcome"), "{{outcome}}")],
-              unit="reqps", stack=True),
-        panel("Gateway responses by status", "Embedding requests the gateways answered, by HTTP "
-              "status (499: the client hung up first).",
-              [(rate("embatch_gateway_requests_total", by="status"), "{{status}}")],
-              unit="reqps", stack=True),
+        rates_by("Worker answers by outcome", "Requests the workers answered: ok or the error kind "
+                 "(overloaded, deadline_exceeded, backend, cancelled, ...).",
+                 "embatch_worker_requests_total", "outcome"),
+        rates_by("Gateway responses by status", "Embedding requests the gateways answered, by HTTP "
+                 "status (499: the client hung up first).",
+                 "embatch_gateway_requests_total", "status"),
         panel("Gateway load", "Requests in progress and open HTTP connections over all gateways; "
               "NATS requests resent by reason.",
               [(f'sum(embatch_gateway_requests_in_flight{{namespace=~"$namespace"}})', "in flight"),
@@ -130,11 +140,9 @@ ROWS = [
                 "refused connections/s")]),
     ]),
     ("Tenants", [
-        panel("Requests by tenant", "Requests (and bulk lines) the workers answered per tenant: ok, "
-              "shed (429), failed (424, 5xx), refused (other 4xx).",
-              [(rate("embatch_worker_tenant_requests_total", by="tenant, outcome"),
-                "{{tenant}} {{outcome}}")],
-              unit="reqps", stack=True),
+        rates_by("Requests by tenant", "Requests (and bulk lines) the workers answered per tenant: "
+                 "ok, shed (429), failed (424, 5xx), refused (other 4xx).",
+                 "embatch_worker_tenant_requests_total", "tenant, outcome"),
         panel("Inputs and tokens by tenant", "Inputs and tokens of the requests answered 200, per "
               "tenant and lane (interactive, bulk): each tenant's share of the upstream.",
               [(rate("embatch_worker_tenant_inputs_total", by="tenant, lane"),
@@ -166,26 +174,20 @@ ROWS = [
               unit="reqps", stack=True),
     ]),
     ("Latency", [
-        panel("Gateway latency p50 / p99", "Embedding requests as the gateways see them.",
-              [(quantile(0.5, "embatch_gateway_request_seconds"), "p50 {{model}}"),
-               (quantile(0.99, "embatch_gateway_request_seconds"), "p99 {{model}}")], unit="s"),
-        panel("Worker latency p50 / p99", "Acceptance to answer in the workers.",
-              [(quantile(0.5, "embatch_worker_request_seconds"), "p50 {{model}}"),
-               (quantile(0.99, "embatch_worker_request_seconds"), "p99 {{model}}")], unit="s"),
-        panel("Queue wait p50 / p99", "Acceptance to a request's first upstream call.",
-              [(quantile(0.5, "embatch_worker_queue_wait_seconds"), "p50 {{model}}"),
-               (quantile(0.99, "embatch_worker_queue_wait_seconds"), "p99 {{model}}")], unit="s"),
-        panel("Upstream call p50 / p99", "One upstream call (TEI or the built-in model).",
-              [(quantile(0.5, "embatch_worker_upstream_seconds"), "p50 {{model}}"),
-               (quantile(0.99, "embatch_worker_upstream_seconds"), "p99 {{model}}")], unit="s"),
-        panel("Cache hit latency p50 / p99", "Arrival to reply of requests answered entirely from "
-              "the cache.",
-              [(quantile(0.5, "embatch_worker_cache_hit_seconds"), "p50 {{model}}"),
-               (quantile(0.99, "embatch_worker_cache_hit_seconds"), "p99 {{model}}")], unit="s"),
-        panel("Bulk line latency p50 / p99", "A bulk line's submission to the batcher to its "
-              "embeddings.",
-              [(quantile(0.5, "embatch_worker_bulk_upstream_seconds"), "p50 {{model}}"),
-               (quantile(0.99, "embatch_worker_bulk_upstream_seconds"), "p99 {{model}}")], unit="s"),
+        p50_p99("Gateway latency p50 / p99", "Embedding requests as the gateways see them.",
+                "embatch_gateway_request_seconds"),
+        p50_p99("Worker latency p50 / p99", "Acceptance to answer in the workers.",
+                "embatch_worker_request_seconds"),
+        p50_p99("Queue wait p50 / p99", "Acceptance to a request's first upstream call.",
+                "embatch_worker_queue_wait_seconds"),
+        p50_p99("Upstream call p50 / p99", "One upstream call (TEI or the built-in model).",
+                "embatch_worker_upstream_seconds"),
+        p50_p99("Cache hit latency p50 / p99", "Arrival to reply of requests answered entirely from "
+                "the cache.",
+                "embatch_worker_cache_hit_seconds"),
+        p50_p99("Bulk line latency p50 / p99", "A bulk line's submission to the batcher to its "
+                "embeddings.",
+                "embatch_worker_bulk_upstream_seconds"),
     ]),
     ("Batching", [
         panel("Batch size", "Inputs per upstream call: the mean and the p50 / p99 (MAX_BATCH_SIZE "
@@ -212,10 +214,9 @@ ROWS = [
               "all workers of the model (KEDA's interactive-queue trigger reads the first).",
               [(f"sum by (model) (embatch_worker_queue_inputs{sel()})", "queued inputs {{model}}"),
                (f"sum by (model) (embatch_worker_batches_in_flight{sel()})", "calls in flight {{model}}")]),
-        panel("Upstream calls by outcome", "Upstream calls: ok, rejected (the upstream blamed an "
-              "input), failed.",
-              [(rate("embatch_worker_upstream_calls_total", by="model, outcome"), "{{model}} {{outcome}}")],
-              unit="reqps", stack=True),
+        rates_by("Upstream calls by outcome", "Upstream calls: ok, rejected (the upstream blamed an "
+                 "input), failed.",
+                 "embatch_worker_upstream_calls_total", "model, outcome"),
         panel("Inputs without upstream work", "Inputs folded into an equal one in flight or in the "
               "same call, and batch tasks that panicked.",
               [(zero_when_none(rate("embatch_worker_dedup_inputs_total", by="model, where")),
@@ -267,10 +268,9 @@ ROWS = [
               [(rate("embatch_worker_bulk_inputs_total"), "inputs {{model}}"),
                (rate("embatch_worker_bulk_top_up_inputs_total"), "top-up inputs {{model}}")],
               unit="ops"),
-        panel("Bulk work items", "Work items (chunks of lines) handled: ack (done), term (done, a "
-              "line refused), nak (given back after an upstream failure).",
-              [(rate("embatch_worker_bulk_items_total", by="model, outcome"), "{{model}} {{outcome}}")],
-              unit="ops", stack=True),
+        rates_by("Bulk work items", "Work items (chunks of lines) handled: ack (done), term (done, a "
+                 "line refused), nak (given back after an upstream failure).",
+                 "embatch_worker_bulk_items_total", "model, outcome", unit="ops"),
         panel("Bulk lines and stalls", "Bulk lines by outcome; jobs abandoned for no progress and "
               "messages given back by the sweep.",
               [(rate("embatch_worker_bulk_lines_total", by="model, outcome"), "lines {{model}} {{outcome}}"),
