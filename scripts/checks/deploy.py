@@ -293,22 +293,14 @@ def fails(pattern):
     check(bool(found), "refused: " + (found.group(0) if found else f"expected an error matching {pattern!r}, got: {stderr.strip()!r}"))
 
 
-def main():
-    cmd, args = sys.argv[1], sys.argv[2:]
-    if cmd in ("metrics", "keda"):
-        args[0] = os.path.abspath(args[0])  # promtool
-    if cmd == "metrics":
-        metrics(*args)
-    elif cmd == "env":
-        env(args)
-    elif cmd == "keda":
-        keda(*args)
-    elif cmd == "fails":
-        fails(*args)
-    else:
-        sys.exit(f"unknown check {cmd}")
-    sys.exit(outcome.status())
+COMMANDS = {
+    # promtool's path made absolute: the checks run it from other directories.
+    "metrics": lambda promtool: metrics(os.path.abspath(promtool)),
+    "env": lambda *manifests: env(list(manifests)),
+    "keda": lambda promtool, *files: keda(os.path.abspath(promtool), *files),
+    "fails": fails,
+}
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(outcome.run(COMMANDS, sys.argv))

@@ -270,20 +270,8 @@ def rules(prom, path):
     check(not errors, f"the {len(want)} rules' expressions run as queries" if not errors else "; ".join(errors))
 
 
-def main(argv):
-    cmd, args = argv[1], argv[2:]
-    if cmd == "targets":
-        targets(*args)
-    elif cmd == "traffic":
-        return traffic(*args)
-    elif cmd == "dashboard":
-        dashboard_check(*args)
-    elif cmd == "rules":
-        rules(*args)
-    else:
-        sys.exit(f"unknown command {cmd}")
-    return outcome.status()
+COMMANDS = {"targets": targets, "traffic": traffic, "dashboard": dashboard_check, "rules": rules}
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(outcome.run(COMMANDS, sys.argv))
