@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::Path;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use embatch_client::Reply;
@@ -22,6 +21,7 @@ use crate::body::BodyError;
 use crate::metering::Used;
 use crate::models::Route;
 use crate::openai::{EmbeddingsRequest, OpenAiError};
+use crate::openapi::{EmbedOk, TeiErrors};
 use crate::tenancy::Caller;
 
 pub use crate::app::{METERED, PUBLIC, served};
@@ -35,7 +35,7 @@ pub(crate) use rerank::{cohere_rerank_v1, cohere_rerank_v2, model_rerank, rerank
 pub(crate) use sparse::{embed_sparse, model_embed_sparse};
 pub(crate) use tokenize::{decode, model_decode, model_tokenize, tokenize};
 
-use forward::{RouteRequest, TeiRoute};
+use forward::{RouteRequest, tei_route};
 
 pub(crate) mod classify;
 mod forward;
@@ -143,55 +143,31 @@ pub(crate) fn header_model(request_headers: &HeaderMap) -> Option<&str> {
         .map(str::trim)
 }
 
-/// `POST /embed` and `POST /`: one NATS request per HTTP request; the worker's reply payload
-/// becomes the body as is (the vectors are never decoded here). When the client disconnects
-/// first, the request is withdrawn from the worker's queue (see
-/// `embatch_client::EmbedClient::embed`).
-#[utoipa::path(
-    post,
-    path = "/embed",
-    tag = "tei",
-    summary = "Embed texts (TEI's /embed)",
-    description = "Exactly TEI 1.9.3's `POST /embed`: one embedding per input, in input order. \
-                   `POST /` is the same route (TEI's compat route).",
-    request_body(content = EmbedRequest, content_type = "application/json",
-        example = json!({"inputs": ["What is vector search?", "Hello, world!"], "normalize": true})),
-    params(crate::openapi::TimeoutHeader),
-    responses(crate::openapi::EmbedOk, crate::openapi::TeiErrors),
-)]
-pub(crate) async fn embed(request: RouteRequest) -> Response {
-    request.forward_by_header(EMBED).await
-}
+tei_route! {
+    /// `POST /embed`'s part of the shared path: the model's own subject, TEI's `/embed` body
+    /// (TEI 1.9.3's checks of its inputs).
+    const EMBED = Embed(EmbedRequest), inputs |request| request.inputs.len();
+    responses(EmbedOk, TeiErrors);
 
-/// `POST /models/{model}/embed` and `POST /models/{model}`: `POST /embed` for `model`.
-#[utoipa::path(
-    post,
-    path = "/models/{model}/embed",
-    tag = "tei",
-    summary = "Embed texts with a named model (TEI's /embed)",
-    description = "`POST /embed` for the model named in the path (percent-encode a `/` in its \
-                   name: `/models/BAAI%2Fbge-small-en-v1.5/embed`), for TEI clients that can \
-                   only set a base URL. `POST /models/{model}` is the same route (TEI's compat \
-                   route under the prefix). A model no worker serves: 404.",
-    params(forward::ModelPath, crate::openapi::TimeoutHeader),
-    request_body(content = EmbedRequest, content_type = "application/json"),
-    responses(crate::openapi::EmbedOk, crate::openapi::TeiErrors),
-)]
-pub(crate) async fn model_embed(Path(model): Path<String>, request: RouteRequest) -> Response {
-    request.forward(Some(model), EMBED).await
-}
+    /// `POST /embed` and `POST /`: one NATS request per HTTP request; the worker's reply payload
+    /// becomes the body as is (the vectors are never decoded here). When the client disconnects
+    /// first, the request is withdrawn from the worker's queue (see
+    /// `embatch_client::EmbedClient::embed`).
+    post "/embed" => embed {
+        summary: "Embed texts (TEI's /embed)",
+        description: "Exactly TEI 1.9.3's `POST /embed`: one embedding per input, in input \
+                      order. `POST /` is the same route (TEI's compat route).",
+        example: {"inputs": ["What is vector search?", "Hello, world!"], "normalize": true},
+    }
 
-/// `POST /embed`'s part of the shared path: the model's own subject, TEI's `/embed` body.
-const EMBED: TeiRoute = TeiRoute {
-    operation: embatch_client::Operation::Embed,
-    check: check_embed,
-};
-
-/// TEI 1.9.3's checks of an `/embed` body: its inputs.
-fn check_embed(body: &[u8], max_inputs: usize) -> Result<u64, EmbedError> {
-    let request = EmbedRequest::from_slice(body)?;
-    request.validate(max_inputs)?;
-    Ok(request.inputs.len() as u64)
+    /// `POST /models/{model}/embed` and `POST /models/{model}`: `POST /embed` for `model`.
+    post "/models/{model}/embed" => model_embed {
+        summary: "Embed texts with a named model (TEI's /embed)",
+        description: "`POST /embed` for the model named in the path (percent-encode a `/` in \
+                      its name: `/models/BAAI%2Fbge-small-en-v1.5/embed`), for TEI clients that \
+                      can only set a base URL. `POST /models/{model}` is the same route (TEI's \
+                      compat route under the prefix). A model no worker serves: 404.",
+    }
 }
 
 /// Runs one embedding request's handler under the in-flight gauge and the request metrics

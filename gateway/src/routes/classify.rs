@@ -6,10 +6,6 @@
 
 use std::collections::BTreeMap;
 
-use axum::extract::Path;
-use axum::response::Response;
-use embatch_client::Operation;
-use embatch_protocol::EmbedError;
 use embatch_protocol::embed_all::EmbedAllRequest;
 use embatch_protocol::predict::{PredictRequest, Prediction};
 use embatch_protocol::similarity::SimilarityRequest;
@@ -17,151 +13,86 @@ use utoipa::openapi::schema::OneOfBuilder;
 use utoipa::openapi::{RefOr, Response as DocResponse};
 use utoipa::{IntoResponses, PartialSchema};
 
-use super::forward::{ModelPath, RouteRequest, TeiRoute};
+use super::forward::tei_route;
+use crate::openapi::TeiErrors;
 
-/// `POST /predict`: TEI 1.9.3's `/predict` for the default model (or the `Embatch-Model`
-/// header's); the body is checked and forwarded as it is, and the worker's reply is the body.
-#[utoipa::path(
-    post,
-    path = "/predict",
-    tag = "tei",
-    summary = "Classify texts or pairs (TEI's /predict)",
-    description = "Exactly TEI 1.9.3's `POST /predict`: for each sequence (a text, or a pair \
-                   `[a, b]` scored together), every label of the model with its score, highest \
-                   first; one list for a single sequence, a list of lists for a batch \
-                   `[[a], [a, b], ...]`. Sequences of every caller are batched together. A \
-                   model that is not a classifier or reranker: 424 \"Model is not a classifier \
-                   model\", as TEI.",
-    request_body(content = PredictRequest, content_type = "application/json",
-        example = json!({"inputs": [["I like you."], ["What is it?", "It is a test."]]})),
-    params(crate::openapi::TimeoutHeader),
-    responses(PredictOk, crate::openapi::TeiErrors),
-)]
-pub(crate) async fn predict(request: RouteRequest) -> Response {
-    request.forward_by_header(PREDICT).await
+tei_route! {
+    /// `POST /predict`'s part of the shared path.
+    const PREDICT = Predict(PredictRequest), inputs |request| request.inputs.as_slice().len();
+    responses(PredictOk, TeiErrors);
+
+    /// `POST /predict`: TEI 1.9.3's `/predict` for the default model (or the `Embatch-Model`
+    /// header's); the body is checked and forwarded as it is, and the worker's reply is the body.
+    post "/predict" => predict {
+        summary: "Classify texts or pairs (TEI's /predict)",
+        description: "Exactly TEI 1.9.3's `POST /predict`: for each sequence (a text, or a pair \
+                      `[a, b]` scored together), every label of the model with its score, \
+                      highest first; one list for a single sequence, a list of lists for a batch \
+                      `[[a], [a, b], ...]`. Sequences of every caller are batched together. A \
+                      model that is not a classifier or reranker: 424 \"Model is not a \
+                      classifier model\", as TEI.",
+        example: {"inputs": [["I like you."], ["What is it?", "It is a test."]]},
+    }
+
+    /// `POST /models/{model}/predict`: `POST /predict` for `model`.
+    post "/models/{model}/predict" => model_predict {
+        summary: "Classify with a named model (TEI's /predict)",
+        description: "`POST /predict` for the model named in the path (percent-encode a `/` in \
+                      its name). A model no worker serves: 404.",
+    }
 }
 
-/// `POST /models/{model}/predict`: `POST /predict` for `model`.
-#[utoipa::path(
-    post,
-    path = "/models/{model}/predict",
-    tag = "tei",
-    summary = "Classify with a named model (TEI's /predict)",
-    description = "`POST /predict` for the model named in the path (percent-encode a `/` in \
-                   its name). A model no worker serves: 404.",
-    params(ModelPath, crate::openapi::TimeoutHeader),
-    request_body(content = PredictRequest, content_type = "application/json"),
-    responses(PredictOk, crate::openapi::TeiErrors),
-)]
-pub(crate) async fn model_predict(Path(model): Path<String>, request: RouteRequest) -> Response {
-    request.forward(Some(model), PREDICT).await
+tei_route! {
+    /// `POST /embed_all`'s part of the shared path.
+    const EMBED_ALL = EmbedAll(EmbedAllRequest), inputs |request| request.inputs.len();
+    responses(EmbedAllOk, TeiErrors);
+
+    /// `POST /embed_all`: TEI 1.9.3's `/embed_all` for the default model (or the header's).
+    post "/embed_all" => embed_all {
+        summary: "Token embeddings (TEI's /embed_all)",
+        description: "Exactly TEI 1.9.3's `POST /embed_all`: for each input, one vector per \
+                      token (the model's last hidden state, not pooled). Inputs of every caller \
+                      are batched together. Replies are large: a request whose reply cannot fit \
+                      the NATS server's `max_payload` is 413 naming how many inputs fit. A \
+                      classifier: 424 \"Model is not an embedding model\"; a SPLADE model: 424, \
+                      as TEI.",
+        example: {"inputs": ["What is vector search?"]},
+    }
+
+    /// `POST /models/{model}/embed_all`: `POST /embed_all` for `model`.
+    post "/models/{model}/embed_all" => model_embed_all {
+        summary: "Token embeddings with a named model (TEI's /embed_all)",
+        description: "`POST /embed_all` for the model named in the path. A model no worker \
+                      serves: 404.",
+    }
 }
 
-/// `POST /embed_all`: TEI 1.9.3's `/embed_all` for the default model (or the header's).
-#[utoipa::path(
-    post,
-    path = "/embed_all",
-    tag = "tei",
-    summary = "Token embeddings (TEI's /embed_all)",
-    description = "Exactly TEI 1.9.3's `POST /embed_all`: for each input, one vector per token \
-                   (the model's last hidden state, not pooled). Inputs of every caller are \
-                   batched together. Replies are large: a request whose reply cannot fit the \
-                   NATS server's `max_payload` is 413 naming how many inputs fit. A classifier: \
-                   424 \"Model is not an embedding model\"; a SPLADE model: 424, as TEI.",
-    request_body(content = EmbedAllRequest, content_type = "application/json",
-        example = json!({"inputs": ["What is vector search?"]})),
-    params(crate::openapi::TimeoutHeader),
-    responses(EmbedAllOk, crate::openapi::TeiErrors),
-)]
-pub(crate) async fn embed_all(request: RouteRequest) -> Response {
-    request.forward_by_header(EMBED_ALL).await
-}
+tei_route! {
+    /// `POST /similarity`'s part of the shared path: the source and the sentences count as
+    /// inputs (TEI 1.9.3's checks of a `/similarity` body).
+    const SIMILARITY = Similarity(SimilarityRequest),
+        inputs |request| request.inputs.sentences.len() + 1;
+    responses(SimilarityOk, TeiErrors);
 
-/// `POST /models/{model}/embed_all`: `POST /embed_all` for `model`.
-#[utoipa::path(
-    post,
-    path = "/models/{model}/embed_all",
-    tag = "tei",
-    summary = "Token embeddings with a named model (TEI's /embed_all)",
-    description = "`POST /embed_all` for the model named in the path. A model no worker \
-                   serves: 404.",
-    params(ModelPath, crate::openapi::TimeoutHeader),
-    request_body(content = EmbedAllRequest, content_type = "application/json"),
-    responses(EmbedAllOk, crate::openapi::TeiErrors),
-)]
-pub(crate) async fn model_embed_all(Path(model): Path<String>, request: RouteRequest) -> Response {
-    request.forward(Some(model), EMBED_ALL).await
-}
+    /// `POST /similarity`: TEI 1.9.3's `/similarity` for the default model (or the header's).
+    post "/similarity" => similarity {
+        summary: "Sentence similarity (TEI's /similarity)",
+        description: "Exactly TEI 1.9.3's `POST /similarity`: the cosine similarity of each \
+                      sentence's embedding with the source sentence's, in sentence order. The \
+                      workers embed the source and the sentences as `/embed` inputs \
+                      (`normalize: false`, as TEI), batched with other callers' and cached, and \
+                      compute the cosines. A classifier: 424 \"Model is not an embedding \
+                      model\", as TEI.",
+        example: {"inputs": {"source_sentence": "What is Deep Learning?",
+                             "sentences": ["What is Machine Learning?"]}},
+    }
 
-/// `POST /similarity`: TEI 1.9.3's `/similarity` for the default model (or the header's).
-#[utoipa::path(
-    post,
-    path = "/similarity",
-    tag = "tei",
-    summary = "Sentence similarity (TEI's /similarity)",
-    description = "Exactly TEI 1.9.3's `POST /similarity`: the cosine similarity of each \
-                   sentence's embedding with the source sentence's, in sentence order. The \
-                   workers embed the source and the sentences as `/embed` inputs \
-                   (`normalize: false`, as TEI), batched with other callers' and cached, and \
-                   compute the cosines. A classifier: 424 \"Model is not an embedding model\", \
-                   as TEI.",
-    request_body(content = SimilarityRequest, content_type = "application/json",
-        example = json!({"inputs": {"source_sentence": "What is Deep Learning?",
-                                    "sentences": ["What is Machine Learning?"]}})),
-    params(crate::openapi::TimeoutHeader),
-    responses(SimilarityOk, crate::openapi::TeiErrors),
-)]
-pub(crate) async fn similarity(request: RouteRequest) -> Response {
-    request.forward_by_header(SIMILARITY).await
-}
-
-/// `POST /models/{model}/similarity`: `POST /similarity` for `model`.
-#[utoipa::path(
-    post,
-    path = "/models/{model}/similarity",
-    tag = "tei",
-    summary = "Sentence similarity with a named model (TEI's /similarity)",
-    description = "`POST /similarity` for the model named in the path. A model no worker \
-                   serves: 404.",
-    params(ModelPath, crate::openapi::TimeoutHeader),
-    request_body(content = SimilarityRequest, content_type = "application/json"),
-    responses(SimilarityOk, crate::openapi::TeiErrors),
-)]
-pub(crate) async fn model_similarity(Path(model): Path<String>, request: RouteRequest) -> Response {
-    request.forward(Some(model), SIMILARITY).await
-}
-
-/// `POST /predict`'s part of the shared path.
-const PREDICT: TeiRoute = TeiRoute {
-    operation: Operation::Predict,
-    check: |body, max| {
-        let request = PredictRequest::from_slice(body)?;
-        request.validate(max)?;
-        Ok(request.inputs.as_slice().len() as u64)
-    },
-};
-
-/// `POST /embed_all`'s part of the shared path.
-const EMBED_ALL: TeiRoute = TeiRoute {
-    operation: Operation::EmbedAll,
-    check: |body, max| {
-        let request = EmbedAllRequest::from_slice(body)?;
-        request.validate(max)?;
-        Ok(request.inputs.len() as u64)
-    },
-};
-
-/// `POST /similarity`'s part of the shared path: the source and the sentences are its inputs.
-const SIMILARITY: TeiRoute = TeiRoute {
-    operation: Operation::Similarity,
-    check: check_similarity,
-};
-
-/// TEI 1.9.3's checks of a `/similarity` body: the source and the sentences count as inputs.
-fn check_similarity(body: &[u8], max: usize) -> Result<u64, EmbedError> {
-    let request = SimilarityRequest::from_slice(body)?;
-    request.validate(max)?;
-    Ok(request.inputs.sentences.len() as u64 + 1)
+    /// `POST /models/{model}/similarity`: `POST /similarity` for `model`.
+    post "/models/{model}/similarity" => model_similarity {
+        summary: "Sentence similarity with a named model (TEI's /similarity)",
+        description: "`POST /similarity` for the model named in the path. A model no worker \
+                      serves: 404.",
+    }
 }
 
 /// The 200 of `POST /predict`. A declaration for the document.

@@ -2,8 +2,9 @@
 //! each also under `/models/{model}/`): route the request to its model, check its body here (so
 //! a malformed one never reaches NATS), send it as it is as one NATS request on the route's
 //! subject (deadline, in-flight limit, acknowledgements, resends, tenant, metering), and answer
-//! the worker's reply as the body. A route file keeps only its own part: a [`TeiRoute`] (its
-//! subject's operation and its body check) and its document.
+//! the worker's reply as the body. A route file keeps only its own part, declared once with
+//! `tei_route!` for `/x` and `/models/{model}/x`: a [`TeiRoute`] (its subject's operation and
+//! its body check) and the words of its document.
 
 use std::sync::Arc;
 
@@ -33,6 +34,78 @@ pub(super) struct TeiRoute {
     pub(super) operation: Operation,
     pub(super) check: Check,
 }
+
+/// Declares one TEI route of the shared path, written once for `POST /x` and
+/// `POST /models/{model}/x`: its [`TeiRoute`] constant (the operation that picks the subject,
+/// and the check of the body type `$body`, counting the inputs `$inputs` names of the parsed
+/// body `$r`), and its two handlers with their documents (`$ok` the 200, `$errors` the error
+/// statuses): `$plain` serves the default model (or the `Embatch-Model` header's), `$model` the
+/// model in the path. Only the words of each route are its own.
+macro_rules! tei_route {
+    (
+        $(#[doc = $route_doc:literal])*
+        const $route:ident = $operation:ident($body:ident), inputs |$r:ident| $inputs:expr;
+        responses($ok:ident, $errors:ident);
+        $(#[doc = $plain_doc:literal])*
+        post $path:literal => $plain:ident {
+            summary: $summary:literal,
+            description: $description:literal,
+            example: $example:tt $(,)?
+        }
+        $(#[doc = $model_doc:literal])*
+        post $model_path:literal => $model:ident {
+            summary: $model_summary:literal,
+            description: $model_description:literal $(,)?
+        }
+    ) => {
+        $(#[doc = $route_doc])*
+        const $route: $crate::routes::forward::TeiRoute = $crate::routes::forward::TeiRoute {
+            operation: ::embatch_client::Operation::$operation,
+            check: |body, max_inputs| {
+                let $r = $body::from_slice(body)?;
+                $r.validate(max_inputs)?;
+                Ok($inputs as u64)
+            },
+        };
+
+        $(#[doc = $plain_doc])*
+        #[utoipa::path(
+            post,
+            path = $path,
+            tag = "tei",
+            summary = $summary,
+            description = $description,
+            request_body(content = $body, content_type = "application/json",
+                example = json!($example)),
+            params($crate::openapi::TimeoutHeader),
+            responses($ok, $errors),
+        )]
+        pub(crate) async fn $plain(
+            request: $crate::routes::forward::RouteRequest,
+        ) -> ::axum::response::Response {
+            request.forward_by_header($route).await
+        }
+
+        $(#[doc = $model_doc])*
+        #[utoipa::path(
+            post,
+            path = $model_path,
+            tag = "tei",
+            summary = $model_summary,
+            description = $model_description,
+            params($crate::routes::forward::ModelPath, $crate::openapi::TimeoutHeader),
+            request_body(content = $body, content_type = "application/json"),
+            responses($ok, $errors),
+        )]
+        pub(crate) async fn $model(
+            ::axum::extract::Path(model): ::axum::extract::Path<String>,
+            request: $crate::routes::forward::RouteRequest,
+        ) -> ::axum::response::Response {
+            request.forward(Some(model), $route).await
+        }
+    };
+}
+pub(super) use tei_route;
 
 /// The `{model}` parameter of the `/models/{model}/...` routes: a declaration for the
 /// document (the handlers take it with axum's `Path`).

@@ -8,7 +8,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::Path;
 use axum::response::{IntoResponse, Response};
 use embatch_client::Operation;
 use embatch_protocol::rerank::Rank;
@@ -16,60 +15,36 @@ use embatch_protocol::{EmbedError, ErrorResponse, RerankRequest};
 use utoipa::openapi::{Ref, RefOr, Response as DocResponse};
 use utoipa::{IntoResponses, PartialSchema, ToSchema};
 
-use super::forward::{RouteRequest, TeiRoute};
+use super::forward::{RouteRequest, tei_route};
 use super::{
     ApiError, body_or_header_model, client_timeout, counted, read_body, reply_ok, routed, send_as,
     translated_body,
 };
 use crate::cohere::{CohereRerankRequest, CohereRerankResponse};
 
-/// `POST /rerank`: TEI 1.9.3's `/rerank` for the default model (or the `Embatch-Model`
-/// header's); the body is checked and forwarded as it is, and the worker's reply is the body.
-#[utoipa::path(
-    post,
-    path = "/rerank",
-    tag = "tei",
-    summary = "Rerank texts against a query (TEI's /rerank)",
-    description = "Exactly TEI 1.9.3's `POST /rerank`: one score per text, the ranks sorted by \
-                   score, highest first; `text` echoed with `return_text`. Pairs of every \
-                   caller are batched together. A model that is not a reranker: 424, as TEI.",
-    request_body(content = RerankRequest, content_type = "application/json",
-        example = json!({"query": "What is Deep Learning?",
-                         "texts": ["Deep Learning is ...", "Cheese is ..."]})),
-    params(crate::openapi::TimeoutHeader),
-    responses(RerankOk, RerankErrors),
-)]
-pub(crate) async fn rerank(request: RouteRequest) -> Response {
-    request.forward_by_header(RERANK).await
-}
+tei_route! {
+    /// `POST /rerank`'s part of the shared path: the model's rerank subject, TEI's `/rerank`
+    /// body (TEI 1.9.3's checks: `top_n` and the like), counting its texts.
+    const RERANK = Rerank(RerankRequest), inputs |request| request.texts.len();
+    responses(RerankOk, RerankErrors);
 
-/// `POST /models/{model}/rerank`: `POST /rerank` for `model`.
-#[utoipa::path(
-    post,
-    path = "/models/{model}/rerank",
-    tag = "tei",
-    summary = "Rerank texts with a named model (TEI's /rerank)",
-    description = "`POST /rerank` for the model named in the path (percent-encode a `/` in its \
-                   name). A model no worker serves: 404.",
-    params(super::forward::ModelPath, crate::openapi::TimeoutHeader),
-    request_body(content = RerankRequest, content_type = "application/json"),
-    responses(RerankOk, RerankErrors),
-)]
-pub(crate) async fn model_rerank(Path(model): Path<String>, request: RouteRequest) -> Response {
-    request.forward(Some(model), RERANK).await
-}
+    /// `POST /rerank`: TEI 1.9.3's `/rerank` for the default model (or the `Embatch-Model`
+    /// header's); the body is checked and forwarded as it is, and the worker's reply is the body.
+    post "/rerank" => rerank {
+        summary: "Rerank texts against a query (TEI's /rerank)",
+        description: "Exactly TEI 1.9.3's `POST /rerank`: one score per text, the ranks sorted \
+                      by score, highest first; `text` echoed with `return_text`. Pairs of every \
+                      caller are batched together. A model that is not a reranker: 424, as TEI.",
+        example: {"query": "What is Deep Learning?",
+                  "texts": ["Deep Learning is ...", "Cheese is ..."]},
+    }
 
-/// `POST /rerank`'s part of the shared path: the model's rerank subject, TEI's `/rerank` body.
-const RERANK: TeiRoute = TeiRoute {
-    operation: Operation::Rerank,
-    check: check_rerank,
-};
-
-/// TEI 1.9.3's checks of a `/rerank` body: its texts (`top_n` and the like).
-fn check_rerank(body: &[u8], max_inputs: usize) -> Result<u64, EmbedError> {
-    let request = RerankRequest::from_slice(body)?;
-    request.validate(max_inputs)?;
-    Ok(request.texts.len() as u64)
+    /// `POST /models/{model}/rerank`: `POST /rerank` for `model`.
+    post "/models/{model}/rerank" => model_rerank {
+        summary: "Rerank texts with a named model (TEI's /rerank)",
+        description: "`POST /rerank` for the model named in the path (percent-encode a `/` in \
+                      its name). A model no worker serves: 404.",
+    }
 }
 
 /// `POST /v1/rerank`: Cohere's rerank API, v1 (documents as strings or `{"text"}` objects).
