@@ -9,10 +9,11 @@
 //!
 //! The same task listens on [`headers::heartbeat_subject`]. A worker is watched while it holds
 //! one of this client's requests: from its acknowledgement (seen here, on the inbox) until that
-//! request ends. A watched worker not heard for [`HEARTBEAT_EXPIRY`] is lost, and the requests
-//! it had acknowledged are resent ([`Inbox::is_lost`]). Workers beat only while they hold
-//! requests, so a worker that holds nothing of this client is not watched: its silence says
-//! nothing. It also watches the connection: after a reconnect every request in
+//! request ends. Each acknowledgement and each heartbeat from it counts as word that it lives; a
+//! watched worker not heard for [`HEARTBEAT_EXPIRY`] is lost, and the requests it had
+//! acknowledged are resent ([`Inbox::is_lost`]). Workers beat only while they hold a request
+//! acknowledged over [`headers::HEARTBEAT_INTERVAL`] ago, so a worker that holds nothing of this
+//! client is not watched: its silence says nothing. It also watches the connection: after a reconnect every request in
 //! flight is resent, since a reply the worker published while this client was away was dropped
 //! by the server. Both are announced through [`Inbox::events`].
 

@@ -117,12 +117,17 @@ async fn a_plain_request_gets_one_reply_and_an_acked_one_an_acknowledgement_firs
     }
     assert!(fast_replies > 0, "no reply came before its acknowledgement");
 
-    // Held beyond the delay (the upstream takes 200 ms): the acknowledgement, then the reply.
-    // A new text: "hello" is in the workers' cache by now, and a hit is answered at once.
+    // Held beyond the delay (the upstream takes 400 ms): the acknowledgement, heartbeats from
+    // 100 to 200 ms after it, then the reply. A new text: "hello" is in the workers' cache by
+    // now, and a hit is answered at once.
     stack.tei.set_faults(Faults {
-        delay: Duration::from_millis(200),
+        delay: Duration::from_millis(400),
         ..Faults::default()
     });
+    let mut beats = nats
+        .subscribe(headers::heartbeat_subject("embed"))
+        .await
+        .expect("subscribe");
     let inbox = nats.new_inbox();
     let mut sub = nats.subscribe(inbox.clone()).await.expect("subscribe");
     let mut ack = async_nats::HeaderMap::new();
@@ -131,7 +136,7 @@ async fn a_plain_request_gets_one_reply_and_an_acked_one_an_acknowledgement_firs
     nats.publish_with_reply_and_headers("embed", inbox, ack, held)
         .await
         .expect("publish");
-    let acked = messages(&mut sub, Duration::from_millis(500)).await;
+    let acked = messages(&mut sub, Duration::from_millis(900)).await;
     assert_eq!(acked.len(), 2, "an acknowledgement, then the reply");
     let worker =
         header(&acked[0], headers::ACCEPTED_BY).expect("the first message names the worker");
@@ -154,11 +159,7 @@ async fn a_plain_request_gets_one_reply_and_an_acked_one_an_acknowledgement_firs
         vec![embatch_testkit::double_vector("held past the delay")]
     );
 
-    // The worker's heartbeat carries the same id and connect count.
-    let mut beats = nats
-        .subscribe(headers::heartbeat_subject("embed"))
-        .await
-        .expect("subscribe");
+    // The worker's heartbeat, while it held the request, carries the same id and connect count.
     let beat = tokio::time::timeout(Duration::from_secs(2), beats.next())
         .await
         .expect("a heartbeat within 2 s")

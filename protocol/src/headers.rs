@@ -95,26 +95,25 @@ pub const WORKER_CONNECTS: &str = "Embatch-Worker-Connects";
 pub const ACK_DELAY_MS: &str = "Embatch-Ack-Delay-Ms";
 
 /// `<subject>.alive`: where a worker publishes its service id (the body, UTF-8) every
-/// [`HEARTBEAT_INTERVAL`] while it holds requests, and for [`HEARTBEAT_LINGER`] after it answered
-/// the last one, so a client knows that the worker holding its request (named by
-/// [`ACCEPTED_BY`]) is alive. A worker that holds a client's acknowledged request and is not heard
-/// for [`HEARTBEAT_EXPIRY`] is gone (killed, partitioned): the client resends what it held. An
-/// idle worker is silent: a client watches a worker only while it holds one of its requests
-/// (from the acknowledgement on).
+/// [`HEARTBEAT_INTERVAL`] while it holds a request it acknowledged more than one interval ago,
+/// so a client knows that the worker holding its request (named by [`ACCEPTED_BY`]) is alive.
+/// A client counts the acknowledgement and each heartbeat as word from the worker: it hears one
+/// within 200 ms of an acknowledgement and every 100 ms after, until the reply. A worker that
+/// holds a client's acknowledged request and is not heard for [`HEARTBEAT_EXPIRY`] is gone
+/// (killed, partitioned): the client resends what it held. A worker is silent while it is idle
+/// and while it answers what it holds within an interval of acknowledging it: a client watches
+/// a worker only while it holds one of its requests (from the acknowledgement on).
 pub fn heartbeat_subject(subject: &str) -> String {
     format!("{subject}.alive")
 }
 
-/// How often a worker that holds requests publishes on [`heartbeat_subject`]: 100 ms.
+/// How often a worker that holds a request acknowledged over an interval ago publishes on
+/// [`heartbeat_subject`]: 100 ms.
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(100);
 
-/// How long a worker keeps beating after it answered the last request it held: 1 s (so a client
-/// whose acknowledgement and the worker's last beat cross never sees a gap while it waits).
-pub const HEARTBEAT_LINGER: Duration = Duration::from_secs(1);
-
-/// How long after its last heartbeat a worker that holds a client's acknowledged request counts
-/// as gone: 500 ms (five intervals, so a process stalled for a few hundred ms on a loaded host is
-/// not taken for dead).
+/// How long after its last word (acknowledgement or heartbeat) a worker that holds a client's
+/// acknowledged request counts as gone: 500 ms (at least three intervals after the first beat is
+/// due, so a process stalled for a few hundred ms on a loaded host is not taken for dead).
 pub const HEARTBEAT_EXPIRY: Duration = Duration::from_millis(500);
 
 /// Request header (optional): on a copy of a request that its client resends (the same

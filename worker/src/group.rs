@@ -18,7 +18,6 @@
 //! asks that subject whether a peer has room when its decision needs to know ([`crate::peers`]):
 //! nothing is published periodically.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::{Client, Message, Subscriber};
@@ -107,8 +106,6 @@ pub(crate) struct Group {
     asking: bool,
     answered: mpsc::Receiver<bool>,
     answer_to: mpsc::Sender<bool>,
-    /// Told of each request read: the heartbeat beats while requests are held.
-    busy: Arc<crate::heartbeat::Busy>,
     /// [`BatcherHandle::answered_calls`] at the last probe result.
     answered_at_probe: u64,
     /// The queue wait requests met on admission, smoothed ([`ROOM_SMOOTHING`] per admitted
@@ -150,7 +147,6 @@ impl Group {
             asking: false,
             answered,
             answer_to,
-            busy: Arc::default(),
             typical_wait: Duration::ZERO,
             answered_at_probe: batcher.answered_calls(),
             failures,
@@ -168,11 +164,6 @@ impl Group {
         let load = group.load();
         group.follow_room(load).await;
         Ok(group)
-    }
-
-    /// Told of each request read (for the heartbeat: see `crate::heartbeat`).
-    pub fn busy(&self) -> Arc<crate::heartbeat::Busy> {
-        Arc::clone(&self.busy)
     }
 
     /// The next thing to handle: a request routed to this worker, or an input of the
@@ -220,7 +211,6 @@ impl Group {
                     return Event::Control(Control::Recheck);
                 }
             };
-            self.busy.read();
             return Event::Request(request);
         }
     }

@@ -1,18 +1,20 @@
 //! The worker's liveness signal for clients: its service id (and its connect count,
 //! [`embatch_protocol::headers::WORKER_CONNECTS`]) on
-//! [`embatch_protocol::headers::heartbeat_subject`] every
-//! [`embatch_protocol::headers::HEARTBEAT_INTERVAL`] while it holds requests, and for
-//! [`HEARTBEAT_LINGER`] after it answered the last one. An idle worker is silent.
+//! [`embatch_protocol::headers::heartbeat_subject`], sent only while some client could take the
+//! worker's silence for its death.
 //!
 //! A client that asked for an acknowledgement ([`embatch_protocol::headers::ACK`]) knows which
 //! worker holds its request, and watches that worker from the acknowledgement until the reply;
-//! when its heartbeat stops for [`embatch_protocol::headers::HEARTBEAT_EXPIRY`] (the process was
-//! killed, or lost NATS), the client resends the request to the queue group. A worker holds a
-//! request from its reading until its reply task ends, so it beats through every
-//! acknowledgement it sent (the first beat goes out as the first request after a silence is
-//! read, before the acknowledgement 20 ms later). The linger covers a beat and an
-//! acknowledgement that cross; the heartbeat runs until every accepted request is answered, so a
-//! graceful stop never looks like a death.
+//! when it hears nothing from it (no acknowledgement, no heartbeat) for
+//! [`embatch_protocol::headers::HEARTBEAT_EXPIRY`] (500 ms: the process was killed, or lost
+//! NATS), the client resends the request to the queue group. So the worker beats every
+//! [`embatch_protocol::headers::HEARTBEAT_INTERVAL`] (100 ms) while it holds a request it
+//! acknowledged more than one interval ago: a client hears the worker within 200 ms of an
+//! acknowledgement and every 100 ms after, while a request answered within 100 ms of its
+//! acknowledgement (most of them, on a worker that keeps up) costs no beat at all. An idle
+//! worker, and one whose requests are answered before they are acknowledged, is silent. The
+//! heartbeat runs until every acknowledged request is answered, so a graceful stop never looks
+//! like a death.
 //!
 //! It is silent while the worker is out of the queue group because its upstream fails or
 //! hangs ([`MemberState::UpstreamUnhealthy`], see [`crate::membership`]): a call that hangs in
@@ -20,41 +22,103 @@
 //! the other workers after [`embatch_protocol::headers::HEARTBEAT_EXPIRY`], and the first reply
 //! wins. (A worker whose upstream fails answers 503 for what it holds anyway.)
 //!
-//! Cost: one message of ~22 bytes of body and ~50 of header per interval per subject served (10 per second; 20 for a
-//! worker of the default model, which serves two subjects) while the worker is busy, fanned out
-//! by the NATS server to every client that listens on that subject: at most 10 × busy workers ×
-//! listening clients per second, none while idle (docs/design/control-plane.md).
+//! Cost: one message of ~22 bytes of body and ~50 of header per interval per subject served,
+//! only while a request acknowledged over 100 ms ago is held, fanned out by the NATS server to
+//! every client that listens on that subject (docs/design/control-plane.md).
 
+use std::array;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use async_nats::Client;
 use bytes::Bytes;
-use embatch_protocol::headers::{HEARTBEAT_INTERVAL, HEARTBEAT_LINGER, heartbeat_subject};
+use embatch_protocol::headers::{HEARTBEAT_INTERVAL, heartbeat_subject};
 use tokio::sync::{Notify, watch};
-use tokio::time::{Instant, MissedTickBehavior};
+use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::membership::MemberState;
 
-/// The requests read, counted, and a wake-up for the heartbeat between busy spells.
-#[derive(Debug, Default)]
-pub(crate) struct Busy {
-    reads: AtomicU64,
+/// Generations of acknowledgements counted apart: a request is counted in the slot of the
+/// heartbeat tick it was acknowledged in (modulo this), so the heartbeat can tell the requests
+/// acknowledged in the last interval from the older ones without a lock. A request held over
+/// `SLOTS` intervals may share the newest slot for one tick: at most one beat is skipped for it
+/// (200 ms between beats, within the client's 500 ms).
+const SLOTS: usize = 8;
+
+/// The acknowledged requests a worker holds, by the heartbeat tick they were acknowledged in,
+/// and a wake-up for the heartbeat between busy spells.
+#[derive(Debug)]
+pub(crate) struct Acked {
+    /// The heartbeat's tick count (advanced only while it beats or waits to).
+    generation: AtomicU64,
+    /// Acknowledged and unanswered requests, per generation modulo [`SLOTS`].
+    slots: [AtomicUsize; SLOTS],
     notify: Notify,
 }
 
-impl Busy {
-    /// A request was read (by [`crate::group::Group::next`], before its reply task starts).
-    pub(crate) fn read(&self) {
-        self.reads.fetch_add(1, Ordering::SeqCst);
+impl Default for Acked {
+    fn default() -> Self {
+        Acked {
+            generation: AtomicU64::new(0),
+            slots: array::from_fn(|_| AtomicUsize::new(0)),
+            notify: Notify::new(),
+        }
+    }
+}
+
+/// One acknowledged request, counted from its acknowledgement until this is dropped (its reply
+/// task ended: answered, withdrawn or handed back).
+#[derive(Debug)]
+pub(crate) struct Held {
+    acked: Arc<Acked>,
+    slot: usize,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.acked.slots[self.slot].fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Acked {
+    /// Counts a request about to be acknowledged (call before sending the acknowledgement) and
+    /// wakes the heartbeat.
+    pub(crate) fn hold(self: &Arc<Self>) -> Held {
+        let generation = self.generation.load(Ordering::Acquire);
+        let slot = slot_of(generation);
+        self.slots[slot].fetch_add(1, Ordering::AcqRel);
         self.notify.notify_one();
+        Held {
+            acked: Arc::clone(self),
+            slot,
+        }
     }
 
-    fn reads(&self) -> u64 {
-        self.reads.load(Ordering::SeqCst)
+    /// Starts tick `generation + 1` and tells whether a request acknowledged before the tick
+    /// just ended is held (a beat is due), and whether any acknowledged request is held.
+    fn tick(&self) -> (bool, bool) {
+        let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        let young = slot_of(generation - 1);
+        let mut any = false;
+        let mut due = false;
+        for (slot, count) in self.slots.iter().enumerate() {
+            if count.load(Ordering::Acquire) > 0 {
+                any = true;
+                due |= slot != young;
+            }
+        }
+        (due, any)
     }
+
+    fn any(&self) -> bool {
+        self.slots.iter().any(|c| c.load(Ordering::Acquire) > 0)
+    }
+}
+
+fn slot_of(generation: u64) -> usize {
+    // The remainder is below SLOTS (8), so it fits any usize.
+    (generation % SLOTS as u64) as usize
 }
 
 /// What the heartbeat follows: who beats, on which subjects, and what the worker holds.
@@ -67,78 +131,112 @@ pub(crate) struct Beat {
     pub id: String,
     /// The membership state: silent while [`MemberState::UpstreamUnhealthy`].
     pub state: watch::Receiver<MemberState>,
-    /// The requests read ([`crate::group::Group::busy`]).
-    pub busy: Arc<Busy>,
-    /// The reply tasks, one per accepted request: the worker holds requests while it has any.
-    pub replies: TaskTracker,
+    /// The acknowledged requests held (shared with the intake's reply tasks).
+    pub acked: Arc<Acked>,
 }
 
-/// Beats while the worker holds requests, until `stop` is cancelled (the last step of the
-/// worker's shutdown, after it answered what it held). Between busy spells it waits for
-/// [`Beat::busy`] and sends nothing. A failed publish (the connection is closed) is logged at
-/// debug and retried at the next tick; while disconnected the client does not send (async-nats
-/// would buffer the beats and flush them, stale, at the reconnect).
+/// Beats while the worker holds requests acknowledged over an interval ago, until `stop` is
+/// cancelled (the last step of the worker's shutdown, after it answered what it held). Between
+/// busy spells it waits for an acknowledgement and sends nothing. A failed publish (the
+/// connection is closed) is logged at debug and retried at the next tick; while disconnected the
+/// client does not send (async-nats would buffer the beats and flush them, stale, at the
+/// reconnect).
 pub(crate) async fn run(beat: Beat, stop: CancellationToken) {
     let subjects: Vec<String> = beat.subjects.iter().map(|s| heartbeat_subject(s)).collect();
     let payload = Bytes::from(beat.id.clone().into_bytes());
-    // The reads seen by the last spell: a wake-up left over from a request it covered starts
-    // no new spell (reads are counted before the wake-up, so none is missed).
-    let mut seen = 0;
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
-            () = beat.busy.notify.notified() => {}
+            () = beat.acked.notify.notified() => {}
         }
-        if beat.busy.reads() == seen {
-            continue;
+        if beat.acked.any() {
+            spell(&beat, &subjects, &payload, &stop).await;
         }
-        seen = spell(&beat, &subjects, &payload, &stop).await;
     }
 }
 
-/// One busy spell: a beat now, then one every interval while requests are held (or read since
-/// the last tick) and for the linger after the last one. Returns the reads it covered; returns
-/// early when `stop` is cancelled.
-async fn spell(beat: &Beat, subjects: &[String], payload: &Bytes, stop: &CancellationToken) -> u64 {
-    let mut tick = tokio::time::interval(HEARTBEAT_INTERVAL);
+/// One busy spell: a tick every interval, each beating when a request acknowledged before the
+/// last tick is held, until none acknowledged is held (an acknowledgement after that wakes
+/// [`run`] again: [`Notify`] keeps the wake-up). Returns early when `stop` is cancelled.
+async fn spell(beat: &Beat, subjects: &[String], payload: &Bytes, stop: &CancellationToken) {
+    let start = tokio::time::Instant::now() + HEARTBEAT_INTERVAL;
+    let mut tick = tokio::time::interval_at(start, HEARTBEAT_INTERVAL);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let mut held_at = Instant::now();
-    let mut reads = beat.busy.reads();
     loop {
         tokio::select! {
-            () = stop.cancelled() => return reads,
+            () = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let now = Instant::now();
-        let read = beat.busy.reads();
-        if read != reads || !beat.replies.is_empty() {
-            held_at = now;
-            reads = read;
-        } else if now.saturating_duration_since(held_at) > HEARTBEAT_LINGER {
-            return reads;
+        let (due, any) = beat.acked.tick();
+        if !any {
+            return;
         }
-        if beat.client.connection_state() != async_nats::connection::State::Connected
+        if !due
+            || beat.client.connection_state() != async_nats::connection::State::Connected
             || *beat.state.borrow() == MemberState::UpstreamUnhealthy
         {
             continue;
         }
-        // The connect count tells a client that replies sent before a reconnect may be lost.
-        let mut connects = async_nats::HeaderMap::new();
-        connects.insert(
-            embatch_protocol::headers::WORKER_CONNECTS,
-            crate::reconnect::connects(&beat.client)
-                .to_string()
-                .as_str(),
-        );
-        for subject in subjects {
-            let sent = beat.client.publish_with_headers(
-                subject.clone(),
-                connects.clone(),
-                payload.clone(),
-            );
-            if let Err(err) = sent.await {
-                tracing::debug!(%err, "cannot publish the heartbeat");
-            }
+        publish(beat, subjects, payload).await;
+    }
+}
+
+/// One beat on every subject, with the connection's connect count: a larger count than the
+/// acknowledgement's tells a client that replies sent before a reconnect may be lost.
+async fn publish(beat: &Beat, subjects: &[String], payload: &Bytes) {
+    let mut connects = async_nats::HeaderMap::new();
+    connects.insert(
+        embatch_protocol::headers::WORKER_CONNECTS,
+        crate::reconnect::connects(&beat.client)
+            .to_string()
+            .as_str(),
+    );
+    for subject in subjects {
+        let sent =
+            beat.client
+                .publish_with_headers(subject.clone(), connects.clone(), payload.clone());
+        if let Err(err) = sent.await {
+            tracing::debug!(%err, "cannot publish the heartbeat");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_beat_is_due_only_for_a_request_acknowledged_before_the_last_tick() {
+        let acked = Arc::new(Acked::default());
+        assert_eq!(acked.tick(), (false, false), "nothing held");
+        let first = acked.hold();
+        assert_eq!(
+            acked.tick(),
+            (false, true),
+            "acknowledged in the tick just ended"
+        );
+        assert_eq!(acked.tick(), (true, true), "one interval old");
+        let second = acked.hold();
+        assert_eq!(acked.tick(), (true, true), "the old one still held");
+        drop(first);
+        assert_eq!(acked.tick(), (true, true), "the second is old now");
+        drop(second);
+        assert_eq!(acked.tick(), (false, false), "all answered");
+    }
+
+    #[test]
+    fn a_request_held_for_many_intervals_skips_at_most_one_beat() {
+        let acked = Arc::new(Acked::default());
+        let _held = acked.hold();
+        acked.tick();
+        let mut skipped_in_a_row = 0;
+        let mut most = 0;
+        for _ in 0..(SLOTS * 4) {
+            let (due, any) = acked.tick();
+            assert!(any);
+            skipped_in_a_row = if due { 0 } else { skipped_in_a_row + 1 };
+            most = most.max(skipped_in_a_row);
+        }
+        assert_eq!(most, 1, "one tick at each wrap of the slots");
     }
 }

@@ -109,6 +109,8 @@ pub(crate) struct Intake {
     pub cache: Arc<Cache>,
     /// Decides each request's tenant.
     pub tenants: TenantPolicy,
+    /// The acknowledged requests held, which the heartbeat follows.
+    pub acked: Arc<crate::heartbeat::Acked>,
 }
 
 /// How long shutdown waits for the server to confirm the drain (its PONG) while still admitting
@@ -133,6 +135,7 @@ pub(crate) async fn run(intake: Intake, stop: CancellationToken) {
         stats,
         cache,
         tenants,
+        acked,
     } = intake;
     let mut reconnects = crate::reconnect::Reconnects::new(&client);
     let admitter = Arc::new(Admitter {
@@ -141,6 +144,7 @@ pub(crate) async fn run(intake: Intake, stop: CancellationToken) {
         acks: Acks {
             worker_id: Arc::from(config.worker_id.as_str()),
             delay_ms: headers::ACK_DELAY.as_millis().to_string().into(),
+            acked,
         },
         held: Arc::new(Held::default()),
         parsing: tokio::sync::Semaphore::new(
@@ -190,10 +194,13 @@ pub(crate) async fn run(intake: Intake, stop: CancellationToken) {
 }
 
 /// What this worker puts in acknowledgements: its id ([`headers::ACCEPTED_BY`]) and its delay
-/// ([`headers::ACK_DELAY_MS`]), shared by the reply tasks.
+/// ([`headers::ACK_DELAY_MS`]), shared by the reply tasks, and the count of acknowledged
+/// requests the heartbeat follows.
+#[derive(Clone)]
 struct Acks {
     worker_id: Arc<str>,
     delay_ms: Arc<str>,
+    acked: Arc<crate::heartbeat::Acked>,
 }
 
 /// Whether `request` asks for an acknowledgement ([`headers::ACK`]).
@@ -241,10 +248,20 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-/// Tells the client of `request` that worker `worker_id` holds it: an empty message with
-/// [`headers::ACCEPTED_BY`] (and the connection's [`headers::WORKER_CONNECTS`]) on its reply
-/// subject, so the client can resend what it never saw acknowledged or answered, or what a
-/// worker that went silent or reconnected held.
+impl Acks {
+    /// Tells the client of `request` that this worker holds it: an empty message with
+    /// [`headers::ACCEPTED_BY`] (and the connection's [`headers::WORKER_CONNECTS`]) on its reply
+    /// subject, so the client can resend what it never saw acknowledged or answered, or what a
+    /// worker that went silent or reconnected held. The request counts for the heartbeat until
+    /// the returned guard is dropped (when its task ends).
+    async fn send(&self, client: &async_nats::Client, request: &Message) -> crate::heartbeat::Held {
+        let held = self.acked.hold();
+        acknowledge(client, request, &self.worker_id).await;
+        held
+    }
+}
+
+/// The acknowledgement itself ([`Acks::send`]).
 async fn acknowledge(client: &async_nats::Client, request: &Message, worker_id: &str) {
     let Some(inbox) = request.reply.clone() else {
         return;
@@ -342,7 +359,8 @@ impl Admitter {
         if id.as_deref().is_some_and(|id| self.withdrawable.holds(id)) {
             // A copy its client resent (see `embatch_client::EmbedClient::embed`) of a request
             // this worker already holds: that one answers on the same reply subject. The
-            // client resent it for want of an acknowledgement, so it gets one now.
+            // client resent it for want of an acknowledgement, so it gets one now. (The
+            // heartbeat follows the copy held, which asked for an acknowledgement too.)
             if wants_ack {
                 acknowledge(&self.client, &request, &self.acks.worker_id).await;
             }
@@ -401,12 +419,7 @@ impl Admitter {
             arrival.request.headers.as_ref(),
             self.config.default_deadline,
         );
-        let ack = arrival.wants_ack.then(|| {
-            (
-                Arc::clone(&self.acks.worker_id),
-                Arc::clone(&self.acks.delay_ms),
-            )
-        });
+        let ack = arrival.wants_ack.then(|| self.acks.clone());
         let task = tokenize::PassTask {
             route,
             arrival,

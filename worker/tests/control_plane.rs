@@ -7,9 +7,9 @@ mod common;
 use std::time::Duration;
 
 use embatch_client::{EmbedClient, RequestError};
-use embatch_protocol::headers::{HEARTBEAT_LINGER, membership};
+use embatch_protocol::headers::membership;
 use embatch_testkit::{
-    Faults, NatsServer, ONE_CALL_AT_A_TIME, RunningWorker, TeiConfig, start_tei,
+    Faults, NatsServer, ONE_CALL_AT_A_TIME, RunningWorker, TeiConfig, TeiDouble, start_tei,
 };
 use futures::StreamExt;
 
@@ -139,14 +139,8 @@ async fn messages_over(
     counts
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_idle_fleet_publishes_nothing_and_a_busy_worker_beats() {
-    let nats = NatsServer::start();
-    let tei = start_tei(TeiConfig {
-        base: Duration::from_millis(300),
-        ..TeiConfig::instant()
-    })
-    .await;
+/// Three workers of `tei`'s model, without cache or bulk lane.
+async fn three_workers(nats: &NatsServer, tei: &TeiDouble) -> [RunningWorker; 3] {
     let args = [
         "--tei-url",
         tei.url.as_str(),
@@ -155,30 +149,101 @@ async fn an_idle_fleet_publishes_nothing_and_a_busy_worker_beats() {
         "--cache",
         "false",
     ];
-    let workers = [
-        RunningWorker::start(&nats, &args).await,
-        RunningWorker::start(&nats, &args).await,
-        RunningWorker::start(&nats, &args).await,
-    ];
-    let client = EmbedClient::new(connect(&nats).await, "embed");
+    [
+        RunningWorker::start(nats, &args).await,
+        RunningWorker::start(nats, &args).await,
+        RunningWorker::start(nats, &args).await,
+    ]
+}
 
-    // Busy: requests held for 300 ms each; the workers holding them beat.
-    let tasks = flood(&client, 6);
-    let busy = messages_over(&nats, Duration::from_millis(250)).await;
-    for task in tasks {
-        assert_eq!(task.await.expect("task"), Ok(200));
-    }
-    let beats: usize = busy
+/// The heartbeats among `counts` (messages by subject).
+fn beats(counts: &std::collections::BTreeMap<String, usize>) -> usize {
+    counts
         .iter()
         .filter(|(subject, _)| subject.ends_with(".alive"))
         .map(|(_, n)| n)
-        .sum();
-    assert!(beats > 0, "busy workers beat: {busy:?}");
+        .sum()
+}
 
-    // Idle, once the heartbeat's linger is over: nothing at all, for two seconds.
-    tokio::time::sleep(HEARTBEAT_LINGER + Duration::from_millis(300)).await;
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_fleet_publishes_nothing_and_a_busy_worker_beats() {
+    let nats = NatsServer::start();
+    let tei = start_tei(TeiConfig {
+        base: Duration::from_millis(800),
+        ..TeiConfig::instant()
+    })
+    .await;
+    let workers = three_workers(&nats, &tei).await;
+    let client = EmbedClient::new(connect(&nats).await, "embed");
+
+    // Busy: requests held for 800 ms each, acknowledged after 20 ms; the workers holding them
+    // beat from 100 to 200 ms after the acknowledgement on.
+    let tasks = flood(&client, 6);
+    let busy = messages_over(&nats, Duration::from_millis(700)).await;
+    for task in tasks {
+        assert_eq!(task.await.expect("task"), Ok(200));
+    }
+    assert!(beats(&busy) > 0, "busy workers beat: {busy:?}");
+
+    // Idle: nothing at all, for two seconds.
     let idle = messages_over(&nats, Duration::from_secs(2)).await;
     assert!(idle.is_empty(), "an idle fleet published {idle:?}");
+    for worker in workers {
+        worker.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_answered_soon_after_their_acknowledgement_cost_no_beat() {
+    let nats = NatsServer::start();
+    // Held about 30 ms: acknowledged after 20 ms, answered 10 ms later, well within the
+    // interval (a beat is due for a request still held 100 ms after its acknowledgement).
+    let tei = start_tei(TeiConfig {
+        base: Duration::from_millis(30),
+        ..TeiConfig::instant()
+    })
+    .await;
+    let workers = three_workers(&nats, &tei).await;
+    let client = EmbedClient::new(connect(&nats).await, "embed");
+    let acked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let spy = connect(&nats).await;
+    let mut all = spy.subscribe(">").await.expect("subscribe");
+    spy.flush().await.expect("flush");
+    let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+    let counting = {
+        let acked = std::sync::Arc::clone(&acked);
+        tokio::spawn(async move {
+            let mut counts = std::collections::BTreeMap::new();
+            loop {
+                let message = tokio::select! {
+                    Some(message) = all.next() => message,
+                    _ = &mut stopped => return counts,
+                };
+                let is_ack = message.payload.is_empty()
+                    && message
+                        .headers
+                        .as_ref()
+                        .is_some_and(|h| h.get(embatch_protocol::headers::ACCEPTED_BY).is_some());
+                if is_ack {
+                    acked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                *counts.entry(message.subject.to_string()).or_insert(0) += 1;
+            }
+        })
+    };
+    for round in 0..5 {
+        for task in flood(&client, 6) {
+            assert_eq!(task.await.expect("task"), Ok(200), "round {round}");
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let _ = stop.send(());
+    let counts = counting.await.expect("spy");
+    assert!(
+        acked.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "the requests were acknowledged: {counts:?}"
+    );
+    assert_eq!(beats(&counts), 0, "no beat: {counts:?}");
     for worker in workers {
         worker.stop().await;
     }

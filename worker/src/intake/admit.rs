@@ -126,12 +126,7 @@ impl Admitter {
             client: self.client.clone(),
             stats: self.stats.clone(),
             cache: Arc::clone(&self.cache),
-            ack: wants_ack.then(|| {
-                (
-                    Arc::clone(&self.acks.worker_id),
-                    Arc::clone(&self.acks.delay_ms),
-                )
-            }),
+            ack: wants_ack.then(|| self.acks.clone()),
         };
         crate::trace::admitted(received, None);
         self.replies

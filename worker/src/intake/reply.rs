@@ -9,7 +9,7 @@ use embatch_protocol::{EmbedError, headers, reply};
 
 use super::shape::{Shape, shaped};
 use super::work::{Timing, Work};
-use super::{Arrival, acknowledge, sleep_until};
+use super::{Acks, Arrival, sleep_until};
 use crate::batcher::Outcome;
 use crate::cache::{Answered, Cache, Stash};
 use crate::micro::EndpointStats;
@@ -83,8 +83,8 @@ pub(super) struct ReplyTask {
     pub(super) client: async_nats::Client,
     pub(super) stats: EndpointStats,
     pub(super) cache: Arc<Cache>,
-    /// The worker id and delay of acknowledgements, when the request asks for them.
-    pub(super) ack: Option<(Arc<str>, Arc<str>)>,
+    /// How to acknowledge, when the request asks for it.
+    pub(super) ack: Option<Acks>,
 }
 
 impl ReplyTask {
@@ -115,6 +115,8 @@ impl ReplyTask {
             ..
         } = arrival;
         let mut ack_at = ack.as_ref().map(|_| received + headers::ACK_DELAY);
+        // Counted for the heartbeat from the acknowledgement until the reply is sent.
+        let mut _acked = None;
         let work = work.run(&cache);
         tokio::pin!(work);
         let (outcome, batcher_answered) = loop {
@@ -125,8 +127,8 @@ impl ReplyTask {
                 () = cancelled.cancelled() => return,
                 () = sleep_until(ack_at) => {
                     ack_at = None;
-                    if let Some((worker_id, _)) = &ack {
-                        acknowledge(&client, &request, worker_id).await;
+                    if let Some(acks) = &ack {
+                        _acked = Some(acks.send(&client, &request).await);
                     }
                 }
             }
@@ -151,7 +153,7 @@ impl ReplyTask {
             (inputs, tokens),
         );
         let mut reply = served(outcome, timing);
-        if let Some((_, delay_ms)) = &ack {
+        if let Some(Acks { delay_ms, .. }) = &ack {
             // Whether acknowledged or not (an acknowledgement can be lost, e.g. while the
             // client was disconnected): this worker acknowledges.
             reply = reply.header(headers::ACK_DELAY_MS, delay_ms);

@@ -15,7 +15,7 @@ use embatch_protocol::{EmbedError, headers};
 use tokio::time::Instant;
 
 use super::reply::served;
-use super::{Arrival, acknowledge, sleep_until};
+use super::{Acks, Arrival, sleep_until};
 use crate::cache::{Answered, Stash};
 use crate::micro::EndpointStats;
 use crate::telemetry::{self, Traffic};
@@ -90,8 +90,8 @@ pub(super) struct PassTask {
     /// Where the reply goes, and the endpoint's counters.
     pub(super) client: async_nats::Client,
     pub(super) stats: EndpointStats,
-    /// This worker's id and acknowledgement delay, when the request asks for acknowledgements.
-    pub(super) ack: Option<(Arc<str>, Arc<str>)>,
+    /// How to acknowledge, when the request asks for it.
+    pub(super) ack: Option<Acks>,
 }
 
 impl PassTask {
@@ -103,6 +103,8 @@ impl PassTask {
         let received = self.arrival.received;
         let started = Instant::now();
         let mut ack_at = self.ack.as_ref().map(|_| received + headers::ACK_DELAY);
+        // Counted for the heartbeat from the acknowledgement until the reply is sent.
+        let mut _acked = None;
         let outcome = self.outcome(payload);
         tokio::pin!(outcome);
         let outcome = loop {
@@ -112,8 +114,8 @@ impl PassTask {
                 () = self.arrival.cancelled.cancelled() => return,
                 () = sleep_until(ack_at) => {
                     ack_at = None;
-                    if let Some((worker_id, _)) = &self.ack {
-                        acknowledge(&self.client, &self.arrival.request, worker_id).await;
+                    if let Some(acks) = &self.ack {
+                        _acked = Some(acks.send(&self.client, &self.arrival.request).await);
                     }
                 }
             }
@@ -133,7 +135,7 @@ impl PassTask {
             stash: Stash::default(),
         });
         let mut reply = served(answered, Some((Duration::ZERO, started.elapsed())));
-        if let Some((_, delay_ms)) = &self.ack {
+        if let Some(Acks { delay_ms, .. }) = &self.ack {
             reply = reply.header(headers::ACK_DELAY_MS, delay_ms);
         }
         let request = &self.arrival.request;

@@ -35,7 +35,6 @@ pub(super) struct Parts<U> {
     cancels: futures::stream::SelectAll<async_nats::Subscriber>,
     embed_stats: micro::EndpointStats,
     heartbeat_state: tokio::sync::watch::Receiver<membership::MemberState>,
-    busy: Arc<heartbeat::Busy>,
     id: String,
 }
 
@@ -170,7 +169,6 @@ impl<U: Upstream> Parts<U> {
         )
         .await
         .map_err(service_error("endpoint embed"))?;
-        let busy = group.busy();
         let cancels = subscribe_cancels(client, &served.subjects)
             .await
             .map_err(service_error("cancel subscription"))?;
@@ -191,7 +189,6 @@ impl<U: Upstream> Parts<U> {
             cancels,
             embed_stats: endpoints.embed_stats,
             heartbeat_state: state_rx,
-            busy,
             id,
         })
     }
@@ -208,6 +205,7 @@ impl<U: Upstream> Parts<U> {
         let intake_stop = stop.child_token();
         let replies = TaskTracker::new();
         let withdrawable = Arc::new(intake::Withdrawable::default());
+        let acked = Arc::new(heartbeat::Acked::default());
         tasks.spawn(self.discovery.run(stop.clone()));
         tasks.spawn(heartbeat::run(
             heartbeat::Beat {
@@ -215,8 +213,7 @@ impl<U: Upstream> Parts<U> {
                 subjects: served.subjects.clone(),
                 id: self.id.clone(),
                 state: self.heartbeat_state,
-                busy: self.busy,
-                replies: replies.clone(),
+                acked: Arc::clone(&acked),
             },
             stop.clone(),
         ));
@@ -261,6 +258,7 @@ impl<U: Upstream> Parts<U> {
                 stats: self.embed_stats,
                 cache: self.cache,
                 tenants,
+                acked,
             },
             intake_stop.clone(),
         ));
