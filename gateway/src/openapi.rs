@@ -210,31 +210,42 @@ pub struct TimeoutHeader {
     pub timeout_ms: u64,
 }
 
-/// The 200 of `POST /embed` and `POST /`: one embedding per input, in input order (an array of
-/// f32 arrays), with the timing headers. A declaration for the document.
-pub struct EmbedOk;
+/// Declares `$name`, a route's 200 for the document (never built): a JSON body of `$schema`
+/// (a `RefOr<Schema>`) described as `$description`, with TEI's timing headers
+/// ([`ok_with_timings`]).
+macro_rules! ok_response {
+    ($(#[doc = $doc:literal])* pub struct $name:ident($description:expr, $schema:expr $(,)?);) => {
+        $(#[doc = $doc])*
+        pub struct $name;
 
-impl IntoResponses for EmbedOk {
-    fn responses() -> BTreeMap<String, RefOr<Response>> {
-        ok_with_timings(
-            "One embedding per input, in input order: an array of f32 arrays, each of the \
-             model's dimensions (or `dimensions`).",
-            Vec::<Vec<f32>>::schema(),
-        )
-    }
+        impl utoipa::IntoResponses for $name {
+            fn responses(
+            ) -> std::collections::BTreeMap<String, utoipa::openapi::RefOr<utoipa::openapi::Response>>
+            {
+                $crate::openapi::ok_with_timings($description, $schema)
+            }
+        }
+    };
+}
+pub(crate) use ok_response;
+
+ok_response! {
+    /// The 200 of `POST /embed` and `POST /`: one embedding per input, in input order (an array
+    /// of f32 arrays), with the timing headers.
+    pub struct EmbedOk(
+        "One embedding per input, in input order: an array of f32 arrays, each of the model's \
+         dimensions (or `dimensions`).",
+        Vec::<Vec<f32>>::schema(),
+    );
 }
 
-/// The 200 of `POST /v1/embeddings` and `POST /embeddings`: OpenAI's embeddings response, with
-/// the timing headers. A declaration for the document.
-pub struct OpenAiOk;
-
-impl IntoResponses for OpenAiOk {
-    fn responses() -> BTreeMap<String, RefOr<Response>> {
-        ok_with_timings(
-            "One embedding per input, in input order.",
-            Ref::from_schema_name(EmbeddingsResponse::name()).into(),
-        )
-    }
+ok_response! {
+    /// The 200 of `POST /v1/embeddings` and `POST /embeddings`: OpenAI's embeddings response,
+    /// with the timing headers.
+    pub struct OpenAiOk(
+        "One embedding per input, in input order.",
+        Ref::from_schema_name(EmbeddingsResponse::name()).into(),
+    );
 }
 
 /// A 200 with a JSON `body` and TEI's timing headers (whole ms, as TEI sends them).

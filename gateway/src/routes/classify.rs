@@ -4,17 +4,14 @@
 //! so the workers batch the inputs of every caller into one upstream call, with the embedding
 //! path's deadline, shedding, bisection and cache.
 
-use std::collections::BTreeMap;
-
 use embatch_protocol::embed_all::EmbedAllRequest;
 use embatch_protocol::predict::{PredictRequest, Prediction};
 use embatch_protocol::similarity::SimilarityRequest;
+use utoipa::PartialSchema;
 use utoipa::openapi::schema::OneOfBuilder;
-use utoipa::openapi::{RefOr, Response as DocResponse};
-use utoipa::{IntoResponses, PartialSchema};
 
 use super::forward::tei_route;
-use crate::openapi::TeiErrors;
+use crate::openapi::{TeiErrors, ok_response};
 
 tei_route! {
     /// `POST /predict`'s part of the shared path.
@@ -95,46 +92,34 @@ tei_route! {
     }
 }
 
-/// The 200 of `POST /predict`. A declaration for the document.
-pub struct PredictOk;
-
-impl IntoResponses for PredictOk {
-    fn responses() -> BTreeMap<String, RefOr<DocResponse>> {
-        let schema = OneOfBuilder::new()
+ok_response! {
+    /// The 200 of `POST /predict`.
+    pub struct PredictOk(
+        "Every label of the model with its score (softmax of the logits, or the logits with \
+         `raw_scores`), highest first.",
+        OneOfBuilder::new()
             .item(Vec::<Prediction>::schema())
             .item(Vec::<Vec<Prediction>>::schema())
             .description(Some(
                 "A single sequence: its predictions. A batch: one list of predictions per \
                  sequence, in order.",
-            ));
-        crate::openapi::ok_with_timings(
-            "Every label of the model with its score (softmax of the logits, or the logits \
-             with `raw_scores`), highest first.",
-            schema.into(),
-        )
-    }
+            ))
+            .into(),
+    );
 }
 
-/// The 200 of `POST /embed_all`. A declaration for the document.
-pub struct EmbedAllOk;
-
-impl IntoResponses for EmbedAllOk {
-    fn responses() -> BTreeMap<String, RefOr<DocResponse>> {
-        crate::openapi::ok_with_timings(
-            "One list per input, in input order: one vector per token of the input.",
-            Vec::<Vec<Vec<f32>>>::schema(),
-        )
-    }
+ok_response! {
+    /// The 200 of `POST /embed_all`.
+    pub struct EmbedAllOk(
+        "One list per input, in input order: one vector per token of the input.",
+        Vec::<Vec<Vec<f32>>>::schema(),
+    );
 }
 
-/// The 200 of `POST /similarity`. A declaration for the document.
-pub struct SimilarityOk;
-
-impl IntoResponses for SimilarityOk {
-    fn responses() -> BTreeMap<String, RefOr<DocResponse>> {
-        crate::openapi::ok_with_timings(
-            "One cosine similarity per sentence, in sentence order, in [-1, 1].",
-            Vec::<f32>::schema(),
-        )
-    }
+ok_response! {
+    /// The 200 of `POST /similarity`.
+    pub struct SimilarityOk(
+        "One cosine similarity per sentence, in sentence order, in [-1, 1].",
+        Vec::<f32>::schema(),
+    );
 }

@@ -5,8 +5,10 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::http::StatusCode;
+use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 
 use embatch_protocol::{EmbedError, ErrorResponse};
@@ -20,6 +22,20 @@ pub struct ModelQuery {
     /// The model to ask about, as `GET /v1/models` lists it (also the `Embatch-Model` header);
     /// absent: the default model. A model no worker serves: 404.
     pub model: Option<String>,
+}
+
+/// The model `GET /info` and `GET /health` ask about: their [`ModelQuery`], else the
+/// `Embatch-Model` header's (`None`: the default model). Rejects as `Query<ModelQuery>` does.
+pub(crate) struct AskedModel(Option<String>);
+
+impl<S: Send + Sync> FromRequestParts<S> for AskedModel {
+    type Rejection = QueryRejection;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let Query(query) = Query::<ModelQuery>::from_request_parts(parts, state).await?;
+        let header = || header_model(&parts.headers).map(str::to_owned);
+        Ok(AskedModel(query.model.or_else(header)))
+    }
 }
 
 /// `GET /info`: TEI's `/info` document from one worker (see [`crate::info`]), waiting at most
@@ -46,12 +62,8 @@ pub struct ModelQuery {
 )]
 pub(crate) async fn info(
     State(state): State<Arc<AppState>>,
-    Query(query): Query<ModelQuery>,
-    request_headers: HeaderMap,
+    AskedModel(model): AskedModel,
 ) -> Response {
-    let model = query
-        .model
-        .or_else(|| header_model(&request_headers).map(str::to_owned));
     model_info_of(&state, model.as_deref()).await
 }
 
@@ -115,12 +127,8 @@ async fn model_info_of(state: &AppState, model: Option<&str>) -> Response {
 )]
 pub(crate) async fn health(
     State(state): State<Arc<AppState>>,
-    Query(query): Query<ModelQuery>,
-    request_headers: HeaderMap,
+    AskedModel(model): AskedModel,
 ) -> StatusCode {
-    let model = query
-        .model
-        .or_else(|| header_model(&request_headers).map(str::to_owned));
     model_health_of(&state, model.as_deref()).await
 }
 

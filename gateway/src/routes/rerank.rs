@@ -4,7 +4,6 @@
 //! the path the embedding routes take (deadline, in-flight limit, acknowledgements, resends,
 //! tenant, metering), so the workers batch the pairs of every caller together.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::body::Bytes;
@@ -12,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use embatch_client::Operation;
 use embatch_protocol::rerank::Rank;
 use embatch_protocol::{EmbedError, ErrorResponse, RerankRequest};
-use utoipa::openapi::{Ref, RefOr, Response as DocResponse};
+use utoipa::openapi::Ref;
 use utoipa::{IntoResponses, PartialSchema, ToSchema};
 
 use super::forward::{RouteRequest, tei_route};
@@ -21,6 +20,7 @@ use super::{
     translated_body,
 };
 use crate::cohere::{CohereRerankRequest, CohereRerankResponse};
+use crate::openapi::ok_response;
 
 tei_route! {
     /// `POST /rerank`'s part of the shared path: the model's rerank subject, TEI's `/rerank`
@@ -109,31 +109,22 @@ async fn cohere_rerank(request: RouteRequest, version: &'static str) -> Response
     .await
 }
 
-/// The 200 of `POST /rerank`: TEI's ranks, highest score first, with the timing headers. A
-/// declaration for the document.
-pub struct RerankOk;
-
-impl IntoResponses for RerankOk {
-    fn responses() -> BTreeMap<String, RefOr<DocResponse>> {
-        crate::openapi::ok_with_timings(
-            "One rank per text, highest score first: `index` in `texts`, `score` (the sigmoid \
-             of the logit, or the logit with `raw_scores`), `text` with `return_text`.",
-            Vec::<Rank>::schema(),
-        )
-    }
+ok_response! {
+    /// The 200 of `POST /rerank`: TEI's ranks, highest score first, with the timing headers.
+    pub struct RerankOk(
+        "One rank per text, highest score first: `index` in `texts`, `score` (the sigmoid of \
+         the logit, or the logit with `raw_scores`), `text` with `return_text`.",
+        Vec::<Rank>::schema(),
+    );
 }
 
-/// The 200 of `POST /v1/rerank` and `POST /v2/rerank`: Cohere's rerank response, with the
-/// timing headers. A declaration for the document.
-pub struct CohereOk;
-
-impl IntoResponses for CohereOk {
-    fn responses() -> BTreeMap<String, RefOr<DocResponse>> {
-        crate::openapi::ok_with_timings(
-            "The results, most relevant first (`top_n` of them).",
-            Ref::from_schema_name(CohereRerankResponse::name()).into(),
-        )
-    }
+ok_response! {
+    /// The 200 of `POST /v1/rerank` and `POST /v2/rerank`: Cohere's rerank response, with the
+    /// timing headers.
+    pub struct CohereOk(
+        "The results, most relevant first (`top_n` of them).",
+        Ref::from_schema_name(CohereRerankResponse::name()).into(),
+    );
 }
 
 /// The error statuses of the rerank routes, each with TEI's error body: a declaration for the

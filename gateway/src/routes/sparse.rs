@@ -5,12 +5,10 @@
 
 use embatch_protocol::SparseRequest;
 use embatch_protocol::sparse::SparseValue;
-use std::collections::BTreeMap;
-use utoipa::openapi::{RefOr, Response as DocResponse};
-use utoipa::{IntoResponses, PartialSchema};
+use utoipa::PartialSchema;
 
 use super::forward::tei_route;
-use crate::openapi::TeiErrors;
+use crate::openapi::{TeiErrors, ok_response};
 
 tei_route! {
     /// `POST /embed_sparse`'s part of the shared path: the model's sparse subject, TEI's body.
@@ -38,16 +36,12 @@ tei_route! {
     }
 }
 
-/// The 200 of `POST /embed_sparse`: a list of non-zero values per input, with the timing
-/// headers. A declaration for the document.
-pub struct SparseOk;
-
-impl IntoResponses for SparseOk {
-    fn responses() -> BTreeMap<String, RefOr<DocResponse>> {
-        crate::openapi::ok_with_timings(
-            "One list per input, in input order: the non-zero values of its sparse embedding, \
-             `index` a token id of the model's vocabulary, ascending.",
-            Vec::<Vec<SparseValue>>::schema(),
-        )
-    }
+ok_response! {
+    /// The 200 of `POST /embed_sparse`: a list of non-zero values per input, with the timing
+    /// headers.
+    pub struct SparseOk(
+        "One list per input, in input order: the non-zero values of its sparse embedding, \
+         `index` a token id of the model's vocabulary, ascending.",
+        Vec::<Vec<SparseValue>>::schema(),
+    );
 }

@@ -5,12 +5,10 @@
 //! deadline.
 
 use embatch_protocol::tokenize::{DecodeRequest, SimpleToken, TokenizeRequest};
-use std::collections::BTreeMap;
-use utoipa::openapi::{RefOr, Response as DocResponse};
-use utoipa::{IntoResponses, PartialSchema};
+use utoipa::PartialSchema;
 
 use super::forward::tei_route;
-use crate::openapi::TeiErrors;
+use crate::openapi::{TeiErrors, ok_response};
 
 tei_route! {
     /// `POST /tokenize`'s part of the shared path: the model's tokenize subject, TEI's body,
@@ -62,26 +60,15 @@ tei_route! {
     }
 }
 
-/// The 200 of `POST /tokenize`: a list of tokens per text. A declaration for the document.
-pub struct TokenizeOk;
-
-impl IntoResponses for TokenizeOk {
-    fn responses() -> BTreeMap<String, RefOr<DocResponse>> {
-        crate::openapi::ok_with_timings(
-            "One list of tokens per text, in input order.",
-            Vec::<Vec<SimpleToken>>::schema(),
-        )
-    }
+ok_response! {
+    /// The 200 of `POST /tokenize`: a list of tokens per text.
+    pub struct TokenizeOk(
+        "One list of tokens per text, in input order.",
+        Vec::<Vec<SimpleToken>>::schema(),
+    );
 }
 
-/// The 200 of `POST /decode`: a string per list of ids. A declaration for the document.
-pub struct DecodeOk;
-
-impl IntoResponses for DecodeOk {
-    fn responses() -> BTreeMap<String, RefOr<DocResponse>> {
-        crate::openapi::ok_with_timings(
-            "One text per list of ids, in input order.",
-            Vec::<String>::schema(),
-        )
-    }
+ok_response! {
+    /// The 200 of `POST /decode`: a string per list of ids.
+    pub struct DecodeOk("One text per list of ids, in input order.", Vec::<String>::schema());
 }
