@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use crate::body::BodyError;
 use crate::metering::Used;
 use crate::models::Route;
-use crate::openai::{EmbeddingsRequest, OpenAiError};
+use crate::openai::{EmbeddingsRequest, OpenAiError, ReplyShape};
 use crate::openapi::{EmbedOk, TeiErrors};
 use crate::tenancy::Caller;
 
@@ -35,7 +35,7 @@ pub(crate) use rerank::{cohere_rerank_v1, cohere_rerank_v2, model_rerank, rerank
 pub(crate) use sparse::{embed_sparse, model_embed_sparse};
 pub(crate) use tokenize::{decode, model_decode, model_tokenize, tokenize};
 
-use forward::{RouteRequest, tei_route};
+use forward::{Ready, RouteRequest, tei_route};
 
 pub(crate) mod classify;
 mod forward;
@@ -207,32 +207,21 @@ where
     responses(crate::openapi::OpenAiOk, crate::openapi::OpenAiErrors),
 )]
 pub(crate) async fn openai_embeddings(request: RouteRequest) -> Response {
-    let (state, caller, request_headers, body) = request.into_parts();
-    let shared = Arc::clone(&state);
-    counted(shared.models.default_route(), |started| async move {
-        let mut taken = None;
-        let forwarded = async {
-            let body = read_body(&state, &request_headers, body)?;
-            let (request, shape) = EmbeddingsRequest::from_slice(&body)?.into_embed_request();
-            let used_inputs = request.inputs.len() as u64;
-            let model = body_or_header_model(Some(&shape.model), &request_headers);
-            let route = state.models.route(model).await?;
-            taken = Some(Arc::clone(&route));
-            let timeout = client_timeout(&request_headers, state.request_timeout)?;
-            request.validate(state.max_client_batch_size)?;
-            let body = translated_body(&request)?;
-            let call = (&request_headers, &caller);
-            let reply = send(&state, &route, call, body, timeout, started).await?;
-            let body = crate::openai::response_body(&reply.payload, shape, reply.tokens)?;
-            Ok::<_, OpenAiError>(reply_ok(Bytes::from(body), &reply, used_inputs, started))
-        };
-        let response = match forwarded.await {
-            Ok(response) => response,
-            Err(err) => openai_error_response(&err),
-        };
-        routed(response, taken)
-    })
-    .await
+    let parse = |body: &[u8], _| {
+        let (request, shape) = EmbeddingsRequest::from_slice(body)?.into_embed_request();
+        let model = Some(shape.model.clone());
+        Ok::<_, OpenAiError>(((request, shape), model))
+    };
+    let forward = |(request, shape): (EmbedRequest, ReplyShape), ready: Ready| async move {
+        let inputs = request.inputs.len() as u64;
+        request.validate(ready.max_inputs())?;
+        let body = translated_body(&request)?;
+        let reply = ready.send(body, embatch_client::Operation::Embed).await?;
+        let body = crate::openai::response_body(&reply.payload, shape, reply.tokens)?;
+        Ok(ready.ok(body, &reply, inputs))
+    };
+    let answer = |err| openai_error_response(&err);
+    request.translated(parse, forward, answer).await
 }
 
 /// An error in OpenAI's shape, with the TEI route's status (and its `Retry-After` on 429).
@@ -350,23 +339,9 @@ fn read_body(
 /// What a route passes on of the HTTP request: its headers and its authenticated caller.
 type Call<'a> = (&'a HeaderMap, &'a Caller);
 
-/// The path every embedding route shares once its body is a validated TEI `/embed` JSON: takes
-/// an in-flight permit and sends it as one NATS request with what is left of `timeout` (the
-/// request's, see [`client_timeout`]) as its deadline.
-async fn send(
-    state: &AppState,
-    route: &Route,
-    call: Call<'_>,
-    body: Bytes,
-    timeout: Duration,
-    started: Instant,
-) -> Result<Reply, EmbedError> {
-    let operation = embatch_client::Operation::Embed;
-    send_as(state, route, call, body, (timeout, started), operation).await
-}
-
-/// [`send`] for `operation`: an embed request, or a rerank request (TEI's `/rerank` body) on
-/// the route's rerank subject.
+/// The path every route shares once its body is a checked TEI body: takes an in-flight permit
+/// and sends it as one NATS request on the route's subject for `operation`, with what is left of
+/// `timeout` (the request's, see [`client_timeout`]) as its deadline.
 async fn send_as(
     state: &AppState,
     route: &Route,

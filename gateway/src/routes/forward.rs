@@ -7,20 +7,24 @@
 //! its body check) and the words of its document.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::rejection::ExtensionRejection;
 use axum::extract::{Extension, FromRequest, FromRequestParts, Request};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use embatch_client::Operation;
+use embatch_client::{Operation, Reply};
 use embatch_protocol::EmbedError;
+use tokio::time::Instant;
 use utoipa::IntoParams;
 
 use super::{
-    ApiError, client_timeout, counted, header_model, read_body, reply_ok, routed, send_as,
+    ApiError, body_or_header_model, client_timeout, counted, header_model, read_body, reply_ok,
+    routed, send_as,
 };
 use crate::body::{BodyError, TimedBody};
+use crate::models::Route;
 use crate::state::AppState;
 use crate::tenancy::Caller;
 
@@ -194,6 +198,86 @@ impl RouteRequest {
                 Err(err) => ApiError(err).into_response(),
             };
             routed(response, Some(route))
+        })
+        .await
+    }
+}
+
+/// A request with a translated body (OpenAI's, Cohere's), routed and timed: what its route
+/// sends through the shared path ([`RouteRequest::translated`]).
+pub(super) struct Ready {
+    state: Arc<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    route: Arc<Route>,
+    timeout: Duration,
+    started: Instant,
+}
+
+impl Ready {
+    /// `MAX_CLIENT_BATCH_SIZE`: the most inputs a request may hold.
+    pub(super) fn max_inputs(&self) -> usize {
+        self.state.max_client_batch_size
+    }
+
+    /// Sends `body` (a TEI body) on the route's subject for `operation`, with what is left of
+    /// the request's timeout.
+    pub(super) async fn send(
+        &self,
+        body: Bytes,
+        operation: Operation,
+    ) -> Result<Reply, EmbedError> {
+        let call = (&self.headers, &self.caller);
+        let timed = (self.timeout, self.started);
+        send_as(&self.state, &self.route, call, body, timed, operation).await
+    }
+
+    /// The 200 of `body` (the reply re-shaped) with the reply's headers, metered as `inputs`.
+    pub(super) fn ok(&self, body: Vec<u8>, reply: &Reply, inputs: u64) -> Response {
+        reply_ok(Bytes::from(body), reply, inputs, self.started)
+    }
+}
+
+impl RouteRequest {
+    /// Serves a request whose body is another API's (OpenAI's embeddings, Cohere's rerank) in
+    /// the order of errors of the TEI routes: the body's (415, 413, 408, 422), `parse`'s (the
+    /// body to the API's request, checked against `MAX_CLIENT_BATCH_SIZE` where the API checks
+    /// first, and the model it names), the model's 404 (no model named: the `Embatch-Model`
+    /// header's), the timeout header's 422, then `forward`'s (the checks left, the TEI body
+    /// sent, the reply re-shaped). `answer` writes an error in the API's shape.
+    pub(super) async fn translated<T, E, Fut>(
+        self,
+        parse: impl FnOnce(&[u8], usize) -> Result<(T, Option<String>), E>,
+        forward: impl FnOnce(T, Ready) -> Fut,
+        answer: fn(E) -> Response,
+    ) -> Response
+    where
+        E: From<EmbedError>,
+        Fut: Future<Output = Result<Response, E>>,
+    {
+        let (state, caller, headers, body) = self.into_parts();
+        let shared = Arc::clone(&state);
+        counted(shared.models.default_route(), |started| async move {
+            let mut taken = None;
+            let forwarded = async {
+                let body = read_body(&state, &headers, body)?;
+                let (request, named) = parse(&body, state.max_client_batch_size)?;
+                let model = body_or_header_model(named.as_deref(), &headers);
+                let route = state.models.route(model).await?;
+                taken = Some(Arc::clone(&route));
+                let timeout = client_timeout(&headers, state.request_timeout)?;
+                let ready = Ready {
+                    state,
+                    caller,
+                    headers,
+                    route,
+                    timeout,
+                    started,
+                };
+                forward(request, ready).await
+            };
+            let response = forwarded.await.unwrap_or_else(answer);
+            routed(response, taken)
         })
         .await
     }

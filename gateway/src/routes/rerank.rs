@@ -4,9 +4,6 @@
 //! the path the embedding routes take (deadline, in-flight limit, acknowledgements, resends,
 //! tenant, metering), so the workers batch the pairs of every caller together.
 
-use std::sync::Arc;
-
-use axum::body::Bytes;
 use axum::response::{IntoResponse, Response};
 use embatch_client::Operation;
 use embatch_protocol::rerank::Rank;
@@ -14,12 +11,9 @@ use embatch_protocol::{EmbedError, ErrorResponse, RerankRequest};
 use utoipa::openapi::Ref;
 use utoipa::{IntoResponses, PartialSchema, ToSchema};
 
-use super::forward::{RouteRequest, tei_route};
-use super::{
-    ApiError, body_or_header_model, client_timeout, counted, read_body, reply_ok, routed, send_as,
-    translated_body,
-};
-use crate::cohere::{CohereRerankRequest, CohereRerankResponse};
+use super::forward::{Ready, RouteRequest, tei_route};
+use super::{ApiError, translated_body};
+use crate::cohere::{CohereRerankRequest, CohereRerankResponse, Translated};
 use crate::openapi::ok_response;
 
 tei_route! {
@@ -77,36 +71,25 @@ pub(crate) async fn cohere_rerank_v2(request: RouteRequest) -> Response {
     cohere_rerank(request, "2").await
 }
 
-/// The Cohere routes' path: translates, routes by `model`, sends on the rerank subject and
-/// re-shapes TEI's ranks into Cohere's response.
+/// The Cohere routes' path: translates (checking the documents), sends TEI's `/rerank` body
+/// on the rerank subject of the model `model` names and re-shapes TEI's ranks into Cohere's
+/// response.
 async fn cohere_rerank(request: RouteRequest, version: &'static str) -> Response {
-    let (state, caller, request_headers, body) = request.into_parts();
-    let shared = Arc::clone(&state);
-    counted(shared.models.default_route(), |started| async move {
-        let mut taken = None;
-        let forwarded = async {
-            let body = read_body(&state, &request_headers, body)?;
-            let max = state.max_client_batch_size;
-            let translated = CohereRerankRequest::translate(&body, max, version)?;
-            let model = body_or_header_model(translated.model.as_deref(), &request_headers);
-            let route = state.models.route(model).await?;
-            taken = Some(Arc::clone(&route));
-            let timeout = client_timeout(&request_headers, state.request_timeout)?;
-            let texts = translated.request.texts.len() as u64;
-            let body = translated_body(&translated.request)?;
-            let call = (&request_headers, &caller);
-            let timed = (timeout, started);
-            let reply = send_as(&state, &route, call, body, timed, Operation::Rerank).await?;
-            let shaped = translated.shape.response(&reply.payload, reply.tokens)?;
-            Ok::<_, EmbedError>(reply_ok(Bytes::from(shaped), &reply, texts, started))
-        };
-        let response = match forwarded.await {
-            Ok(response) => response,
-            Err(err) => ApiError(err).into_response(),
-        };
-        routed(response, taken)
-    })
-    .await
+    let parse = |body: &[u8], max_inputs| {
+        let translated = CohereRerankRequest::translate(body, max_inputs, version)?;
+        let model = translated.model.clone();
+        Ok::<_, EmbedError>((translated, model))
+    };
+    let forward = |translated: Translated, ready: Ready| async move {
+        let texts = translated.request.texts.len() as u64;
+        let reply = ready
+            .send(translated_body(&translated.request)?, Operation::Rerank)
+            .await?;
+        let shaped = translated.shape.response(&reply.payload, reply.tokens)?;
+        Ok(ready.ok(shaped, &reply, texts))
+    };
+    let answer = |err| ApiError(err).into_response();
+    request.translated(parse, forward, answer).await
 }
 
 ok_response! {
