@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """What the control plane costs: N workers and G gateways on one nats-server (or a 3-node
 cluster, --cluster 3), for each (N, G) given, idle or under an open loop of requests (--load). Idle, a worker publishes nothing on NATS: it beats on
-`<subject>.alive` only while it holds requests, asks `<model subject>.room` only while it is
+`<subject>.alive` only while it holds a request it acknowledged over 100 ms ago, asks `<model subject>.room` only while it is
 full, and announces itself on `<subject>.members` once at start and once at stop; a gateway asks
 discovery only on demand (docs/design/control-plane.md). Each worker still probes its upstream's
 /health every second (HTTP, not NATS). (Until build 5705bd2 every worker beat every 100 ms and
 announced its membership every 0.5 s to every worker and gateway: N² messages.)
 
-For each run: start nats-server, one fake upstream (all workers share it), G gateways and N
+For each run: start nats-server, one fake upstream (all workers share it; it computes N calls at
+once, one simulated GPU per worker, each call --upstream-ms plus 20 µs per input), G gateways and N
 workers; wait until all are up and idle; then over --seconds, from nats-server's /varz, the
 messages it received and delivered per second, and from /proc, the CPU (user + system) of
 nats-server, of the workers (mean per worker) and of the gateways (mean per gateway), as a
@@ -152,15 +153,17 @@ def start_load(bin_dir: str, gateway_port: int, rate: float, seconds: float, tmp
 
 
 def run(bin_dir: str, nats_bin: str, workers: int, gateways: int, seconds: float, load: float | None,
-        cluster: int) -> dict:
+        cluster: int, upstream_ms: int = 5) -> dict:
     procs: list[subprocess.Popen] = []
     tmp = tempfile.mkdtemp(prefix="embatch-control-plane-")
     try:
         nodes = start_nats(nats_bin, cluster, procs)
         up_port = free_port()
+        # One simulated GPU per worker, as in a fleet: the upstream is never the bottleneck.
         procs.append(subprocess.Popen([os.path.join(bin_dir, "embatch-loadtest"), "fake-upstream",
-                                       "--listen", f"127.0.0.1:{up_port}"], stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL))
+                                       "--listen", f"127.0.0.1:{up_port}", "--concurrency", str(workers),
+                                       "--base-ms", str(upstream_ms)],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         if not wait_http(f"http://127.0.0.1:{up_port}/health", 10):
             raise RuntimeError("fake upstream not up")
         env = dict(os.environ, RUST_LOG="warn")
@@ -243,6 +246,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--load", type=float, help="requests per second through the first gateway")
     parser.add_argument("--cluster", type=int, default=1, choices=(1, 3), help="nats-server nodes")
+    parser.add_argument("--upstream-ms", type=int, default=5,
+                        help="each upstream call's fixed cost, ms (one simulated GPU per worker)")
     parser.add_argument("--json")
     args = parser.parse_args()
     nats_bin = os.environ.get("NATS_SERVER_BIN") or subprocess.run(
@@ -251,7 +256,8 @@ def main() -> int:
     results = []
     for spec in args.runs.split(","):
         workers, gateways = (int(x) for x in spec.split("x"))
-        r = run(args.bin_dir, nats_bin, workers, gateways, args.seconds, args.load, args.cluster)
+        r = run(args.bin_dir, nats_bin, workers, gateways, args.seconds, args.load, args.cluster,
+                args.upstream_ms)
         print(f"{workers} workers, {gateways} gateways: {json.dumps(r)}", file=sys.stderr, flush=True)
         results.append(r)
     print_table(results)
