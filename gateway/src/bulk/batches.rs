@@ -18,7 +18,7 @@ use serde::Deserialize;
 
 use super::files::newest_page;
 use super::owned::{Lookup, Owned};
-use super::{ApiError, Bulk, BulkErrors, json_ok, new_id, parse_limit};
+use super::{ApiError, Bulk, BulkErrors, Cursor, json_ok, new_id};
 use crate::tenancy::Caller;
 
 /// Most batches in a page, and the default (OpenAI's).
@@ -221,16 +221,6 @@ fn no_batch(id: &str) -> ApiError {
     ApiError::not_found(format!("No such Batch object: {id}"))
 }
 
-/// `GET /v1/batches` query: OpenAI's `after` and `limit` (default 20, at most 100).
-#[derive(Debug, Deserialize)]
-pub struct ListQuery {
-    /// The id after which the page starts (newest first).
-    pub after: Option<String>,
-    /// Most batches in the page: an integer from 1 to 100 (checked by [`parse_limit`], so that
-    /// a bad value is answered in OpenAI's shape).
-    pub limit: Option<String>,
-}
-
 /// `GET /v1/batches`: a cursor page of batches, newest first.
 #[utoipa::path(get, path = "/v1/batches", operation_id = "list_batches", tag = "batch", summary = "List batches",
     params(("after" = Option<String>, Query, description = "The id after which the page starts."),
@@ -239,11 +229,10 @@ pub struct ListQuery {
 pub async fn list(
     State(bulk): State<Bulk>,
     Extension(caller): Extension<Caller>,
-    query: Result<Query<ListQuery>, QueryRejection>,
+    query: Result<Query<Cursor>, QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let query = super::query(query)?;
-    let (max, default) = LIST_LIMIT;
-    let limit = parse_limit(query.limit.as_deref(), default, max)?;
+    let cursor = super::query(query)?;
+    let page = cursor.page(LIST_LIMIT)?;
     let store = bulk.store().await?;
     let keys = store.batches.keys().await;
     let keys = keys.map_err(|e| ApiError::server(503, format!("cannot list batches: {e}")))?;
@@ -256,9 +245,7 @@ pub async fn list(
             batches.push(record.batch);
         }
     }
-    let page = newest_page(batches, (query.after.as_deref(), limit), |b| {
-        (b.created_at, &b.id)
-    });
+    let page = newest_page(batches, page, |b| (b.created_at, &b.id));
     Ok(json_ok(&page))
 }
 

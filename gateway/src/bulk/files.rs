@@ -26,7 +26,7 @@ use super::sweep::discard;
 use super::upload::{
     CHUNK_OVERHEAD, Capped, Caps, FORM_ALLOWANCE, LINGER_TIMEOUT, RECORD_RESERVE, linger, no_room,
 };
-use super::{ApiError, Bulk, BulkErrors, json_ok, new_id, parse_limit};
+use super::{ApiError, Bulk, BulkErrors, Cursor, json_ok, new_id};
 use crate::tenancy::Caller;
 
 /// Most files in a page, and the default (OpenAI's).
@@ -350,11 +350,9 @@ async fn drain_form(form: &mut Multipart) {
 pub struct ListQuery {
     /// Only files of this purpose.
     pub purpose: Option<String>,
-    /// The id after which the page starts (files are listed newest first).
-    pub after: Option<String>,
-    /// Most files in the page: an integer from 1 to 10,000 (the default; checked by
-    /// [`parse_limit`], so that a bad value is answered in OpenAI's shape).
-    pub limit: Option<String>,
+    /// `after` and `limit`: most files in the page, 1 to 10,000 (the default).
+    #[serde(flatten)]
+    pub cursor: Cursor,
 }
 
 /// `GET /v1/files`: `{"object": "list", "data": [File, ...], "has_more": false, "first_id",
@@ -370,8 +368,7 @@ pub async fn list(
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let query = super::query(query)?;
-    let (max, default) = LIST_LIMIT;
-    let limit = parse_limit(query.limit.as_deref(), default, max)?;
+    let page = query.cursor.page(LIST_LIMIT)?;
     fn listing(e: impl std::fmt::Display) -> ApiError {
         ApiError::server(503, format!("cannot list files: {e}"))
     }
@@ -386,9 +383,7 @@ pub async fn list(
             files.push(file);
         }
     }
-    let page = newest_page(files, (query.after.as_deref(), limit), |f| {
-        (f.created_at, &f.id)
-    });
+    let page = newest_page(files, page, |f| (f.created_at, &f.id));
     Ok(json_ok(&page))
 }
 

@@ -287,6 +287,29 @@ pub fn parse_limit(raw: Option<&str>, default: usize, max: usize) -> Result<usiz
     }
 }
 
+/// OpenAI's cursor in a list route's query string: the id `after` which the page starts
+/// (newest first) and the page's `limit` (checked by [`Cursor::page`], so that a bad value is
+/// answered in OpenAI's shape).
+#[derive(Debug, serde::Deserialize)]
+pub struct Cursor {
+    /// The id after which the page starts.
+    pub after: Option<String>,
+    /// Most items in the page, as sent.
+    pub limit: Option<String>,
+}
+
+impl Cursor {
+    /// `after` and the `limit` checked against the route's `(max, default)` ([`parse_limit`]):
+    /// what [`files::newest_page`] takes.
+    ///
+    /// # Errors
+    /// [`parse_limit`]'s 400.
+    pub fn page(&self, (max, default): (usize, usize)) -> Result<(Option<&str>, usize), ApiError> {
+        let limit = parse_limit(self.limit.as_deref(), default, max)?;
+        Ok((self.after.as_deref(), limit))
+    }
+}
+
 /// A list route's query string, or 400 in OpenAI's shape (axum's own rejection is plain text,
 /// which the OpenAPI document does not promise).
 pub fn query<T>(
@@ -352,7 +375,9 @@ pub struct WindowError {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_limit;
+    use super::{files, parse_limit};
+    use axum::extract::Query;
+    use axum::http::Uri;
 
     #[test]
     fn a_limit_is_an_integer_in_its_range() {
@@ -364,5 +389,19 @@ mod tests {
             assert_eq!((err.status, err.param.as_deref()), (400, Some("limit")));
             assert!(err.message.contains("100"), "{}", err.message);
         }
+    }
+
+    #[test]
+    fn a_files_query_reads_its_purpose_beside_the_cursor() {
+        let uri = Uri::from_static("/v1/files?purpose=batch&after=file-1&limit=5");
+        let Query(query) = Query::<files::ListQuery>::try_from_uri(&uri).expect("a query");
+        assert_eq!(query.purpose.as_deref(), Some("batch"));
+        assert_eq!(
+            query.cursor.page(files::LIST_LIMIT),
+            Ok((Some("file-1"), 5))
+        );
+        let uri = Uri::from_static("/v1/files");
+        let Query(query) = Query::<files::ListQuery>::try_from_uri(&uri).expect("a query");
+        assert_eq!(query.cursor.page(files::LIST_LIMIT), Ok((None, 10_000)));
     }
 }
