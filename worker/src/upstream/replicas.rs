@@ -31,6 +31,10 @@ struct Replica {
     in_flight: AtomicUsize,
     /// Skipped until this many ms after `epoch`; 0 when not cooling.
     cool_until_ms: AtomicU64,
+    /// Calls it answered (any HTTP answer, even an error status), counted.
+    answered: AtomicU64,
+    /// [`Replica::answered`] at its last health probe.
+    answered_at_probe: AtomicU64,
 }
 
 /// One replica picked for a call: counts as a call in flight on it until dropped.
@@ -50,6 +54,8 @@ impl Replicas {
                 base: base.trim_end_matches('/').to_owned(),
                 in_flight: AtomicUsize::new(0),
                 cool_until_ms: AtomicU64::new(0),
+                answered: AtomicU64::new(0),
+                answered_at_probe: AtomicU64::new(0),
             })
             .collect();
         (!replicas.is_empty()).then(|| Replicas {
@@ -153,12 +159,37 @@ impl Pick<'_> {
     }
 
     /// Records the call's outcome: unreachable cools the replica for [`COOL_DOWN`]; any other
-    /// outcome (an answer, even an error status, or a timeout) ends its cool-down.
+    /// outcome (an answer, even an error status, or a timeout) ends its cool-down. An answer
+    /// counts for [`Pick::probed`].
     pub fn observe<T>(&self, result: &Result<T, UpstreamError>) {
         match result {
             Err(UpstreamError::Unreachable(_)) => self.cool(),
             _ => self.replica().cool_until_ms.store(0, Ordering::Relaxed),
         }
+        if matches!(
+            result,
+            Ok(_) | Err(UpstreamError::Status { .. } | UpstreamError::Http { .. })
+        ) {
+            self.replica().answered.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Records a health probe of the replica (`passed`: it answered 200 in time) and tells
+    /// whether the replica counts as healthy. A probe that failed while the replica answered
+    /// calls since the last probe counts as passed: it is busy, not sick (TEI's `/health`
+    /// queues behind the batches), as the worker's own membership rule has it. A passed probe
+    /// ends a cool-down; a failed one of a replica that answered nothing cools it.
+    pub fn probed(&self, passed: bool) -> bool {
+        let replica = self.replica();
+        let answered = replica.answered.load(Ordering::Relaxed);
+        let before = replica.answered_at_probe.swap(answered, Ordering::Relaxed);
+        let healthy = passed || answered != before;
+        if healthy {
+            replica.cool_until_ms.store(0, Ordering::Relaxed);
+        } else {
+            self.cool();
+        }
+        healthy
     }
 
     /// Skips the replica for [`COOL_DOWN`] from now (a failed health probe).
@@ -264,6 +295,27 @@ mod tests {
         let mut taken: Vec<usize> = picks.iter().map(Pick::index).collect();
         taken.sort_unstable();
         assert_eq!(taken, [0, 1, 2], "still the fewest in flight among all");
+    }
+
+    #[test]
+    fn a_failed_probe_of_a_replica_that_answered_calls_does_not_cool_it() {
+        let replicas = three();
+        let answered: Result<(), UpstreamError> = Ok(());
+        replicas.at(1).observe(&answered);
+        assert!(replicas.at(1).probed(false), "busy, not sick");
+        assert_eq!(
+            replicas.replicas[1].cool_until_ms.load(Ordering::Relaxed),
+            0
+        );
+        assert!(!replicas.at(1).probed(false), "no call answered since");
+        assert!(replicas.replicas[1].cool_until_ms.load(Ordering::Relaxed) > 0);
+        replicas.at(1).observe(&unreachable());
+        assert!(!replicas.at(1).probed(false), "a refused call is no answer");
+        assert!(replicas.at(1).probed(true), "a passed probe");
+        assert_eq!(
+            replicas.replicas[1].cool_until_ms.load(Ordering::Relaxed),
+            0
+        );
     }
 
     #[test]

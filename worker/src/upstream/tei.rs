@@ -396,9 +396,11 @@ impl Upstream for TeiUpstream {
     }
 
     /// `GET {tei_url}/health` on every replica at once: healthy when one answers 200 (TEI
-    /// answers 503 while its model cannot run); a replica that does not is skipped by calls for
-    /// [`super::replicas::COOL_DOWN`], one that does is used again. Each probe is bounded by
-    /// `crate::membership::PROBE_TIMEOUT` (less than `UPSTREAM_TIMEOUT` when that is shorter).
+    /// answers 503 while its model cannot run) or failed its probe while it answered calls
+    /// since the last ([`super::replicas::Pick::probed`]: busy, not sick); a replica that is
+    /// neither is skipped by calls for [`super::replicas::COOL_DOWN`], one that is is used
+    /// again. Each probe is bounded by `crate::membership::PROBE_TIMEOUT` (less than
+    /// `UPSTREAM_TIMEOUT` when that is shorter).
     ///
     /// # Errors
     /// The first replica's failure, when none is healthy.
@@ -408,9 +410,8 @@ impl Upstream for TeiUpstream {
         let probes = (0..self.replicas.len()).map(|index| async move {
             let replica = self.replicas.at(index);
             let probed = http::probe(&self.client, &replica.url("health"), timeout, text).await;
-            match &probed {
-                Ok(()) => replica.observe(&probed),
-                Err(_) => replica.cool(),
+            if replica.probed(probed.is_ok()) {
+                return Ok(());
             }
             probed
         });
