@@ -255,7 +255,7 @@ impl Acks {
     /// worker that went silent or reconnected held. The request counts for the heartbeat until
     /// the returned guard is dropped (when its task ends).
     async fn send(&self, client: &async_nats::Client, request: &Message) -> crate::heartbeat::Held {
-        let held = self.acked.hold();
+        let held = self.acked.hold(&request.subject);
         acknowledge(client, request, &self.worker_id).await;
         held
     }

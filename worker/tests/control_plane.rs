@@ -184,6 +184,12 @@ async fn an_idle_fleet_publishes_nothing_and_a_busy_worker_beats() {
         assert_eq!(task.await.expect("task"), Ok(200));
     }
     assert!(beats(&busy) > 0, "busy workers beat: {busy:?}");
+    // Only where the requests came in: `embed`, not the model's own subject.
+    assert_eq!(
+        beats(&busy),
+        busy.get("embed.alive").copied().unwrap_or(0),
+        "beats on the subject sent to only: {busy:?}"
+    );
 
     // Idle: nothing at all, for two seconds.
     let idle = messages_over(&nats, Duration::from_secs(2)).await;

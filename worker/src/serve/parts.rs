@@ -205,12 +205,11 @@ impl<U: Upstream> Parts<U> {
         let intake_stop = stop.child_token();
         let replies = TaskTracker::new();
         let withdrawable = Arc::new(intake::Withdrawable::default());
-        let acked = Arc::new(heartbeat::Acked::default());
+        let acked = Arc::new(heartbeat::Acked::new(served.subjects.clone()));
         tasks.spawn(self.discovery.run(stop.clone()));
         tasks.spawn(heartbeat::run(
             heartbeat::Beat {
                 client: client.clone(),
-                subjects: served.subjects.clone(),
                 id: self.id.clone(),
                 state: self.heartbeat_state,
                 acked: Arc::clone(&acked),
