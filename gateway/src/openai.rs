@@ -7,6 +7,7 @@
 //! then re-shaped into OpenAI's response.
 
 use base64::Engine as _;
+use embatch_protocol::compact::{Dtype, OutputDtype, Quantized};
 use embatch_protocol::request::{Inputs, invalid_json};
 use embatch_protocol::{EmbedError, EmbedRequest};
 use serde::{Deserialize, Serialize};
@@ -20,7 +21,8 @@ use utoipa::openapi::schema::{
 ///
 /// ```json
 /// {"input": "one text" | ["text", ...] | [101, 7592, 102] | [[101, 102], ...],
-///  "model": "name", "encoding_format": "float", "dimensions": 256, "user": "ignored"}
+///  "model": "name", "encoding_format": "float", "dimensions": 256, "user": "ignored",
+///  "output_dtype": "int8"}
 /// ```
 /// Only `input` is required (OpenAI requires `model` too; here an absent one means the default
 /// model). Token
@@ -49,6 +51,13 @@ pub struct EmbeddingsRequest {
     /// OpenAI's end-user id: accepted and ignored.
     #[serde(default)]
     pub user: Option<String>,
+    /// Voyage's `output_dtype` (not OpenAI's): `"float"` (absent or `null`: the default),
+    /// `"int8"`, `"uint8"`, `"binary"` or `"ubinary"`, quantized by the worker as
+    /// [`embatch_protocol::compact`] documents. The embedding is then an array of integers
+    /// (`binary` and `ubinary`: `ceil(d / 8)` of them); with `encoding_format: "base64"`, the
+    /// base64 of one byte per integer, as Voyage encodes it.
+    #[serde(default)]
+    pub output_dtype: Option<Dtype>,
 }
 
 /// OpenAI's `encoding_format`: `"float"` or `"base64"`.
@@ -71,6 +80,8 @@ pub struct ReplyShape {
     pub model: String,
     /// The response's encoding.
     pub encoding_format: EncodingFormat,
+    /// The type of the worker's vectors (`Float` unless the request asked for another).
+    pub output_dtype: Dtype,
 }
 
 impl EmbeddingsRequest {
@@ -107,8 +118,8 @@ impl EmbeddingsRequest {
     }
 
     /// Translates the request into TEI's `/embed` request (`inputs`, `normalize: true` as OpenAI's
-    /// embeddings are unit length, `dimensions`; truncation left to the upstream's default) and
-    /// what the response needs.
+    /// embeddings are unit length, `dimensions`, `output_dtype` unless `float`; truncation left
+    /// to the upstream's default) and what the response needs.
     pub fn into_embed_request(self) -> (EmbedRequest, ReplyShape) {
         let request = EmbedRequest {
             inputs: self.input,
@@ -117,10 +128,16 @@ impl EmbeddingsRequest {
             truncation_direction: None,
             prompt_name: None,
             dimensions: self.dimensions,
+            // The worker quantizes (contract v1.5); `float` asks nothing, so the body is TEI's.
+            output_dtype: self
+                .output_dtype
+                .filter(|dtype| *dtype != Dtype::Float)
+                .map(OutputDtype::One),
         };
         let shape = ReplyShape {
             model: self.model.unwrap_or_default(),
             encoding_format: self.encoding_format.unwrap_or_default(),
+            output_dtype: self.output_dtype.unwrap_or_default(),
         };
         (request, shape)
     }
@@ -158,10 +175,12 @@ pub struct EmbeddingObject<'a> {
 #[derive(Debug, Serialize)]
 #[serde(untagged)]
 pub enum EmbeddingValue<'a> {
-    /// `encoding_format: "float"`: the worker's JSON array, borrowed from its reply and passed
-    /// through as is (its numbers are never re-encoded).
+    /// `encoding_format: "float"`: the worker's JSON array (floats, or integers for an
+    /// `output_dtype`), borrowed from its reply and passed through as is (its numbers are never
+    /// re-encoded).
     Float(&'a RawValue),
-    /// `encoding_format: "base64"`: see [`EncodingFormat::Base64`].
+    /// `encoding_format: "base64"`: see [`EncodingFormat::Base64`]; for an `output_dtype`, one
+    /// byte per integer.
     Base64(String),
 }
 
@@ -175,14 +194,18 @@ impl utoipa::PartialSchema for EmbeddingValue<'_> {
                     .format(Some(SchemaFormat::KnownFormat(KnownFormat::Float))),
             )
             .description(Some(
-                "`encoding_format: \"float\"`: the vector, one f32 per dimension.",
+                "`encoding_format: \"float\"`: the vector, one f32 per dimension; for an \
+                 `output_dtype`, its integers (`int8`/`uint8`: one per dimension, \
+                 `binary`/`ubinary`: one per 8 dimensions).",
             ));
         let base64 = ObjectBuilder::new()
             .schema_type(Type::String)
             .content_encoding("base64")
             .description(Some(
                 "`encoding_format: \"base64\"`: standard base64 (padded) of the vector's f32 \
-                 values as little-endian bytes, 4 bytes per dimension.",
+                 values as little-endian bytes, 4 bytes per dimension; for an `output_dtype`, \
+                 of its integers, one byte each (int8 as two's complement), as Voyage encodes \
+                 them.",
             ));
         OneOfBuilder::new().item(floats).item(base64).into()
     }
@@ -257,8 +280,7 @@ pub fn response_body(
             let embedding = match shape.encoding_format {
                 EncodingFormat::Float => EmbeddingValue::Float(raw),
                 EncodingFormat::Base64 => {
-                    let vector: Vec<f32> = serde_json::from_str(raw.get()).map_err(malformed)?;
-                    EmbeddingValue::Base64(encode_base64(&vector))
+                    EmbeddingValue::Base64(base64_of(raw, shape.output_dtype).map_err(malformed)?)
                 }
             };
             Ok(EmbeddingObject {
@@ -279,6 +301,18 @@ pub fn response_body(
     };
     serde_json::to_vec(&response)
         .map_err(|e| EmbedError::Backend(format!("cannot encode the response: {e}")))
+}
+
+/// The base64 of the worker's vector `raw`, of type `dtype`: [`encode_base64`] of floats, or of
+/// the integers of a quantized vector, one byte each (Voyage's base64 of a numpy `int8` or
+/// `uint8` array).
+fn base64_of(raw: &RawValue, dtype: Dtype) -> Result<String, serde_json::Error> {
+    let bytes = match dtype {
+        Dtype::Float => return Ok(encode_base64(&serde_json::from_str::<Vec<f32>>(raw.get())?)),
+        Dtype::Int8 | Dtype::Binary => Quantized::Signed(serde_json::from_str(raw.get())?),
+        Dtype::Uint8 | Dtype::Ubinary => Quantized::Unsigned(serde_json::from_str(raw.get())?),
+    };
+    Ok(base64::engine::general_purpose::STANDARD.encode(bytes.to_bytes()))
 }
 
 /// Standard base64 (with padding) of `vector`'s values as little-endian f32 bytes: see
@@ -334,8 +368,8 @@ impl From<EmbedError> for OpenAiError {
 impl OpenAiError {
     /// Wraps `error`, guessing `param` from it: `model` for an unknown model, `input` for an
     /// empty request or one with too
-    /// many inputs (messages naming `` `inputs` ``), `dimensions` for messages naming
-    /// `` `dimensions` ``, else none.
+    /// many inputs (messages naming `` `inputs` ``), `dimensions` and `output_dtype` for
+    /// messages naming them, else none.
     pub fn new(error: EmbedError) -> OpenAiError {
         let message = error.to_string();
         let param = if matches!(error, EmbedError::ModelNotFound { .. }) {
@@ -344,6 +378,8 @@ impl OpenAiError {
             Some("input".to_owned())
         } else if message.contains("`dimensions`") {
             Some("dimensions".to_owned())
+        } else if message.contains("`output_dtype`") {
+            Some("output_dtype".to_owned())
         } else {
             None
         };
@@ -426,7 +462,8 @@ mod tests {
             shape,
             ReplyShape {
                 model: "m".into(),
-                encoding_format: EncodingFormat::Base64
+                encoding_format: EncodingFormat::Base64,
+                output_dtype: Dtype::Float,
             }
         );
         let (embed, shape) = EmbeddingsRequest::from_slice(br#"{"input":"a"}"#)
@@ -443,7 +480,11 @@ mod tests {
 
     #[test]
     fn bad_requests_name_the_param() {
-        let cases: [(&[u8], Option<&str>); 4] = [
+        let cases: [(&[u8], Option<&str>); 5] = [
+            (
+                br#"{"input":"a","output_dtype":"int4"}"#,
+                Some("output_dtype"),
+            ),
             (br#"{"input":[1,"a"]}"#, Some("input")),
             (
                 br#"{"input":"a","encoding_format":"hex"}"#,
@@ -473,6 +514,7 @@ mod tests {
             ReplyShape {
                 model: "m".into(),
                 encoding_format: EncodingFormat::Float,
+                output_dtype: Dtype::Float,
             },
             Some(7),
         )
@@ -495,6 +537,7 @@ mod tests {
             ReplyShape {
                 model: String::new(),
                 encoding_format: EncodingFormat::Base64,
+                output_dtype: Dtype::Float,
             },
             None,
         )
@@ -509,6 +552,7 @@ mod tests {
             ReplyShape {
                 model: String::new(),
                 encoding_format: EncodingFormat::Float,
+                output_dtype: Dtype::Float,
             },
             None,
         )
@@ -546,5 +590,52 @@ mod tests {
             (too_many.status(), too_many.param.as_deref()),
             (413, Some("input"))
         );
+    }
+
+    #[test]
+    fn output_dtype_is_asked_of_the_worker_and_encoded_as_voyage() {
+        let (embed, shape) =
+            EmbeddingsRequest::from_slice(br#"{"input":"a","output_dtype":"int8"}"#)
+                .expect("valid")
+                .into_embed_request();
+        assert_eq!(
+            serde_json::to_value(&embed).expect("serializes")["output_dtype"],
+            "int8"
+        );
+        assert_eq!(shape.output_dtype, Dtype::Int8);
+        let (embed, _) = EmbeddingsRequest::from_slice(br#"{"input":"a","output_dtype":"float"}"#)
+            .expect("valid")
+            .into_embed_request();
+        assert_eq!(embed.output_dtype, None, "float asks the worker nothing");
+        // The worker's int8 vectors: passed through as numbers, or one byte each in base64.
+        let payload = br#"[[-1,0,127,-128]]"#;
+        let shape = |encoding_format, output_dtype| ReplyShape {
+            model: String::new(),
+            encoding_format,
+            output_dtype,
+        };
+        let float = response_body(payload, shape(EncodingFormat::Float, Dtype::Int8), None)
+            .expect("reshapes");
+        let value: serde_json::Value = serde_json::from_slice(&float).expect("JSON");
+        assert_eq!(
+            value["data"][0]["embedding"],
+            serde_json::json!([-1, 0, 127, -128])
+        );
+        let b64 = response_body(payload, shape(EncodingFormat::Base64, Dtype::Int8), None)
+            .expect("reshapes");
+        let value: serde_json::Value = serde_json::from_slice(&b64).expect("JSON");
+        // Bytes ff 00 7f 80.
+        assert_eq!(value["data"][0]["embedding"], "/wB/gA==");
+        let ubinary = response_body(
+            b"[[255,1]]",
+            shape(EncodingFormat::Base64, Dtype::Ubinary),
+            None,
+        )
+        .expect("reshapes");
+        let value: serde_json::Value = serde_json::from_slice(&ubinary).expect("JSON");
+        assert_eq!(value["data"][0]["embedding"], "/wE=");
+        let err = response_body(b"[[300]]", shape(EncodingFormat::Base64, Dtype::Int8), None)
+            .expect_err("not an int8");
+        assert_eq!(err.status(), 424);
     }
 }

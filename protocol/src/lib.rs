@@ -29,11 +29,14 @@
 //!   `/similarity` bodies on `<subject>.predict`, `<subject>.embed_all` and
 //!   `<subject>.similarity` (contract v1.4), batched as inputs of [`Task::Predict`],
 //!   [`Task::EmbedAll`] and (the sentences) [`Task::Embed`].
+//! - [`compact`]: an `/embed` request's `output_dtype` (contract v1.5): int8, uint8, binary and
+//!   ubinary vectors, quantized by the worker after the batch.
 //! - [`reply`]: the reply codec (success and error headers, decoding a reply into a result).
 //! - `openapi` (feature `openapi`): the OpenAPI schemas of [`request::Inputs`] and
 //!   [`request::Input`]; with the feature, the wire types also derive `utoipa::ToSchema`.
 
 pub mod bulk;
+pub mod compact;
 pub mod embed_all;
 pub mod error;
 pub mod headers;
@@ -71,6 +74,6 @@ pub const PROTOCOL_VERSION: &str = "1";
 /// The contract's full version, `<major>.<minor>`: a minor version only adds to the contract
 /// (v1.1 added model subjects, see [`model`]; v1.2 the rerank subject, see [`rerank`]; v1.3
 /// the sparse and token subjects, see [`sparse`]; v1.4 the predict, embed_all and similarity
-/// subjects, see [`predict`]), so a client of any `1.x` talks to any `1.y`
-/// worker. Announced by workers as the `contract_version` metadata of `$SRV.INFO`.
-pub const CONTRACT_VERSION: &str = "1.4";
+/// subjects, see [`predict`]; v1.5 `/embed`'s `output_dtype`, see [`compact`]), so a client
+/// of any `1.x` talks to any `1.y` worker. Announced by workers as the `contract_version` metadata of `$SRV.INFO`.
+pub const CONTRACT_VERSION: &str = "1.5";

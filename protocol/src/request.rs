@@ -6,6 +6,7 @@ use serde::de::{self, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::EmbedError;
+use crate::compact::OutputDtype;
 
 /// TEI's `POST /embed` body.
 ///
@@ -39,6 +40,12 @@ pub struct EmbedRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub dimensions: Option<usize>,
+    /// Compact outputs (contract v1.5, not TEI's): `"int8"`, `"uint8"`, `"binary"` or
+    /// `"ubinary"` vectors instead of floats, or a list of types for an object of arrays keyed
+    /// by type ([`OutputDtype`], quantized by the worker after the batch). Absent or `"float"`:
+    /// TEI's reply, unchanged. Not part of the batching key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_dtype: Option<OutputDtype>,
 }
 
 fn default_normalize() -> bool {
@@ -392,13 +399,18 @@ impl EmbedRequest {
     /// - [`EmbedError::Empty`] (400) when `inputs` is an empty array or one input is an empty
     ///   string or an empty array of token ids (TEI 1.9.3 answers 400 `Empty` for these).
     /// - [`EmbedError::Validation`] (422) when it holds more than `max_inputs` inputs (mirrors
-    ///   TEI 1.9.3's `max_client_batch_size` check, which answers 422), or `dimensions` is 0.
+    ///   TEI 1.9.3's `max_client_batch_size` check, which answers 422), or `dimensions` is 0,
+    ///   or `output_dtype` cannot be served ([`OutputDtype::validate`]: `[]`, or `int8`/`uint8`
+    ///   with `normalize: false`).
     pub fn validate(&self, max_inputs: usize) -> Result<(), EmbedError> {
         self.inputs.validate(max_inputs)?;
         if self.dimensions == Some(0) {
             return Err(EmbedError::Validation(
                 "`dimensions` must be at least 1".into(),
             ));
+        }
+        if let Some(output) = &self.output_dtype {
+            output.validate(self.normalize)?;
         }
         Ok(())
     }
