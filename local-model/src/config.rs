@@ -16,8 +16,11 @@ pub(crate) const CONFIG: &str = "config.json";
 pub(crate) const TOKENIZER: &str = "tokenizer.json";
 /// The weights. Required.
 pub(crate) const WEIGHTS: &str = "model.safetensors";
-/// The sentence-transformers pooling module's config. Required.
+/// The sentence-transformers pooling module's config. Required, unless [`SPLADE_POOLING`] is there.
 pub(crate) const POOLING: &str = "1_Pooling/config.json";
+/// The pooling config of a sentence-transformers SPLADE model (`SparseEncoder`: `MLMTransformer`
+/// then `SpladePooling`). When present, the model is a SPLADE model and [`POOLING`] is not read.
+pub(crate) const SPLADE_POOLING: &str = "1_SpladePooling/config.json";
 /// sentence-transformers' transformer module config: `max_seq_length`. Optional.
 pub(crate) const SENTENCE_BERT: &str = "sentence_bert_config.json";
 /// sentence-transformers' model config: `prompts`. Optional.
@@ -30,6 +33,9 @@ pub(crate) enum Pooling {
     Cls,
     /// The mean over the non-padding tokens.
     Mean,
+    /// SPLADE: the masked-language-model head's logits, log(1 + relu(x)), padding masked, max over
+    /// the tokens: one value per vocabulary entry.
+    Splade,
 }
 
 /// Everything the model directory's configs decide.
@@ -46,7 +52,12 @@ impl ModelConfig {
     /// Reads and checks the configs of the model directory `dir`.
     pub(crate) fn read(dir: &Path) -> Result<ModelConfig, LoadError> {
         let bert = read_bert_config(&dir.join(CONFIG))?;
-        let pooling = read_pooling(&dir.join(POOLING), bert.hidden_size)?;
+        let pooling = match read_optional_json(&dir.join(SPLADE_POOLING))? {
+            Some(splade) => {
+                read_splade_pooling(&dir.join(SPLADE_POOLING), splade, bert.vocab_size)?
+            }
+            None => read_pooling(&dir.join(POOLING), bert.hidden_size)?,
+        };
 
         #[derive(Deserialize)]
         struct SentenceBertConfig {
@@ -187,6 +198,37 @@ fn read_pooling(path: &Path, hidden_size: usize) -> Result<Pooling, LoadError> {
             ),
         )),
     }
+}
+
+/// `1_SpladePooling/config.json` (`raw`, read from `path`): sentence-transformers' `SpladePooling`
+/// as TEI's SPLADE pooling computes it: `pooling_strategy` `max`, `activation_function` `relu`
+/// (the defaults when absent), and a `word_embedding_dimension`, if given, of `vocab_size`.
+fn read_splade_pooling(
+    path: &Path,
+    raw: Map<String, Value>,
+    vocab_size: usize,
+) -> Result<Pooling, LoadError> {
+    for (key, supported) in [("pooling_strategy", "max"), ("activation_function", "relu")] {
+        if let Some(value) = raw.get(key)
+            && value.as_str() != Some(supported)
+        {
+            return Err(LoadError::unsupported(
+                path,
+                format!("`{key}` {value} is not supported; only \"{supported}\" is"),
+            ));
+        }
+    }
+    if let Some(dim) = raw.get("word_embedding_dimension").and_then(Value::as_u64)
+        && dim != vocab_size as u64
+    {
+        return Err(LoadError::unsupported(
+            path,
+            format!(
+                "`word_embedding_dimension` {dim} differs from the model's `vocab_size` {vocab_size}"
+            ),
+        ));
+    }
+    Ok(Pooling::Splade)
 }
 
 /// Reads a file, mapping "not found" to [`LoadError::Missing`].

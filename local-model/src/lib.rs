@@ -15,14 +15,18 @@
 //!
 //! `scripts/fetch-model.sh` puts all-MiniLM-L6-v2 (mean pooling) into `models/all-MiniLM-L6-v2`,
 //! and `scripts/fetch-model.sh --model bge-small-en-v1.5` BAAI/bge-small-en-v1.5 (CLS pooling)
-//! into `models/bge-small-en-v1.5`; `docs/models.md` has their sources and licences.
+//! into `models/bge-small-en-v1.5`, and `--model splade-tiny` a SPLADE model (sparse embeddings,
+//! [`LocalModel::embed_sparse`]) into `models/splade-tiny`; `docs/models.md` has their sources and
+//! licences.
 //!
 //! # Layout
 //! - [`model`]: [`LocalModel`], loading, the embed call, batching into forward passes, pooling.
+//! - [`splade`]: SPLADE models' head and pooling, and [`splade::sparsify`], TEI's sparse form.
 //! - [`tokenize`]: [`Encoder`], text → token ids with TEI's prompts, limits and truncation.
 //! - `token_routes`: TEI's `/tokenize` and `/decode` on the model's tokenizer
 //!   ([`Encoder::simple_tokens`], [`Encoder::decode`]).
 //! - `config`: the files of a model directory and what is read from them.
+//! - `weights`: `model.safetensors` into candle, with TEI's tolerance of `gamma`/`beta` names.
 //! - [`error`]: [`LoadError`], why a model directory could not be loaded.
 //! - `hub` (feature `hub`): `LocalModel::from_hub`, fetching a model directory from the
 //!   Hugging Face Hub, and `tokenizer_path`, a model's `tokenizer.json` from the Hugging Face
@@ -35,8 +39,10 @@ mod hub;
 #[cfg(feature = "hub")]
 pub use hub::tokenizer_path;
 pub mod model;
+pub mod splade;
 mod token_routes;
 pub mod tokenize;
+mod weights;
 
 pub use error::LoadError;
 pub use model::LocalModel;

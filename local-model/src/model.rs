@@ -5,18 +5,22 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
-use candle_nn::VarBuilder;
 use candle_transformers::models::bert::BertModel;
+use embatch_protocol::sparse::{NOT_SPLADE, SparseValue};
 use embatch_protocol::{EmbedError, EmbedOptions, Input, TruncationDirection};
 
 use crate::LoadError;
 use crate::config::{self, ModelConfig, Pooling};
+use crate::splade::{self, NOT_NORMALIZABLE, SpladeHead};
 use crate::tokenize::{Encoder, Tokens};
 
 /// Most padded tokens (inputs × longest input) one forward pass may hold. A larger batch is run
 /// as several passes over inputs of similar length; this bounds the attention scores' memory
 /// (about 100 MB for 256-token inputs) and wastes less compute on padding.
 const MAX_BATCH_TOKENS: usize = 8192;
+/// [`MAX_BATCH_TOKENS`] for a SPLADE model, whose head holds a logit per token and vocabulary
+/// entry: 1024 tokens × 30522 entries is 125 MB of f32.
+const MAX_SPLADE_BATCH_TOKENS: usize = 1024;
 
 /// A sentence-transformers BERT-family embedding model on the CPU, in f32: a BERT encoder, its
 /// tokenizer and its pooling, loaded once and shared by all calls (`Send + Sync`; wrap it in an
@@ -30,6 +34,8 @@ pub struct LocalModel {
     bert: BertModel,
     encoder: Arc<Encoder>,
     pooling: Pooling,
+    /// The masked-language-model head of a SPLADE model ([`Pooling::Splade`]).
+    splade: Option<SpladeHead>,
     dim: usize,
     pad_id: u32,
     device: Device,
@@ -48,7 +54,9 @@ impl LocalModel {
     ///   the tanh approximation as TEI does, or `relu`);
     /// - `tokenizer.json`: the tokenizer (its own padding and truncation settings are ignored);
     /// - `model.safetensors`: the weights, loaded as f32;
-    /// - `1_Pooling/config.json`: CLS or mean pooling;
+    /// - `1_Pooling/config.json`: CLS or mean pooling; or, for a SPLADE model,
+    ///   `1_SpladePooling/config.json` (`max` of `relu`), and then the weights' masked-language-model
+    ///   head (`cls.predictions.*`) is loaded too;
     /// - optional `sentence_bert_config.json`: `max_seq_length`, the input limit in tokens
     ///   (capped at `max_position_embeddings`, which is the limit without it);
     /// - optional `config_sentence_transformers.json`: `prompts` for `prompt_name`.
@@ -78,13 +86,13 @@ impl LocalModel {
             path: weights.clone(),
             source,
         };
-        let vb = VarBuilder::from_buffered_safetensors(
-            config::read_file(&weights)?,
-            DType::F32,
-            &device,
-        )
-        .map_err(weights_error)?;
-        let bert = BertModel::load(vb, &config).map_err(weights_error)?;
+        let vb = crate::weights::var_builder(&config::read_file(&weights)?, &device)
+            .map_err(weights_error)?;
+        let bert = BertModel::load(vb.clone(), &config).map_err(weights_error)?;
+        let splade = (pooling == Pooling::Splade)
+            .then(|| SpladeHead::load(&vb, &config))
+            .transpose()
+            .map_err(weights_error)?;
 
         let pad_id = u32::try_from(config.pad_token_id)
             .ok()
@@ -114,7 +122,13 @@ impl LocalModel {
             bert,
             encoder,
             pooling,
-            dim: config.hidden_size,
+            splade,
+            // A SPLADE vector has a value per vocabulary entry.
+            dim: if pooling == Pooling::Splade {
+                config.vocab_size
+            } else {
+                config.hidden_size
+            },
             pad_id,
             device,
         };
@@ -149,10 +163,16 @@ impl LocalModel {
         Arc::clone(&self.encoder)
     }
 
-    /// The size of the embeddings, in values (384 for all-MiniLM-L6-v2); the most a request's
-    /// `dimensions` may ask for.
+    /// The size of the embeddings, in values (384 for all-MiniLM-L6-v2; the vocabulary's size,
+    /// 30522, for a SPLADE model); the most a request's `dimensions` may ask for.
     pub fn dim(&self) -> usize {
         self.dim
+    }
+
+    /// Whether this is a SPLADE model (`1_SpladePooling/config.json`): it answers
+    /// [`LocalModel::embed_sparse`], and [`LocalModel::embed`] only with `normalize` off.
+    pub fn is_splade(&self) -> bool {
+        self.splade.is_some()
     }
 
     /// The model's name: the directory's name for [`LocalModel::load`], the hub id for
@@ -186,10 +206,53 @@ impl LocalModel {
     ///   unknown `prompt_name`, or a token id outside the vocabulary (`inputs[i]`); the message
     ///   names the field and the limit or the choices.
     /// - [`EmbedError::Tokenizer`] (422) when the tokenizer fails on an input.
-    /// - [`EmbedError::Backend`] (424) when the forward pass fails.
+    /// - [`EmbedError::Backend`] (424) when the forward pass fails, and, as TEI 1.9.3, for
+    ///   `normalize` on a SPLADE model ("`normalize` is not available for SPLADE models").
     ///
     /// The first failing input, in input order, fails the whole call.
     pub fn embed(
+        &self,
+        inputs: &[Input],
+        options: &EmbedOptions,
+    ) -> Result<Vec<Vec<f32>>, EmbedError> {
+        if self.is_splade() && options.normalize {
+            return Err(EmbedError::Backend(NOT_NORMALIZABLE.into()));
+        }
+        self.pooled(inputs, options)
+    }
+
+    /// The sparse embeddings of a SPLADE model: for each input, in input order, its non-zero
+    /// values by increasing vocabulary index, as TEI 1.9.3's `POST /embed_sparse` answers
+    /// (`[{"index": 2054, "value": 1.73}, ...]`). The SPLADE vector is the maximum over the
+    /// input's tokens of log(1 + relu(logits of the masked-language-model head)). `options`:
+    /// `prompt_name`, `truncate` and `truncation_direction`, as for [`LocalModel::embed`];
+    /// `normalize` and `dimensions` are not fields of TEI's route and are ignored.
+    ///
+    /// Blocking and CPU-bound, as [`LocalModel::embed`].
+    ///
+    /// # Errors
+    /// As [`LocalModel::embed`], and [`EmbedError::Backend`] (424) with TEI's "Model is not an
+    /// embedding model with SPLADE pooling" on a model that is not a SPLADE model.
+    pub fn embed_sparse(
+        &self,
+        inputs: &[Input],
+        options: &EmbedOptions,
+    ) -> Result<Vec<Vec<SparseValue>>, EmbedError> {
+        if !self.is_splade() {
+            return Err(EmbedError::Backend(NOT_SPLADE.into()));
+        }
+        let options = EmbedOptions {
+            normalize: false,
+            dimensions: None,
+            ..options.clone()
+        };
+        let vectors = self.pooled(inputs, &options)?;
+        Ok(vectors.iter().map(|v| splade::sparsify(v)).collect())
+    }
+
+    /// [`LocalModel::embed`] without its SPLADE check: tokenize, run the forward passes, pool,
+    /// cut to `dimensions`, normalize.
+    fn pooled(
         &self,
         inputs: &[Input],
         options: &EmbedOptions,
@@ -221,11 +284,16 @@ impl LocalModel {
         let mut order: Vec<usize> = (0..tokens.len()).collect();
         order.sort_by_key(|&i| tokens[i].ids.len());
 
+        let budget = if self.is_splade() {
+            MAX_SPLADE_BATCH_TOKENS
+        } else {
+            MAX_BATCH_TOKENS
+        };
         let mut embeddings = vec![Vec::new(); tokens.len()];
         let mut passes = 0;
         let mut start = 0;
         while start < order.len() {
-            let end = pass_end(&order, start, |i| tokens[i].ids.len());
+            let end = pass_end(&order, start, budget, |i| tokens[i].ids.len());
             let pass = &order[start..end];
             let pooled = self
                 .forward(pass.iter().map(|&i| &tokens[i]))
@@ -298,9 +366,16 @@ impl LocalModel {
 
         // [n, len, hidden]
         let hidden = self.bert.forward(&ids, &type_ids, Some(&mask))?;
-        let pooled = match self.pooling {
-            Pooling::Cls => hidden.narrow(1, 0, 1)?.squeeze(1)?,
-            Pooling::Mean => {
+        let pooled = match (self.pooling, &self.splade) {
+            (Pooling::Splade, Some(head)) => head.pool(&hidden, &mask)?,
+            (Pooling::Splade, None) => {
+                // `load` loads the head of every SPLADE model.
+                return Err(candle_core::Error::Msg(
+                    "SPLADE model without its head".into(),
+                ));
+            }
+            (Pooling::Cls, _) => hidden.narrow(1, 0, 1)?.squeeze(1)?,
+            (Pooling::Mean, _) => {
                 let mask = mask.to_dtype(DType::F32)?.unsqueeze(2)?; // [n, len, 1]
                 let sum = hidden.broadcast_mul(&mask)?.sum(1)?; // [n, hidden]
                 sum.broadcast_div(&mask.sum(1)?)?
@@ -317,10 +392,10 @@ pub fn truncation(options: &EmbedOptions) -> Option<TruncationDirection> {
 }
 
 /// The end (exclusive) of the forward pass that starts at `order[start]`: as many inputs as fit
-/// in [`MAX_BATCH_TOKENS`] padded tokens, and at least one. `order` is sorted by length.
-fn pass_end(order: &[usize], start: usize, len: impl Fn(usize) -> usize) -> usize {
+/// in `budget` padded tokens, and at least one. `order` is sorted by length.
+fn pass_end(order: &[usize], start: usize, budget: usize, len: impl Fn(usize) -> usize) -> usize {
     let mut end = start + 1;
-    while end < order.len() && (end + 1 - start) * len(order[end]) <= MAX_BATCH_TOKENS {
+    while end < order.len() && (end + 1 - start) * len(order[end]) <= budget {
         end += 1;
     }
     end
@@ -351,7 +426,7 @@ mod tests {
         let mut start = 0;
         let mut covered = 0;
         while start < order.len() {
-            let end = pass_end(&order, start, |i| lens[i]);
+            let end = pass_end(&order, start, MAX_BATCH_TOKENS, |i| lens[i]);
             assert!(end > start);
             let longest = order[start..end].iter().map(|&i| lens[i]).max().unwrap();
             assert!((end - start) * longest <= MAX_BATCH_TOKENS);
@@ -364,7 +439,7 @@ mod tests {
     #[test]
     fn one_input_over_the_budget_still_gets_a_pass() {
         let lens = [MAX_BATCH_TOKENS * 2];
-        assert_eq!(pass_end(&[0], 0, |i| lens[i]), 1);
+        assert_eq!(pass_end(&[0], 0, MAX_BATCH_TOKENS, |i| lens[i]), 1);
     }
 
     #[test]
