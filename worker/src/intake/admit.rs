@@ -289,20 +289,28 @@ impl Admitter {
         }
         // A sparse reply teaches and checks the reply limit as a dense one: both grow with the
         // inputs, and a worker's model answers one of them in practice (SPLADE or dense).
-        let (inputs, options) = if self.config.sparse.serves(&request.subject) {
-            self.config.sparse.parse(payload, max)?
+        let (inputs, options, shape) = if self.config.sparse.serves(&request.subject) {
+            let (inputs, options) = self.config.sparse.parse(payload, max)?;
+            (inputs, options, None)
         } else {
             self.config.classify.check_embed()?;
-            let body = EmbedRequest::from_slice(payload)?;
+            let mut body = EmbedRequest::from_slice(payload)?;
             body.validate(max)?;
-            body.into_parts()
+            // Quantized after the batch (contract v1.5); `"float"` is the reply as assembled.
+            let shape = body
+                .output_dtype
+                .take()
+                .filter(|output| !output.is_plain())
+                .map(Shape::Compact);
+            let (inputs, options) = body.into_parts();
+            (inputs, options, shape)
         };
         self.reply_limit.check(inputs.len())?;
         Ok(Parsed {
             inputs,
             options,
             deadline,
-            shape: None,
+            shape,
         })
     }
 

@@ -4,6 +4,7 @@
 //! other routes' replies are re-shaped, or checked under a limit of their own.
 
 use bytes::Bytes;
+use embatch_protocol::compact::OutputDtype;
 use embatch_protocol::{EmbedError, similarity};
 
 use super::rerank;
@@ -26,6 +27,9 @@ pub(super) enum Shape {
     /// TEI's `/similarity` reply: the cosine of each sentence's embedding with the source's
     /// ([`similarity::cosines`]), from the embeddings of `[source, sentences...]`.
     Similarity,
+    /// An `/embed` reply in the request's `output_dtype` (contract v1.5): each vector quantized
+    /// on its own ([`OutputDtype::reshape`]), so the cache and the batch see floats only.
+    Compact(OutputDtype),
 }
 
 /// Which reply-size limit checks (and learns from) a reply.
@@ -45,7 +49,8 @@ impl Shape {
     /// The limit of a reply of this shape (`None`: an `/embed` or `/embed_sparse` reply).
     pub(super) fn limit(shape: Option<&Shape>) -> Limit {
         match shape {
-            None => Limit::Embeddings,
+            // Checked as floats: the assembled body is, and a quantized one is smaller.
+            None | Some(Shape::Compact(_)) => Limit::Embeddings,
             Some(Shape::EmbedAll) => Limit::TokenVectors,
             Some(Shape::Rerank(_) | Shape::Predict { .. } | Shape::Similarity) => Limit::Unchecked,
         }
@@ -66,6 +71,9 @@ impl Shape {
                 let body = serde_json::to_vec(&cosines)
                     .map_err(|e| EmbedError::Backend(format!("cannot write the cosines: {e}")))?;
                 answered.payload = Bytes::from(body);
+            }
+            Shape::Compact(output) => {
+                answered.payload = Bytes::from(output.reshape(&answered.payload)?);
             }
         }
         Ok(answered)
