@@ -7,6 +7,7 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{MethodRouter, get, post};
 
+use crate::routes::{cohere_embed_v1, cohere_embed_v2};
 use crate::routes::{
     cohere_rerank_v1, cohere_rerank_v2, embed, health, info, list_models, metrics, model_embed,
     model_health, model_info, model_rerank, openai_embeddings, openapi, rerank,
@@ -42,7 +43,7 @@ pub const PUBLIC: [&str; 5] = [
 
 /// The embedding routes, whose requests count against their tenant's quota and usage
 /// ([`crate::metering`]).
-pub const METERED: [&str; 22] = [
+pub const METERED: [&str; 24] = [
     "/embed",
     "/",
     "/v1/embeddings",
@@ -53,6 +54,8 @@ pub const METERED: [&str; 22] = [
     "/models/{model}/rerank",
     "/v1/rerank",
     "/v2/rerank",
+    "/v1/embed",
+    "/v2/embed",
     "/embed_sparse",
     "/models/{model}/embed_sparse",
     "/tokenize",
@@ -68,7 +71,7 @@ pub const METERED: [&str; 22] = [
 ];
 
 /// The routes: method (for [`served`]), path and handler.
-fn handlers() -> [(&'static str, &'static str, MethodRouter<Arc<AppState>>); 30] {
+fn handlers() -> [(&'static str, &'static str, MethodRouter<Arc<AppState>>); 32] {
     [
         ("POST", "/embed", post(embed)),
         // TEI's compat route (`huggingface_hub`'s `InferenceClient(base_url=...)` posts here).
@@ -80,6 +83,9 @@ fn handlers() -> [(&'static str, &'static str, MethodRouter<Arc<AppState>>); 30]
         ("POST", "/models/{model}/rerank", post(model_rerank)),
         ("POST", "/v1/rerank", post(cohere_rerank_v1)),
         ("POST", "/v2/rerank", post(cohere_rerank_v2)),
+        // Cohere's embed API, with compact outputs (contract v1.5).
+        ("POST", "/v1/embed", post(cohere_embed_v1)),
+        ("POST", "/v2/embed", post(cohere_embed_v2)),
         // TEI's other routes (contract v1.3).
         ("POST", "/embed_sparse", post(embed_sparse)),
         (

@@ -11,6 +11,7 @@
 //! - [`bulk`]: OpenAI's Files and Batches APIs (`/v1/files`, `/v1/batches`): bulk embedding
 //!   jobs on NATS JetStream.
 //! - [`openai`]: OpenAI's embeddings shapes and their translation to and from TEI's.
+//! - [`cohere`], [`cohere_embed`]: Cohere's rerank and embed shapes, translated likewise.
 //! - [`info`]: `GET /info`, asked of the workers over NATS.
 //! - [`models`]: the models served, live from NATS discovery (`GET /v1/models`), and the route
 //!   of each request to its model's subject.
@@ -28,6 +29,7 @@ pub mod app;
 pub mod body;
 pub mod bulk;
 pub mod cohere;
+pub mod cohere_embed;
 pub mod config;
 pub mod fd_limit;
 pub mod info;

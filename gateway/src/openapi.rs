@@ -35,8 +35,9 @@ pub const DOCUMENT_PATHS: [&str; 2] = ["/openapi.json", "/api-doc/openapi.json"]
 
 /// Paths served by the same handler as another path: `(alias, original, alias's operationId)`.
 /// The alias gets a copy of the original's operations (operationIds must be unique).
-const ALIASES: [(&str, &str, &str); 5] = [
+const ALIASES: [(&str, &str, &str); 6] = [
     ("/v2/rerank", "/v1/rerank", "cohere_rerank_v2"),
+    ("/v2/embed", "/v1/embed", "cohere_embed_v2"),
     (
         "/models/{model}",
         "/models/{model}/embed",
@@ -70,6 +71,7 @@ const ALIASES: [(&str, &str, &str); 5] = [
         crate::routes::rerank::rerank,
         crate::routes::rerank::model_rerank,
         crate::routes::rerank::cohere_rerank_v1,
+        crate::routes::cohere_embed::cohere_embed_v1,
         crate::routes::sparse::embed_sparse,
         crate::routes::sparse::model_embed_sparse,
         crate::routes::tokenize::tokenize,
@@ -122,6 +124,14 @@ const ALIASES: [(&str, &str, &str); 5] = [
         crate::cohere::CohereRerankResponse,
         crate::cohere::RerankResult,
         crate::cohere::ResultDocument,
+        crate::cohere_embed::CohereEmbedRequest,
+        crate::cohere_embed::CohereEmbedResponse,
+        crate::cohere_embed::CohereErrorResponse,
+        crate::cohere_embed::InputType,
+        crate::cohere_embed::EmbeddingType,
+        crate::cohere_embed::Truncate,
+        embatch_protocol::compact::OutputDtype,
+        embatch_protocol::compact::Dtype,
         embatch_protocol::SparseRequest,
         embatch_protocol::sparse::SparseValue,
         embatch_protocol::tokenize::TokenizeRequest,
@@ -142,6 +152,8 @@ const ALIASES: [(&str, &str, &str); 5] = [
         (name = "openai", description = "OpenAI's embeddings API."),
         (name = "rerank", description = "Cohere's rerank API (v1 and v2), as Jina's and the \
                                          frameworks' rerankers speak it."),
+        (name = "cohere", description = "Cohere's embed API (v1 and v2), with int8, uint8, \
+                                         binary and ubinary embeddings."),
         (name = "operations", description = "Health, metrics and this document."),
         (name = "batch", description = "OpenAI's Files and Batches APIs: bulk embedding jobs on \
                                         NATS JetStream (503 without JetStream)."),

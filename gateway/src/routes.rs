@@ -29,6 +29,7 @@ pub use crate::state::AppState;
 pub(crate) use classify::{
     embed_all, model_embed_all, model_predict, model_similarity, predict, similarity,
 };
+pub(crate) use cohere_embed::{cohere_embed_v1, cohere_embed_v2};
 pub use meta::ModelQuery;
 pub(crate) use meta::{health, info, list_models, metrics, model_health, model_info, openapi};
 pub(crate) use rerank::{cohere_rerank_v1, cohere_rerank_v2, model_rerank, rerank};
@@ -38,6 +39,7 @@ pub(crate) use tokenize::{decode, model_decode, model_tokenize, tokenize};
 use forward::{Ready, RouteRequest, tei_route};
 
 pub(crate) mod classify;
+pub(crate) mod cohere_embed;
 mod forward;
 pub(crate) mod meta;
 pub(crate) mod rerank;
