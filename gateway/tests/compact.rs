@@ -131,13 +131,22 @@ async fn over_nats_a_list_of_types_is_an_object_by_type() {
         serde_json::json!({"binary": [quantized("x", Dtype::Binary)],
                            "float": [quantized("x", Dtype::Float)]})
     );
+    // Vectors that are not unit length quantize over their own range too.
+    let body = br#"{"inputs":"x","normalize":false,"output_dtype":"uint8"}"#;
+    let reply = send_direct(&client, Operation::Embed, body)
+        .await
+        .expect("a reply");
+    let raw = embatch_tei_double::embedding("x", TeiConfig::instant().dim, None, false);
+    let expected = embatch_protocol::compact::uint8(&raw);
+    let json: serde_json::Value = serde_json::from_slice(&reply.payload).expect("JSON");
+    assert_eq!(json, serde_json::json!([expected]));
     // Refused by the worker itself, before any upstream call.
-    let body = br#"{"inputs":["x"],"normalize":false,"output_dtype":"uint8"}"#;
+    let body = br#"{"inputs":["y"],"output_dtype":[]}"#;
     let err = send_direct(&client, Operation::Embed, body)
         .await
-        .expect_err("needs unit vectors");
-    assert!(err.to_string().contains("normalize: true"), "{err}");
-    assert_eq!(stack.tei.calls().len(), 1);
+        .expect_err("no type");
+    assert!(err.to_string().contains("lists no type"), "{err}");
+    assert_eq!(stack.tei.calls().len(), 2);
     stack.worker.stop().await;
 }
 
@@ -148,10 +157,10 @@ async fn bad_values_are_refused_in_each_apis_shape() {
     let (status, json) = post_json(url, "/embed", r#"{"inputs":"a","output_dtype":"int4"}"#).await;
     assert_eq!(status, 422, "{json}");
     assert_tei_error(&json, "Validation", "`output_dtype`");
-    let body = r#"{"inputs":"a","normalize":false,"output_dtype":["int8"]}"#;
+    let body = r#"{"inputs":"a","output_dtype":[]}"#;
     let (status, json) = post_json(url, "/embed", body).await;
     assert_eq!(status, 422, "{json}");
-    assert_tei_error(&json, "Validation", "[-1, 1]");
+    assert_tei_error(&json, "Validation", "lists no type");
 
     let body = r#"{"input":"a","output_dtype":"int4"}"#;
     let (status, json) = post_json(url, "/v1/embeddings", body).await;

@@ -9,12 +9,13 @@
 //!   significant bit first (`numpy.packbits`); a vector whose length is not a multiple of 8 is
 //!   padded with `0` bits. `ceil(d / 8)` values in `0..=255`.
 //! - `binary`: the `ubinary` bytes minus 128, as int8: `ceil(d / 8)` values in `-128..=127`.
-//! - `uint8`: `trunc((x - start) / step)` and `int8`: `trunc((x - start) / step - 128)`, with
-//!   `start = -1` and `step = 2 / 255` (in f64) for every dimension: sentence-transformers'
-//!   scalar quantization with `ranges = [[-1] * d, [1] * d]`. A fixed range, not the per-request
-//!   min/max sentence-transformers computes when given no ranges: that would make one request's
-//!   answer depend on the requests batched with it. `[-1, 1]` holds every value of a unit
-//!   vector, so these two need `normalize: true`; a value outside it (rounding) saturates.
+//! - `uint8`: `trunc((x - start) / step)` and `int8`: `trunc((x - start) / step - 128)`, in f64,
+//!   with each vector's own symmetric range: `m = max |x|` over the vector, `start = -m`,
+//!   `step = (m - start) / 255` (a zero vector: `m = 1`). That is sentence-transformers' scalar
+//!   quantization of the one vector with `ranges = [[-m] * d, [m] * d]`; not the per-dimension
+//!   min/max over the embeddings given that it computes without `ranges`, which would make one
+//!   request's answer depend on the requests batched with it. `0` stays (nearly) `0` in int8
+//!   (`trunc(-0.5)`), so the cosine of two int8 vectors estimates the floats' cosine.
 //!
 //! docs/design/compact-outputs.md records the choice and its measured error.
 //!
@@ -63,11 +64,6 @@ impl Dtype {
         }
     }
 
-    /// Whether this type quantizes over the fixed range `[-1, 1]` (needs unit vectors).
-    pub fn needs_unit_vectors(self) -> bool {
-        matches!(self, Dtype::Int8 | Dtype::Uint8)
-    }
-
     /// `vector` in this type; `None` for [`Dtype::Float`] (the floats as they are).
     pub fn quantize(self, vector: &[f32]) -> Option<Quantized> {
         match self {
@@ -101,25 +97,31 @@ impl Quantized {
     }
 }
 
-/// The start of the fixed scalar range, for every dimension.
-const START: f64 = -1.0;
-/// The width of one of the 255 steps of `[-1, 1]`, computed as sentence-transformers does.
-const STEP: f64 = (1.0 - START) / 255.0;
+/// The scalar range of `vector`: `(start, step)` of `[-m, m]`, `m = max |x|` (1 for a zero
+/// vector), in 255 steps, computed as sentence-transformers computes `starts` and `steps`.
+fn range_of(vector: &[f32]) -> (f64, f64) {
+    let m = vector.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+    let m = if m > 0.0 { f64::from(m) } else { 1.0 };
+    let start = -m;
+    (start, (m - start) / 255.0)
+}
 
-/// `uint8`: `trunc((x + 1) / (2 / 255))`, saturating to `0..=255`.
+/// `uint8`: `trunc((x - start) / step)`, in `0..=255`, over the vector's own range.
 pub fn uint8(vector: &[f32]) -> Vec<u8> {
-    // `as` truncates toward zero and saturates, as numpy's `astype` truncates in range.
+    let (start, step) = range_of(vector);
+    // `as` truncates toward zero (as numpy's `astype`), and saturates.
     vector
         .iter()
-        .map(|&x| ((f64::from(x) - START) / STEP) as u8)
+        .map(|&x| ((f64::from(x) - start) / step) as u8)
         .collect()
 }
 
-/// `int8`: `trunc((x + 1) / (2 / 255) - 128)`, saturating to `-128..=127`.
+/// `int8`: `trunc((x - start) / step - 128)`, in `-128..=127`, over the vector's own range.
 pub fn int8(vector: &[f32]) -> Vec<i8> {
+    let (start, step) = range_of(vector);
     vector
         .iter()
-        .map(|&x| ((f64::from(x) - START) / STEP - 128.0) as i8)
+        .map(|&x| ((f64::from(x) - start) / step - 128.0) as i8)
         .collect()
 }
 
@@ -161,12 +163,6 @@ pub enum OutputDtype {
 /// A request's `output_dtype` that cannot be served.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CompactError {
-    /// `int8` or `uint8` with `normalize: false`.
-    #[error(
-        "`output_dtype` `{0}` quantizes over the fixed range [-1, 1], which holds unit vectors \
-         only: send `normalize: true` (or ask for `float`, `binary` or `ubinary`)"
-    )]
-    NeedsUnitVectors(&'static str),
     /// `[]`.
     #[error("`output_dtype` lists no type: give one or more of {DTYPES}")]
     NoType,
@@ -181,9 +177,7 @@ impl From<CompactError> for EmbedError {
     fn from(err: CompactError) -> EmbedError {
         match err {
             CompactError::Malformed(_) => EmbedError::Backend(err.to_string()),
-            CompactError::NeedsUnitVectors(_) | CompactError::NoType => {
-                EmbedError::Validation(err.to_string())
-            }
+            CompactError::NoType => EmbedError::Validation(err.to_string()),
         }
     }
 }
@@ -207,20 +201,15 @@ impl OutputDtype {
         *self == OutputDtype::One(Dtype::Float)
     }
 
-    /// Checks the ask against the request's `normalize`.
+    /// Checks the ask.
     ///
     /// # Errors
-    /// [`CompactError::NoType`] for `[]`, [`CompactError::NeedsUnitVectors`] for `int8` or
-    /// `uint8` without `normalize`.
-    pub fn validate(&self, normalize: bool) -> Result<(), CompactError> {
-        let dtypes = self.dtypes();
-        if dtypes.is_empty() {
+    /// [`CompactError::NoType`] for `[]`.
+    pub fn validate(&self) -> Result<(), CompactError> {
+        if self.dtypes().is_empty() {
             return Err(CompactError::NoType);
         }
-        match dtypes.iter().find(|d| d.needs_unit_vectors()) {
-            Some(dtype) if !normalize => Err(CompactError::NeedsUnitVectors(dtype.name())),
-            _ => Ok(()),
-        }
+        Ok(())
     }
 
     /// The reply in this shape from TEI's `[[f32, ...], ...]` `payload`: see the module docs.
@@ -308,8 +297,8 @@ mod schema {
                 .description(Some(
                     "One output type (Voyage's `output_dtype`: the reply keeps TEI's shape, \
                      `[[int, ...], ...]`) or a list of them (Cohere's `embedding_types`: the \
-                     reply is `{\"<type>\": [[...], ...], ...}`). `int8`/`uint8` need \
-                     `normalize: true`. See docs/http-api.md, \"Compact outputs\".",
+                     reply is `{\"<type>\": [[...], ...], ...}`). See docs/http-api.md, \
+                     \"Compact outputs\".",
                 ))
                 .into()
         }

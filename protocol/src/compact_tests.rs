@@ -1,14 +1,28 @@
 use super::*;
 
-/// Hand-checked: with `start = -1`, `step = 2/255`, `uint8 = trunc(127.5 (x + 1))` and
-/// `int8 = trunc(127.5 (x + 1) - 128)`.
+/// Hand-checked: over `[-m, m]`, `m = max |x|`: `uint8 = trunc(127.5 (x / m + 1))` and
+/// `int8 = trunc(127.5 (x / m + 1) - 128)`.
 #[test]
 fn scalar_quantization_by_hand() {
-    let v = [-1.0, -0.5, 0.0, 0.1, 0.5, 1.0, 1.5, -2.0];
-    // 127.5 * (x + 1): 0, 63.75, 127.5, 140.25, 191.25, 255, 318.75 (saturates), -127.5 (0).
-    assert_eq!(uint8(&v), [0, 63, 127, 140, 191, 255, 255, 0]);
-    // minus 128: -128, -64.25, -0.5, 12.25, 63.25, 127, 190.75, -255.5; truncated toward 0.
-    assert_eq!(int8(&v), [-128, -64, 0, 12, 63, 127, 127, -128]);
+    // m = 1; 127.5 (x + 1): 0, 63.75, 127.5, 140.25, 191.25, 255.
+    let v = [-1.0, -0.5, 0.0, 0.1, 0.5, 1.0];
+    assert_eq!(uint8(&v), [0, 63, 127, 140, 191, 255]);
+    // minus 128: -128, -64.25, -0.5, 12.25, 63.25, 127; truncated toward 0.
+    assert_eq!(int8(&v), [-128, -64, 0, 12, 63, 127]);
+    // m = 0.2; 637.5 (x + 0.2): 159.375, 0, 191.25; minus 128: 31.375, -128, 63.25.
+    let v = [0.05, -0.2, 0.1];
+    assert_eq!(uint8(&v), [159, 0, 191]);
+    assert_eq!(int8(&v), [31, -128, 63]);
+    // Scaled vectors quantize alike: the range is the vector's own.
+    assert_eq!(
+        int8(&[-0.5, -0.25, 0.0, 0.05, 0.25, 0.5]),
+        [-128, -64, 0, 12, 63, 127]
+    );
+    // A zero vector: 0 as in any range.
+    assert_eq!(
+        (uint8(&[0.0; 2]), int8(&[0.0; 2])),
+        (vec![127; 2], vec![0; 2])
+    );
 }
 
 /// Hand-checked: bits `x > 0`, most significant first, padded with 0 bits.
@@ -68,17 +82,14 @@ fn parses_one_type_or_a_list_naming_the_allowed_values() {
 }
 
 #[test]
-fn validates_against_normalize() {
-    let int8 = OutputDtype::One(Dtype::Int8);
-    assert_eq!(int8.validate(true), Ok(()));
-    let err = EmbedError::from(int8.validate(false).expect_err("needs unit vectors"));
-    assert_eq!(err.status(), 422);
-    assert!(err.to_string().contains("`normalize: true`"), "{err}");
-    assert_eq!(OutputDtype::One(Dtype::Binary).validate(false), Ok(()));
-    let none = OutputDtype::Many(Vec::new())
-        .validate(true)
+fn an_empty_list_is_refused() {
+    assert_eq!(OutputDtype::One(Dtype::Int8).validate(), Ok(()));
+    let err = OutputDtype::Many(Vec::new())
+        .validate()
         .expect_err("no type");
-    assert_eq!(EmbedError::from(none).status(), 422);
+    let err = EmbedError::from(err);
+    assert_eq!(err.status(), 422);
+    assert!(err.to_string().contains("`ubinary`"), "{err}");
 }
 
 #[test]
@@ -87,10 +98,9 @@ fn reshapes_a_reply() {
     let one = OutputDtype::One(Dtype::Int8)
         .reshape(payload)
         .expect("int8");
-    assert_eq!(
-        std::str::from_utf8(&one).expect("UTF-8"),
-        "[[63,-32,0,95,12,-13,25,-38,50],[-128,127]]"
-    );
+    let first = int8(&[0.5, -0.25, 0.0, 0.75, 0.1, -0.1, 0.2, -0.3, 0.4]);
+    let expected = serde_json::to_string(&[first, vec![-128, 127]]).expect("serializes");
+    assert_eq!(std::str::from_utf8(&one).expect("UTF-8"), expected);
     let many = OutputDtype::Many(vec![Dtype::Ubinary, Dtype::Float, Dtype::Ubinary]);
     let json: serde_json::Value =
         serde_json::from_slice(&many.reshape(payload).expect("shaped")).expect("JSON");

@@ -400,8 +400,7 @@ impl EmbedRequest {
     ///   string or an empty array of token ids (TEI 1.9.3 answers 400 `Empty` for these).
     /// - [`EmbedError::Validation`] (422) when it holds more than `max_inputs` inputs (mirrors
     ///   TEI 1.9.3's `max_client_batch_size` check, which answers 422), or `dimensions` is 0,
-    ///   or `output_dtype` cannot be served ([`OutputDtype::validate`]: `[]`, or `int8`/`uint8`
-    ///   with `normalize: false`).
+    ///   or `output_dtype` is `[]` ([`OutputDtype::validate`]).
     pub fn validate(&self, max_inputs: usize) -> Result<(), EmbedError> {
         self.inputs.validate(max_inputs)?;
         if self.dimensions == Some(0) {
@@ -410,7 +409,7 @@ impl EmbedRequest {
             ));
         }
         if let Some(output) = &self.output_dtype {
-            output.validate(self.normalize)?;
+            output.validate()?;
         }
         Ok(())
     }
