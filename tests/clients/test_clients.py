@@ -231,6 +231,19 @@ def check_nats_py_no_responders(gateway: str, nats_url: str) -> str:
     return asyncio.run(run())
 
 
+def compact(name: str):
+    """The check `name` of compact_checks.py (compact outputs), run against the default model
+    (as GET /v1/models lists it first) with this file's texts and reference comparison."""
+    def check(gateway: str, nats_url: str) -> str:
+        import compact_checks
+        from openai import OpenAI
+
+        model = OpenAI(base_url=gateway + "/v1", api_key="unused").models.list().data[0].id
+        return getattr(compact_checks, name)(gateway, model, TEXTS, compare)
+
+    return check
+
+
 CHECKS = [
     ("huggingface_hub", "InferenceClient(base_url).feature_extraction(text)", check_huggingface_hub),
     ("huggingface_hub", "InferenceClient(model=.../similarity).sentence_similarity(s, others)",
@@ -246,6 +259,12 @@ CHECKS = [
     ("cohere", "ClientV2(base_url).rerank(model, query, documents, top_n)", check_cohere_v2),
     ("cohere", "Client(base_url).rerank(documents=[{'text'}], return_documents=True)",
      check_cohere_v1),
+    ("cohere", "ClientV2(base_url).embed(texts, embedding_types=['float', 'int8', 'ubinary'])",
+     compact("check_cohere_embed_v2")),
+    ("cohere", "Client(base_url).embed(texts) (v1, embeddings_floats)",
+     compact("check_cohere_embed_v1")),
+    ("openai", "embeddings.create(extra_body={'output_dtype': int8|uint8|binary|ubinary})",
+     compact("check_openai_output_dtype")),
     ("nats-py", "nc.request('embed', ...) (README snippet)", check_nats_py),
     ("nats-py", "no responders on an unserved subject", check_nats_py_no_responders),
 ]
