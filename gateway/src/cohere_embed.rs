@@ -4,7 +4,7 @@
 //!
 //! A request becomes TEI's `/embed` body: `texts` as `inputs`, `normalize: true` (Cohere's
 //! vectors are unit length), `truncate` (`END`, the default: cut the end; `START`: cut the
-//! start; `NONE`: refuse an over-long text, 413), `output_dimension` as `dimensions`,
+//! start; `NONE`: refuse an over-long text, 422), `output_dimension` as `dimensions`,
 //! `input_type` as `prompt_name` ([`InputType::prompt_name`]), and the types asked as the
 //! contract's `output_dtype`: the worker quantizes, once, for every type in one reply. The reply
 //! is re-shaped here:
@@ -104,7 +104,7 @@ impl EmbeddingType {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "UPPERCASE")]
 pub enum Truncate {
-    /// Refuse an over-long text (413).
+    /// Refuse an over-long text (422, as TEI answers `truncate: false`).
     None,
     /// Cut its start.
     Start,

@@ -90,8 +90,8 @@ pub enum CohereEmbedErrors {
     /// The body did not arrive within `BODY_READ_TIMEOUT`.
     #[response(status = 408)]
     BodyTimeout(CohereErrorResponse),
-    /// The body is over `MAX_BODY_BYTES`; a text over the model's limit with
-    /// `truncate: "NONE"`; the reply could not fit the NATS server's `max_payload`.
+    /// The body is over `MAX_BODY_BYTES`, or the reply could not fit the NATS server's
+    /// `max_payload`.
     #[response(status = 413)]
     TooLarge(CohereErrorResponse),
     /// The body is not declared as JSON.
@@ -99,8 +99,8 @@ pub enum CohereEmbedErrors {
     UnsupportedMediaType(CohereErrorResponse),
     /// JSON of the wrong shape (an unknown `embedding_types`, `input_type` or `truncate`
     /// value, naming the values allowed), `images` or `inputs`, more than
-    /// `MAX_CLIENT_BATCH_SIZE` texts, an `input_type` whose prompt the model lacks, an invalid
-    /// `x-embatch-timeout-ms`.
+    /// `MAX_CLIENT_BATCH_SIZE` texts, an `input_type` whose prompt the model lacks, a text over
+    /// the model's limit with `truncate: "NONE"`, an invalid `x-embatch-timeout-ms`.
     #[response(status = 422)]
     Validation(CohereErrorResponse),
     /// The upstream failed.
