@@ -25,6 +25,7 @@ use embatch_protocol::request::{Input, Inputs, parse_object};
 use embatch_protocol::{EmbedError, EmbedRequest, TruncationDirection};
 use serde::{Deserialize, Serialize, Serializer};
 use serde_json::value::RawValue;
+use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Schema, Type};
 
 use crate::openai::encode_base64;
 
@@ -162,7 +163,7 @@ pub struct CohereEmbedResponse<'a> {
     pub response_type: &'static str,
     /// By type: `{"float": [[f32, ...]], "int8": [[int, ...]], ...}`, one vector per text in
     /// each; `embeddings_floats`: the float vectors.
-    #[schema(value_type = Object)]
+    #[schema(schema_with = embeddings_schema)]
     pub embeddings: Embeddings<'a>,
     /// The texts, echoed.
     pub texts: Vec<String>,
@@ -170,6 +171,26 @@ pub struct CohereEmbedResponse<'a> {
     /// (`billed_units` only when the workers count tokens).
     #[schema(value_type = Object)]
     pub meta: serde_json::Value,
+}
+
+/// The schema of [`CohereEmbedResponse::embeddings`]: an object of arrays of vectors by type
+/// (`base64`: of strings), or (`embeddings_floats`) an array of float vectors.
+fn embeddings_schema() -> Schema {
+    let number = || ObjectBuilder::new().schema_type(Type::Number);
+    let vectors = || ArrayBuilder::new().items(ArrayBuilder::new().items(number()));
+    let strings = ArrayBuilder::new().items(ObjectBuilder::new().schema_type(Type::String));
+    let any_type: Schema = OneOfBuilder::new().item(vectors()).item(strings).into();
+    let by_type = ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .additional_properties(Some(any_type))
+        .description(Some(
+            "`embeddings_by_type`: one entry per type asked (`float`, `int8`, `uint8`, \
+             `binary`, `ubinary`: arrays of numbers; `base64`: strings).",
+        ));
+    OneOfBuilder::new()
+        .item(by_type)
+        .item(vectors().description(Some("`embeddings_floats`: the float vectors.")))
+        .into()
 }
 
 /// The response's `embeddings`.

@@ -246,8 +246,9 @@ ok_response! {
     /// of f32 arrays), with the timing headers.
     pub struct EmbedOk(
         "One embedding per input, in input order: an array of f32 arrays, each of the model's \
-         dimensions (or `dimensions`).",
-        Vec::<Vec<f32>>::schema(),
+         dimensions (or `dimensions`); with `output_dtype`, integers, or for a list of types an \
+         object of such arrays by type.",
+        embatch_protocol::compact::embed_reply_schema(),
     );
 }
 

@@ -281,11 +281,35 @@ impl<'de> Deserialize<'de> for OutputDtype {
 }
 
 #[cfg(feature = "openapi")]
+pub use schema::embed_reply_schema;
+
+#[cfg(feature = "openapi")]
 mod schema {
-    use utoipa::openapi::schema::{ArrayBuilder, OneOfBuilder, Schema};
+    use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Schema, Type};
     use utoipa::openapi::{Ref, RefOr};
 
     use super::{Dtype, OutputDtype};
+
+    /// The schema of an `/embed` reply: `[[number, ...], ...]` (f32s, or the integers of one
+    /// `output_dtype`), or for a list of types `{"<type>": [[number, ...], ...], ...}`.
+    pub fn embed_reply_schema() -> RefOr<Schema> {
+        let vectors = || {
+            ArrayBuilder::new()
+                .items(ArrayBuilder::new().items(ObjectBuilder::new().schema_type(Type::Number)))
+        };
+        let by_type = ObjectBuilder::new()
+            .schema_type(Type::Object)
+            .additional_properties(Some(vectors()))
+            .description(Some(
+                "`output_dtype` a list: one array of vectors per type asked, keyed by type.",
+            ));
+        OneOfBuilder::new()
+            .item(vectors().description(Some(
+                "One vector per input: f32s, or the integers of the `output_dtype` asked.",
+            )))
+            .item(by_type)
+            .into()
+    }
 
     /// A [`Dtype`], or an array of them.
     impl utoipa::PartialSchema for OutputDtype {
