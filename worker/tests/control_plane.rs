@@ -77,17 +77,19 @@ async fn a_full_worker_stays_out_while_a_peer_has_room_and_rejoins_when_none_has
     let fast_args = ["--tei-url", fast.url.as_str(), "--max-queue-delay", "1s"];
     let b = RunningWorker::start(&nats, &fast_args).await;
 
-    let tasks = flood(&client, 20);
-    let full = |s: &[String]| s.iter().any(|s| s == membership::FULL);
-    let seen = wait_for(&raw, full).await;
-    assert!(seen.is_ok(), "A left the group for B: {seen:?}");
     // From now on A cannot drain: its next upstream call takes 4.6 s (under the 6 s after which
-    // its calls would count as stalled). Whatever brings it back before that is its peer's
-    // answer, not its own queue.
+    // its calls would count as stalled), and the burst below queues behind it. Whatever brings
+    // it back before that is its peer's answer, not its own queue. (Set before the burst: set
+    // after A left, the call then in flight could still end at 600 ms and take A back under
+    // its bound, a room of its own.)
     slow.set_faults(Faults {
         delay: Duration::from_secs(4),
         ..Faults::default()
     });
+    let tasks = flood(&client, 20);
+    let full = |s: &[String]| s.iter().any(|s| s == membership::FULL);
+    let seen = wait_for(&raw, full).await;
+    assert!(seen.is_ok(), "A left the group for B: {seen:?}");
     let calls_when_stuck = slow.calls().len();
     // Out for longer than an answer counts: it asked again, and B still had room.
     // (Polled, not read once: on a loaded machine a room answer can miss its 100 ms, and A
