@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite: installs what the tests need (nats-server, both models' weights), then runs
+# The whole test suite: installs what the tests need (nats-server, the three models' weights: MiniLM,
+# bge-small and a tiny SPLADE model), then runs
 # every test of the workspace, the real client libraries (scripts/client-tests.sh) and the tracing
 # check against a real OTLP receiver (scripts/trace-check.sh, which builds Jaeger the first time).
 # Tests start their own nats-server on free ports.
@@ -15,6 +16,8 @@ export EMBATCH_MODEL_DIR
 EMBATCH_MODEL_DIR=$(scripts/fetch-model.sh)
 export EMBATCH_BGE_MODEL_DIR
 EMBATCH_BGE_MODEL_DIR=$(scripts/fetch-model.sh --model bge-small-en-v1.5)
+export EMBATCH_SPLADE_MODEL_DIR
+EMBATCH_SPLADE_MODEL_DIR=$(scripts/fetch-model.sh --model splade-tiny)
 
 cargo test --workspace --locked --no-fail-fast "$@"
 scripts/client-tests.sh
