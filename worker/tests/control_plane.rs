@@ -125,20 +125,55 @@ async fn a_full_worker_stays_out_while_a_peer_has_room_and_rejoins_when_none_has
     b.stop().await;
 }
 
-/// Counts the messages on every subject (`>`) over `window`, by subject.
-async fn messages_over(
-    nats: &NatsServer,
-    window: Duration,
-) -> std::collections::BTreeMap<String, usize> {
-    let spy = connect(nats).await;
-    let mut all = spy.subscribe(">").await.expect("subscribe");
-    spy.flush().await.expect("flush");
-    let mut counts = std::collections::BTreeMap::new();
-    let until = tokio::time::Instant::now() + window;
-    while let Ok(Some(message)) = tokio::time::timeout_at(until, all.next()).await {
-        *counts.entry(message.subject.to_string()).or_insert(0) += 1;
+/// Messages by subject.
+type Counts = std::collections::BTreeMap<String, usize>;
+
+/// Counts the messages on every subject (`>`), by subject, and the acknowledgements among them,
+/// from [`Spy::start`] until [`Spy::stop`].
+struct Spy {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<(Counts, usize)>,
+}
+
+impl Spy {
+    async fn start(nats: &NatsServer) -> Spy {
+        let spy = connect(nats).await;
+        let mut all = spy.subscribe(">").await.expect("subscribe");
+        spy.flush().await.expect("flush");
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let _connection = spy;
+            let (mut counts, mut acks) = (Counts::new(), 0);
+            loop {
+                let message = tokio::select! {
+                    Some(message) = all.next() => message,
+                    _ = &mut stopped => return (counts, acks),
+                };
+                let accepted_by = embatch_protocol::headers::ACCEPTED_BY;
+                let headers = message.headers.as_ref();
+                if message.payload.is_empty()
+                    && headers.is_some_and(|h| h.get(accepted_by).is_some())
+                {
+                    acks += 1;
+                }
+                *counts.entry(message.subject.to_string()).or_insert(0) += 1;
+            }
+        });
+        Spy { stop, task }
     }
-    counts
+
+    /// The messages by subject, and the acknowledgements.
+    async fn stop(self) -> (Counts, usize) {
+        let _ = self.stop.send(());
+        self.task.await.expect("spy")
+    }
+}
+
+/// Counts the messages on every subject (`>`) over `window`, by subject.
+async fn messages_over(nats: &NatsServer, window: Duration) -> Counts {
+    let spy = Spy::start(nats).await;
+    tokio::time::sleep(window).await;
+    spy.stop().await.0
 }
 
 /// Three workers of `tei`'s model, without cache or bulk lane.
@@ -159,7 +194,7 @@ async fn three_workers(nats: &NatsServer, tei: &TeiDouble) -> [RunningWorker; 3]
 }
 
 /// The heartbeats among `counts` (messages by subject).
-fn beats(counts: &std::collections::BTreeMap<String, usize>) -> usize {
+fn beats(counts: &Counts) -> usize {
     counts
         .iter()
         .filter(|(subject, _)| subject.ends_with(".alive"))
@@ -213,44 +248,15 @@ async fn requests_answered_soon_after_their_acknowledgement_cost_no_beat() {
     .await;
     let workers = three_workers(&nats, &tei).await;
     let client = EmbedClient::new(connect(&nats).await, "embed");
-    let acked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let spy = connect(&nats).await;
-    let mut all = spy.subscribe(">").await.expect("subscribe");
-    spy.flush().await.expect("flush");
-    let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
-    let counting = {
-        let acked = std::sync::Arc::clone(&acked);
-        tokio::spawn(async move {
-            let mut counts = std::collections::BTreeMap::new();
-            loop {
-                let message = tokio::select! {
-                    Some(message) = all.next() => message,
-                    _ = &mut stopped => return counts,
-                };
-                let is_ack = message.payload.is_empty()
-                    && message
-                        .headers
-                        .as_ref()
-                        .is_some_and(|h| h.get(embatch_protocol::headers::ACCEPTED_BY).is_some());
-                if is_ack {
-                    acked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                }
-                *counts.entry(message.subject.to_string()).or_insert(0) += 1;
-            }
-        })
-    };
+    let spy = Spy::start(&nats).await;
     for round in 0..5 {
         for task in flood(&client, 6) {
             assert_eq!(task.await.expect("task"), Ok(200), "round {round}");
         }
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let _ = stop.send(());
-    let counts = counting.await.expect("spy");
-    assert!(
-        acked.load(std::sync::atomic::Ordering::Relaxed) > 0,
-        "the requests were acknowledged: {counts:?}"
-    );
+    let (counts, acks) = spy.stop().await;
+    assert!(acks > 0, "the requests were acknowledged: {counts:?}");
     assert_eq!(beats(&counts), 0, "no beat: {counts:?}");
     for worker in workers {
         worker.stop().await;
