@@ -289,6 +289,15 @@ fn read_body(
             EncodingFormat::Float,
         ),
     };
+    // The output files hold float vectors only: a compact type asked is refused, not dropped.
+    if request.output_dtype.is_some() {
+        return Err(error(
+            "invalid_value",
+            Some("body.output_dtype"),
+            line,
+            "`body.output_dtype`: batch output files hold float vectors only; leave it out".into(),
+        ));
+    }
     // Counted here, not read from the error's words: more inputs than the line may carry.
     let inputs = request.inputs.len();
     if inputs > limits.max_line_inputs && !request.inputs.as_slice().iter().any(|i| i.is_empty()) {
@@ -384,6 +393,16 @@ mod tests {
         let b = r[1].as_ref().expect("valid");
         assert_eq!(b.route, LineRoute::Tei);
         assert!(!b.request.normalize);
+    }
+
+    #[test]
+    fn a_compact_output_type_is_refused_not_dropped() {
+        let r = check(&[
+            r#"{"custom_id":"a","url":"/embed","body":{"inputs":"x","output_dtype":"int8"}}"#,
+        ]);
+        let e = r[0].as_ref().expect_err("floats only");
+        assert_eq!(e.code, "invalid_value");
+        assert_eq!(e.param.as_deref(), Some("body.output_dtype"));
     }
 
     #[test]
