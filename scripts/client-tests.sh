@@ -11,6 +11,8 @@
 #     also with what /v1/embeddings answers for the same input); cohere's rerank (v2 and v1)
 #     against a second worker, model `tei-double-reranker`, on the TEI double as a reranker
 #     (`embatch-loadtest fake-upstream --reranker`), its scores compared with POST /rerank's;
+#     cohere's embed (v2 with float, int8 and ubinary types; v1's floats) and openai with
+#     `output_dtype` (compact vectors), each checked against the documented quantization;
 #   - examples/direct_nats.py, examples/go (nats.go), examples/node (nats on npm), run as written:
 #     one vector of 384 floats on `embed`, and exit 3 (not a crash) on a subject nobody serves;
 #   - their acknowledgement-and-resend versions (examples/direct_nats_resend.py,
