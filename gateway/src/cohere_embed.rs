@@ -5,7 +5,8 @@
 //! A request becomes TEI's `/embed` body: `texts` as `inputs`, `normalize: true` (Cohere's
 //! vectors are unit length), `truncate` (`END`, the default: cut the end; `START`: cut the
 //! start; `NONE`: refuse an over-long text, 422), `output_dimension` as `dimensions`,
-//! `input_type` as `prompt_name` ([`InputType::prompt_name`]), and the types asked as the
+//! `input_type` as the contract's `prompt_hint` ([`InputType::prompt_name`]: the model's prompt
+//! of that name if it defines one), and the types asked as the
 //! contract's `output_dtype`: the worker quantizes, once, for every type in one reply. The reply
 //! is re-shaped here:
 //!
@@ -48,9 +49,10 @@ pub enum InputType {
 impl InputType {
     /// The sentence-transformers prompt (`prompt_name`, from the model's
     /// `config_sentence_transformers.json`) this input type selects: `query`, `document`,
-    /// `classification` or `clustering`. A model without that prompt answers 422 naming the
-    /// prompts it has, as TEI does for an unknown `prompt_name`; a caller of a model without
-    /// prompts sends no `input_type` (or `null`).
+    /// `classification` or `clustering`, sent as the contract's `prompt_hint`: applied when the
+    /// model defines it, and the texts embedded without a prompt when the worker knows the model
+    /// does not (as Cohere's older models take no `input_type` into account); a worker that
+    /// cannot tell passes it on as `prompt_name` and the upstream answers it.
     pub fn prompt_name(self) -> Option<&'static str> {
         match self {
             InputType::SearchDocument => Some("document"),
@@ -125,8 +127,8 @@ pub struct CohereEmbedRequest {
     #[schema(example = json!(["What is vector search?", "Hello, world!"]))]
     #[serde(default)]
     pub texts: Option<Vec<String>>,
-    /// What the texts are for: selects the model's prompt ([`InputType::prompt_name`]);
-    /// absent or `null`: no prompt.
+    /// What the texts are for: selects the model's prompt, where it has one
+    /// ([`InputType::prompt_name`]); absent or `null`: no prompt.
     #[serde(default)]
     pub input_type: Option<InputType>,
     /// The types to answer, each once, in `embeddings` (default `["float"]`).
@@ -328,7 +330,8 @@ impl CohereEmbedRequest {
             normalize: true,
             truncate,
             truncation_direction,
-            prompt_name: request
+            prompt_name: None,
+            prompt_hint: request
                 .input_type
                 .and_then(InputType::prompt_name)
                 .map(str::to_owned),

@@ -17,7 +17,7 @@ fn translates_into_teis_body_with_the_types_asked() {
     assert_eq!(
         serde_json::to_value(&t.request).expect("serializes"),
         serde_json::json!({"inputs": ["a", "b"], "normalize": true, "truncate": true,
-                           "truncation_direction": "Left", "prompt_name": "query",
+                           "truncation_direction": "Left", "prompt_hint": "query",
                            "dimensions": 8, "output_dtype": ["float", "int8", "ubinary"]})
     );
     let t = translate(r#"{"texts":["a"]}"#, "1").expect("valid");

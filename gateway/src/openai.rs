@@ -127,6 +127,7 @@ impl EmbeddingsRequest {
             truncate: None,
             truncation_direction: None,
             prompt_name: None,
+            prompt_hint: None,
             dimensions: self.dimensions,
             // The worker quantizes (contract v1.5); `float` asks nothing, so the body is TEI's.
             output_dtype: self

@@ -35,6 +35,13 @@ pub struct EmbedRequest {
     /// Name of a prompt from the model's sentence-transformers config to prepend.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_name: Option<String>,
+    /// A prompt to prepend only if the model defines it (contract v1.5, not TEI's; Cohere's
+    /// `input_type` arrives as this): a worker that knows its model's prompts applies it when
+    /// the model has a prompt of this name and embeds without one otherwise; a worker that
+    /// cannot tell passes it on as `prompt_name`, and the upstream answers it. Ignored when
+    /// `prompt_name` is given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_hint: Option<String>,
     /// Matryoshka output size: keep the first `dimensions` values of each embedding (a count of
     /// values, at least 1; 0 is answered 422).
     #[serde(default, skip_serializing_if = "Option::is_none")]

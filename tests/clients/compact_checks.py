@@ -37,8 +37,9 @@ def check_cohere_embed_v2(gateway: str, model: str, texts, compare) -> str:
     import cohere
 
     client = cohere.ClientV2(base_url=gateway, api_key="unused")
-    # No input_type: MiniLM defines no prompts (`search_query` would be a 422 naming them).
-    response = client.embed(model=model, input_type=None, texts=texts,
+    # As LangChain and LlamaIndex send it: MiniLM defines no `document` prompt, so the texts
+    # are embedded as they are, equal to the reference.
+    response = client.embed(model=model, input_type="search_document", texts=texts,
                             embedding_types=["float", "int8", "ubinary"])
     assert response.meta.api_version.version == "2", response.meta
     floats = response.embeddings.float_

@@ -179,6 +179,16 @@ impl Counter {
         }
     }
 
+    /// Whether the model defines a prompt named `name`: `Some` when this counter has the
+    /// model's tokenizer and prompts (its sentence-transformers config, which TEI reads too),
+    /// `None` when it cannot tell (it counts with TEI's `/tokenize`, or by inputs).
+    pub fn defines_prompt(&self, name: &str) -> Option<bool> {
+        match &*self.kind {
+            Kind::Tokenizer { encoder, .. } => Some(encoder.prompt(name).is_ok()),
+            Kind::Tei(_) | Kind::Inputs => None,
+        }
+    }
+
     /// Whether counting costs nothing (no tokenizer: [`Source::Inputs`]): then
     /// [`Counter::count_now`] gives the counts on the caller's thread.
     pub fn is_immediate(&self) -> bool {

@@ -201,6 +201,22 @@ async fn with_tei_over_long_inputs_never_reach_the_upstream() {
     .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(tokens, Some(limit as u64));
+
+    // A prompt hint (Cohere's `input_type`): the tokenizer's model (MiniLM) defines no
+    // prompts, so the worker embeds without one instead of passing on what TEI would refuse.
+    let hinted = serde_json::json!({"inputs": "hinted", "prompt_hint": "query"});
+    let (status, _, body) = request(&client, hinted).await;
+    assert_eq!(status, 200, "{body}");
+    let calls = stack.tei.calls();
+    let last = calls.last().expect("a call");
+    assert_eq!(last.inputs, [Input::from("hinted")]);
+    assert!(
+        last.options
+            .get("prompt_name")
+            .is_none_or(serde_json::Value::is_null),
+        "no prompt sent: {:?}",
+        last.options
+    );
     stack.worker.stop().await;
 }
 

@@ -274,6 +274,7 @@ fn read_body(
                 truncate: None,
                 truncation_direction: None,
                 prompt_name: None,
+                prompt_hint: None,
                 output_dtype: None,
                 dimensions: body.dimensions,
             };

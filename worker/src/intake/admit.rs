@@ -296,6 +296,14 @@ impl Admitter {
             self.config.classify.check_embed()?;
             let mut body = EmbedRequest::from_slice(payload)?;
             body.validate(max)?;
+            // A prompt only if the model has it (Cohere's `input_type`): dropped where the
+            // model is known to lack it, passed on where that cannot be told.
+            if let Some(hint) = body.prompt_hint.take()
+                && body.prompt_name.is_none()
+                && self.counter.defines_prompt(&hint) != Some(false)
+            {
+                body.prompt_name = Some(hint);
+            }
             // Quantized after the batch (contract v1.5); `"float"` is the reply as assembled.
             let shape = body
                 .output_dtype
