@@ -13,6 +13,8 @@
 #     (`embatch-loadtest fake-upstream --reranker`), its scores compared with POST /rerank's;
 #     cohere's embed (v2 with float, int8 and ubinary types; v1's floats) and openai with
 #     `output_dtype` (compact vectors), each checked against the documented quantization;
+#   - a framework's reranker (tests/clients/framework_rerank.py, LlamaIndex's CohereRerank, in a
+#     venv of its own from tests/clients/requirements-frameworks.txt: it needs cohere < 7);
 #   - examples/direct_nats.py, examples/go (nats.go), examples/node (nats on npm), run as written:
 #     one vector of 384 floats on `embed`, and exit 3 (not a crash) on a subject nobody serves;
 #   - their acknowledgement-and-resend versions (examples/direct_nats_resend.py,
@@ -49,6 +51,14 @@ if ! cmp -s tests/clients/requirements.txt "$venv/requirements.installed"; then
   python3 -m venv "$venv"
   "$venv/bin/pip" install --quiet --disable-pip-version-check -r tests/clients/requirements.txt
   cp tests/clients/requirements.txt "$venv/requirements.installed"
+fi
+# A framework's reranker needs an older cohere than the SDK checks: a venv of its own.
+frameworks=${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/embatch/client-venv-frameworks
+if ! cmp -s tests/clients/requirements-frameworks.txt "$frameworks/requirements.installed"; then
+  rm -rf "$frameworks"
+  python3 -m venv "$frameworks"
+  "$frameworks/bin/pip" install --quiet --disable-pip-version-check -r tests/clients/requirements-frameworks.txt
+  cp tests/clients/requirements-frameworks.txt "$frameworks/requirements.installed"
 fi
 (cd examples/go && go build -o "$tmp/go-example" . && go build -o "$tmp/go-resend-example" ./resend)
 (cd loadtest/kvcost && go build -o "$tmp/kvcost" .)
@@ -116,6 +126,16 @@ set -e
 while IFS= read -r line; do results+=("$line"); done < <(grep -E '^(PASS|FAIL)  ' "$tmp/python.out" | sed 's/ — .*//')
 if [ "$python_status" -ne 0 ] && ! grep -q '^FAIL  ' "$tmp/python.out"; then
   record FAIL "tests/clients/test_clients.py exited $python_status"
+fi
+
+step "A framework's reranker against the gateway (LlamaIndex's CohereRerank)"
+set +e
+(cd tests/clients && "$frameworks/bin/python" framework_rerank.py "$gateway") 2>&1 | tee "$tmp/frameworks.out"
+frameworks_status=${PIPESTATUS[0]}
+set -e
+while IFS= read -r line; do results+=("$line"); done < <(grep -E '^(PASS|FAIL)  ' "$tmp/frameworks.out" | sed 's/ — .*//')
+if [ "$frameworks_status" -ne 0 ] && ! grep -q '^FAIL  ' "$tmp/frameworks.out"; then
+  record FAIL "tests/clients/framework_rerank.py exited $frameworks_status"
 fi
 
 step "Python client libraries against the gateway with tenants (API keys, 401s)"
