@@ -82,6 +82,9 @@ pub struct IntakeConfig {
     pub tokens: TokenRoutes,
     /// The predict, embed_all and similarity subjects and what the model does.
     pub classify: ClassifyRoutes,
+    /// Whether the upstream takes a `prompt_name` (TEI, the built-in model; an OpenAI-compatible
+    /// server does not): a `prompt_hint` the worker cannot resolve is passed on only then.
+    pub upstream_prompts: bool,
 }
 
 /// What the intake runs on ([`run`]): where requests come from, where they go and where their

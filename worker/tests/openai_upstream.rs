@@ -226,6 +226,18 @@ async fn what_the_api_cannot_do_is_refused_naming_it() {
         stack.double.calls().is_empty(),
         "no call for what was refused"
     );
+    // A prompt hint (Cohere's `input_type`) is not refused: the API takes no prompts, so the
+    // worker embeds without one.
+    let hinted = serde_json::json!({"inputs": "a", "prompt_hint": "query"});
+    let reply = request_on(
+        &client,
+        DEFAULT_SUBJECT,
+        Bytes::from(hinted.to_string()),
+        &[],
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{:?}", reply.json());
+    assert_eq!(stack.double.calls().len(), 1);
     stack.worker.stop().await;
 }
 

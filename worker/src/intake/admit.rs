@@ -297,9 +297,11 @@ impl Admitter {
             let mut body = EmbedRequest::from_slice(payload)?;
             body.validate(max)?;
             // A prompt only if the model has it (Cohere's `input_type`): dropped where the
-            // model is known to lack it, passed on where that cannot be told.
+            // model is known to lack it, and where the upstream takes no prompts (an
+            // OpenAI-compatible server); passed on where that cannot be told.
             if let Some(hint) = body.prompt_hint.take()
                 && body.prompt_name.is_none()
+                && self.config.upstream_prompts
                 && self.counter.defines_prompt(&hint) != Some(false)
             {
                 body.prompt_name = Some(hint);

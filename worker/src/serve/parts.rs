@@ -244,6 +244,7 @@ impl<U: Upstream> Parts<U> {
             sparse: self.sparse,
             tokens: self.tokens,
             classify: self.classify,
+            upstream_prompts: config.openai_url.is_none(),
         };
         let intake = tasks.spawn(intake::run(
             intake::Intake {
