@@ -50,6 +50,9 @@ FAULT_ONLY = {
     "embatch_worker_cache_kv_errors_total": "a JetStream KV call failing or timing out",
     "embatch_worker_cache_writes_dropped_total": "256 writes to the KV bucket in flight",
     "embatch_worker_cache_evictions_total": "an LRU over CACHE_LOCAL_BYTES (64 MiB here)",
+    "embatch_worker_cache_shared_reads_skipped_total":
+        "a cold shared bucket: under 1 hit in 100 of a worker's last 256 or more reads (the e2e "
+        "traffic's repeated inputs may keep every worker's ratio above it)",
     "embatch_worker_bulk_jobs_stalled_total": "a bulk job abandoned after no progress for 2 x BULK_ACK_WAIT",
     "embatch_worker_bulk_swept_total": "work-stream messages below a consumer's ack floor (after a nats-server restart)",
     'embatch_worker_tenant_requests_total{outcome="shed"':
