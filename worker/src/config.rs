@@ -13,8 +13,8 @@ use crate::batcher::{
 use crate::telemetry::LogFormat;
 
 mod tei_urls;
+use tei_urls::parse_tei_urls;
 pub use tei_urls::{TeiUrlError, TeiUrls, TeiUrlsError};
-use tei_urls::{parse_tei_url, parse_tei_urls};
 
 /// embatch worker: joins the NATS queue group, collects requests into batches and calls the
 /// upstream model once per batch.
@@ -54,18 +54,19 @@ pub struct Config {
     pub tei_tls_ca: Option<PathBuf>,
 
     /// Base URL of an OpenAI-compatible embeddings API up to its version (vLLM, Infinity,
-    /// SGLang, Ollama, LiteLLM or a hosted API, e.g. http://vllm:8000/v1): the worker posts
-    /// batches to `{url}/embeddings` and probes `GET {url}/models` for health. Needs
+    /// SGLang, Ollama, LiteLLM or a hosted API, e.g. http://vllm:8000/v1), or several separated
+    /// by commas: replicas of one model, each call to the one with the fewest calls in flight.
+    /// The worker posts batches to `{url}/embeddings` and probes `GET {url}/models` for health. Needs
     /// OPENAI_MODEL; not with TEI_URL or MODEL_ID. Such a server has no /info: its limits are
     /// OPENAI_MAX_INPUTS and OPENAI_MAX_INPUT_TOKENS.
     #[arg(
         long,
         env = "OPENAI_URL",
-        value_parser = parse_tei_url,
+        value_parser = parse_tei_urls,
         requires = "openai_model",
         conflicts_with_all = ["tei_url", "model_id"]
     )]
-    pub openai_url: Option<reqwest::Url>,
+    pub openai_url: Option<TeiUrls>,
 
     /// The `model` field sent to OPENAI_URL (e.g. BAAI/bge-small-en-v1.5); also the name the
     /// model is served by unless MODEL_ALIAS.

@@ -135,7 +135,7 @@ pub enum ModelError {
 pub async fn build_upstream(config: &Config) -> Result<AnyUpstream, WorkerError> {
     if let (Some(url), Some(model)) = (&config.openai_url, &config.openai_model) {
         let openai = upstream::openai::OpenAiUpstream::new(&upstream::openai::OpenAiConfig {
-            base_url: url.to_string(),
+            base_urls: url.urls().iter().map(ToString::to_string).collect(),
             model: model.clone(),
             api_key: config.openai_api_key.clone(),
             timeout: config.upstream_timeout,

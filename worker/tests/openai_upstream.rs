@@ -298,7 +298,7 @@ async fn health_is_get_models_and_info_is_made_of_the_settings() {
     use embatch_worker::upstream::openai::{OpenAiConfig, OpenAiUpstream};
     let double = start_tei(TeiConfig::instant()).await;
     let upstream = OpenAiUpstream::new(&OpenAiConfig {
-        base_url: format!("{}/v1/", double.url),
+        base_urls: vec![format!("{}/v1/", double.url)],
         model: "some/model".into(),
         api_key: None,
         timeout: std::time::Duration::from_secs(5),

@@ -1,6 +1,7 @@
-//! Several TEI URLs behind one worker (`--tei-url a,b`): replicas of one model, each call to the
-//! one with the fewest calls in flight; one that dies is skipped and its calls go to the other;
-//! replicas of different models stop the worker at start.
+//! Several TEI URLs behind one worker (`--tei-url a,b`), or several OpenAI-compatible ones
+//! (`--openai-url a,b`): replicas of one model, each call to the one with the fewest calls in
+//! flight; one that dies is skipped and its calls go to the other; TEI replicas of different
+//! models stop the worker at start.
 
 mod common;
 
@@ -88,6 +89,45 @@ async fn one_worker_spreads_its_batches_over_two_replicas() {
     assert!(
         on_a > 0 && on_b > 0,
         "both replicas serve: {on_a} inputs on a, {on_b} on b"
+    );
+    worker.stop().await;
+}
+
+/// `OPENAI_URL` takes replicas too: calls spread over the live ones, and one that refuses
+/// connections (nothing listens there) is skipped without failing a request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_openai_upstream_spreads_its_calls_and_skips_a_dead_replica() {
+    let nats = NatsServer::start();
+    let a = start_tei(common::tei_taking(20, 1)).await;
+    let b = start_tei(common::tei_taking(20, 1)).await;
+    let dead = {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("binds");
+        listener.local_addr().expect("addr")
+    };
+    let urls = format!("{}/v1,{}/v1,http://{dead}/v1", a.url, b.url);
+    let model = TeiConfig::instant().model_id;
+    let args = [
+        "--openai-url",
+        &urls,
+        "--openai-model",
+        &model,
+        "--max-batch-size",
+        "4",
+    ];
+    let worker = RunningWorker::start(&nats, &args).await;
+    let client = client(&nats).await;
+
+    let texts: Vec<String> = (0..64)
+        .map(|i| format!("openai replica text {i}"))
+        .collect();
+    let results = embed_all(&client, texts).await;
+    let failed: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert!(failed.is_empty(), "{failed:?}");
+    let (on_a, on_b) = (inputs_of(&a), inputs_of(&b));
+    assert_eq!(on_a + on_b, 64, "each input embedded once");
+    assert!(
+        on_a > 0 && on_b > 0,
+        "both live replicas serve: {on_a} inputs on a, {on_b} on b"
     );
     worker.stop().await;
 }

@@ -20,6 +20,7 @@ use serde::Serialize;
 
 use super::http;
 use super::openai_reply::split_reply;
+use super::replicas::Replicas;
 use super::tei::TOKENIZER_LOOKUP_TIMEOUT;
 use super::{Backend, Embedding, Upstream, UpstreamError};
 
@@ -31,9 +32,10 @@ pub const DEFAULT_MAX_INPUTS: usize = 2048;
 /// How to reach one OpenAI-compatible server, and what it cannot tell about itself.
 #[derive(Debug, Clone)]
 pub struct OpenAiConfig {
-    /// Base URL up to the API version, `http://` or `https://` (e.g. `http://vllm:8000/v1`):
-    /// the worker posts to `{base_url}/embeddings`.
-    pub base_url: String,
+    /// Base URLs up to the API version, `http://` or `https://` (e.g. `http://vllm:8000/v1`),
+    /// at least one: replicas of one model, each call posted to `{base}/embeddings` of the one
+    /// with the fewest calls in flight ([`Replicas`]).
+    pub base_urls: Vec<String>,
     /// The `model` field sent with every call; also the served model's name (unless
     /// `MODEL_ALIAS`).
     pub model: String,
@@ -49,13 +51,11 @@ pub struct OpenAiConfig {
     pub max_input_tokens: Option<usize>,
 }
 
-/// A pooled HTTP client for one OpenAI-compatible server.
+/// A pooled HTTP client for one OpenAI-compatible server, or for several replicas of one model.
 pub struct OpenAiUpstream {
     client: reqwest::Client,
-    /// `{base}/embeddings`.
-    embeddings_url: String,
-    /// `{base}/models`, the health check.
-    models_url: String,
+    /// The servers' base URLs and what the picker counts for each.
+    replicas: Replicas,
     model: String,
     max_inputs: usize,
     max_input_tokens: Option<usize>,
@@ -71,10 +71,11 @@ impl OpenAiUpstream {
     /// not call the server: the health checks find whether it answers.
     ///
     /// # Errors
-    /// [`EmbedError::Unavailable`] when the API key is not a valid header value or the HTTP
-    /// client cannot be built.
+    /// [`EmbedError::Unavailable`] when the API key is not a valid header value, the HTTP
+    /// client cannot be built, or `base_urls` is empty.
     pub fn new(config: &OpenAiConfig) -> Result<OpenAiUpstream, EmbedError> {
-        let base = config.base_url.trim_end_matches('/');
+        let replicas = Replicas::new(config.base_urls.iter().cloned())
+            .ok_or_else(|| EmbedError::Unavailable("OPENAI_URL names no server".into()))?;
         let client = http::client(
             reqwest::Client::builder(),
             config.api_key.as_ref(),
@@ -83,8 +84,7 @@ impl OpenAiUpstream {
         )?;
         Ok(OpenAiUpstream {
             client,
-            embeddings_url: format!("{base}/embeddings"),
-            models_url: format!("{base}/models"),
+            replicas,
             model: config.model.clone(),
             max_inputs: config.max_inputs.max(1),
             max_input_tokens: config.max_input_tokens,
@@ -209,12 +209,21 @@ impl OpenAiUpstream {
         };
         let body = serde_json::to_vec(&request)
             .map_err(|e| UpstreamError::Malformed(format!("cannot encode the request: {e}")))?;
-        let post = http::post_json(&self.client, &self.embeddings_url);
-        let (status, body) = http::answer(post.body(body).send().await, self.timeout).await?;
-        if !status.is_success() {
-            return Err(status_error(status.as_u16(), &body));
-        }
-        split_reply(&body, inputs.len())
+        let body = bytes::Bytes::from(body);
+        self.replicas
+            .on_replica(|base| {
+                let post = http::post_json(&self.client, &format!("{base}/embeddings"));
+                let body = body.clone();
+                async move {
+                    let sent = post.body(body).send().await;
+                    let (status, body) = http::answer(sent, self.timeout).await?;
+                    if !status.is_success() {
+                        return Err(status_error(status.as_u16(), &body));
+                    }
+                    split_reply(&body, inputs.len())
+                }
+            })
+            .await
     }
 }
 
@@ -294,12 +303,23 @@ impl Upstream for OpenAiUpstream {
         }))
     }
 
-    /// `GET {base}/models`: 200 is healthy (the API has no `/health`; every server above
-    /// answers this route, and a hosted API checks the key on it). Bounded by
-    /// `crate::membership::PROBE_TIMEOUT` (less when `UPSTREAM_TIMEOUT` is shorter).
+    /// `GET {base}/models` of every replica at once: 200 is healthy (the API has no
+    /// `/health`; every server above answers this route, and a hosted API checks the key on
+    /// it), as is a failed probe of a replica that answered calls since the last
+    /// ([`super::replicas::Pick::probed`]); healthy when one replica is, the others cooled as
+    /// for TEI. Bounded by `crate::membership::PROBE_TIMEOUT` (less when `UPSTREAM_TIMEOUT` is
+    /// shorter).
+    ///
+    /// # Errors
+    /// The first replica's failure, when none is healthy.
     async fn health(&self) -> Result<(), UpstreamError> {
         let timeout = crate::membership::PROBE_TIMEOUT.min(self.timeout);
-        http::probe(&self.client, &self.models_url, timeout, error_message).await
+        self.replicas
+            .probe_all(|base| async move {
+                let url = format!("{base}/models");
+                http::probe(&self.client, &url, timeout, error_message).await
+            })
+            .await
     }
 
     /// With `OPENAI_MAX_INPUT_TOKENS`, the tokenizer `lookup` finds for `OPENAI_MODEL` (a

@@ -108,6 +108,66 @@ impl Replicas {
         }
     }
 
+    /// Probes every replica at once with `probe` (given its base URL), each counted as a call
+    /// in flight meanwhile: healthy when one replica is. A replica is healthy when its probe
+    /// passed, or failed while it answered calls since its last probe ([`Pick::probed`]: busy,
+    /// not sick); one that is neither is cooled, one that is is used again.
+    ///
+    /// # Errors
+    /// The first replica's failure, when none is healthy.
+    pub async fn probe_all<F, Fut>(&self, probe: F) -> Result<(), UpstreamError>
+    where
+        F: Fn(String) -> Fut,
+        Fut: Future<Output = Result<(), UpstreamError>>,
+    {
+        let probe = &probe;
+        let probes = (0..self.len()).map(|index| async move {
+            let replica = self.at(index);
+            let probed = probe(replica.base().to_owned()).await;
+            if replica.probed(probed.is_ok()) {
+                return Ok(());
+            }
+            probed
+        });
+        let probed = futures::future::join_all(probes).await;
+        if probed.iter().any(Result::is_ok) {
+            return Ok(());
+        }
+        probed.into_iter().find_map(Result::err).map_or(Ok(()), Err)
+    }
+
+    /// Runs `call` with the base URL of the replica [`Replicas::pick`] chooses, counted in
+    /// flight there while it runs. When the replica is unreachable (connection refused or
+    /// broken: nothing the inputs did), the call goes once to each other replica not cooling
+    /// before the failure is returned; other failures (a timeout, an error status) are returned
+    /// at once.
+    ///
+    /// # Errors
+    /// The call's own error, or the last replica's unreachable.
+    pub async fn on_replica<T, F, Fut>(&self, call: F) -> Result<T, UpstreamError>
+    where
+        F: Fn(String) -> Fut,
+        Fut: Future<Output = Result<T, UpstreamError>>,
+    {
+        let mut failed = None;
+        for _ in 0..self.len() {
+            let pick = self.pick();
+            if failed.is_some() && pick.fallback() {
+                break; // every replica cools: the failure stands
+            }
+            let result = call(pick.base().to_owned()).await;
+            pick.observe(&result);
+            match result {
+                Err(err @ UpstreamError::Unreachable(_)) => {
+                    tracing::debug!(replica = pick.base(), %err, "upstream replica unreachable");
+                    failed = Some(err);
+                }
+                other => return other,
+            }
+        }
+        Err(failed.unwrap_or_else(|| UpstreamError::Unreachable("no upstream replica".into())))
+    }
+
     /// The replica at `index` (in configured order), counted as a call in flight: for what goes
     /// to every replica (`/info`, `/health`).
     pub fn at(&self, index: usize) -> Pick<'_> {

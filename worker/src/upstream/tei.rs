@@ -146,36 +146,16 @@ impl TeiUpstream {
         })
     }
 
-    /// Runs `call` with the base URL of the replica [`Replicas::pick`] chooses, counted in
-    /// flight there while it runs. When the replica is unreachable (connection refused or
-    /// broken: nothing the inputs did), the call goes once to each other replica not cooling
-    /// before the failure is returned; other failures (a timeout, an error status) are returned
-    /// at once.
+    /// [`Replicas::on_replica`] of this server's replicas.
     ///
     /// # Errors
-    /// The call's own error, or the last replica's unreachable.
+    /// As [`Replicas::on_replica`].
     pub(super) async fn on_replica<T, F, Fut>(&self, call: F) -> Result<T, UpstreamError>
     where
         F: Fn(String) -> Fut,
         Fut: Future<Output = Result<T, UpstreamError>>,
     {
-        let mut failed = None;
-        for _ in 0..self.replicas.len() {
-            let pick = self.replicas.pick();
-            if failed.is_some() && pick.fallback() {
-                break; // every replica cools: the failure stands
-            }
-            let result = call(pick.base().to_owned()).await;
-            pick.observe(&result);
-            match result {
-                Err(err @ UpstreamError::Unreachable(_)) => {
-                    tracing::debug!(replica = pick.base(), %err, "TEI replica unreachable");
-                    failed = Some(err);
-                }
-                other => return other,
-            }
-        }
-        Err(failed.unwrap_or_else(|| UpstreamError::Unreachable("no TEI replica".into())))
+        self.replicas.on_replica(call).await
     }
 
     /// `POST {replica}/embed` with a batch of `inputs`: the embeddings, one per input.
@@ -407,22 +387,12 @@ impl Upstream for TeiUpstream {
     async fn health(&self) -> Result<(), UpstreamError> {
         let timeout = crate::membership::PROBE_TIMEOUT.min(self.timeout);
         let text = |body: &[u8]| String::from_utf8_lossy(body).chars().take(512).collect();
-        let probes = (0..self.replicas.len()).map(|index| async move {
-            let replica = self.replicas.at(index);
-            let probed = http::probe(&self.client, &replica.url("health"), timeout, text).await;
-            if replica.probed(probed.is_ok()) {
-                return Ok(());
-            }
-            probed
-        });
-        let probed = futures::future::join_all(probes).await;
-        if probed.iter().any(Result::is_ok) {
-            return Ok(());
-        }
-        match probed.into_iter().find_map(Result::err) {
-            Some(err) => Err(err),
-            None => Ok(()),
-        }
+        self.replicas
+            .probe_all(|base| async move {
+                let url = format!("{base}/health");
+                http::probe(&self.client, &url, timeout, text).await
+            })
+            .await
     }
 }
 
