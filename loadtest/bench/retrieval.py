@@ -7,12 +7,13 @@ Kept apart from scenarios.py: this module adds its scenario to SCENARIOS / SCENA
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 import urllib.error
 import urllib.request
 
 from . import scenarios as sc
-from .procs import NO_PROXY_OPENER, BenchError
+from .procs import NO_PROXY_OPENER, REPO, BenchError
 from .report import failures, fmt_ms, fmt_rate, lat, throughput
 from .stack import Stack, Target
 
@@ -85,10 +86,51 @@ def scenario_retrieval(b: Stack) -> dict:
             "runs": runs}
 
 
+BUILTIN_CLIENTS = (1, 8)  # closed loops on the built-in SPLADE model (CPU): alone, and callers
+
+
+def splade_dir() -> str:
+    """The built-in SPLADE model's directory (scripts/fetch-model.sh --model splade-tiny)."""
+    out = subprocess.run([str(REPO / "scripts" / "fetch-model.sh"), "--model", "splade-tiny"],
+                         cwd=REPO, check=True, stdout=subprocess.PIPE, text=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
+def scenario_retrieval_builtin(b: Stack) -> dict:
+    """Sparse embeddings on the built-in SPLADE model through the gateway, 1 and 8 callers."""
+    warmup, duration = b.d(2, 1), b.d(10, 3)
+    runs, worker_settings = [], {}
+    mark = b.sup.mark()
+    try:
+        nats = b.nats()
+        w = b.worker(nats, model=True, model_dir=splade_dir())
+        b.wait_workers(nats, [w])
+        _, gw = b.gateway(nats, sc.secs(sc.LONG_TIMEOUT_S))
+        url = gw.args[1].rsplit("/", 1)[0] + "/embed_sparse"
+        wait_route(url, {"inputs": ["a", "b"]}, timeout=60)
+        for clients in BUILTIN_CLIENTS:
+            r = b.load(f"sparse built-in c={clients} k={PAIRS}", Target("gateway", ["--url", url]),
+                       concurrency=clients, inputs_per_request=PAIRS, warmup=warmup,
+                       duration=duration, timeout=sc.LONG_TIMEOUT_S,
+                       extra_args=["--route", "embed-sparse"], workers=[w])
+            runs.append(sc.run_entry(f"sparse built-in c={clients}",
+                                     {"kind": "sparse", "path": "gateway", "clients": clients}, r))
+        worker_settings = w.settings
+    finally:
+        b.sup.stop_since(mark)
+    return {"settings": {"upstream": "built-in SPLADE model (splade-tiny, MODEL_DIR), CPU",
+                         "worker": worker_settings, "timeout_s": sc.LONG_TIMEOUT_S,
+                         "warmup_s": warmup, "duration_s": duration, "pairs": PAIRS},
+            "runs": runs}
+
+
 sc.SCENARIOS += [("retrieval", "R1. Retrieval: rerank and sparse embeddings, 64 RAG clients × "
-                               "20 documents, through embatch and direct")]
-sc.SCENARIO_NAMES += ["retrieval"]
+                               "20 documents, through embatch and direct"),
+                 ("retrieval_builtin", "R2. Sparse embeddings on the built-in SPLADE model, "
+                                       "20 texts a request")]
+sc.SCENARIO_NAMES += ["retrieval", "retrieval_builtin"]
 sc.SCENARIO_FUNCS["retrieval"] = scenario_retrieval
+sc.SCENARIO_FUNCS["retrieval_builtin"] = scenario_retrieval_builtin
 
 
 # ---- rendering (render.py adds these) ----
@@ -111,7 +153,7 @@ def render_retrieval(res: dict, targets: list) -> list[str]:
            f"{sc.ceiling(batch):,.0f} inputs/s), a request's {s['pairs']} pairs spanning two "
            f"calls where needed. Mean batch = inputs per upstream call over the measured window. "
            f"Only the fake is measured: no cross-encoder ships in a package the built-in "
-           f"model can load, and its SPLADE model (splade-tiny) is not benchmarked here.", "",
+           f"model can load, and its SPLADE model (splade-tiny) runs on CPU: R2.", "",
            "| route | path | req/s | pairs or texts/s | × direct | mean batch inputs | "
            "p50 ms | p99 ms | failures |",
            "|---|---|---:|---:|---:|---:|---:|---:|---|"]
@@ -130,7 +172,34 @@ def render_retrieval(res: dict, targets: list) -> list[str]:
     return out
 
 
-RENDERERS = {"retrieval": render_retrieval}
+def render_retrieval_builtin(res: dict, targets: list) -> list[str]:
+    s = res["settings"]
+    w = s["worker"]
+    out = [f"One worker on the {s['upstream']} (MAX_BATCH_SIZE "
+           f"{w.get('MAX_BATCH_SIZE', 'default')}, MAX_WAIT_TIME "
+           f"{w.get('MAX_WAIT_TIME', 'default')}) and the gateway. Closed loops of 1 and 8 "
+           f"callers, each request {s['pairs']} distinct texts to `/embed_sparse`; "
+           f"{s['warmup_s']:g} s warm-up, {s['duration_s']:g} s measured, {s['timeout_s']:g} s "
+           f"timeout. The model runs in the worker's process, on the same CPU cores as "
+           f"everything else: there is no upstream to call directly. On a CPU a batch costs "
+           f"about its tokens, so callers sharing batches gain little throughput, unlike on a "
+           f"GPU (R1).", "",
+           "| callers | req/s | texts/s | mean batch inputs | p50 ms | p99 ms | failures |",
+           "|---:|---:|---:|---:|---:|---:|---|"]
+    for run in res["runs"]:
+        r = run["report"]
+        mb = (r.get("batches") or {}).get("mean_batch_inputs")
+        out.append(f"| {run['clients']} | {fmt_rate(throughput(r))} | "
+                   f"{fmt_rate(r['throughput']['inputs_per_s'])} | "
+                   f"{'-' if mb is None else f'{mb:.1f}'} | {fmt_ms(lat(r, 'p50_ms'))} | "
+                   f"{fmt_ms(lat(r, 'p99_ms'))} | {failures(r)} |")
+    return out
+
+
+RENDERERS = {"retrieval": render_retrieval, "retrieval_builtin": render_retrieval_builtin}
 SHOWS = {"retrieval": "What batching across callers gains on rerank and sparse-embedding calls: "
                       "RAG clients each sending a query with 20 documents, through embatch "
-                      "against the upstream called directly."}
+                      "against the upstream called directly.",
+         "retrieval_builtin": "Sparse embeddings served by the built-in model (a real SPLADE "
+                              "model, on CPU) through embatch, alone and with callers sharing "
+                              "its batches."}

@@ -240,9 +240,11 @@ class Stack:
         return None
 
     def worker(self, nats: Nats, *, tei_url: str | None = None, model: bool = False,
-               name: str = "worker", defaults_only: bool = False, **settings: str) -> Worker:
+               model_dir: str | None = None, name: str = "worker", defaults_only: bool = False,
+               **settings: str) -> Worker:
         """Starts a worker with `worker_base` and `settings`, or with `defaults_only` nothing but
-        what it must be told (NATS_URL, METRICS_ADDR, TEI_URL or MODEL_DIR) and `settings`."""
+        what it must be told (NATS_URL, METRICS_ADDR, TEI_URL or MODEL_DIR) and `settings`;
+        `model` with `model_dir`: that built-in model instead of MiniLM."""
         metrics_port = free_port(self.ports)
         env = {} if defaults_only else dict(self.worker_base)
         env.update(settings)
@@ -251,7 +253,7 @@ class Stack:
         if tei_url is not None:
             env["TEI_URL"] = tei_url
         elif model:
-            env["MODEL_DIR"] = self.model_dir()
+            env["MODEL_DIR"] = model_dir or self.model_dir()
         else:
             raise BenchError("a worker needs tei_url or model")
         child = self.sup.spawn(name, [self.bins["embatch-worker"]], self.env(env))
