@@ -78,19 +78,23 @@ async fn one_worker_spreads_its_batches_over_two_replicas() {
     let args = ["--tei-url", &urls, "--max-batch-size", "4"];
     // MAX_CONCURRENT_BATCHES at its default: 2 per replica.
     let worker = RunningWorker::start(&nats, &args).await;
-    let client = client(&nats).await;
+    spread_over(&client(&nats).await, "replica text", [&a, &b]).await;
+    worker.stop().await;
+}
 
-    let texts: Vec<String> = (0..64).map(|i| format!("replica text {i}")).collect();
-    let results = embed_all(&client, texts).await;
+/// Sends 64 texts (`prefix` and a number) at once: every one is served, embedded once in all,
+/// and both `replicas` got some.
+async fn spread_over(client: &EmbedClient, prefix: &str, replicas: [&TeiDouble; 2]) {
+    let texts: Vec<String> = (0..64).map(|i| format!("{prefix} {i}")).collect();
+    let results = embed_all(client, texts).await;
     let failed: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
     assert!(failed.is_empty(), "{failed:?}");
-    let (on_a, on_b) = (inputs_of(&a), inputs_of(&b));
+    let (on_a, on_b) = (inputs_of(replicas[0]), inputs_of(replicas[1]));
     assert_eq!(on_a + on_b, 64, "each input embedded once");
     assert!(
         on_a > 0 && on_b > 0,
         "both replicas serve: {on_a} inputs on a, {on_b} on b"
     );
-    worker.stop().await;
 }
 
 /// `OPENAI_URL` takes replicas too: calls spread over the live ones, and one that refuses
@@ -115,20 +119,7 @@ async fn an_openai_upstream_spreads_its_calls_and_skips_a_dead_replica() {
         "4",
     ];
     let worker = RunningWorker::start(&nats, &args).await;
-    let client = client(&nats).await;
-
-    let texts: Vec<String> = (0..64)
-        .map(|i| format!("openai replica text {i}"))
-        .collect();
-    let results = embed_all(&client, texts).await;
-    let failed: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
-    assert!(failed.is_empty(), "{failed:?}");
-    let (on_a, on_b) = (inputs_of(&a), inputs_of(&b));
-    assert_eq!(on_a + on_b, 64, "each input embedded once");
-    assert!(
-        on_a > 0 && on_b > 0,
-        "both live replicas serve: {on_a} inputs on a, {on_b} on b"
-    );
+    spread_over(&client(&nats).await, "openai replica text", [&a, &b]).await;
     worker.stop().await;
 }
 
