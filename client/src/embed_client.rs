@@ -199,6 +199,9 @@ impl EmbedClient {
         request_headers.insert(headers::VERSION, PROTOCOL_VERSION);
         request_headers.insert(headers::REQUEST_ID, reply);
         request_headers.insert(headers::ACK, "1");
+        if let Some(inbox) = self.inbox.get() {
+            request_headers.insert(headers::HEARTBEAT_TO, inbox.alive());
+        }
         if attempt > 1 {
             request_headers.insert(headers::ATTEMPT, attempt.to_string().as_str());
         }

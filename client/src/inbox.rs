@@ -7,7 +7,10 @@
 //! waiting for it ([`Inbox::register`]): one subscription, one hash-map insert and removal per
 //! request.
 //!
-//! The same task listens on [`headers::heartbeat_subject`]. A worker is watched while it holds
+//! The same task listens for the heartbeats of the workers that hold its requests: on a subject
+//! of its own, `_INBOX.<nuid>.alive`, which every request names ([`headers::HEARTBEAT_TO`]), so
+//! the worker beats there for this client alone; and on [`headers::heartbeat_subject`], where
+//! workers that predate that header beat for every client. A worker is watched while it holds
 //! one of this client's requests: from its acknowledgement (seen here, on the inbox) until that
 //! request ends. Each acknowledgement and each heartbeat from it counts as word that it lives; a
 //! watched worker not heard for [`HEARTBEAT_EXPIRY`] is lost, and the requests it had
@@ -83,6 +86,8 @@ struct Route {
 #[derive(Debug)]
 struct Shared {
     prefix: String,
+    /// This client's heartbeat subject, `_INBOX.<nuid>.alive` ([`headers::HEARTBEAT_TO`]).
+    alive: String,
     next: AtomicU64,
     routes: Mutex<HashMap<u64, Route>>,
     workers: Mutex<HashMap<String, Heard>>,
@@ -135,8 +140,8 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Inbox {
-    /// Subscribes to a fresh `<inbox>.*` and to the heartbeats of the workers on `subject`,
-    /// and starts the routing task.
+    /// Subscribes to a fresh `<inbox>.*`, to a fresh heartbeat subject and to the shared
+    /// heartbeats of the workers on `subject`, and starts the routing task.
     ///
     /// # Errors
     /// When a subscription cannot be made (the connection is closed).
@@ -146,10 +151,13 @@ impl Inbox {
     ) -> Result<Inbox, async_nats::SubscribeError> {
         let prefix = nats.new_inbox();
         let mut replies = nats.subscribe(format!("{prefix}.*")).await?;
+        let alive = format!("{}.alive", nats.new_inbox());
+        let mut own_beats = nats.subscribe(alive.clone()).await?;
         let mut beats = nats.subscribe(headers::heartbeat_subject(subject)).await?;
         let (events, _) = watch::channel(Generation::default());
         let shared = Arc::new(Shared {
             prefix,
+            alive,
             next: AtomicU64::new(0),
             routes: Mutex::new(HashMap::new()),
             workers: Mutex::new(HashMap::new()),
@@ -168,6 +176,7 @@ impl Inbox {
                 loop {
                     tokio::select! {
                         Some(message) = replies.next() => shared.route(message),
+                        Some(beat) = own_beats.next() => shared.heard(&beat.payload, connects_of(&beat)),
                         Some(beat) = beats.next() => shared.heard(&beat.payload, connects_of(&beat)),
                         _ = tick.tick() => {
                             let now = statistics.connects.load(Ordering::Relaxed);
@@ -200,6 +209,11 @@ impl Inbox {
             subject: format!("{}.{token}", self.shared.prefix),
         };
         (slot, rx)
+    }
+
+    /// This client's heartbeat subject, for [`headers::HEARTBEAT_TO`].
+    pub(crate) fn alive(&self) -> &str {
+        &self.shared.alive
     }
 
     /// Notified when a worker is found lost or the connection came back.
@@ -415,6 +429,7 @@ mod tests {
     fn shared() -> Shared {
         Shared {
             prefix: "_INBOX.x".into(),
+            alive: "_INBOX.y.alive".into(),
             next: AtomicU64::new(0),
             routes: Mutex::new(HashMap::new()),
             workers: Mutex::new(HashMap::new()),

@@ -164,12 +164,69 @@ async fn a_plain_request_gets_one_reply_and_an_acked_one_an_acknowledgement_firs
         .await
         .expect("a heartbeat within 2 s")
         .expect("subscription open");
-    assert_eq!(beat.payload, Bytes::from(worker));
+    assert_eq!(beat.payload, Bytes::from(worker.clone()));
     assert_eq!(
         header(&beat, headers::WORKER_CONNECTS).as_deref(),
         Some("1")
     );
+    own_heartbeat_subject(&nats, &mut beats, &worker).await;
     stack.worker.stop().await;
+}
+
+/// A held request that names its client's heartbeat subject (`Embatch-Heartbeat-To`) is beaten
+/// for there, and no longer on the shared subject (`beats`, drained first); one that names a
+/// wildcard is refused (422) naming the header. The upstream takes 400 ms a call.
+async fn own_heartbeat_subject(
+    nats: &async_nats::Client,
+    beats: &mut async_nats::Subscriber,
+    worker: &str,
+) {
+    while tokio::time::timeout(Duration::from_millis(300), beats.next())
+        .await
+        .is_ok()
+    {}
+    let own = format!("{}.alive", nats.new_inbox());
+    let mut own_beats = nats.subscribe(own.clone()).await.expect("subscribe");
+    let inbox = nats.new_inbox();
+    let mut sub = nats.subscribe(inbox.clone()).await.expect("subscribe");
+    let mut asks = async_nats::HeaderMap::new();
+    asks.insert(headers::ACK, "1");
+    asks.insert(headers::HEARTBEAT_TO, own.as_str());
+    let held = Bytes::from_static(br#"{"inputs":"held with a subject of its own"}"#);
+    nats.publish_with_reply_and_headers("embed", inbox, asks.clone(), held)
+        .await
+        .expect("publish");
+    assert_eq!(
+        messages(&mut sub, Duration::from_millis(900)).await.len(),
+        2
+    );
+    let beat = tokio::time::timeout(Duration::from_secs(2), own_beats.next())
+        .await
+        .expect("a heartbeat on the client's own subject within 2 s")
+        .expect("subscription open");
+    assert_eq!(beat.payload, Bytes::from(worker.to_owned()));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), beats.next())
+            .await
+            .is_err(),
+        "no beat on the shared subject for a request that named its own"
+    );
+
+    asks.insert(headers::HEARTBEAT_TO, "_INBOX.*");
+    let inbox = nats.new_inbox();
+    let mut sub = nats.subscribe(inbox.clone()).await.expect("subscribe");
+    let body = Bytes::from_static(br#"{"inputs":"a wildcard heartbeat subject"}"#);
+    nats.publish_with_reply_and_headers("embed", inbox, asks, body)
+        .await
+        .expect("publish");
+    let refused = messages(&mut sub, Duration::from_millis(900)).await;
+    let last = refused.last().expect("an answer");
+    assert_eq!(
+        header(last, headers::SERVICE_ERROR_CODE).as_deref(),
+        Some("422")
+    );
+    let error = String::from_utf8_lossy(&last.payload);
+    assert!(error.contains(headers::HEARTBEAT_TO), "{error}");
 }
 
 /// A queue member that reads every request and never answers: half the requests are routed to

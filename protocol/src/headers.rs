@@ -107,8 +107,34 @@ pub fn heartbeat_subject(subject: &str) -> String {
     format!("{subject}.alive")
 }
 
+/// Request header (optional, since contract 1.6): the subject on which this client wants the
+/// heartbeats of the worker that holds the request, instead of [`heartbeat_subject`]: a subject
+/// of its own (the Rust client uses a fresh inbox, `_INBOX.<nuid>.alive`). The worker then beats
+/// there, with the same body and headers, once per interval for all the requests of that client
+/// it holds, and not on the shared subject: a beat reaches only the client that waits for it,
+/// instead of every client listening on [`heartbeat_subject`] (docs/design/control-plane.md).
+/// It must be a NATS subject without wildcards, at most [`HEARTBEAT_TO_MAX`] bytes
+/// ([`valid_heartbeat_to`]); otherwise the request is refused (422). A client that sets it may
+/// still listen on [`heartbeat_subject`] for workers that predate the header.
+pub const HEARTBEAT_TO: &str = "Embatch-Heartbeat-To";
+
+/// Longest [`HEARTBEAT_TO`] value a worker takes: 256 bytes.
+pub const HEARTBEAT_TO_MAX: usize = 256;
+
+/// Whether `subject` may be a [`HEARTBEAT_TO`] value: 1 to [`HEARTBEAT_TO_MAX`] bytes, tokens
+/// separated by `.`, none empty, none `*` or `>`, no white space or control character.
+pub fn valid_heartbeat_to(subject: &str) -> bool {
+    (1..=HEARTBEAT_TO_MAX).contains(&subject.len())
+        && subject.split('.').all(|token| {
+            !token.is_empty()
+                && token != "*"
+                && token != ">"
+                && !token.chars().any(|c| c.is_whitespace() || c.is_control())
+        })
+}
+
 /// How often a worker that holds a request acknowledged over an interval ago publishes on
-/// [`heartbeat_subject`]: 100 ms.
+/// [`heartbeat_subject`] (or the request's [`HEARTBEAT_TO`]): 100 ms.
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(100);
 
 /// How long after its last word (acknowledgement or heartbeat) a worker that holds a client's
@@ -254,6 +280,17 @@ mod tests {
         let encoded = encode_deadline(Duration::from_micros(1_500_900));
         assert_eq!(encoded, "1500");
         assert_eq!(parse_deadline(&encoded), Some(Duration::from_millis(1500)));
+    }
+
+    #[test]
+    fn heartbeat_to_is_a_subject_without_wildcards() {
+        assert!(valid_heartbeat_to("_INBOX.abc.alive"));
+        assert!(valid_heartbeat_to("x"));
+        for bad in ["", "a..b", ".a", "a.", "a.*", "a.>", "a b", "a\tb"] {
+            assert!(!valid_heartbeat_to(bad), "{bad:?}");
+        }
+        assert!(valid_heartbeat_to(&"a".repeat(HEARTBEAT_TO_MAX)));
+        assert!(!valid_heartbeat_to(&"a".repeat(HEARTBEAT_TO_MAX + 1)));
     }
 
     #[test]

@@ -74,6 +74,7 @@ pub const PROTOCOL_VERSION: &str = "1";
 /// The contract's full version, `<major>.<minor>`: a minor version only adds to the contract
 /// (v1.1 added model subjects, see [`model`]; v1.2 the rerank subject, see [`rerank`]; v1.3
 /// the sparse and token subjects, see [`sparse`]; v1.4 the predict, embed_all and similarity
-/// subjects, see [`predict`]; v1.5 `/embed`'s `output_dtype`, see [`compact`]), so a client
+/// subjects, see [`predict`]; v1.5 `/embed`'s `output_dtype`, see [`compact`]; v1.6 the
+/// per-client heartbeat subject, [`headers::HEARTBEAT_TO`]), so a client
 /// of any `1.x` talks to any `1.y` worker. Announced by workers as the `contract_version` metadata of `$SRV.INFO`.
-pub const CONTRACT_VERSION: &str = "1.5";
+pub const CONTRACT_VERSION: &str = "1.6";

@@ -22,14 +22,20 @@
 //! the other workers after [`embatch_protocol::headers::HEARTBEAT_EXPIRY`], and the first reply
 //! wins. (A worker whose upstream fails answers 503 for what it holds anyway.)
 //!
-//! Cost: one message of ~22 bytes of body and ~50 of header per interval, on each served subject
-//! (`embed`, a model's subject) that a request acknowledged over 100 ms ago came in on (a client
-//! watches the heartbeat of the subject it sent to), fanned out by the NATS server to every
-//! client that listens there (docs/design/control-plane.md).
+//! Where: a request that names its client's heartbeat subject
+//! ([`embatch_protocol::headers::HEARTBEAT_TO`], as the Rust client's do) is beaten for there,
+//! once per interval per such subject however many of that client's requests the worker holds;
+//! others on [`embatch_protocol::headers::heartbeat_subject`] of the served subject (`embed`, a
+//! model's subject) the request came in on, which every client of that subject hears.
+//!
+//! Cost: one message of ~22 bytes of body and ~50 of header per interval and destination; with
+//! per-client subjects each beat is delivered once, to the client that waits, so the beats grow
+//! with the requests held long, not with workers × clients (docs/design/control-plane.md).
 
 use std::array;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use async_nats::Client;
 use bytes::Bytes;
@@ -42,23 +48,29 @@ use crate::membership::MemberState;
 
 /// Generations of acknowledgements counted apart: a request is counted in the slot of the
 /// heartbeat tick it was acknowledged in (modulo this), so the heartbeat can tell the requests
-/// acknowledged in the last interval from the older ones without a lock. A request held over
-/// `SLOTS` intervals may share the newest slot for one tick: at most one beat is skipped for it
-/// (200 ms between beats, within the client's 500 ms).
+/// acknowledged in the last interval from the older ones. A request held over `SLOTS`
+/// intervals may share the newest slot for one tick: at most one beat is skipped for it (200 ms
+/// between beats, within the client's 500 ms).
 const SLOTS: usize = 8;
 
-/// The acknowledged requests a worker holds, by the subject served they came in on and the
-/// heartbeat tick they were acknowledged in, and a wake-up for the heartbeat between busy
-/// spells.
+/// Acknowledged, unanswered requests of one destination, per generation modulo [`SLOTS`].
+type Counts = [usize; SLOTS];
+
+/// The acknowledged requests a worker holds, by where their heartbeat goes and the heartbeat
+/// tick they were acknowledged in, and a wake-up for the heartbeat between busy spells.
+///
+/// A mutex over a small map: only requests still held [`embatch_protocol::headers::ACK_DELAY`]
+/// after arrival are acknowledged and counted, so it is taken twice per slow request (hold and
+/// drop) and once per tick, not per request.
 #[derive(Debug)]
 pub(crate) struct Acked {
-    /// The subjects the worker serves (`embed`, a model's subject): a client watches the
-    /// heartbeat of the one it sent to.
-    subjects: Vec<String>,
+    /// The served subjects (`embed`, a model's subject) and their shared heartbeat subjects,
+    /// for requests that name none of their own.
+    served: Vec<(String, Arc<str>)>,
     /// The heartbeat's tick count (advanced only while it beats or waits to).
     generation: AtomicU64,
-    /// Acknowledged and unanswered requests, per subject, per generation modulo [`SLOTS`].
-    slots: Vec<[AtomicUsize; SLOTS]>,
+    /// Per heartbeat destination with a request held; removed at none.
+    held: Mutex<HashMap<Arc<str>, Counts>>,
     notify: Notify,
 }
 
@@ -67,43 +79,61 @@ pub(crate) struct Acked {
 #[derive(Debug)]
 pub(crate) struct Held {
     acked: Arc<Acked>,
-    subject: usize,
+    to: Arc<str>,
     slot: usize,
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
-        self.acked.slots[self.subject][self.slot].fetch_sub(1, Ordering::AcqRel);
+        let mut held = self.acked.lock();
+        if let Some(counts) = held.get_mut(&self.to) {
+            counts[self.slot] = counts[self.slot].saturating_sub(1);
+            if counts.iter().all(|&c| c == 0) {
+                held.remove(&self.to);
+            }
+        }
     }
 }
 
 impl Acked {
     /// Counts nothing yet, for a worker serving `subjects` (at least one).
     pub(crate) fn new(subjects: Vec<String>) -> Acked {
-        let slots = subjects
-            .iter()
-            .map(|_| array::from_fn(|_| AtomicUsize::new(0)))
+        let served = subjects
+            .into_iter()
+            .map(|s| {
+                let beat = Arc::from(heartbeat_subject(&s));
+                (s, beat)
+            })
             .collect();
         Acked {
-            subjects,
+            served,
             generation: AtomicU64::new(0),
-            slots,
+            held: Mutex::new(HashMap::new()),
             notify: Notify::new(),
         }
     }
 
+    fn lock(&self) -> MutexGuard<'_, HashMap<Arc<str>, Counts>> {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Counts a request that came in on `subject` (a served subject, or a route of one such as
-    /// `<subject>.rerank`), about to be acknowledged (call before sending the acknowledgement),
-    /// and wakes the heartbeat.
-    pub(crate) fn hold(self: &Arc<Self>, subject: &str) -> Held {
-        let subject = self.served(subject);
-        let generation = self.generation.load(Ordering::Acquire);
-        let slot = slot_of(generation);
-        self.slots[subject][slot].fetch_add(1, Ordering::AcqRel);
+    /// `<subject>.rerank`) and named heartbeat subject `to`
+    /// ([`embatch_protocol::headers::HEARTBEAT_TO`], validated by the intake), about to be
+    /// acknowledged (call before sending the acknowledgement), and wakes the heartbeat.
+    pub(crate) fn hold(self: &Arc<Self>, subject: &str, to: Option<&str>) -> Held {
+        let to = to.map_or_else(
+            || Arc::clone(&self.served[self.served(subject)].1),
+            Arc::from,
+        );
+        let slot = slot_of(self.generation.load(Ordering::Acquire));
+        self.lock()
+            .entry(Arc::clone(&to))
+            .or_insert_with(|| array::from_fn(|_| 0))[slot] += 1;
         self.notify.notify_one();
         Held {
             acked: Arc::clone(self),
-            subject,
+            to,
             slot,
         }
     }
@@ -116,43 +146,36 @@ impl Acked {
                 .strip_prefix(served)
                 .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
         };
-        self.subjects
+        self.served
             .iter()
             .enumerate()
-            .filter(|(_, served)| belongs(served))
-            .max_by_key(|(_, served)| served.len())
+            .filter(|(_, (served, _))| belongs(served))
+            .max_by_key(|(_, (served, _))| served.len())
             .map_or(0, |(index, _)| index)
     }
 
-    /// Starts tick `generation + 1` and tells, per served subject, whether a request
-    /// acknowledged before the tick just ended is held (a beat is due there), and whether any
-    /// acknowledged request is held.
-    fn tick(&self) -> (Vec<bool>, bool) {
+    /// Starts tick `generation + 1` and tells the destinations where a request acknowledged
+    /// before the tick just ended is held (a beat is due there), and whether any acknowledged
+    /// request is held.
+    fn tick(&self) -> (Vec<Arc<str>>, bool) {
         let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
         let young = slot_of(generation - 1);
-        let mut any = false;
-        let due = self
-            .slots
+        let held = self.lock();
+        let due = held
             .iter()
-            .map(|slots| {
-                let mut due = false;
-                for (slot, count) in slots.iter().enumerate() {
-                    if count.load(Ordering::Acquire) > 0 {
-                        any = true;
-                        due |= slot != young;
-                    }
-                }
-                due
+            .filter(|(_, counts)| {
+                counts
+                    .iter()
+                    .enumerate()
+                    .any(|(slot, &count)| count > 0 && slot != young)
             })
+            .map(|(to, _)| Arc::clone(to))
             .collect();
-        (due, any)
+        (due, !held.is_empty())
     }
 
     fn any(&self) -> bool {
-        self.slots
-            .iter()
-            .flatten()
-            .any(|c| c.load(Ordering::Acquire) > 0)
+        !self.lock().is_empty()
     }
 }
 
@@ -180,12 +203,6 @@ pub(crate) struct Beat {
 /// client does not send (async-nats would buffer the beats and flush them, stale, at the
 /// reconnect).
 pub(crate) async fn run(beat: Beat, stop: CancellationToken) {
-    let subjects: Vec<String> = beat
-        .acked
-        .subjects
-        .iter()
-        .map(|s| heartbeat_subject(s))
-        .collect();
     let payload = Bytes::from(beat.id.clone().into_bytes());
     loop {
         tokio::select! {
@@ -193,15 +210,15 @@ pub(crate) async fn run(beat: Beat, stop: CancellationToken) {
             () = beat.acked.notify.notified() => {}
         }
         if beat.acked.any() {
-            spell(&beat, &subjects, &payload, &stop).await;
+            spell(&beat, &payload, &stop).await;
         }
     }
 }
 
-/// One busy spell: a tick every interval, each beating when a request acknowledged before the
+/// One busy spell: a tick every interval, each beating where a request acknowledged before the
 /// last tick is held, until none acknowledged is held (an acknowledgement after that wakes
 /// [`run`] again: [`Notify`] keeps the wake-up). Returns early when `stop` is cancelled.
-async fn spell(beat: &Beat, subjects: &[String], payload: &Bytes, stop: &CancellationToken) {
+async fn spell(beat: &Beat, payload: &Bytes, stop: &CancellationToken) {
     let start = tokio::time::Instant::now() + HEARTBEAT_INTERVAL;
     let mut tick = tokio::time::interval_at(start, HEARTBEAT_INTERVAL);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -214,23 +231,19 @@ async fn spell(beat: &Beat, subjects: &[String], payload: &Bytes, stop: &Cancell
         if !any {
             return;
         }
-        if !due.contains(&true)
+        if due.is_empty()
             || beat.client.connection_state() != async_nats::connection::State::Connected
             || *beat.state.borrow() == MemberState::UpstreamUnhealthy
         {
             continue;
         }
-        let due = subjects
-            .iter()
-            .zip(due)
-            .filter_map(|(s, due)| due.then_some(s));
-        publish(beat, due, payload).await;
+        publish(beat, &due, payload).await;
     }
 }
 
 /// One beat on each of `subjects`, with the connection's connect count: a larger count than
 /// the acknowledgement's tells a client that replies sent before a reconnect may be lost.
-async fn publish(beat: &Beat, subjects: impl Iterator<Item = &String>, payload: &Bytes) {
+async fn publish(beat: &Beat, subjects: &[Arc<str>], payload: &Bytes) {
     let mut connects = async_nats::HeaderMap::new();
     connects.insert(
         embatch_protocol::headers::WORKER_CONNECTS,
@@ -239,9 +252,11 @@ async fn publish(beat: &Beat, subjects: impl Iterator<Item = &String>, payload: 
             .as_str(),
     );
     for subject in subjects {
-        let sent =
-            beat.client
-                .publish_with_headers(subject.clone(), connects.clone(), payload.clone());
+        let sent = beat.client.publish_with_headers(
+            subject.to_string(),
+            connects.clone(),
+            payload.clone(),
+        );
         if let Err(err) = sent.await {
             tracing::debug!(%err, "cannot publish the heartbeat");
         }
@@ -256,33 +271,56 @@ mod tests {
         Arc::new(Acked::new(vec!["embed".into()]))
     }
 
+    /// The destinations due at the next tick, sorted, and whether any request is held.
+    fn tick(acked: &Acked) -> (Vec<String>, bool) {
+        let (due, any) = acked.tick();
+        let mut due: Vec<String> = due.iter().map(|s| s.to_string()).collect();
+        due.sort();
+        (due, any)
+    }
+
+    fn due(subjects: &[&str]) -> (Vec<String>, bool) {
+        (subjects.iter().map(|s| s.to_string()).collect(), true)
+    }
+
     #[test]
     fn a_beat_is_due_only_for_a_request_acknowledged_before_the_last_tick() {
         let acked = one();
-        assert_eq!(acked.tick(), (vec![false], false), "nothing held");
-        let first = acked.hold("embed");
-        let young = (vec![false], true);
-        assert_eq!(acked.tick(), young, "acknowledged in the tick just ended");
-        assert_eq!(acked.tick(), (vec![true], true), "one interval old");
-        let second = acked.hold("embed");
-        assert_eq!(acked.tick(), (vec![true], true), "the old one still held");
+        assert_eq!(tick(&acked), (vec![], false), "nothing held");
+        let first = acked.hold("embed", None);
+        assert_eq!(
+            tick(&acked),
+            due(&[]),
+            "acknowledged in the tick just ended"
+        );
+        assert_eq!(tick(&acked), due(&["embed.alive"]), "one interval old");
+        let second = acked.hold("embed", None);
+        assert_eq!(
+            tick(&acked),
+            due(&["embed.alive"]),
+            "the old one still held"
+        );
         drop(first);
-        assert_eq!(acked.tick(), (vec![true], true), "the second is old now");
+        assert_eq!(tick(&acked), due(&["embed.alive"]), "the second is old now");
         drop(second);
-        assert_eq!(acked.tick(), (vec![false], false), "all answered");
+        assert_eq!(tick(&acked), (vec![], false), "all answered");
     }
 
     #[test]
     fn a_request_held_for_many_intervals_skips_at_most_one_beat() {
         let acked = one();
-        let _held = acked.hold("embed");
+        let _held = acked.hold("embed", None);
         acked.tick();
         let mut skipped_in_a_row = 0;
         let mut most = 0;
         for _ in 0..(SLOTS * 4) {
             let (due, any) = acked.tick();
             assert!(any);
-            skipped_in_a_row = if due[0] { 0 } else { skipped_in_a_row + 1 };
+            skipped_in_a_row = if due.is_empty() {
+                skipped_in_a_row + 1
+            } else {
+                0
+            };
             most = most.max(skipped_in_a_row);
         }
         assert_eq!(most, 1, "one tick at each wrap of the slots");
@@ -291,18 +329,18 @@ mod tests {
     #[test]
     fn a_beat_is_due_only_on_the_subject_the_request_came_in_on() {
         let acked = Arc::new(Acked::new(vec!["embed".into(), "embed.m%2E1".into()]));
-        let _model = acked.hold("embed.m%2E1.rerank");
+        let _model = acked.hold("embed.m%2E1.rerank", None);
         acked.tick();
         assert_eq!(
-            acked.tick(),
-            (vec![false, true], true),
+            tick(&acked),
+            due(&["embed.m%2E1.alive"]),
             "the model's subject"
         );
-        let _plain = acked.hold("embed.rerank");
+        let _plain = acked.hold("embed.rerank", None);
         acked.tick();
         assert_eq!(
-            acked.tick(),
-            (vec![true, true], true),
+            tick(&acked),
+            due(&["embed.alive", "embed.m%2E1.alive"]),
             "and the default one"
         );
         assert_eq!(
@@ -311,5 +349,25 @@ mod tests {
             "a longer token is another model"
         );
         assert_eq!(acked.served("other"), 0, "unknown: the first");
+    }
+
+    #[test]
+    fn a_client_that_names_its_subject_gets_one_beat_for_all_it_has_held() {
+        let acked = one();
+        let a: Vec<Held> = (0..5)
+            .map(|_| acked.hold("embed", Some("_INBOX.a.alive")))
+            .collect();
+        let b = acked.hold("embed", Some("_INBOX.b.alive"));
+        acked.tick();
+        assert_eq!(
+            tick(&acked),
+            due(&["_INBOX.a.alive", "_INBOX.b.alive"]),
+            "one beat per client, none on the shared subject"
+        );
+        drop(b);
+        assert_eq!(tick(&acked), due(&["_INBOX.a.alive"]), "b answered");
+        drop(a);
+        assert_eq!(tick(&acked), (vec![], false), "all answered");
+        assert!(acked.lock().is_empty(), "no destination left behind");
     }
 }

@@ -219,7 +219,8 @@ fn wants_ack(request: &Message) -> bool {
 ///
 /// # Errors
 /// 422 `Validation` for a [`headers::VERSION`] of another major version than
-/// [`PROTOCOL_VERSION`], or a deadline that is not a whole number of milliseconds.
+/// [`PROTOCOL_VERSION`], a [`headers::HEARTBEAT_TO`] that is not a subject without wildcards, or
+/// a deadline that is not a whole number of milliseconds.
 fn budget(message_headers: Option<&HeaderMap>, default: Duration) -> Result<Duration, EmbedError> {
     if let Some(version) = message_headers.and_then(|h| h.get(headers::VERSION)) {
         let major = version.as_str().split('.').next().unwrap_or_default();
@@ -230,6 +231,16 @@ fn budget(message_headers: Option<&HeaderMap>, default: Duration) -> Result<Dura
                 version.as_str()
             )));
         }
+    }
+    if let Some(to) = message_headers.and_then(|h| h.get(headers::HEARTBEAT_TO))
+        && !headers::valid_heartbeat_to(to.as_str())
+    {
+        return Err(EmbedError::Validation(format!(
+            "header `{}` must be a NATS subject without wildcards of at most {} bytes. Given: {:?}",
+            headers::HEARTBEAT_TO,
+            headers::HEARTBEAT_TO_MAX,
+            to.as_str()
+        )));
     }
     match message_headers.and_then(|h| h.get(headers::DEADLINE_MS)) {
         Some(value) => headers::parse_deadline(value.as_str()).ok_or_else(|| {
@@ -258,10 +269,28 @@ impl Acks {
     /// worker that went silent or reconnected held. The request counts for the heartbeat until
     /// the returned guard is dropped (when its task ends).
     async fn send(&self, client: &async_nats::Client, request: &Message) -> crate::heartbeat::Held {
-        let held = self.acked.hold(&request.subject);
+        let held = self.acked.hold(&request.subject, heartbeat_to(request));
         acknowledge(client, request, &self.worker_id).await;
         held
     }
+}
+
+/// Where the heartbeat for `request` goes: its [`headers::HEARTBEAT_TO`] when valid, unless the
+/// request crossed a service import from another account (it carries
+/// [`headers::REQUEST_INFO`], or its reply subject is nats-server's `_R_.` mapping): a subject of
+/// the client's account is out of this worker's reach there, while the shared heartbeat subject
+/// is exported to it. `None`: the shared subject.
+fn heartbeat_to(request: &Message) -> Option<&str> {
+    let request_headers = request.headers.as_ref()?;
+    let crossed = request_headers.get(headers::REQUEST_INFO).is_some()
+        || request
+            .reply
+            .as_ref()
+            .is_some_and(|reply| reply.starts_with("_R_."));
+    request_headers
+        .get(headers::HEARTBEAT_TO)
+        .map(|v| v.as_str())
+        .filter(|to| !crossed && headers::valid_heartbeat_to(to))
 }
 
 /// The acknowledgement itself ([`Acks::send`]).

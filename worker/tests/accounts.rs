@@ -16,8 +16,10 @@ use common::plain::{Reply, bucket_holds, request_on, send};
 use embatch_client::{EmbedClient, SendOptions};
 use embatch_protocol::DEFAULT_SUBJECT;
 use embatch_testkit::{
-    NatsServer, RunningWorker, TeiConfig, free_port, repo_root, start_tei, tenants_file,
+    Faults, NatsServer, RunningWorker, TeiConfig, TeiDouble, free_port, repo_root, start_tei,
+    tenants_file,
 };
+use futures::StreamExt;
 
 /// The workers' tenants: `search` is the account SEARCH, `ads` the account ADS.
 const TENANTS: &str = r#"
@@ -125,6 +127,7 @@ async fn a_tenant_account_is_its_tenant_and_only_the_workers_account_names_one()
         .await
         .expect("the reply follows the acknowledgement");
     assert_eq!(reply.cache_hits, Some(0));
+    held_across_the_import(&own, &client, &tei).await;
 
     // The rerank subject crosses the import too: this worker's model is no reranker, so it
     // answers TEI's 424 (no import would be "no responders").
@@ -147,7 +150,51 @@ async fn a_tenant_account_is_its_tenant_and_only_the_workers_account_names_one()
     assert_eq!(sparse.status, 424, "{:?}", sparse.payload);
 
     let metrics = metrics_text(&admin).await;
-    assert_eq!(served_as(&metrics, "search"), 3, "{metrics}");
+    // Three embed requests above and the held one, all from SEARCH.
+    assert_eq!(served_as(&metrics, "search"), 4, "{metrics}");
     assert_eq!(served_as(&metrics, "ads"), 2, "{metrics}");
     worker.stop().await;
+}
+
+/// A request from a tenant's account held for 900 ms (over the client's 500 ms heartbeat
+/// expiry) is beaten for on the exported `embed.alive`, not on the client's own heartbeat
+/// subject (out of the worker's account), so the client never takes the worker for lost: no
+/// copy is resent. `own` is a connection of the workers' account, which sees every request.
+async fn held_across_the_import(own: &async_nats::Client, client: &EmbedClient, tei: &TeiDouble) {
+    let mut requests = own.subscribe(DEFAULT_SUBJECT).await.expect("subscribe");
+    let mut beats = own
+        .subscribe(embatch_protocol::headers::heartbeat_subject(
+            DEFAULT_SUBJECT,
+        ))
+        .await
+        .expect("subscribe");
+    own.flush().await.expect("flush");
+    tei.set_faults(Faults {
+        delay: Duration::from_millis(900),
+        ..Faults::default()
+    });
+    let body = Bytes::from_static(br#"{"inputs":["held across the import"]}"#);
+    client
+        .embed(body, Duration::from_secs(10))
+        .await
+        .expect("answered");
+    tei.set_faults(Faults::default());
+    let mut copies = 0;
+    while let Ok(Some(request)) =
+        tokio::time::timeout(Duration::from_millis(200), requests.next()).await
+    {
+        copies += 1;
+        let attempt = request
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(embatch_protocol::headers::ATTEMPT));
+        assert!(attempt.is_none(), "a copy was resent: {attempt:?}");
+    }
+    assert_eq!(copies, 1, "one request, no resend");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), beats.next())
+            .await
+            .is_ok_and(|beat| beat.is_some()),
+        "beats on the exported subject"
+    );
 }
