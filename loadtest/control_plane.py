@@ -15,7 +15,8 @@ nats-server, of the workers (mean per worker) and of the gateways (mean per gate
 share of one core. Prints a Markdown table; --json writes the raw numbers.
 
 --load RATE: while measuring, `embatch-loadtest run --rate RATE` sends distinct single-input
-requests to the first gateway's /embed (open loop, 3 s of warm-up first). Messages are then also
+requests to the first gateway's /embed (open loop, 3 s of warm-up first); with --spread, one
+loader per gateway sends RATE / G to each. Messages are then also
 split by subject: nats-server's /connz?subs=detail counts what each subscription was delivered,
 so deliveries to `*.alive` (heartbeats), `*.room`, `*.members` and `$SRV.>` (discovery
 questions) are the control plane, the rest (request subjects and reply inboxes, which also carry
@@ -26,7 +27,7 @@ workers and gateways connect to the nodes in turn (worker i to node i mod 3). Me
 are then also given per node (a node's /varz counts route traffic too).
 
 Usage: loadtest/control_plane.py --bin-dir DIR [--runs 10x1,100x1,100x4] [--seconds 10]
-  [--load RATE] [--cluster 3]
+  [--load RATE [--spread]] [--cluster 3] [--upstream-ms MS]
   DIR holds release builds of embatch-worker, embatch-gateway and embatch-loadtest.
   NATS_SERVER_BIN (or scripts/install-nats-server.sh) is the nats-server.
 Standard library only.
@@ -143,7 +144,7 @@ def wait_connected(nodes: list[tuple], want: int, seconds: float) -> None:
 def start_load(bin_dir: str, gateway_port: int, rate: float, seconds: float, tmp: str, procs: list):
     """An open loop of distinct single-input requests to one gateway's /embed, 3 s of warm-up
     first; returns (process, path of its JSON report)."""
-    report = os.path.join(tmp, "load.json")
+    report = os.path.join(tmp, f"load-{gateway_port}.json")
     p = subprocess.Popen([os.path.join(bin_dir, "embatch-loadtest"), "run", "--url",
                           f"http://127.0.0.1:{gateway_port}/embed", "--rate", str(rate), "--warmup", "3s",
                           "--duration", f"{int(seconds) + 2}s", "--json", report, "-q"],
@@ -153,7 +154,7 @@ def start_load(bin_dir: str, gateway_port: int, rate: float, seconds: float, tmp
 
 
 def run(bin_dir: str, nats_bin: str, workers: int, gateways: int, seconds: float, load: float | None,
-        cluster: int, upstream_ms: int = 5) -> dict:
+        cluster: int, upstream_ms: int = 5, spread: bool = False) -> dict:
     procs: list[subprocess.Popen] = []
     tmp = tempfile.mkdtemp(prefix="embatch-control-plane-")
     try:
@@ -178,13 +179,15 @@ def run(bin_dir: str, nats_bin: str, workers: int, gateways: int, seconds: float
         # Up: every worker and gateway connected, then a few seconds for start-up work to settle.
         wait_connected(nodes, workers + gateways, 60 + workers * 0.2)
         time.sleep(5)
-        loader = None
+        loaders = []
         if load:
-            loader = start_load(bin_dir, gateway_ports[0], load, seconds, tmp, procs)
+            targets = gateway_ports if spread else gateway_ports[:1]
+            loaders = [start_load(bin_dir, port, load / len(targets), seconds, tmp, procs)
+                       for port in targets]
             time.sleep(3.5)
         if [p for p in procs if p.poll() is not None]:
             raise RuntimeError("a process exited")
-        return measure(nodes, worker_procs, gateway_procs, seconds, loader, workers, gateways, cluster, load)
+        return measure(nodes, worker_procs, gateway_procs, seconds, loaders, workers, gateways, cluster, load)
     finally:
         for p in reversed(procs):
             if p.poll() is None:
@@ -194,12 +197,12 @@ def run(bin_dir: str, nats_bin: str, workers: int, gateways: int, seconds: float
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def measure(nodes, worker_procs, gateway_procs, seconds, loader, workers, gateways, cluster, load) -> dict:
-    """Messages (per node and by subject) and CPU over `seconds`."""
+def measure(nodes, worker_procs, gateway_procs, seconds, loaders, workers, gateways, cluster, load) -> dict:
+    """Messages (per node and by subject) and CPU over `seconds`; `loaders`: [(process, report
+    path)], one per gateway that takes load."""
     monitors = [m for _, _, m in nodes]
     pids = [p.pid for p, _, _ in nodes] + [p.pid for p in worker_procs + gateway_procs]
-    if loader:
-        pids.append(loader[0].pid)
+    pids += [p.pid for p, _ in loaders]
     v0, d0, c0, t0 = ([varz(m) for m in monitors], [deliveries(m) for m in monitors],
                       {p: cpu_ticks(p) for p in pids}, time.time())
     time.sleep(seconds)
@@ -230,12 +233,16 @@ def measure(nodes, worker_procs, gateway_procs, seconds, loader, workers, gatewa
         "worker_core_mean": core([p.pid for p in worker_procs]),
         "gateway_core_mean": core([p.pid for p in gateway_procs]),
     }
-    if loader:
-        result["loadgen_core"] = core([loader[0].pid])
-        loader[0].wait(timeout=60)
-        with open(loader[1]) as f:
-            report = json.load(f)
-        result["load_report"] = {k: report.get(k) for k in ("requests", "failures", "goodput", "latency")}
+    if loaders:
+        result["loadgen_core"] = core([p.pid for p, _ in loaders]) * len(loaders)
+        reports = []
+        for p, path in loaders:
+            p.wait(timeout=60)
+            with open(path) as f:
+                report = json.load(f)
+            reports.append({k: report.get(k) for k in ("requests", "failures", "goodput", "latency")})
+        # One loader: its report as it is; one per gateway (--spread): each gateway's.
+        result["load_report"] = reports[0] if len(reports) == 1 else reports
     return result
 
 
@@ -248,6 +255,9 @@ def main() -> int:
     parser.add_argument("--cluster", type=int, default=1, choices=(1, 3), help="nats-server nodes")
     parser.add_argument("--upstream-ms", type=int, default=5,
                         help="each upstream call's fixed cost, ms (one simulated GPU per worker)")
+    parser.add_argument("--spread", action="store_true",
+                        help="split --load evenly over every gateway (one loader each), so every "
+                             "gateway has requests in flight and hears heartbeats")
     parser.add_argument("--json")
     args = parser.parse_args()
     nats_bin = os.environ.get("NATS_SERVER_BIN") or subprocess.run(
@@ -257,7 +267,7 @@ def main() -> int:
     for spec in args.runs.split(","):
         workers, gateways = (int(x) for x in spec.split("x"))
         r = run(args.bin_dir, nats_bin, workers, gateways, args.seconds, args.load, args.cluster,
-                args.upstream_ms)
+                args.upstream_ms, args.spread)
         print(f"{workers} workers, {gateways} gateways: {json.dumps(r)}", file=sys.stderr, flush=True)
         results.append(r)
     print_table(results)
