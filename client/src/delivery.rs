@@ -293,7 +293,7 @@ impl Delivery<'_> {
             && err.status() == 503
             && self.unavailable < UNAVAILABLE_RETRIES
         {
-            let pause = crate::retry_pause(self.unavailable + 1);
+            let pause = crate::unavailable_pause(self.unavailable + 1) + crate::retry_jitter();
             if Instant::now() + pause + MIN_RESEND_BUDGET < self.deadline {
                 self.unavailable += 1;
                 tracing::debug!(%err, unavailable = self.unavailable, "a worker answered 503; resending");
