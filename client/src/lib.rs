@@ -43,7 +43,7 @@ pub use inbox::{ACK_TIMEOUT_MAX, ACK_TIMEOUT_MIN};
 pub use message::Reply;
 use message::{decode, header};
 pub use options::{Operation, SendOptions};
-use resend::{MIN_RESEND_BUDGET, publish_cancel, retry_pause};
+use resend::{MIN_RESEND_BUDGET, publish_cancel, retry_jitter, unavailable_pause};
 pub use resend::{
     NO_RESPONDERS_RETRY, RECONNECT_GRACE, RECONNECT_POLL, RETRIES, UNAVAILABLE_RETRIES,
 };

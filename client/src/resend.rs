@@ -24,17 +24,23 @@ pub(crate) const MIN_RESEND_BUDGET: Duration = Duration::from_millis(5);
 /// facade, so it appears in the `/metrics` of the process that installs a recorder (the gateway's).
 pub const RETRIES: &str = "embatch_client_retries_total";
 
-/// The pause before resend `n` (1-based) after a 503: `10·2^(n-1)` ms, at most 200 ms, plus
-/// 0–9 ms of jitter from the clock, so callers that failed together do not retry together.
-pub(crate) fn retry_pause(n: u32) -> Duration {
+/// The pause before resend `n` (1-based) after a 503, without its jitter: `10·2^(n-1)` ms, at
+/// most 200 ms. [`retry_jitter`] is added to it.
+pub(crate) fn unavailable_pause(n: u32) -> Duration {
+    let base = 10u64
+        .saturating_mul(1 << n.saturating_sub(1).min(5))
+        .min(200);
+    Duration::from_millis(base)
+}
+
+/// 0–9 ms read off the clock, added to each [`unavailable_pause`], so callers that failed
+/// together do not retry together.
+pub(crate) fn retry_jitter() -> Duration {
     let jitter = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| u64::from(d.subsec_nanos() % 10))
         .unwrap_or(0);
-    let base = 10u64
-        .saturating_mul(1 << n.saturating_sub(1).min(5))
-        .min(200);
-    Duration::from_millis(base + jitter)
+    Duration::from_millis(jitter)
 }
 
 /// How long [`EmbedClient::embed`](crate::EmbedClient::embed) keeps retrying a "no responders"
@@ -80,8 +86,14 @@ mod tests {
             (6, 200),
             (9, 200),
         ] {
-            let pause = retry_pause(n).as_millis();
-            assert!((base..base + 10).contains(&pause), "resend {n}: {pause} ms");
+            assert_eq!(
+                unavailable_pause(n),
+                Duration::from_millis(base),
+                "resend {n}"
+            );
+        }
+        for _ in 0..100 {
+            assert!(retry_jitter() < Duration::from_millis(10));
         }
     }
 }
