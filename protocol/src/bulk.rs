@@ -253,6 +253,15 @@ pub struct Progress {
     /// Why the batch is ending early: `expired` or `cancelled` (the final status).
     #[serde(default)]
     pub ending: Option<BatchStatus>,
+    /// How many finalization runs have claimed the batch (0 before the first). JetStream
+    /// delivers a job at least once, so two runs may overlap; only the latest claim may set
+    /// the final status, and each claim writes files of its own.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub finalizer: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl Progress {

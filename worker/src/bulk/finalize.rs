@@ -22,7 +22,7 @@ use super::error::{LaneError, nats};
 use super::input::{LineReader, max_line_bytes};
 use super::jobs::{Attempt, Beat, RETRY_DELAY, ending_of, purge_items};
 use super::lines::custom_id_of;
-use super::{Lane, PullConsumer, render};
+use super::{Lane, PullConsumer, claim, render};
 
 /// Results pulled per request while finalizing (each at most `max_payload`, 1 MB by default):
 /// a batch of many megabytes of results then arrives at the pace the finalizer reads it, and
@@ -35,64 +35,60 @@ const READ_MESSAGES: usize = 8;
 /// streamed into the object store, never held whole in memory.
 const PIPE_BYTES: usize = 1 << 20;
 
-/// The fixed ids of a batch's output and error files (`file-<batch nuid>-output`, `-errors`):
-/// a finalization run again overwrites them rather than adding files.
-pub(super) fn file_ids(batch_id: &str) -> (String, String) {
-    let suffix = batch_id.strip_prefix("batch_").unwrap_or(batch_id);
-    (
-        format!("file-{suffix}-output"),
-        format!("file-{suffix}-errors"),
-    )
-}
-
 /// Delivers the batch `batch_id` (see the module's doc). `attempt` refuses a run past the
-/// last delivery, but never a wait.
+/// last delivery, but never a wait. `None`: a later run claimed the batch ([`claim`]) and its
+/// delivery of the job is the one to answer.
 pub(super) async fn finalize(
     lane: &Lane,
     batch_id: &str,
     beat: &Beat,
     attempt: Attempt,
-) -> Result<AckKind, LaneError> {
+) -> Result<Option<AckKind>, LaneError> {
     let store = &lane.store;
     let Some((record, _)) = store.batch(batch_id).await? else {
-        return Ok(AckKind::Ack);
+        return Ok(Some(AckKind::Ack));
     };
     if record.batch.status.is_final() {
-        return Ok(AckKind::Ack);
+        return Ok(Some(AckKind::Ack));
     }
     let mut ending = ending_of(&record);
     if ending.is_none() && record.batch.expires_at.is_some_and(|at| unix_now() >= at) {
         // This job finalizes it: no other `finalize` is asked for.
         let marked = super::items::mark_expiring(lane, batch_id).await?;
         if marked.batch.status.is_final() {
-            return Ok(AckKind::Ack);
+            return Ok(Some(AckKind::Ack));
         }
         // A cancel may have come first.
         ending = ending_of(&marked);
     }
     if ending.is_none() && !record.embatch.all_done() {
-        return Ok(AckKind::Nak(Some(RETRY_DELAY)));
+        return Ok(Some(AckKind::Nak(Some(RETRY_DELAY))));
     }
     attempt.check()?;
+    let Some(claim) = claim::claim(store, batch_id).await? else {
+        return Ok(Some(AckKind::Ack));
+    };
     if ending.is_some() {
         purge_items(lane, batch_id).await?;
-    } else {
-        let now = unix_now();
-        store
-            .update_batch(batch_id, |record| {
-                if record.batch.status != BatchStatus::InProgress {
-                    return false;
-                }
-                record.batch.status = BatchStatus::Finalizing;
-                record.batch.finalizing_at = Some(now);
-                true
-            })
-            .await?;
     }
-    tracing::debug!(batch = batch_id, ?ending, "finalizing: reading the results");
-    let delivered = deliver(lane, &record, ending, beat).await?;
+    tracing::debug!(
+        batch = batch_id,
+        ?ending,
+        claim,
+        "finalizing: reading the results"
+    );
+    let delivered = deliver(lane, &record, ending, beat, claim).await?;
     let final_status = ending.unwrap_or(BatchStatus::Completed);
-    set_final(lane, batch_id, final_status, ending.is_some(), &delivered).await?;
+    let outcome = (final_status, ending.is_some(), claim);
+    if !claim::set_final(store, batch_id, outcome, &delivered).await? {
+        tracing::warn!(
+            batch = batch_id,
+            claim,
+            "a later finalization run claimed the batch, or it ended; this run's files are deleted"
+        );
+        claim::delete_files(store, batch_id, [claim]).await;
+        return Ok(None);
+    }
     purge_items(lane, batch_id).await?;
     store
         .results
@@ -101,15 +97,7 @@ pub(super) async fn finalize(
         .await
         .map_err(nats(format!("cannot purge the results of {batch_id}")))?;
     tracing::info!(batch = batch_id, completed = delivered.completed, failed = delivered.failed, status = ?final_status, "bulk batch finalized");
-    Ok(AckKind::Ack)
-}
-
-/// What a finalization wrote: the line counts and the files kept.
-struct Delivered {
-    completed: u64,
-    failed: u64,
-    output_file_id: Option<String>,
-    error_file_id: Option<String>,
+    Ok(Some(AckKind::Ack))
 }
 
 /// Writes the output and error files of `record`'s batch, streaming them into the object
@@ -119,9 +107,10 @@ async fn deliver(
     record: &BatchRecord,
     ending: Option<BatchStatus>,
     beat: &Beat,
-) -> Result<Delivered, LaneError> {
+    claim: u32,
+) -> Result<claim::Delivered, LaneError> {
     let batch_id = record.batch.id.as_str();
-    let (output_id, error_id) = file_ids(batch_id);
+    let (output_id, error_id) = claim::file_ids(batch_id, claim);
     let (output_pipe, output_reader) = tokio::io::duplex(PIPE_BYTES);
     let (error_pipe, error_reader) = tokio::io::duplex(PIPE_BYTES);
     let write = write_files(
@@ -149,46 +138,12 @@ async fn deliver(
     let (completed, failed) = written?;
     output_stored?;
     errors_stored?;
-    Ok(Delivered {
+    Ok(claim::Delivered {
         completed,
         failed,
         output_file_id: keep_if(lane, output_id, completed > 0).await?,
         error_file_id: keep_if(lane, error_id, failed > 0).await?,
     })
-}
-
-/// Sets the final status with the exact counts and the files (unless the batch is final
-/// already).
-async fn set_final(
-    lane: &Lane,
-    batch_id: &str,
-    final_status: BatchStatus,
-    ending: bool,
-    delivered: &Delivered,
-) -> Result<(), LaneError> {
-    let now = unix_now();
-    lane.store
-        .update_batch(batch_id, |record| {
-            if record.batch.status.is_final() {
-                return false;
-            }
-            record.batch.status = final_status;
-            match final_status {
-                BatchStatus::Expired => record.batch.expired_at = Some(now),
-                BatchStatus::Cancelled => record.batch.cancelled_at = Some(now),
-                _ => record.batch.completed_at = Some(now),
-            }
-            record.batch.output_file_id = delivered.output_file_id.clone();
-            record.batch.error_file_id = delivered.error_file_id.clone();
-            record.batch.request_counts.completed = delivered.completed;
-            record.batch.request_counts.failed = delivered.failed;
-            if ending && record.batch.request_counts.total == 0 {
-                record.batch.request_counts.total = delivered.completed + delivered.failed;
-            }
-            true
-        })
-        .await?;
-    Ok(())
 }
 
 /// Reads the batch's results and writes the output and error files' lines into the two pipes
@@ -404,7 +359,7 @@ async fn never_answered(
 }
 
 /// Stores what `reader` yields as the output file `id` (`purpose: batch_output`) named
-/// `filename`, owned by the batch's `tenant`; a rerun overwrites it.
+/// `filename`, owned by the batch's `tenant` (the id is this run's claim's alone).
 async fn put_file(
     lane: &Lane,
     id: &str,

@@ -1,9 +1,10 @@
 //! The jobs loop: `validate` ([`super::validate`]: read, check and split a batch's input file)
 //! and `finalize` ([`super::finalize`]: deliver the results), one job at a time per worker.
 //!
-//! Both are safe to run again after a crash: items and results are published with
-//! deterministic `Nats-Msg-Id`s, output files have deterministic ids (a rerun overwrites them),
-//! and every record change is a compare-and-set that checks the status it expects.
+//! Both are safe to run again after a crash, and twice at once: items and results are
+//! published with deterministic `Nats-Msg-Id`s, a finalization writes files of its own claim
+//! and only the latest claim sets the final status ([`super::claim`]), and every record change
+//! is a compare-and-set that checks the status it expects.
 //!
 //! **A job that keeps failing ends its batch.** A run fails by an error, a panic, or
 //! [`stall_limit`] without progress; it is retried after [`RETRY_DELAY`] (NAK). A run that fails
@@ -146,10 +147,16 @@ pub(super) async fn run(lane: Arc<Lane>, consumer: PullConsumer, stop: Cancellat
         let Some(message) = super::next_message(&consumer, &stop, "bulk jobs").await else {
             return;
         };
-        let Some(ack) = handle(&lane, &message, &stop).await else {
-            // Give it back at once instead of after the ack wait.
-            let _ = message.ack_with(AckKind::Nak(None)).await;
-            return;
+        let ack = match handle(&lane, &message, &stop).await {
+            Handled::Answer(ack) => ack,
+            // Another delivery of the message holds the job: an answer to this one would
+            // answer (or drop) that one.
+            Handled::Superseded => continue,
+            Handled::Stopped => {
+                // Give it back at once instead of after the ack wait.
+                let _ = message.ack_with(AckKind::Nak(None)).await;
+                return;
+            }
         };
         if let Err(err) = message.ack_with(ack).await {
             tracing::warn!(%err, "cannot acknowledge a bulk job; it will be redelivered");
@@ -157,12 +164,23 @@ pub(super) async fn run(lane: Arc<Lane>, consumer: PullConsumer, stop: Cancellat
     }
 }
 
-/// Runs one job message and says what becomes of it; `None` when `stop` came first.
+/// What becomes of a job message once [`handle`] ran it.
+enum Handled {
+    /// This answer is sent.
+    Answer(AckKind),
+    /// None: a later delivery of the same message runs the job (a `finalize` that lost its
+    /// claim), and the server would take an answer to this one as the answer to that one.
+    Superseded,
+    /// The worker is stopping: the message is given back.
+    Stopped,
+}
+
+/// Runs one job message and says what becomes of it.
 async fn handle(
     lane: &Lane,
     message: &async_nats::jetstream::Message,
     stop: &CancellationToken,
-) -> Option<AckKind> {
+) -> Handled {
     let limit = stall_limit(lane.config.ack_wait);
     let attempt = Attempt {
         delivered: delivered(message),
@@ -178,12 +196,13 @@ async fn handle(
             metrics::counter!(crate::telemetry::names::BULK_JOBS_STALLED).increment(1);
             Err(LaneError::Stalled(limit))
         }
-        () = stop.cancelled() => return None,
+        () = stop.cancelled() => return Handled::Stopped,
     };
-    Some(match ran {
-        Ok(ack) => ack,
-        Err(err) => after_failure(lane, &message.subject, attempt, &err).await,
-    })
+    match ran {
+        Ok(Some(ack)) => Handled::Answer(ack),
+        Ok(None) => Handled::Superseded,
+        Err(err) => Handled::Answer(after_failure(lane, &message.subject, attempt, &err).await),
+    }
 }
 
 /// What becomes of a job message whose run failed: NAKed for another run, or, on its last
@@ -207,20 +226,24 @@ async fn after_failure(lane: &Lane, subject: &str, attempt: Attempt, err: &LaneE
     }
 }
 
+/// Runs the job of `subject`: the answer to its message, `None` when a later delivery of the
+/// message runs it.
 async fn job(
     lane: &Lane,
     subject: &str,
     beat: &Beat,
     attempt: Attempt,
-) -> Result<AckKind, LaneError> {
+) -> Result<Option<AckKind>, LaneError> {
     let Some((batch_id, kind)) = parse_job_subject(subject) else {
         tracing::error!(subject, "not a bulk job subject; dropped");
-        return Ok(AckKind::Term);
+        return Ok(Some(AckKind::Term));
     };
     match kind {
         JobKind::Validate => {
             attempt.check()?;
-            super::validate::validate(lane, batch_id, beat).await
+            super::validate::validate(lane, batch_id, beat)
+                .await
+                .map(Some)
         }
         JobKind::Finalize => super::finalize::finalize(lane, batch_id, beat, attempt).await,
     }
@@ -261,9 +284,11 @@ async fn give_up(
     );
     let now = unix_now();
     let mut applied = false;
+    let mut claims = 0;
     let updated = lane
         .store
         .update_batch(batch_id, |record| {
+            claims = record.embatch.finalizer;
             applied = match kind {
                 JobKind::Validate => {
                     record.batch.status == BatchStatus::Validating && ending_of(record).is_none()
@@ -305,11 +330,8 @@ async fn give_up(
         tracing::warn!(%err, batch = batch_id, "cannot purge a failed batch's results");
     }
     if kind == JobKind::Finalize {
-        let (output, errors) = super::finalize::file_ids(batch_id);
-        for id in [output, errors] {
-            // Absent unless a run began writing it.
-            let _ = lane.store.files.delete(&id).await;
-        }
+        // The files of every claim, absent unless its run began writing them.
+        super::claim::delete_files(&lane.store, batch_id, 1..=claims).await;
     }
     Ok(())
 }

@@ -25,6 +25,7 @@
 //! The lane starts only when JetStream answers; until then (a server without `-js`) it retries
 //! every [`RETRY`] and the interactive path is unaffected.
 
+mod claim;
 mod error;
 mod finalize;
 mod input;
