@@ -261,7 +261,7 @@ pub async fn cancel(batch: Owned<Batch>) -> Result<Response, ApiError> {
     let Owned { bulk, id, .. } = batch;
     let store = bulk.store().await?;
     let record = store.cancel_batch(&id).await.map_err(|err| match err {
-        embatch_runtime::bulk::BulkError::NotFound(_) => no_batch(&id),
+        embatch_bulk::BulkError::NotFound(_) => no_batch(&id),
         other => other.into(),
     })?;
     let batch = match record.batch.status {

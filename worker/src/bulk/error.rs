@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
+use embatch_bulk::BulkError;
 use embatch_protocol::EmbedError;
-use embatch_runtime::bulk::BulkError;
 
 pub(super) use super::render::RenderError;
 

@@ -23,12 +23,12 @@ use async_nats::jetstream::AckKind;
 use async_nats::jetstream::Message;
 use async_nats::jetstream::message::PublishMessage;
 use bytes::Bytes;
+use embatch_bulk::BulkError;
 use embatch_protocol::EmbedError;
 use embatch_protocol::bulk::{
     BatchRecord, BatchStatus, ChunkResult, Item, JobKind, LineResult, result_msg_id,
     results_subject, unix_now,
 };
-use embatch_runtime::bulk::BulkError;
 use embatch_runtime::usage::DayUsage;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;

@@ -20,11 +20,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream::AckKind;
+use embatch_bulk::BulkError;
 use embatch_protocol::bulk::{
     BatchError, BatchErrors, BatchRecord, BatchStatus, JobKind, batch_items_filter,
     parse_job_subject, results_subject, unix_now,
 };
-use embatch_runtime::bulk::BulkError;
 use futures::FutureExt;
 use tokio_util::sync::CancellationToken;
 

@@ -41,8 +41,8 @@ use std::time::Duration;
 
 use async_nats::jetstream::consumer::{self, AckPolicy};
 use async_nats::jetstream::{AckKind, Message};
+use embatch_bulk::{BulkError, BulkStore};
 use embatch_protocol::bulk::{JOBS_CONSUMER, JOBS_FILTER, items_consumer, items_filter};
-use embatch_runtime::bulk::{BulkError, BulkStore};
 use embatch_runtime::usage::UsageBook;
 use tokio_util::sync::CancellationToken;
 
