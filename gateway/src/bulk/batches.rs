@@ -1,7 +1,7 @@
 //! OpenAI's Batches API on the `EMBATCH_BATCHES` KV bucket: the gateway creates a batch's record
 //! and its `validate` job, reads records for the status routes and turns a cancel into a
 //! compare-and-set to `cancelling` plus a `finalize` job. The workers do the rest (see
-//! `embatch_worker::bulk`).
+//! `embatch_bulk`).
 
 use std::collections::BTreeMap;
 use std::time::Duration;

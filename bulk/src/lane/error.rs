@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
-use embatch_bulk::BulkError;
 use embatch_protocol::EmbedError;
 
 pub(super) use super::render::RenderError;
+use crate::BulkError;
 
 /// Why a step of the bulk lane failed: a job run (retried up to `BULK_MAX_DELIVER` deliveries,
 /// then its batch fails with this as the reason), a work item (NAKed, redelivered) or a sweep.
