@@ -95,7 +95,7 @@ pub struct Config {
     /// other files take the room. The default, 4 GiB, leaves room under nats/nats.conf's 10 GiB
     /// for the cache bucket and the running jobs' results (docs/operations.md, "Storage budget").
     /// Give every gateway the same value.
-    #[arg(long, env = "BULK_FILES_MAX_BYTES", default_value_t = embatch_runtime::bulk::FILES_MAX_BYTES_DEFAULT)]
+    #[arg(long, env = "BULK_FILES_MAX_BYTES", default_value_t = embatch_bulk::FILES_MAX_BYTES_DEFAULT)]
     pub bulk_files_max_bytes: u64,
 
     /// The `completion_window` values `POST /v1/batches` accepts, comma-separated durations

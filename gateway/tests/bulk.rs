@@ -570,7 +570,7 @@ async fn items_stranded_below_the_ack_floor_are_swept_back() {
 
     let nats = NatsServer::start_jetstream();
     let client = async_nats::connect(nats.url()).await.expect("connect");
-    let store = embatch_runtime::bulk::BulkStore::open(client)
+    let store = embatch_bulk::BulkStore::open(client)
         .await
         .expect("JetStream");
     let config = |filter: String| pull::Config {

@@ -5,7 +5,6 @@
 //! setting ([`disable_transparent_huge_pages`]).
 
 mod addr;
-pub mod bulk;
 mod memory;
 mod nats;
 mod nats_thread;

@@ -47,9 +47,10 @@ def read(rel):
 # metrics
 # ------------------------------------------------------------------------------------------
 
-SOURCE_DIRS = ["gateway/src", "worker/src", "batcher/src", "client/src", "runtime/src"]
-# The worker re-exports the batcher's metric names and describes them: one namespace.
-SAME_NAMES = {"batcher": "worker"}
+SOURCE_DIRS = ["gateway/src", "worker/src", "batcher/src", "bulk/src", "client/src", "runtime/src"]
+# The worker re-exports the batcher's and the bulk lane's metric names and describes them: one
+# namespace.
+SAME_NAMES = {"batcher": "worker", "bulk": "worker"}
 
 
 def exported_metrics():

@@ -425,15 +425,15 @@ impl Config {
 
     /// The bulk lane's share of the settings (its `model` is set once the model is known; an
     /// empty `default_model` means the served model).
-    pub fn bulk(&self) -> crate::bulk::BulkConfig {
-        crate::bulk::BulkConfig {
+    pub fn bulk(&self) -> embatch_bulk::BulkConfig {
+        embatch_bulk::BulkConfig {
             enabled: self.bulk,
             chunk_inputs: self.bulk_chunk_inputs.unwrap_or(self.max_batch_size).max(1),
             chunk_bytes: self.bulk_chunk_bytes.max(1),
             calls: self.bulk_calls.max(1),
             max_deliver: self.bulk_max_deliver.max(1),
             ack_wait: self.bulk_ack_wait,
-            limits: crate::bulk::LineLimits {
+            limits: embatch_bulk::LineLimits {
                 max_requests: self.bulk_max_requests,
                 max_line_inputs: self.bulk_max_line_inputs,
             },
@@ -444,7 +444,6 @@ impl Config {
                 .filter(|d| !d.is_empty())
                 .unwrap_or_default(),
             subject: self.subject.clone(),
-            tenants: crate::tenant::TenantPolicy::open(),
             replicas: self.replicas(),
         }
     }

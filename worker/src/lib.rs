@@ -14,8 +14,8 @@
 //!   per-endpoint counters; `info`: the `info` endpoint (the upstream's `/info`); `respond`:
 //!   the replies of both endpoints.
 //! - `heartbeat`: the liveness signal clients watch to resend what a lost worker held.
-//! - [`bulk`]: the bulk lane: OpenAI-style batch jobs from NATS JetStream, behind interactive
-//!   traffic.
+//! - [`bulk`]: the bulk lane ([`embatch_bulk`]: OpenAI-style batch jobs from NATS JetStream,
+//!   behind interactive traffic), wired to the worker's batcher, token counter and tenants.
 //! - [`batcher`]: the batching actor ([`embatch_batcher`]: batch formation, overload control,
 //!   fault isolation), wired to the worker's traces and tenants.
 //! - [`tenant`]: the tenant a request is served for, from its NATS account or, from a trusted

@@ -10,7 +10,7 @@
 //! - `intake` (a child of `stop`: cancelling the root cancels it too) ends what takes messages:
 //!   the intake, which holds the queue-group membership ([`crate::group`]) and drains its
 //!   subscription, the `info` endpoint ([`crate::info`]), the upstream `/health` probes and the
-//!   bulk lane ([`crate::bulk`]; the items it holds are NAKed for another worker).
+//!   bulk lane ([`embatch_bulk`]; the items it holds are NAKed for another worker).
 //!
 //! Two kinds of task are not long-lived and are waited on by the sequence instead: the
 //! batcher's actor, which ends when the intake drops the last [`crate::batcher::BatcherHandle`]

@@ -6,6 +6,8 @@ use metrics_exporter_prometheus::PrometheusHandle;
 pub mod names {
     /// The batcher's metric names (see [`embatch_batcher::names`]).
     pub use embatch_batcher::names::*;
+    /// The bulk lane's metric names (see [`embatch_bulk::names`]).
+    pub use embatch_bulk::names::*;
 
     /// Gauge: 1 while the worker is a member of the queue group (takes requests), else 0.
     pub const MEMBER: &str = "embatch_worker_queue_group_member";
@@ -13,23 +15,6 @@ pub mod names {
     /// `state` (the new state: `joined`, `full`, `upstream_unhealthy`, `stopping`): changes of
     /// queue-group membership.
     pub const MEMBERSHIP_CHANGES: &str = "embatch_worker_membership_changes_total";
-    /// Counter, label `outcome` (`ok`, `rejected` when the upstream blamed an input of it,
-    /// `failed`): bulk input lines embedded through the batcher (their upstream calls, shared
-    /// with interactive requests, are in [`UPSTREAM_CALLS`]).
-    pub const BULK_LINES: &str = "embatch_worker_bulk_lines_total";
-    /// Counter: inputs embedded for the bulk lane.
-    pub const BULK_INPUTS: &str = "embatch_worker_bulk_inputs_total";
-    /// Histogram: seconds from a bulk line's submission to the batcher to its embeddings.
-    pub const BULK_UPSTREAM_TIME: &str = "embatch_worker_bulk_upstream_seconds";
-    /// Counter, label `outcome` (`ack` done, `term` done with a line the upstream refused, `nak`
-    /// given back for redelivery): work items (chunks of input lines) this worker handled.
-    pub const BULK_ITEMS: &str = "embatch_worker_bulk_items_total";
-    /// Counter: work-stream messages given back by the sweep (found below a consumer's ack
-    /// floor).
-    pub const BULK_SWEPT: &str = "embatch_worker_bulk_swept_total";
-    /// Counter: bulk jobs (a batch's validation or finalization) abandoned after making no
-    /// progress for the stall limit, and given back for redelivery.
-    pub const BULK_JOBS_STALLED: &str = "embatch_worker_bulk_jobs_stalled_total";
     /// Counter, label `tier` (`local`: the in-process LRU; `shared`: the JetStream KV bucket):
     /// inputs answered from the cache.
     pub const CACHE_HITS: &str = "embatch_worker_cache_hits_total";

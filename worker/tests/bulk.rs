@@ -11,12 +11,12 @@ use std::time::{Duration, Instant};
 
 use common::bulk_contract::{create, put_file, read_file, wait};
 use common::metrics_text;
+use embatch_bulk::BulkStore;
 use embatch_local_model::Encoder;
 use embatch_protocol::Input;
 use embatch_protocol::bulk::{
     Batch, BatchStatus, FILES_BUCKET, JobKind, RequestCounts, events_subject,
 };
-use embatch_runtime::bulk::BulkStore;
 use embatch_testkit::{NatsServer, TeiConfig, TeiDouble, start_tei};
 use futures::StreamExt;
 

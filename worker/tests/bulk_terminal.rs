@@ -16,8 +16,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::bulk_contract::{create, put_file, read_file, wait};
+use embatch_bulk::BulkStore;
 use embatch_protocol::bulk::{Batch, BatchStatus, FILES_BUCKET, JobKind};
-use embatch_runtime::bulk::BulkStore;
 use embatch_testkit::{NatsServer, RunningWorker, TeiConfig, TeiDouble, start_tei};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};

@@ -1,7 +1,7 @@
 //! OpenAI's Batches API on the `EMBATCH_BATCHES` KV bucket: the gateway creates a batch's record
 //! and its `validate` job, reads records for the status routes and turns a cancel into a
 //! compare-and-set to `cancelling` plus a `finalize` job. The workers do the rest (see
-//! `embatch_worker::bulk`).
+//! `embatch_bulk`).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -261,7 +261,7 @@ pub async fn cancel(batch: Owned<Batch>) -> Result<Response, ApiError> {
     let Owned { bulk, id, .. } = batch;
     let store = bulk.store().await?;
     let record = store.cancel_batch(&id).await.map_err(|err| match err {
-        embatch_runtime::bulk::BulkError::NotFound(_) => no_batch(&id),
+        embatch_bulk::BulkError::NotFound(_) => no_batch(&id),
         other => other.into(),
     })?;
     let batch = match record.batch.status {

@@ -12,11 +12,11 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Extension, FromRequest, Multipart, Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use embatch_bulk::BulkStore;
 use embatch_protocol::bulk::{
     FileObject, META_CREATED_AT, META_FILENAME, META_PURPOSE, META_TENANT, unix_now,
 };
 use embatch_protocol::headers::DEFAULT_TENANT;
-use embatch_runtime::bulk::BulkStore;
 use futures::StreamExt;
 use serde::Deserialize;
 use tokio::sync::oneshot;
@@ -66,7 +66,7 @@ pub fn owner(info: &ObjectInfo) -> &str {
 /// or a leading `.`).
 pub async fn info(bulk: &Bulk, id: &str, tenant: &str) -> Result<ObjectInfo, ApiError> {
     let store = bulk.store().await?;
-    if !embatch_runtime::bulk::is_valid_key(id) {
+    if !embatch_bulk::is_valid_key(id) {
         return Err(no_file(id));
     }
     match store.files.info(id).await {

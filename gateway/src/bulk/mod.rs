@@ -33,7 +33,7 @@ use axum::extract::DefaultBodyLimit;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use embatch_runtime::bulk::{BulkError, BulkStore};
+use embatch_bulk::{BulkError, BulkStore};
 use tokio::sync::OnceCell;
 use tokio_util::sync::{CancellationToken, DropGuard};
 

@@ -21,8 +21,8 @@ use std::time::{Duration, SystemTime};
 
 use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use base64::Engine;
+use embatch_bulk::{BulkError, BulkStore};
 use embatch_protocol::bulk::FILES_BUCKET;
-use embatch_runtime::bulk::{BulkError, BulkStore};
 use futures::{StreamExt, TryStreamExt};
 use tokio_util::sync::CancellationToken;
 

@@ -18,7 +18,7 @@ use std::time::Duration;
 use axum::extract::multipart::MultipartError;
 use axum::http::StatusCode;
 use bytes::Bytes;
-use embatch_runtime::bulk::FilesUsage;
+use embatch_bulk::FilesUsage;
 use futures::{Stream, StreamExt};
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::time::{Instant, Sleep};

@@ -21,8 +21,8 @@ mod load;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
+use embatch_bulk::FILES_STREAM;
 use embatch_protocol::bulk::{BATCHES_BUCKET, RESULTS_STREAM, WORK_STREAM};
-use embatch_runtime::bulk::FILES_STREAM;
 use embatch_testkit::{NatsCluster, RunningWorker, TeiConfig, TeiDouble, start_tei};
 
 use common::bulk_api::{Api, is_final};

@@ -228,10 +228,10 @@ impl<U: Upstream> Parts<U> {
         if let Some(probes) = self.probes {
             tasks.spawn(probes.run(intake_stop.clone()));
         }
-        tasks.spawn(bulk::run(
+        tasks.spawn(embatch_bulk::run(
             client.clone(),
-            (self.batcher.bulk_gate(), self.counter.clone()),
-            bulk_config(config, &served, &tenants),
+            bulk::host(&self.batcher, &self.counter, &tenants),
+            bulk_config(config, &served),
             intake_stop.clone(),
         ));
         let intake_config = intake::IntakeConfig {
@@ -317,15 +317,10 @@ fn probes<U: Upstream>(
     }
 }
 
-/// The bulk lane's settings: `BULK_*`, the tenants, and the served model (also the default
-/// model of bulk lines that name none, unless set).
-fn bulk_config(
-    config: &Config,
-    served: &model::Served,
-    tenants: &crate::tenant::TenantPolicy,
-) -> bulk::BulkConfig {
+/// The bulk lane's settings: `BULK_*` and the served model (also the default model of bulk
+/// lines that name none, unless set).
+fn bulk_config(config: &Config, served: &model::Served) -> embatch_bulk::BulkConfig {
     let mut bulk_config = config.bulk();
-    bulk_config.tenants = tenants.clone();
     bulk_config.model = served.model.name.clone();
     if bulk_config.default_model.is_empty() {
         bulk_config.default_model = served.model.name.clone();

@@ -6,11 +6,11 @@
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::object_store::ObjectMetadata;
+use embatch_bulk::BulkStore;
 use embatch_protocol::bulk::{
     Batch, BatchRecord, BatchStatus, JobKind, META_CREATED_AT, META_FILENAME, META_PURPOSE,
     RequestCounts, unix_now,
 };
-use embatch_runtime::bulk::BulkStore;
 
 /// Stores `bytes` as an input file `in.jsonl` (`purpose: batch`); returns its id, `file-<nuid>`.
 ///

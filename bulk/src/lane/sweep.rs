@@ -57,7 +57,7 @@ pub(super) async fn run(
             match sweep(&lane, consumer, filter, seen).await {
                 Ok(0) => {}
                 Ok(swept) => {
-                    metrics::counter!(crate::telemetry::names::BULK_SWEPT).increment(swept as u64);
+                    metrics::counter!(crate::names::BULK_SWEPT).increment(swept as u64);
                     tracing::warn!(
                         filter,
                         swept,

@@ -2,9 +2,9 @@
 //! bulk jobs (the names and shapes are the contract in `embatch_protocol::bulk`).
 //!
 //! [`BulkStore::open_with`] creates what is missing (idempotently, so any gateway or worker may
-//! start first), with the configured replica count (`crate::replicas`), and binds the handles:
-//! the [`FILES_BUCKET`] object store, the [`BATCHES_BUCKET`] KV bucket, the [`WORK_STREAM`] work
-//! queue and the [`RESULTS_STREAM`]. The object store's stream
+//! start first), with the configured replica count (`embatch_runtime::replicas`), and binds
+//! the handles: the [`FILES_BUCKET`] object store, the [`BATCHES_BUCKET`] KV bucket, the
+//! [`WORK_STREAM`] work queue and the [`RESULTS_STREAM`]. The object store's stream
 //! ([`FILES_STREAM`]) has a byte budget of its own ([`BulkStore::set_files_budget`]), so that files
 //! cannot take the room the cache and the other streams need on the server's store.
 
@@ -18,8 +18,7 @@ use embatch_protocol::bulk::{
     BATCHES_BUCKET, Batch, BatchRecord, BatchStatus, FILES_BUCKET, ITEMS_FILTER, JOBS_FILTER,
     JobKind, RESULTS_FILTER, RESULTS_STREAM, WORK_STREAM, events_subject, job_msg_id, job_subject,
 };
-
-use crate::replicas::{ReplicaTarget, Replicas, ensure_stream};
+use embatch_runtime::replicas::{ReplicaTarget, Replicas, ensure_stream};
 
 /// The stream under the [`FILES_BUCKET`] object store (async-nats names it `OBJ_<bucket>`):
 /// chunks on `$O.EMBATCH_FILES.C.<nuid>`, one meta record per object on

@@ -23,12 +23,12 @@ use async_nats::jetstream::AckKind;
 use async_nats::jetstream::Message;
 use async_nats::jetstream::message::PublishMessage;
 use bytes::Bytes;
+use embatch_batcher::BulkGate;
 use embatch_protocol::EmbedError;
 use embatch_protocol::bulk::{
     BatchRecord, BatchStatus, ChunkResult, Item, JobKind, LineResult, result_msg_id,
     results_subject, unix_now,
 };
-use embatch_runtime::bulk::BulkError;
 use embatch_runtime::usage::DayUsage;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -38,9 +38,7 @@ use super::error::{LaneError, RenderError, nats};
 use super::jobs::ending_of;
 use super::progress::Progress;
 use super::{Lane, PullConsumer, delivered, render, with_progress};
-use crate::batcher::BulkGate;
-use crate::telemetry::{Traffic, count_tenant, names};
-use crate::tenant::Caller;
+use crate::{BulkError, Owner, names};
 
 /// Work items a worker holds at once (pulled, embedding, or finishing). An item spends several
 /// NATS round trips besides its embedding (its batch's record, the results, the progress, the
@@ -158,7 +156,7 @@ async fn handle(
         expire(lane, &item.batch_id).await?;
         return Ok(Disposition::Ack);
     }
-    let owner = lane.config.tenants.owner(record.owner());
+    let owner = lane.owners.batch_owner(record.owner());
     let (results, rejected, used) = match embed_lines(item, lane, gate, &owner).await {
         Ok(done) => done,
         Err(err) => {
@@ -181,7 +179,7 @@ async fn handle(
     publish(lane, item, results.as_slice()).await?;
     // Counted once the results are stored, so a redelivered item's lines count once (unless
     // the worker dies between this and the ack).
-    lane.usage.record(&owner.tenant.name, used);
+    lane.usage.record(&owner.share.tenant, used);
     let ok = results.iter().filter(|r| r.ok).count() as u64;
     let failed = results.len() as u64 - ok;
     let record = progress
@@ -229,19 +227,22 @@ async fn embed_lines(
     item: &Item,
     lane: &Lane,
     gate: &BulkGate,
-    owner: &Caller,
+    owner: &Owner,
 ) -> Result<(Vec<LineResult>, bool, DayUsage), LaneError> {
-    let share = crate::batcher::share_of(&owner.tenant);
     let embedded = futures::future::join_all(item.lines.iter().map(|line| async {
         let started = std::time::Instant::now();
         let inputs = line.request.inputs.as_slice().to_vec();
         let n = inputs.len();
         let mut tokens = None;
-        let outcome = match lane.counter.count(inputs, line.request.options()).await {
+        let outcome = match lane
+            .tokens
+            .count_tokens(inputs, line.request.options())
+            .await
+        {
             Ok(counted) => {
-                tokens = counted.tokens();
+                tokens = counted.tokens;
                 gate.embed_as(
-                    share.clone(),
+                    owner.share.clone(),
                     counted.inputs,
                     counted.lengths,
                     counted.options,
@@ -261,7 +262,7 @@ async fn embed_lines(
         };
         metrics::counter!(names::BULK_LINES, "outcome" => label).increment(1);
         let status = outcome.as_ref().map_or_else(EmbedError::status, |_| 200);
-        count_tenant(&owner.label, Traffic::Bulk, status, (n, tokens));
+        lane.owners.count_line(owner, status, (n, tokens));
         metrics::histogram!(names::BULK_UPSTREAM_TIME).record(started.elapsed().as_secs_f64());
         outcome
     }))

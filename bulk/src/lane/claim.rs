@@ -9,7 +9,7 @@
 
 use async_nats::jetstream::object_store::DeleteErrorKind;
 use embatch_protocol::bulk::{BatchStatus, unix_now};
-use embatch_runtime::bulk::BulkStore;
+use crate::store::BulkStore;
 
 use super::error::LaneError;
 

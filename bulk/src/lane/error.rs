@@ -3,9 +3,9 @@
 use std::time::Duration;
 
 use embatch_protocol::EmbedError;
-use embatch_runtime::bulk::BulkError;
 
 pub(super) use super::render::RenderError;
+use crate::BulkError;
 
 /// Why a step of the bulk lane failed: a job run (retried up to `BULK_MAX_DELIVER` deliveries,
 /// then its batch fails with this as the reason), a work item (NAKed, redelivered) or a sweep.

@@ -8,7 +8,7 @@ use embatch_protocol::request::Inputs;
 use embatch_protocol::{EmbedError, EmbedRequest};
 use serde::Deserialize;
 
-/// The limits a file's lines are checked against (see `crate::Config`'s `BULK_*` settings).
+/// The limits a file's lines are checked against (the worker's `BULK_*` settings).
 #[derive(Debug, Clone, Copy)]
 pub struct LineLimits {
     /// Most requests (lines) in one file (OpenAI's 50,000).

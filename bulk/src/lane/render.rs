@@ -2,11 +2,10 @@
 //! "request_id", "body"}, "error"}`, with the body the line's route would have answered.
 
 use base64::Engine as _;
+use embatch_batcher::Embedding;
 use embatch_protocol::EmbedError;
 use embatch_protocol::bulk::{EncodingFormat, ItemLine, LineResult, LineRoute};
 use serde_json::value::RawValue;
-
-use crate::upstream::Embedding;
 
 /// Why an output line could not be encoded.
 #[derive(Debug, thiserror::Error)]
@@ -95,7 +94,7 @@ pub fn refused(line: &ItemLine, error: &EmbedError) -> Result<LineResult, Render
 /// [`RenderError`] when the output line cannot be encoded.
 pub fn unanswered(custom_id: &str, code: &str, message: &str) -> Result<LineResult, RenderError> {
     let json = serde_json::json!({
-        "id": crate::bulk::new_id("batch_req_"),
+        "id": super::new_id("batch_req_"),
         "custom_id": custom_id,
         "response": null,
         "error": {"code": code, "message": message},
@@ -119,8 +118,8 @@ fn output(
     let error = error.map_or_else(|| "null".to_owned(), |e| e.to_string());
     let json = format!(
         r#"{{"id":"{}","custom_id":{custom_id},"response":{{"status_code":{status},"request_id":"{}","body":{body}}},"error":{error}}}"#,
-        crate::bulk::new_id("batch_req_"),
-        crate::bulk::new_id("req_"),
+        super::new_id("batch_req_"),
+        super::new_id("req_"),
     );
     Ok(LineResult {
         custom_id: line.custom_id.clone(),

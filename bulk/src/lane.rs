@@ -1,5 +1,5 @@
-//! The bulk lane: OpenAI-style batch jobs read from NATS JetStream, embedded in the capacity
-//! interactive traffic leaves.
+//! The workers' side of the bulk lane: batch jobs read from NATS JetStream, embedded in the
+//! capacity interactive traffic leaves.
 //!
 //! Two loops share the worker's upstream with the interactive batcher:
 //! - [`jobs`]: the durable pull consumer `bulk-jobs` (job messages): [`validate`] reads a
@@ -43,19 +43,17 @@ use std::time::Duration;
 use async_nats::jetstream::consumer::{self, AckPolicy};
 use async_nats::jetstream::{AckKind, Message};
 use embatch_protocol::bulk::{JOBS_CONSUMER, JOBS_FILTER, items_consumer, items_filter};
-use embatch_runtime::bulk::{BulkError, BulkStore};
 use embatch_runtime::usage::UsageBook;
 use tokio_util::sync::CancellationToken;
 
 pub use lines::LineLimits;
 
-use crate::batcher::BulkGate;
-use crate::tokens::Counter;
+use crate::{BulkError, BulkStore, Host, Owners, TokenCounter};
 
 /// How long the lane waits before asking JetStream again after it did not answer.
 pub const RETRY: Duration = Duration::from_secs(5);
 
-/// The bulk lane's settings (see `crate::Config`'s `BULK_*` flags).
+/// The bulk lane's settings (the worker's `BULK_*` settings).
 #[derive(Debug, Clone)]
 pub struct BulkConfig {
     /// Take bulk work at all.
@@ -67,11 +65,11 @@ pub struct BulkConfig {
     /// server's `max_payload`.
     pub chunk_bytes: usize,
     /// Most upstream calls in flight (interactive and bulk alike) under which a batch of bulk
-    /// inputs alone may start (see [`BulkGate::limit_calls`]).
+    /// inputs alone may start (see [`embatch_batcher::BulkGate::limit_calls`]).
     pub calls: usize,
     /// Deliveries of a work item whose upstream call fails before its lines go to the error
     /// file (`upstream_failed`); and of a job (`validate`, `finalize`) that keeps failing before
-    /// its batch is `failed` (see [`jobs`]).
+    /// its batch is `failed` (see [`BulkConfig::give_up_bound`]).
     pub max_deliver: i64,
     /// How long a delivered message may go without an ack or in-progress ack before JetStream
     /// redelivers it.
@@ -87,20 +85,29 @@ pub struct BulkConfig {
     /// `EMBATCH_SUBJECT`: where discovery finds the models served (a line naming another model
     /// fails validation).
     pub subject: String,
-    /// The tenants in force: a batch's inputs are shared with other tenants' by its owner's
-    /// weight, and counted under its owner (`crate::tenant`).
-    pub tenants: crate::tenant::TenantPolicy,
     /// Replicas of the bulk streams, buckets and object store (`JETSTREAM_REPLICAS`), resolved
     /// against the cluster when the store is bound; the consumers follow their stream's.
     pub replicas: embatch_runtime::Replicas,
 }
 
+impl BulkConfig {
+    /// The longest a job whose runs keep failing holds its batch before the batch is `failed`,
+    /// beyond the time its runs spend making progress: `max_deliver` deliveries, each ending
+    /// at most its stall limit (twice `ack_wait`, at least 30 s) after its last progress and
+    /// delivered again at most `ack_wait` later. 450 s with the worker's defaults (5, 30 s),
+    /// as docs/bulk.md says.
+    pub fn give_up_bound(&self) -> Duration {
+        jobs::give_up_bound(self.max_deliver, self.ack_wait)
+    }
+}
+
 /// Runs the bulk lane until `stop`: binds the store (retrying every [`RETRY`] while JetStream
 /// does not answer), then runs the jobs and items loops. Lines go to the batcher through
-/// `gate`, their tokens counted by `counter` as the intake counts a request's.
+/// `host.gate`, their tokens counted by `host.tokens` as the worker counts a request's, each
+/// batch's owner decided and counted by `host.owners`.
 pub async fn run(
     client: async_nats::Client,
-    (gate, counter): (BulkGate, Counter),
+    host: Host,
     config: BulkConfig,
     stop: CancellationToken,
 ) {
@@ -135,18 +142,24 @@ pub async fn run(
     };
     let max_payload = client.server_info().max_payload;
     let usage = UsageBook::start(client.clone(), config.replicas, stop.clone());
+    let Host {
+        gate,
+        tokens,
+        owners,
+    } = host;
     let lane = Arc::new(Lane {
         store,
         config,
         max_payload,
         client: client.clone(),
-        counter,
+        tokens,
+        owners,
         usage,
     });
     tracing::info!(
         chunk_inputs = lane.config.chunk_inputs,
         calls = lane.config.calls,
-        failing_job_ends_within = ?jobs::give_up_bound(lane.config.max_deliver, lane.config.ack_wait),
+        failing_job_ends_within = ?lane.config.give_up_bound(),
         "bulk lane ready"
     );
     tokio::join!(
@@ -165,7 +178,9 @@ pub(crate) struct Lane {
     /// The connection (service discovery of the models served).
     pub client: async_nats::Client,
     /// Counts each line's tokens, for batching and for the line's `usage`.
-    pub counter: Counter,
+    pub tokens: Arc<dyn TokenCounter>,
+    /// Decides each batch's owner and counts its lines under it.
+    pub owners: Arc<dyn Owners>,
     /// The owners' usage per day, where `GET /v1/usage` reads it.
     pub usage: UsageBook,
 }
