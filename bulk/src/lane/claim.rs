@@ -7,9 +7,9 @@
 //! while its claim is still the latest; a run that lost its claim deletes its own files and
 //! leaves the job to the run that holds it.
 
+use crate::store::BulkStore;
 use async_nats::jetstream::object_store::DeleteErrorKind;
 use embatch_protocol::bulk::{BatchStatus, unix_now};
-use crate::store::BulkStore;
 
 use super::error::LaneError;
 
