@@ -38,13 +38,18 @@ pub(super) fn file_ids(batch_id: &str, claim: u32) -> (String, String) {
 }
 
 /// Claims the finalization of `batch_id`: counts one more claim and, for an `in_progress`
-/// batch, sets it `finalizing`. Returns the claim, or `None` when the batch is final already
+/// batch that is not `ending` early (cancelled or expired: it keeps its status until final),
+/// sets it `finalizing`. Returns the claim, or `None` when the batch is final already
 /// (nothing is left to do). Then deletes the files of every earlier claim: a run that died
 /// after writing them left them behind.
 ///
 /// # Errors
 /// The record cannot be read or updated.
-pub(super) async fn claim(store: &BulkStore, batch_id: &str) -> Result<Option<u32>, LaneError> {
+pub(super) async fn claim(
+    store: &BulkStore,
+    batch_id: &str,
+    ending: bool,
+) -> Result<Option<u32>, LaneError> {
     let now = unix_now();
     let mut claim = None;
     store
@@ -53,7 +58,7 @@ pub(super) async fn claim(store: &BulkStore, batch_id: &str) -> Result<Option<u3
             if record.batch.status.is_final() {
                 return false;
             }
-            if record.batch.status == BatchStatus::InProgress {
+            if !ending && record.batch.status == BatchStatus::InProgress {
                 record.batch.status = BatchStatus::Finalizing;
                 record.batch.finalizing_at = Some(now);
             }
@@ -195,7 +200,7 @@ mod tests {
         let store = BulkStore::open(client).await.expect("JetStream");
         let id = batch(&store).await;
 
-        let first = claim(&store, &id).await.expect("claimed");
+        let first = claim(&store, &id, false).await.expect("claimed");
         assert_eq!(first, Some(1));
         let (record, _) = store.batch(&id).await.expect("read").expect("a record");
         assert_eq!(record.batch.status, BatchStatus::Finalizing);
@@ -203,7 +208,7 @@ mod tests {
         let (first_output, _) = file_ids(&id, 1);
         put(&store, &first_output).await;
 
-        let second = claim(&store, &id).await.expect("claimed");
+        let second = claim(&store, &id, false).await.expect("claimed");
         assert_eq!(second, Some(2));
         assert!(
             !exists(&store, &first_output).await,
@@ -231,7 +236,13 @@ mod tests {
 
         // A run that passed its status check before the batch ended finds nothing to claim,
         // and so never touches the files delivered.
-        assert_eq!(claim(&store, &id).await.expect("read"), None);
+        assert_eq!(claim(&store, &id, false).await.expect("read"), None);
         assert!(exists(&store, &second_output).await);
+
+        // A batch ending early (cancelled or expired) keeps its status until it is final.
+        let ending = batch(&store).await;
+        assert_eq!(claim(&store, &ending, true).await.expect("read"), Some(1));
+        let (record, _) = store.batch(&ending).await.expect("read").expect("a record");
+        assert_eq!(record.batch.status, BatchStatus::InProgress);
     }
 }

@@ -65,7 +65,7 @@ pub(super) async fn finalize(
         return Ok(Some(AckKind::Nak(Some(RETRY_DELAY))));
     }
     attempt.check()?;
-    let Some(claim) = claim::claim(store, batch_id).await? else {
+    let Some(claim) = claim::claim(store, batch_id, ending.is_some()).await? else {
         return Ok(Some(AckKind::Ack));
     };
     if ending.is_some() {
