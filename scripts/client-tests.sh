@@ -118,35 +118,33 @@ record() { # record PASS|FAIL label
   printf '%s  %s\n' "$1" "$2" >&2
 }
 
+# suite OUT SCRIPT DIR CMD...: runs CMD in DIR, a client suite printing "PASS  label" and
+# "FAIL  label — why" lines (also kept in "$tmp/OUT.out"); its lines become results, and an exit
+# other than 0 with no FAIL line (a crash before or between tests) is recorded as SCRIPT's FAIL.
+suite() {
+  local out="$tmp/$1.out" script=$2 dir=$3 status
+  shift 3
+  set +e
+  (cd "$dir" && "$@") 2>&1 | tee "$out"
+  status=${PIPESTATUS[0]}
+  set -e
+  while IFS= read -r line; do results+=("$line"); done < <(grep -E '^(PASS|FAIL)  ' "$out" | sed 's/ — .*//')
+  if [ "$status" -ne 0 ] && ! grep -q '^FAIL  ' "$out"; then
+    record FAIL "$script exited $status"
+  fi
+}
+
 step "Python client libraries against the gateway and NATS (vectors vs testdata's TEI reference)"
-set +e
-"$venv/bin/python" tests/clients/test_clients.py "$gateway" "$nats_url" 2>&1 | tee "$tmp/python.out"
-python_status=${PIPESTATUS[0]}
-set -e
-while IFS= read -r line; do results+=("$line"); done < <(grep -E '^(PASS|FAIL)  ' "$tmp/python.out" | sed 's/ — .*//')
-if [ "$python_status" -ne 0 ] && ! grep -q '^FAIL  ' "$tmp/python.out"; then
-  record FAIL "tests/clients/test_clients.py exited $python_status"
-fi
+suite python tests/clients/test_clients.py . \
+  "$venv/bin/python" tests/clients/test_clients.py "$gateway" "$nats_url"
 
 step "A framework's reranker against the gateway (LlamaIndex's CohereRerank)"
-set +e
-(cd tests/clients && "$frameworks/bin/python" framework_rerank.py "$gateway") 2>&1 | tee "$tmp/frameworks.out"
-frameworks_status=${PIPESTATUS[0]}
-set -e
-while IFS= read -r line; do results+=("$line"); done < <(grep -E '^(PASS|FAIL)  ' "$tmp/frameworks.out" | sed 's/ — .*//')
-if [ "$frameworks_status" -ne 0 ] && ! grep -q '^FAIL  ' "$tmp/frameworks.out"; then
-  record FAIL "tests/clients/framework_rerank.py exited $frameworks_status"
-fi
+suite frameworks tests/clients/framework_rerank.py tests/clients \
+  "$frameworks/bin/python" framework_rerank.py "$gateway"
 
 step "Python client libraries against the gateway with tenants (API keys, 401s)"
-set +e
-(cd tests/clients && env -u HF_TOKEN "$venv/bin/python" test_tenants.py "$keyed_gateway") 2>&1 | tee "$tmp/tenants.out"
-tenants_status=${PIPESTATUS[0]}
-set -e
-while IFS= read -r line; do results+=("$line"); done < <(grep -E '^(PASS|FAIL)  ' "$tmp/tenants.out" | sed 's/ — .*//')
-if [ "$tenants_status" -ne 0 ] && ! grep -q '^FAIL  ' "$tmp/tenants.out"; then
-  record FAIL "tests/clients/test_tenants.py exited $tenants_status"
-fi
+suite tenants tests/clients/test_tenants.py tests/clients \
+  env -u HF_TOKEN "$venv/bin/python" test_tenants.py "$keyed_gateway"
 
 # expect_vector LABEL CMD...: the example embeds one text: exit 0, one line "[nats] 384 dims ...".
 expect_vector() {

@@ -1,20 +1,8 @@
 //! `embatch-gateway`: parses the configuration, connects to NATS and serves HTTP (see the library docs).
 
-use clap::Parser;
 use embatch_gateway::{AppState, Config, GatewayError, telemetry};
 
-/// mimalloc instead of glibc's malloc: a request allocates and frees many small buffers across
-/// threads (docs/design/allocator.md).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
-    let config = Config::parse();
-    let otel = config.otel.clone();
-    let tracing = (config.log_format, &otel, "embatch-gateway");
-    embatch_runtime::serve_main(tracing, GatewayError::Tracing, run(config)).await
-}
+embatch_runtime::service_main!(Config, "embatch-gateway", GatewayError::Tracing, run);
 
 async fn run(mut config: Config) -> Result<(), GatewayError> {
     tracing::info!(config = ?config, "starting embatch-gateway");

@@ -147,6 +147,30 @@ pub async fn serve_main<E: std::fmt::Display>(
     code
 }
 
+/// Declares a service binary's allocator and `main`: mimalloc as the global allocator instead of
+/// glibc's malloc (a request allocates and frees many small buffers across threads,
+/// docs/design/allocator.md), and a Tokio `main` that parses `$config` (a `clap::Parser` with
+/// `log_format` and `otel`), then runs [`serve_main`] with tracing for `$service`,
+/// `$tracing_error` and `$run(config)`. The gateway's and the worker's `main.rs` start this way.
+#[macro_export]
+macro_rules! service_main {
+    ($config:ty, $service:literal, $tracing_error:expr, $run:path $(,)?) => {
+        #[global_allocator]
+        static ALLOCATOR: $crate::mimalloc::MiMalloc = $crate::mimalloc::MiMalloc;
+
+        #[tokio::main]
+        async fn main() -> std::process::ExitCode {
+            let config = <$config as $crate::clap::Parser>::parse();
+            let otel = config.otel.clone();
+            let tracing = (config.log_format, &otel, $service);
+            $crate::serve_main(tracing, $tracing_error, $run(config)).await
+        }
+    };
+}
+
+#[doc(hidden)] // For [`service_main!`]'s expansion.
+pub use {clap, mimalloc};
+
 /// Resolves on SIGINT or SIGTERM (logging which).
 pub async fn shutdown_signal() {
     let ctrl_c = async {

@@ -87,11 +87,19 @@ pub struct IntakeConfig {
     pub upstream_prompts: bool,
 }
 
-/// What the intake runs on ([`run`]): where requests come from, where they go and where their
-/// answers are sent.
+/// What the intake runs on ([`run`]): where requests come from, and what admits them.
 pub(crate) struct Intake {
     /// The request subject's queue subscription and the membership deciding it.
     pub group: Group,
+    /// Where accepted requests go and where their answers are sent.
+    pub serving: Serving,
+    /// The acknowledged requests held, which the heartbeat follows.
+    pub acked: Arc<crate::heartbeat::Acked>,
+}
+
+/// Where accepted requests go and where their answers are sent: what every admission uses, in
+/// the loop and in the tasks that admit large bodies ([`Admitter`]).
+pub(crate) struct Serving {
     /// Where accepted requests are submitted; the intake holds the last handle (a reply task
     /// holds a clone only until it has submitted), so the batcher ends after the intake does.
     pub batcher: BatcherHandle,
@@ -112,8 +120,6 @@ pub(crate) struct Intake {
     pub cache: Arc<Cache>,
     /// Decides each request's tenant.
     pub tenants: TenantPolicy,
-    /// The acknowledged requests held, which the heartbeat follows.
-    pub acked: Arc<crate::heartbeat::Acked>,
 }
 
 /// How long shutdown waits for the server to confirm the drain (its PONG) while still admitting
@@ -129,23 +135,16 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 pub(crate) async fn run(intake: Intake, stop: CancellationToken) {
     let Intake {
         mut group,
-        batcher,
-        counter,
-        config,
-        replies,
-        withdrawable,
-        client,
-        stats,
-        cache,
-        tenants,
+        serving,
         acked,
     } = intake;
-    let mut reconnects = crate::reconnect::Reconnects::new(&client);
+    let mut reconnects = crate::reconnect::Reconnects::new(&serving.client);
+    let max_payload = serving.config.max_payload;
     let admitter = Arc::new(Admitter {
-        reply_limit: Arc::new(ReplyLimit::new(config.max_payload)),
-        token_vectors_limit: Arc::new(ReplyLimit::new(config.max_payload)),
+        reply_limit: Arc::new(ReplyLimit::new(max_payload)),
+        token_vectors_limit: Arc::new(ReplyLimit::new(max_payload)),
         acks: Acks {
-            worker_id: Arc::from(config.worker_id.as_str()),
+            worker_id: Arc::from(serving.config.worker_id.as_str()),
             delay_ms: headers::ACK_DELAY.as_millis().to_string().into(),
             acked,
         },
@@ -153,15 +152,7 @@ pub(crate) async fn run(intake: Intake, stop: CancellationToken) {
         parsing: tokio::sync::Semaphore::new(
             std::thread::available_parallelism().map_or(1, |n| n.get()),
         ),
-        batcher,
-        counter,
-        config,
-        replies,
-        withdrawable,
-        client,
-        stats,
-        cache,
-        tenants,
+        serving,
     });
     loop {
         let event = tokio::select! {
@@ -170,7 +161,7 @@ pub(crate) async fn run(intake: Intake, stop: CancellationToken) {
         };
         match event {
             Event::Request(request) => {
-                reconnects.check(&admitter.batcher);
+                reconnects.check(&admitter.serving.batcher);
                 let span = crate::trace::request_span(&request);
                 let member = group.state().is_member();
                 admitter.receive(request, member).instrument(span).await;
@@ -316,15 +307,7 @@ async fn acknowledge(client: &async_nats::Client, request: &Message, worker_id: 
 /// bodies outside it. Such a task holds it only while it admits (the batcher ends once the
 /// intake and these tasks are done: a reply task holds the batcher only until it has submitted).
 struct Admitter {
-    batcher: BatcherHandle,
-    counter: Counter,
-    config: IntakeConfig,
-    replies: TaskTracker,
-    withdrawable: Arc<Withdrawable>,
-    client: async_nats::Client,
-    stats: EndpointStats,
-    cache: Arc<Cache>,
-    tenants: TenantPolicy,
+    serving: Serving,
     /// Checked, and taught, by every embedding reply (`/embed`, `/embed_sparse`).
     reply_limit: Arc<ReplyLimit>,
     /// Checked, and taught, by every `/embed_all` reply (see [`shape::Limit`]).
@@ -366,6 +349,7 @@ impl Admitter {
     /// [`headers::ACK_DELAY_MS`].
     async fn receive(self: &Arc<Self>, request: Message, member: bool) {
         let received = Instant::now();
+        let serving = &self.serving;
         if request.reply.is_none() {
             metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => "no_reply_subject")
                 .increment(1);
@@ -376,7 +360,7 @@ impl Admitter {
         }
         let wants_ack = wants_ack(&request);
         // Who it is for comes first, as authentication would (400 or 403 before anything).
-        let caller = match self.tenants.resolve(request.headers.as_ref()) {
+        let caller = match serving.tenants.resolve(request.headers.as_ref()) {
             Ok(caller) => caller,
             Err(err) => {
                 let err = err.into();
@@ -388,25 +372,16 @@ impl Admitter {
             .as_ref()
             .and_then(|h| h.get(headers::REQUEST_ID))
             .map(|v| v.as_str().to_owned());
-        if id.as_deref().is_some_and(|id| self.withdrawable.holds(id)) {
-            // A copy its client resent (see `embatch_client::EmbedClient::embed`) of a request
-            // this worker already holds: that one answers on the same reply subject. The
-            // client resent it for want of an acknowledgement, so it gets one now. (The
-            // heartbeat follows the copy held, which asked for an acknowledgement too.)
-            if wants_ack {
-                acknowledge(&self.client, &request, &self.acks.worker_id).await;
-            }
-            metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => "duplicate")
-                .increment(1);
+        if self.answer_copy(&request, id.as_deref(), wants_ack).await {
             return;
         }
         let body = request.payload.len();
-        let max = self.config.max_queue_bytes;
+        let max = serving.config.max_queue_bytes;
         if let Some(held) = self.held.refuses(body, max) {
             let err = EmbedError::Overloaded(format!(
                 "the worker holds {held} bytes of input, no room for a request of {body} bytes \
                  (MAX_QUEUE_BYTES = {max}); retry in ~{} ms",
-                self.batcher.retry_after_hint().as_millis().max(1)
+                serving.batcher.retry_after_hint().as_millis().max(1)
             ));
             return self
                 .refuse(err, &request, wants_ack, received, Some(&caller))
@@ -414,8 +389,8 @@ impl Admitter {
         }
         let cancelled = CancellationToken::new();
         let registered = Registration(id.map(|id| {
-            self.withdrawable.insert(id.clone(), cancelled.clone());
-            (Arc::clone(&self.withdrawable), id)
+            serving.withdrawable.insert(id.clone(), cancelled.clone());
+            (Arc::clone(&serving.withdrawable), id)
         }));
         let arrival = Arrival {
             request,
@@ -427,7 +402,7 @@ impl Admitter {
             share: self.held.take(body),
             hand_back: wants_ack && !member,
         };
-        if let Some(route) = self.config.tokens.route_of(&arrival.request.subject) {
+        if let Some(route) = serving.config.tokens.route_of(&arrival.request.subject) {
             self.pass_through(route, arrival);
             return;
         }
@@ -437,11 +412,28 @@ impl Admitter {
             let mut arrival = arrival;
             arrival.request.payload = bytes::Bytes::copy_from_slice(&arrival.request.payload);
             let admit = Arc::clone(self).admit_large(arrival);
-            self.replies
+            serving
+                .replies
                 .spawn(admit.instrument(crate::trace::current()));
         } else {
             self.admit(arrival).await;
         }
+    }
+
+    /// Whether `request` is a copy its client resent (see `embatch_client::EmbedClient::embed`)
+    /// of the request `id` this worker already holds: that one answers on the same reply
+    /// subject. The client resent it for want of an acknowledgement, so it gets one now (the
+    /// heartbeat follows the copy held, which asked for an acknowledgement too), and the copy is
+    /// counted as a duplicate.
+    async fn answer_copy(&self, request: &Message, id: Option<&str>, wants_ack: bool) -> bool {
+        if !id.is_some_and(|id| self.serving.withdrawable.holds(id)) {
+            return false;
+        }
+        if wants_ack {
+            acknowledge(&self.serving.client, request, &self.acks.worker_id).await;
+        }
+        metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => "duplicate").increment(1);
+        true
     }
 
     /// Passes a tokenize or decode request (`route`) to the upstream in a task of its own
@@ -449,20 +441,21 @@ impl Admitter {
     fn pass_through(&self, route: &'static str, arrival: Arrival) {
         let budget = budget(
             arrival.request.headers.as_ref(),
-            self.config.default_deadline,
+            self.serving.config.default_deadline,
         );
         let ack = arrival.wants_ack.then(|| self.acks.clone());
         let task = tokenize::PassTask {
             route,
             arrival,
             budget,
-            max_inputs: self.config.max_client_batch_size,
-            caller: self.config.tokens.caller(),
-            client: self.client.clone(),
-            stats: self.stats.clone(),
+            max_inputs: self.serving.config.max_client_batch_size,
+            caller: self.serving.config.tokens.caller(),
+            client: self.serving.client.clone(),
+            stats: self.serving.stats.clone(),
             ack,
         };
-        self.replies
+        self.serving
+            .replies
             .spawn(task.run().instrument(crate::trace::current()));
     }
 }

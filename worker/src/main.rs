@@ -1,20 +1,8 @@
 //! `embatch-worker`: parses the configuration, connects to NATS, loads the upstream and serves (see the library docs).
 
-use clap::Parser;
 use embatch_worker::{Config, WorkerError};
 
-/// mimalloc instead of glibc's malloc: a request allocates and frees many small buffers across
-/// threads (docs/design/allocator.md).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
-    let config = Config::parse();
-    let otel = config.otel.clone();
-    let tracing = (config.log_format, &otel, "embatch-worker");
-    embatch_runtime::serve_main(tracing, WorkerError::Tracing, run(config)).await
-}
+embatch_runtime::service_main!(Config, "embatch-worker", WorkerError::Tracing, run);
 
 /// Connects, loads the upstream, then serves until SIGINT or SIGTERM (the library's
 /// [`embatch_worker::run`] owns every task and the shutdown sequence).

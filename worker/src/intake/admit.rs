@@ -76,6 +76,7 @@ impl Admitter {
                 .map(|v| v.as_str()),
         );
         let plan = self
+            .serving
             .cache
             .plan(&parsed.inputs, &parsed.options, usage, scope);
         Ok((parsed, plan))
@@ -110,7 +111,7 @@ impl Admitter {
             .as_ref()
             .is_some_and(|h| h.get(headers::ATTEMPT).is_some())
         {
-            self.batcher.absorb_resent(inputs);
+            self.serving.batcher.absorb_resent(inputs);
         }
         let share = crate::batcher::share_of(&arrival.caller.tenant);
         let work = match self.hand_over(parsed, plan, share) {
@@ -123,13 +124,14 @@ impl Admitter {
             reply_limit: self.limit_for(shape.as_ref()).cloned(),
             shape,
             arrival,
-            client: self.client.clone(),
-            stats: self.stats.clone(),
-            cache: Arc::clone(&self.cache),
+            client: self.serving.client.clone(),
+            stats: self.serving.stats.clone(),
+            cache: Arc::clone(&self.serving.cache),
             ack: wants_ack.then(|| self.acks.clone()),
         };
         crate::trace::admitted(received, None);
-        self.replies
+        self.serving
+            .replies
             .spawn(task.run().instrument(crate::trace::current()));
     }
 
@@ -170,7 +172,7 @@ impl Admitter {
             reply = reply.header(headers::ACK_DELAY_MS, &self.acks.delay_ms);
         }
         reply
-            .send(&self.client, request, &self.stats, received)
+            .send(&self.serving.client, request, &self.serving.stats, received)
             .await;
         metrics::histogram!(crate::telemetry::names::CACHE_HIT_TIME)
             .record(received.elapsed().as_secs_f64());
@@ -196,7 +198,7 @@ impl Admitter {
             reply = reply.header(headers::ACK_DELAY_MS, &self.acks.delay_ms);
         }
         reply
-            .send(&self.client, request, &self.stats, received)
+            .send(&self.serving.client, request, &self.serving.stats, received)
             .await;
     }
 
@@ -213,30 +215,31 @@ impl Admitter {
             deadline,
             shape: _,
         } = parsed;
-        let submitted = if !plan.reads_shared(&self.cache) && self.counter.is_immediate() {
-            let misses = take_misses(&plan, &mut inputs);
-            let receiver = if misses.is_empty() {
-                None
+        let submitted =
+            if !plan.reads_shared(&self.serving.cache) && self.serving.counter.is_immediate() {
+                let misses = take_misses(&plan, &mut inputs);
+                let receiver = if misses.is_empty() {
+                    None
+                } else {
+                    let counted = self.serving.counter.count_now(misses, options.clone());
+                    Some(self.serving.batcher.submit_as(
+                        share.clone(),
+                        (counted.inputs, counted.lengths),
+                        counted.options,
+                        deadline,
+                    )?)
+                };
+                Submitted::Now(receiver)
             } else {
-                let counted = self.counter.count_now(misses, options.clone());
-                Some(self.batcher.submit_as(
-                    share.clone(),
-                    (counted.inputs, counted.lengths),
-                    counted.options,
-                    deadline,
-                )?)
+                let reservation = match plan.misses() {
+                    0 => None,
+                    misses => {
+                        let bytes = inputs.iter().map(embatch_protocol::Input::size_bytes).sum();
+                        Some(self.serving.counter.reserve(misses, bytes)?)
+                    }
+                };
+                Submitted::Later(reservation)
             };
-            Submitted::Now(receiver)
-        } else {
-            let reservation = match plan.misses() {
-                0 => None,
-                misses => {
-                    let bytes = inputs.iter().map(embatch_protocol::Input::size_bytes).sum();
-                    Some(self.counter.reserve(misses, bytes)?)
-                }
-            };
-            Submitted::Later(reservation)
-        };
         let submits_later = matches!(submitted, Submitted::Later(_)) || plan.has_waits();
         Ok(Work {
             plan,
@@ -245,9 +248,9 @@ impl Admitter {
             options,
             deadline,
             share,
-            counter: self.counter.clone(),
+            counter: self.serving.counter.clone(),
             // Held only while the task may still submit (see `Admitter`).
-            batcher: submits_later.then(|| self.batcher.clone()),
+            batcher: submits_later.then(|| self.serving.batcher.clone()),
         })
     }
 
@@ -260,11 +263,11 @@ impl Admitter {
         received: Instant,
     ) -> Result<Parsed, EmbedError> {
         let message_headers = request.headers.as_ref();
-        let budget = budget(message_headers, self.config.default_deadline)?;
+        let budget = budget(message_headers, self.serving.config.default_deadline)?;
         let deadline = received + budget;
-        if self.config.rerank.serves(&request.subject) {
-            let max = self.config.max_client_batch_size;
-            let (inputs, options, shape) = self.config.rerank.parse(payload, max)?;
+        if self.serving.config.rerank.serves(&request.subject) {
+            let max = self.serving.config.max_client_batch_size;
+            let (inputs, options, shape) = self.serving.config.rerank.parse(payload, max)?;
             return Ok(Parsed {
                 inputs,
                 options,
@@ -272,9 +275,9 @@ impl Admitter {
                 shape: Some(Shape::Rerank(shape)),
             });
         }
-        let max = self.config.max_client_batch_size;
+        let max = self.serving.config.max_client_batch_size;
         let subject = &request.subject;
-        if let Some(parsed) = self.config.classify.parse(subject, payload, max) {
+        if let Some(parsed) = self.serving.config.classify.parse(subject, payload, max) {
             let (inputs, options, shape) = parsed?;
             if let Some(limit) = self.limit_for(Some(&shape)) {
                 limit.check(inputs.len())?;
@@ -289,11 +292,11 @@ impl Admitter {
         }
         // A sparse reply teaches and checks the reply limit as a dense one: both grow with the
         // inputs, and a worker's model answers one of them in practice (SPLADE or dense).
-        let (inputs, options, shape) = if self.config.sparse.serves(&request.subject) {
-            let (inputs, options) = self.config.sparse.parse(payload, max)?;
+        let (inputs, options, shape) = if self.serving.config.sparse.serves(&request.subject) {
+            let (inputs, options) = self.serving.config.sparse.parse(payload, max)?;
             (inputs, options, None)
         } else {
-            self.config.classify.check_embed()?;
+            self.serving.config.classify.check_embed()?;
             let mut body = EmbedRequest::from_slice(payload)?;
             body.validate(max)?;
             // A prompt only if the model has it (Cohere's `input_type`): dropped where the
@@ -301,8 +304,8 @@ impl Admitter {
             // OpenAI-compatible server); passed on where that cannot be told.
             if let Some(hint) = body.prompt_hint.take()
                 && body.prompt_name.is_none()
-                && self.config.upstream_prompts
-                && self.counter.defines_prompt(&hint) != Some(false)
+                && self.serving.config.upstream_prompts
+                && self.serving.counter.defines_prompt(&hint) != Some(false)
             {
                 body.prompt_name = Some(hint);
             }
