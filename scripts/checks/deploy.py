@@ -47,10 +47,12 @@ def read(rel):
 # metrics
 # ------------------------------------------------------------------------------------------
 
-SOURCE_DIRS = ["gateway/src", "worker/src", "batcher/src", "bulk/src", "client/src", "runtime/src"]
-# The worker re-exports the batcher's and the bulk lane's metric names and describes them: one
-# namespace.
-SAME_NAMES = {"batcher": "worker", "bulk": "worker"}
+SOURCE_DIRS = [
+    "gateway/src", "worker/src", "batcher/src", "bulk/src", "cache/src", "client/src", "runtime/src",
+]
+# The worker re-exports the batcher's, the bulk lane's and the cache's metric names and describes
+# them: one namespace.
+SAME_NAMES = {"batcher": "worker", "bulk": "worker", "cache": "worker"}
 
 
 def exported_metrics():

@@ -18,6 +18,8 @@
 //!   behind interactive traffic), wired to the worker's batcher, token counter and tenants.
 //! - [`batcher`]: the batching actor ([`embatch_batcher`]: batch formation, overload control,
 //!   fault isolation), wired to the worker's traces and tenants.
+//! - [`cache`]: the cache ([`embatch_cache`]: in-flight de-duplication, the in-process LRU and
+//!   the shared JetStream KV bucket), which the intake plans each request through.
 //! - [`tenant`]: the tenant a request is served for, from its NATS account or, from a trusted
 //!   caller, its `Embatch-Tenant` header.
 //! - [`tokens`]: token counts per input (the model's tokenizer), before the batcher.

@@ -8,6 +8,8 @@ pub mod names {
     pub use embatch_batcher::names::*;
     /// The bulk lane's metric names (see [`embatch_bulk::names`]).
     pub use embatch_bulk::names::*;
+    /// The cache's metric names (see [`embatch_cache::names`]).
+    pub use embatch_cache::names::*;
 
     /// Gauge: 1 while the worker is a member of the queue group (takes requests), else 0.
     pub const MEMBER: &str = "embatch_worker_queue_group_member";
@@ -15,25 +17,6 @@ pub mod names {
     /// `state` (the new state: `joined`, `full`, `upstream_unhealthy`, `stopping`): changes of
     /// queue-group membership.
     pub const MEMBERSHIP_CHANGES: &str = "embatch_worker_membership_changes_total";
-    /// Counter, label `tier` (`local`: the in-process LRU; `shared`: the JetStream KV bucket):
-    /// inputs answered from the cache.
-    pub const CACHE_HITS: &str = "embatch_worker_cache_hits_total";
-    /// Counter: inputs the cache did not hold, sent upstream (while the cache is on).
-    pub const CACHE_MISSES: &str = "embatch_worker_cache_misses_total";
-    /// Gauge: bytes held by the in-process LRU (values plus an estimate of their bookkeeping).
-    pub const CACHE_BYTES: &str = "embatch_worker_cache_local_bytes";
-    /// Counter: entries evicted from the in-process LRU to stay within `CACHE_LOCAL_BYTES`.
-    pub const CACHE_EVICTIONS: &str = "embatch_worker_cache_evictions_total";
-    /// Counter, label `op` (`open`, `get`, `put`): JetStream KV calls that failed or timed out
-    /// (each one a miss or an entry not shared, never an error answered).
-    pub const CACHE_KV_ERRORS: &str = "embatch_worker_cache_kv_errors_total";
-    /// Counter: entries not written to the shared bucket because its write queue was full
-    /// (1,024 entries or 8 MiB queued or awaiting acknowledgement: the store is slower than
-    /// the misses, see `cache::writer`).
-    pub const CACHE_WRITES_DROPPED: &str = "embatch_worker_cache_writes_dropped_total";
-    /// Counter: misses of the LRU sent upstream without waiting for a shared-bucket lookup
-    /// while the bucket is cold (see `cache::shared::ReadSampler`).
-    pub const CACHE_READS_SKIPPED: &str = "embatch_worker_cache_shared_reads_skipped_total";
     /// Histogram: seconds from a request's arrival to its reply for requests answered entirely
     /// from the cache (what a hit costs in the worker).
     pub const CACHE_HIT_TIME: &str = "embatch_worker_cache_hit_seconds";

@@ -1,6 +1,6 @@
 //! A cached value: one input's embedding exactly as the upstream wrote it, and its token count.
 //!
-//! The worker never decodes a float (see `crate::upstream::Embedding`): a reply is the
+//! The worker never decodes a float (see [`embatch_batcher::Embedding`]): a reply is the
 //! upstream's own JSON text of each vector, joined. Storing that text, byte for byte, is what
 //! makes a hit answer exactly what a miss would; decoding to `f32`s and writing them again
 //! could round differently than the upstream did. The token count is kept beside it so that a
@@ -12,7 +12,7 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use crate::upstream::Embedding;
+use embatch_batcher::Embedding;
 
 /// The encoding's format byte.
 const FORMAT: u8 = 1;

@@ -13,15 +13,15 @@ use super::flight::{Joined, Lead, Wait};
 use super::key;
 use super::shared::Lookup;
 use super::{Cache, Usage};
-use crate::telemetry::names;
-use crate::upstream::Embedding;
+use crate::names;
+use embatch_batcher::Embedding;
 
 impl Cache {
     /// What each input of a request of the cache scope `scope` (its tenant's, see
     /// [`key`]) needs (see the module docs): LRU hits are filled in, keys no one computes are led
     /// by this request, the others waited for. Keys, and so hits and inputs in flight, never
     /// cross scopes. Cheap and synchronous: a hash per input and a lock or two.
-    pub(crate) fn plan(
+    pub fn plan(
         &self,
         inputs: &[Input],
         options: &EmbedOptions,
@@ -83,14 +83,21 @@ impl Cache {
         }
         let folded = plan.same.len() + plan.waits.len();
         if folded > 0 {
-            metrics::counter!(names::DEDUP_INPUTS, "where" => "flight").increment(folded as u64);
+            metrics::counter!(embatch_batcher::names::DEDUP_INPUTS, "where" => "flight")
+                .increment(folded as u64);
         }
         plan
     }
 }
 
 /// What one request's inputs need (see [`Cache::plan`]), filled in as the results come.
-pub(crate) struct Plan {
+///
+/// In order: [`Plan::read_shared`] when [`Plan::reads_shared`]; the [`Plan::miss_inputs`] to the
+/// batcher and its reply to [`Plan::complete_leads`]; when [`Plan::has_waits`], [`Plan::wait`]
+/// and the abandoned inputs' reply to [`Plan::complete_retried`]; then [`Plan::answer`], and
+/// [`Cache::store`] with its [`Answered::stash`] once the reply is sent. A plan dropped early
+/// releases its leads: their waiters send those inputs themselves.
+pub struct Plan {
     /// One per input: its result once known.
     results: Vec<Option<Entry>>,
     /// `(position, earlier position)`: an input equal to an earlier one of the request.
@@ -115,13 +122,13 @@ pub(crate) struct Plan {
 impl Plan {
     /// `true` when every input is answered already (LRU hits and their repeats): the reply can
     /// be sent at once, with [`Plan::answer`].
-    pub(crate) fn is_answered(&self) -> bool {
+    pub fn is_answered(&self) -> bool {
         self.leads.is_empty() && self.waits.is_empty()
     }
 
     /// `true` when the leads are to be looked up in the shared bucket first (an async step:
     /// [`Plan::read_shared`]).
-    pub(crate) fn reads_shared(&self, cache: &Cache) -> bool {
+    pub fn reads_shared(&self, cache: &Cache) -> bool {
         self.read_shared
             && !self.leads.is_empty()
             && cache.shared.as_ref().is_some_and(|s| s.readable())
@@ -129,17 +136,17 @@ impl Plan {
 
     /// Whether some inputs are in flight for other requests (the request may have to send
     /// them itself, see [`Plan::wait`]).
-    pub(crate) fn has_waits(&self) -> bool {
+    pub fn has_waits(&self) -> bool {
         !self.waits.is_empty()
     }
 
     /// Inputs this request sends upstream (after [`Plan::read_shared`]).
-    pub(crate) fn misses(&self) -> usize {
+    pub fn misses(&self) -> usize {
         self.leads.len()
     }
 
     /// The inputs to send upstream, in order: those of the leads.
-    pub(crate) fn miss_inputs(&self, inputs: &[Input]) -> Vec<Input> {
+    pub fn miss_inputs(&self, inputs: &[Input]) -> Vec<Input> {
         self.leads
             .iter()
             .filter_map(|(at, _)| inputs.get(*at).cloned())
@@ -148,7 +155,7 @@ impl Plan {
 
     /// Looks the leads up in the shared bucket, all at once, each bounded by the KV timeout;
     /// the hits are answered (and handed to their waiters), the rest stay misses.
-    pub(crate) async fn read_shared(&mut self, cache: &Cache) {
+    pub async fn read_shared(&mut self, cache: &Cache) {
         let Some(shared) = &cache.shared else {
             return;
         };
@@ -181,7 +188,7 @@ impl Plan {
     ///
     /// # Errors
     /// [`EmbedError::Backend`] when the body does not hold one embedding per miss.
-    pub(crate) fn complete_leads(
+    pub fn complete_leads(
         &mut self,
         reply: &bytes::Bytes,
         lengths: Option<&[u32]>,
@@ -217,10 +224,7 @@ impl Plan {
     ///
     /// # Errors
     /// [`EmbedError::DeadlineExceeded`] when `deadline` passes first.
-    pub(crate) async fn wait(
-        &mut self,
-        deadline: Instant,
-    ) -> Result<Vec<(usize, Input)>, EmbedError> {
+    pub async fn wait(&mut self, deadline: Instant) -> Result<Vec<(usize, Input)>, EmbedError> {
         let waits = std::mem::take(&mut self.waits);
         let (positions, rest): (Vec<usize>, Vec<(Wait, Input)>) = waits
             .into_iter()
@@ -252,7 +256,7 @@ impl Plan {
     ///
     /// # Errors
     /// [`EmbedError::Backend`] when the body does not hold one embedding per input.
-    pub(crate) fn complete_retried(
+    pub fn complete_retried(
         &mut self,
         positions: &[usize],
         reply: &bytes::Bytes,
@@ -274,7 +278,7 @@ impl Plan {
     ///
     /// # Errors
     /// [`EmbedError::Backend`] when an input has no result (a bug: every path fills one).
-    pub(crate) fn answer(mut self) -> Result<Answered, EmbedError> {
+    pub fn answer(mut self) -> Result<Answered, EmbedError> {
         for &(at, first) in &self.same {
             let copy = self.results.get(first).cloned().flatten();
             self.results[at] = copy;
@@ -309,7 +313,7 @@ impl Plan {
 }
 
 /// A request's reply assembled by [`Plan::answer`].
-pub(crate) struct Answered {
+pub struct Answered {
     /// TEI's response body.
     pub payload: bytes::Bytes,
     /// The request's tokens, when every input's count is known.
@@ -322,7 +326,7 @@ pub(crate) struct Answered {
 
 /// A request's new results (key, entry), to be stored after its reply ([`Cache::store`]).
 #[derive(Default)]
-pub(crate) struct Stash(pub(super) Vec<(key::Key, Entry)>);
+pub struct Stash(pub(crate) Vec<(key::Key, Entry)>);
 
 /// Splits a reply body into exactly `expected` embeddings.
 fn split(reply: &bytes::Bytes, expected: usize) -> Result<Vec<Embedding>, EmbedError> {

@@ -3,7 +3,7 @@
 /// How one request uses the cache, from its [`embatch_protocol::headers::CACHE_CONTROL`] (HTTP's
 /// `Cache-Control` request directives, which the gateway passes on).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Usage {
+pub enum Usage {
     /// Read and write the cache.
     Normal,
     /// `no-cache`: do not answer from the cache; store the fresh result.
@@ -15,7 +15,7 @@ pub(crate) enum Usage {
 impl Usage {
     /// The usage a header value asks for: comma-separated directives, case-insensitive;
     /// `no-store` wins over `no-cache`; anything else is [`Usage::Normal`].
-    pub(crate) fn from_header(value: Option<&str>) -> Usage {
+    pub fn from_header(value: Option<&str>) -> Usage {
         let Some(value) = value else {
             return Usage::Normal;
         };

@@ -124,8 +124,8 @@ mod tests {
     use bytes::Bytes;
 
     use super::*;
-    use crate::cache::key::test_key;
-    use crate::upstream::Embedding;
+    use crate::key::test_key;
+    use embatch_batcher::Embedding;
 
     fn key(text: &str) -> Key {
         test_key(text)

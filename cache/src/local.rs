@@ -7,7 +7,7 @@ use lru::LruCache;
 
 use super::entry::Entry;
 use super::key::Key;
-use crate::telemetry::names;
+use crate::names;
 
 /// Bytes counted per entry beyond its value: the key and the map's bookkeeping (an estimate).
 const OVERHEAD: usize = 96;
@@ -89,8 +89,8 @@ mod tests {
     use bytes::Bytes;
 
     use super::*;
-    use crate::cache::key::test_key;
-    use crate::upstream::Embedding;
+    use crate::key::test_key;
+    use embatch_batcher::Embedding;
 
     fn key(text: &str) -> Key {
         test_key(text)

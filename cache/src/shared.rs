@@ -35,7 +35,7 @@ use tokio_util::task::TaskTracker;
 use super::entry::Entry;
 use super::key::Key;
 use super::writer::Writer;
-use crate::telemetry::names;
+use crate::names;
 
 /// How long reads are skipped after one failed or timed out: 1 s.
 pub(crate) const BACKOFF: Duration = Duration::from_secs(1);

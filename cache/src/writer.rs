@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::key::Key;
-use crate::telemetry::names;
+use crate::names;
 
 /// Most entries queued or in a round at once; a request's writes beyond them are dropped:
 /// 1,024 (at 2,837 new inputs/s, about 360 ms of writes).

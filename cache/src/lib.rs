@@ -1,5 +1,5 @@
-//! No upstream work twice for the same input: single-flight de-duplication in the worker, an
-//! in-process LRU and a JetStream KV bucket shared by every worker of the model.
+//! embatch's cache. No upstream work twice for the same input: single-flight de-duplication in
+//! the worker, an in-process LRU and a JetStream KV bucket shared by every worker of the model.
 //!
 //! For each request the intake makes a [`Plan`] ([`Cache::plan`]) before admission: every input
 //! gets its [`key`] and is either
@@ -22,6 +22,7 @@ mod entry;
 mod flight;
 mod key;
 mod local;
+pub mod names;
 mod plan;
 mod shared;
 mod usage;
@@ -34,16 +35,13 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use flight::Flights;
-pub(crate) use key::ModelIdentity;
+use key::ModelIdentity;
 use local::Local;
-pub(crate) use plan::{Answered, Plan, Stash};
-pub(crate) use shared::BucketConfig;
-use shared::Shared;
-pub(crate) use usage::Usage;
+pub use plan::{Answered, Plan, Stash};
+use shared::{BucketConfig, Shared};
+pub use usage::Usage;
 
-use crate::telemetry::names;
-
-/// The cache's settings (see `crate::config`).
+/// The cache's settings (the worker's `CACHE_*` flags, see `embatch_worker::config`).
 #[derive(Debug, Clone)]
 pub struct CacheConfig {
     /// Whether the LRU and the shared bucket are used (`CACHE`).
@@ -65,8 +63,9 @@ pub struct CacheConfig {
     pub replicas: embatch_runtime::Replicas,
 }
 
-/// The worker's cache: the model's identity, the two tiers and the in-flight keys.
-pub(crate) struct Cache {
+/// The worker's cache: the model's identity, the two tiers and the in-flight keys. One per
+/// worker, shared by its requests (behind an `Arc`); every method takes `&self`.
+pub struct Cache {
     /// Hashed into every key; also keys the single-flight when the cache is off.
     identity: ModelIdentity,
     /// `None` when the cache is off or the model's identity unknown.
@@ -81,7 +80,7 @@ impl Cache {
     /// not be read), opening the shared bucket on `client` (see [`shared`]). Without a known
     /// model (`info` absent or naming no `model_id`) the tiers are off and only the
     /// single-flight runs: entries of an unknown model could be answered for another.
-    pub(crate) async fn start(
+    pub async fn start(
         client: &async_nats::Client,
         config: &CacheConfig,
         info: Option<&serde_json::Value>,
@@ -134,7 +133,7 @@ impl Cache {
 
     /// Whether the LRU or the shared bucket is on (replies then carry
     /// [`embatch_protocol::headers::CACHE_HITS`]).
-    pub(crate) fn is_on(&self) -> bool {
+    pub fn is_on(&self) -> bool {
         self.local.is_some() || self.shared.is_some()
     }
 
@@ -142,7 +141,7 @@ impl Cache {
     /// [`shared`]). Called once its reply is sent: the copies, the locks and the bucket's
     /// writes (about 5 KB each at 384 dimensions) never delay a reply, nor queue ahead of one
     /// on the connection. Waiters have their results already ([`Plan::complete_leads`]).
-    pub(crate) fn store(&self, stash: Stash) {
+    pub fn store(&self, stash: Stash) {
         let entries = stash.0;
         if entries.is_empty() {
             return;
