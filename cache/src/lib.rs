@@ -133,7 +133,7 @@ impl Cache {
 
     /// Whether the LRU or the shared bucket is on (replies then carry
     /// [`embatch_protocol::headers::CACHE_HITS`]).
-    pub fn is_on(&self) -> bool {
+    pub(crate) fn is_on(&self) -> bool {
         self.local.is_some() || self.shared.is_some()
     }
 

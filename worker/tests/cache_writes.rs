@@ -15,7 +15,7 @@ use common::plain::{bucket_holds, request};
 use embatch_testkit::{NatsServer, RunningWorker, TeiConfig, double_vector, free_port, start_tei};
 use futures::StreamExt;
 
-/// The worker's write queue, in entries (`cache::writer::QUEUE_ENTRIES`).
+/// The worker's write queue, in entries (`embatch_cache`'s `writer::QUEUE_ENTRIES`).
 const QUEUE_ENTRIES: usize = 1024;
 
 /// Sends `inputs`; returns the vectors and `Embatch-Cache-Hits`.
