@@ -6,7 +6,7 @@ mod common;
 
 use bytes::Bytes;
 use common::start_gateway;
-use embatch_testkit::{NatsServer, RunningWorker, model_dir, testdata};
+use embatch_testkit::{NatsServer, RunningWorker, cosine, model_dir, testdata};
 use serde::Deserialize;
 
 /// The built-in model's name: its directory's (what `GET /v1/models` lists for it).
@@ -26,13 +26,6 @@ struct Reference {
 struct Case {
     request: serde_json::Value,
     embeddings: Vec<Vec<f32>>,
-}
-
-fn cosine(a: &[f32], b: &[f32]) -> f32 {
-    let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
-    let na: f32 = a.iter().map(|x| x * x).sum::<f32>().sqrt();
-    let nb: f32 = b.iter().map(|x| x * x).sum::<f32>().sqrt();
-    dot / (na * nb)
 }
 
 fn assert_matches(case: &Case, got: &[Vec<f32>], path: &str) {

@@ -6,44 +6,24 @@
 mod common;
 
 use common::tei_routes::{
-    assert_capabilities, assert_refused_before_any_call, assert_the_deadline, direct_client,
-    instant_double, post_json, send_direct,
+    WAIT_FOR_BATCH_MATES, assert_capabilities, assert_refused_before_any_call, assert_the_deadline,
+    direct_client, instant_double, post_json, repeat_from_cache, route_calls, send_direct,
 };
 use common::{assert_tei_error, stack_with_gateway};
 use embatch_client::Operation;
 use embatch_protocol::Input;
-use embatch_tei_double::{POISON, RecordedCall, embedding, token_embeddings};
-use embatch_testkit::TeiConfig;
+use embatch_tei_double::{POISON, embedding, token_embeddings};
+use embatch_testkit::{TeiConfig, cosine};
 
 /// The double's token vectors of `text` (its dimension is `TeiConfig::instant`'s).
 fn tokens(text: &str) -> Vec<Vec<f32>> {
     token_embeddings(&Input::Text(text.to_owned()), TeiConfig::instant().dim)
 }
 
-/// The upstream calls on `route`: their inputs and statuses.
-fn calls_on(calls: &[RecordedCall], route: &str) -> Vec<(usize, u16)> {
-    calls
-        .iter()
-        .filter(|c| c.options["route"] == route)
-        .map(|c| (c.inputs.len(), c.status))
-        .collect()
-}
-
-/// The cosine similarity of `a` and `b`, computed here in f64.
-fn cosine(a: &[f32], b: &[f32]) -> f32 {
-    let dot: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| f64::from(*x) * f64::from(*y))
-        .sum();
-    let norm = |v: &[f32]| v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
-    (dot / (norm(a) * norm(b))) as f32
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_vectors_of_concurrent_callers_share_one_upstream_call() {
-    let args = ["--max-wait-time", "400ms", "--dispatch-when-idle", "false"];
-    let (stack, gateway) = stack_with_gateway(TeiConfig::instant(), &args, 1 << 20, 64).await;
+    let tei = TeiConfig::instant();
+    let (stack, gateway) = stack_with_gateway(tei, &WAIT_FOR_BATCH_MATES, 1 << 20, 64).await;
     let a = serde_json::json!({"inputs": ["one text", "another"]});
     let b = serde_json::json!({"inputs": "third"});
     let ((status_a, body_a), (status_b, body_b)) = tokio::join!(
@@ -60,7 +40,7 @@ async fn token_vectors_of_concurrent_callers_share_one_upstream_call() {
         "a single input is a list of one, as TEI"
     );
     let calls = stack.tei.calls();
-    assert_eq!(calls_on(&calls, "/embed_all"), [(3, 200)], "{calls:?}");
+    assert_eq!(route_calls(&calls, "/embed_all"), [(3, 200)], "{calls:?}");
     assert_eq!(calls.len(), 1, "no /embed call: {calls:?}");
 
     // A repeat is answered from the cache, apart from the dense embeddings of the same text.
@@ -100,8 +80,8 @@ async fn token_vectors_of_concurrent_callers_share_one_upstream_call() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn similarity_is_the_cosine_of_the_doubles_embeddings() {
-    let args = ["--max-wait-time", "400ms", "--dispatch-when-idle", "false"];
-    let (stack, gateway) = stack_with_gateway(TeiConfig::instant(), &args, 1 << 20, 64).await;
+    let tei = TeiConfig::instant();
+    let (stack, gateway) = stack_with_gateway(tei, &WAIT_FOR_BATCH_MATES, 1 << 20, 64).await;
     let a = serde_json::json!({"inputs": {"source_sentence": "s", "sentences": ["x", "y"]}});
     let b = serde_json::json!({"inputs": {"source_sentence": "t", "sentences": ["x"]},
                                "parameters": {"truncate": true}});
@@ -147,18 +127,9 @@ async fn similarity_is_the_cosine_of_the_doubles_embeddings() {
     assert_eq!(sizes, [3, 3], "s x y | t x u: {calls:?}");
 
     // A repeat is answered from the cache (its three embeddings), the same cosines.
-    let response = common::json_post(
-        &reqwest::Client::new(),
-        &format!("{}/similarity", gateway.url),
-        a.to_string(),
-    )
-    .send()
-    .await
-    .expect("HTTP response");
-    assert_eq!(response.headers()["x-embatch-cache-hits"], "3");
-    let repeat: Vec<f32> = response.json().await.expect("a float per sentence");
+    let repeat = repeat_from_cache(&stack, &gateway.url, "/similarity", &a, "3").await;
+    let repeat: Vec<f32> = serde_json::from_value(repeat).expect("a float per sentence");
     assert_eq!(repeat, got_a);
-    assert_eq!(stack.tei.calls().len(), 2, "no upstream call");
     stack.worker.stop().await;
 }
 

@@ -5,15 +5,16 @@
 
 mod common;
 
+use common::stack_with_gateway;
 use common::tei_routes::{
-    assert_capabilities, assert_plain_model_424, assert_refused_before_any_call,
-    assert_the_deadline, direct_client, instant_double, post_json, send_direct,
+    WAIT_FOR_BATCH_MATES, assert_capabilities, assert_isolated, assert_plain_model_424,
+    assert_refused_before_any_call, assert_the_deadline, assert_unknown_model_404, bad_beside_good,
+    direct_client, instant_double, post_json, repeat_from_cache, route_calls, send_direct,
 };
-use common::{assert_tei_error, json_post, stack_with_gateway};
 use embatch_client::Operation;
 use embatch_protocol::Input;
 use embatch_protocol::predict::Prediction;
-use embatch_tei_double::{POISON, RecordedCall, predictions};
+use embatch_tei_double::{POISON, predictions};
 use embatch_testkit::TeiConfig;
 
 /// The double as a classifier that answers at once.
@@ -39,20 +40,10 @@ fn lists(body: &serde_json::Value) -> Vec<Vec<Prediction>> {
     serde_json::from_value(body.clone()).expect("TEI's /predict batch reply")
 }
 
-/// The upstream calls on `/predict`: their sequences and statuses.
-fn predict_calls(calls: &[RecordedCall]) -> Vec<(usize, u16)> {
-    calls
-        .iter()
-        .filter(|c| c.options["route"] == "/predict")
-        .map(|c| (c.inputs.len(), c.status))
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sequences_of_concurrent_callers_share_one_upstream_call() {
-    // The first request waits (no dispatch while idle) for the other to join its batch.
-    let args = ["--max-wait-time", "400ms", "--dispatch-when-idle", "false"];
-    let (stack, gateway) = stack_with_gateway(classifier(), &args, 1 << 20, 64).await;
+    let (stack, gateway) =
+        stack_with_gateway(classifier(), &WAIT_FOR_BATCH_MATES, 1 << 20, 64).await;
     let single = serde_json::json!({"inputs": "I like it"});
     let batch = serde_json::json!({"inputs": [["so so"], ["is it good?", "it is great"]]});
     let ((status_a, body_a), (status_b, body_b)) = tokio::join!(
@@ -72,7 +63,11 @@ async fn sequences_of_concurrent_callers_share_one_upstream_call() {
         ]
     );
     let calls = stack.tei.calls();
-    assert_eq!(predict_calls(&calls), [(3, 200)], "one call: {calls:?}");
+    assert_eq!(
+        route_calls(&calls, "/predict"),
+        [(3, 200)],
+        "one call: {calls:?}"
+    );
     let sent: Vec<&Input> = calls[0].inputs.iter().collect();
     assert!(
         sent.contains(&&pair("is it good?", "it is great")),
@@ -80,18 +75,9 @@ async fn sequences_of_concurrent_callers_share_one_upstream_call() {
     );
 
     // Deterministic, so cached: a repeat costs no upstream call.
-    let response = json_post(
-        &reqwest::Client::new(),
-        &format!("{}/predict", gateway.url),
-        single.to_string(),
-    )
-    .send()
-    .await
-    .expect("HTTP response");
-    assert_eq!(response.headers()["x-embatch-cache-hits"], "1");
-    let repeat: Vec<Prediction> = response.json().await.expect("JSON body");
+    let repeat = repeat_from_cache(&stack, &gateway.url, "/predict", &single, "1").await;
+    let repeat: Vec<Prediction> = serde_json::from_value(repeat).expect("one list");
     assert_eq!(repeat, expected(&text("I like it"), false));
-    assert_eq!(stack.tei.calls().len(), 1, "answered from the cache");
 
     // `raw_scores` is another result (the logits), not the cached one.
     let raw = serde_json::json!({"inputs": "I like it", "raw_scores": true});
@@ -105,22 +91,14 @@ async fn sequences_of_concurrent_callers_share_one_upstream_call() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_sequence_fails_its_own_request_only() {
-    let args = ["--max-wait-time", "400ms", "--dispatch-when-idle", "false"];
-    let (stack, gateway) = stack_with_gateway(classifier(), &args, 1 << 20, 64).await;
+    let (stack, gateway) =
+        stack_with_gateway(classifier(), &WAIT_FOR_BATCH_MATES, 1 << 20, 64).await;
     let bad = serde_json::json!({"inputs": [["fine too"], ["q", format!("x {POISON}")]]});
     let good = serde_json::json!({"inputs": ["q", "fine"]});
-    let ((status_bad, err), (status_good, fine)) = tokio::join!(
-        post_json(&gateway.url, "/predict", bad),
-        post_json(&gateway.url, "/predict", good),
-    );
-    assert_eq!(status_bad, 422, "{err}");
-    assert_tei_error(&err, "Validation", POISON);
-    assert_eq!(status_good, 200, "{fine}");
+    let fine = bad_beside_good(&gateway.url, "/predict", bad, good).await;
     let fine: Vec<Prediction> = serde_json::from_value(fine).expect("one list");
     assert_eq!(fine, expected(&pair("q", "fine"), false));
-    let sizes = predict_calls(&stack.tei.calls());
-    assert_eq!(sizes.first(), Some(&(3, 422)), "one shared call: {sizes:?}");
-    assert!(sizes.contains(&(1, 200)), "the good pair alone: {sizes:?}");
+    assert_isolated(&route_calls(&stack.tei.calls(), "/predict"), 3);
     stack.worker.stop().await;
 }
 
@@ -177,13 +155,7 @@ async fn teis_errors_before_any_call_and_the_model_route() {
     assert_eq!(status, 200, "{body}");
     let one: Vec<Prediction> = serde_json::from_value(body).expect("one list");
     assert_eq!(one, expected(&pair("q", "t"), false));
-    let (status, err) = post_json(
-        &gateway.url,
-        "/models/nobody/predict",
-        serde_json::json!({"inputs": "a"}),
-    )
-    .await;
-    assert_eq!(status, 404, "{err}");
+    assert_unknown_model_404(&gateway.url, "/predict", serde_json::json!({"inputs": "a"})).await;
     stack.worker.stop().await;
 }
 

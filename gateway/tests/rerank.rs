@@ -8,7 +8,8 @@ mod common;
 use std::time::Duration;
 
 use common::tei_routes::{
-    assert_plain_model_424, assert_the_deadline, direct_client, instant_double, post_json,
+    WAIT_FOR_BATCH_MATES, assert_isolated, assert_plain_model_424, assert_the_deadline,
+    bad_beside_good, direct_client, instant_double, post_json,
 };
 use common::{assert_tei_error, stack_with_gateway};
 use embatch_protocol::Input;
@@ -164,9 +165,7 @@ async fn cohere_routes_take_top_n_and_return_documents() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pairs_of_concurrent_callers_share_one_upstream_call() {
-    // The first request waits (no dispatch while idle) for the others to join its batch.
-    let args = ["--max-wait-time", "400ms", "--dispatch-when-idle", "false"];
-    let (stack, gateway) = stack_with_gateway(reranker(), &args, 1 << 20, 64).await;
+    let (stack, gateway) = stack_with_gateway(reranker(), &WAIT_FOR_BATCH_MATES, 1 << 20, 64).await;
     let a = serde_json::json!({"query": "first query", "texts": ["a1", "a2"]});
     let b = serde_json::json!({"query": "second query", "texts": ["b1"]});
     let ((status_a, ranks_a), (status_b, ranks_b)) = tokio::join!(
@@ -196,21 +195,12 @@ async fn pairs_of_concurrent_callers_share_one_upstream_call() {
     stack.tei.calls.clear();
     let bad = serde_json::json!({"query": "q3", "texts": [format!("x {POISON}")]});
     let good = serde_json::json!({"query": "q4", "texts": ["fine"]});
-    let ((status_bad, err), (status_good, fine)) = tokio::join!(
-        post_json(&gateway.url, "/rerank", bad),
-        post_json(&gateway.url, "/rerank", good),
-    );
-    assert_eq!(status_bad, 422, "{err}");
-    assert_eq!(status_good, 200, "{fine}");
+    let fine = bad_beside_good(&gateway.url, "/rerank", bad, good).await;
     assert_eq!(ranks(&fine), [(0, rerank_score("q4", "fine", false))]);
+    // The shared call of two queries goes to /predict, the good pair alone to /rerank.
     let calls = stack.tei.calls();
     let sizes: Vec<(usize, u16)> = calls.iter().map(|c| (c.inputs.len(), c.status)).collect();
-    assert_eq!(
-        sizes.first(),
-        Some(&(2, 422)),
-        "one shared call first: {sizes:?}"
-    );
-    assert!(sizes.contains(&(1, 200)), "the good pair alone: {sizes:?}");
+    assert_isolated(&sizes, 2);
     stack.worker.stop().await;
 }
 

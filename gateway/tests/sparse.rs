@@ -7,15 +7,16 @@ mod common;
 
 use std::time::Duration;
 
+use common::stack_with_gateway;
 use common::tei_routes::{
-    assert_plain_model_424, assert_the_deadline, direct_client, instant_double, post_json,
-    send_direct,
+    WAIT_FOR_BATCH_MATES, assert_isolated, assert_plain_model_424, assert_refused_before_any_call,
+    assert_the_deadline, assert_unknown_model_404, bad_beside_good, direct_client, instant_double,
+    post_json, repeat_from_cache, route_calls, send_direct,
 };
-use common::{assert_tei_error, json_post, stack_with_gateway};
 use embatch_client::Operation;
 use embatch_protocol::Input;
 use embatch_protocol::sparse::SparseValue;
-use embatch_tei_double::{POISON, RecordedCall, sparse_embedding};
+use embatch_tei_double::{POISON, sparse_embedding};
 use embatch_testkit::TeiConfig;
 
 /// The double as a SPLADE model that answers at once.
@@ -36,20 +37,9 @@ fn expected(texts: &[&str]) -> Vec<Vec<SparseValue>> {
         .collect()
 }
 
-/// The upstream calls on `/embed_sparse`: their inputs and statuses.
-fn sparse_calls(calls: &[RecordedCall]) -> Vec<(usize, u16)> {
-    calls
-        .iter()
-        .filter(|c| c.options["route"] == "/embed_sparse")
-        .map(|c| (c.inputs.len(), c.status))
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inputs_of_concurrent_callers_share_one_upstream_call() {
-    // The first request waits (no dispatch while idle) for the other to join its batch.
-    let args = ["--max-wait-time", "400ms", "--dispatch-when-idle", "false"];
-    let (stack, gateway) = stack_with_gateway(splade(), &args, 1 << 20, 64).await;
+    let (stack, gateway) = stack_with_gateway(splade(), &WAIT_FOR_BATCH_MATES, 1 << 20, 64).await;
     let a = serde_json::json!({"inputs": ["a1", "a2"]});
     let b = serde_json::json!({"inputs": "b1"});
     let ((status_a, body_a), (status_b, body_b)) = tokio::join!(
@@ -60,42 +50,28 @@ async fn inputs_of_concurrent_callers_share_one_upstream_call() {
     assert_eq!(lists(&body_a), expected(&["a1", "a2"]));
     assert_eq!(lists(&body_b), expected(&["b1"]));
     let calls = stack.tei.calls();
-    assert_eq!(sparse_calls(&calls), [(3, 200)], "one call: {calls:?}");
+    assert_eq!(
+        route_calls(&calls, "/embed_sparse"),
+        [(3, 200)],
+        "one call: {calls:?}"
+    );
     assert!(
         calls.iter().all(|c| c.options["route"] == "/embed_sparse"),
         "no dense call: {calls:?}"
     );
 
     // Deterministic, so cached: a repeat costs no upstream call, in its own key namespace.
-    let response = json_post(
-        &reqwest::Client::new(),
-        &format!("{}/embed_sparse", gateway.url),
-        a.to_string(),
-    )
-    .send()
-    .await
-    .expect("HTTP response");
-    assert_eq!(response.headers()["x-embatch-cache-hits"], "2");
-    let repeat: serde_json::Value = response.json().await.expect("JSON body");
+    let repeat = repeat_from_cache(&stack, &gateway.url, "/embed_sparse", &a, "2").await;
     assert_eq!(lists(&repeat), expected(&["a1", "a2"]));
-    assert_eq!(stack.tei.calls().len(), 1, "answered from the cache");
 
     // A bad input fails its own request only: the shared call is refused, then the batch is
     // bisected and the good input embedded alone.
     stack.tei.calls.clear();
     let bad = serde_json::json!({"inputs": ["fine too", format!("x {POISON}")]});
     let good = serde_json::json!({"inputs": ["fine"]});
-    let ((status_bad, err), (status_good, fine)) = tokio::join!(
-        post_json(&gateway.url, "/embed_sparse", bad),
-        post_json(&gateway.url, "/embed_sparse", good),
-    );
-    assert_eq!(status_bad, 422, "{err}");
-    assert_tei_error(&err, "Validation", POISON);
-    assert_eq!(status_good, 200, "{fine}");
+    let fine = bad_beside_good(&gateway.url, "/embed_sparse", bad, good).await;
     assert_eq!(lists(&fine), expected(&["fine"]));
-    let sizes = sparse_calls(&stack.tei.calls());
-    assert_eq!(sizes.first(), Some(&(3, 422)), "one shared call: {sizes:?}");
-    assert!(sizes.contains(&(1, 200)), "the good input alone: {sizes:?}");
+    assert_isolated(&route_calls(&stack.tei.calls(), "/embed_sparse"), 3);
     stack.worker.stop().await;
 }
 
@@ -119,31 +95,31 @@ async fn first_model(gateway: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn teis_errors_and_the_model_routes() {
     let (stack, gateway) = stack_with_gateway(splade(), &[], 1 << 20, 4).await;
-    let (status, err) = post_json(
-        &gateway.url,
-        "/embed_sparse",
-        serde_json::json!({"inputs": []}),
-    )
-    .await;
-    assert_eq!(status, 400);
-    assert_tei_error(&err, "Empty", "`inputs` cannot be empty");
-    let five = serde_json::json!({"inputs": ["a", "b", "c", "d", "e"]});
-    let (status, err) = post_json(&gateway.url, "/embed_sparse", five).await;
-    assert_eq!(status, 422);
-    assert_tei_error(
-        &err,
-        "Validation",
-        "batch size 5 > maximum allowed batch size 4",
-    );
-    let (status, err) = post_json(
-        &gateway.url,
-        "/embed_sparse",
-        serde_json::json!({"input": "a"}),
-    )
-    .await;
-    assert_eq!(status, 422);
-    assert_tei_error(&err, "Validation", "missing field `inputs`");
-    assert!(stack.tei.calls().is_empty(), "refused before any call");
+    let refused = [
+        (
+            serde_json::json!({"inputs": []}),
+            400,
+            "Empty",
+            "`inputs` cannot be empty",
+        ),
+        (
+            serde_json::json!({"inputs": ["a", "b", "c", "d", "e"]}),
+            422,
+            "Validation",
+            "batch size 5 > maximum allowed batch size 4",
+        ),
+        (
+            serde_json::json!({"input": "a"}),
+            422,
+            "Validation",
+            "missing field `inputs`",
+        ),
+    ];
+    let cases = refused
+        .into_iter()
+        .map(|(body, status, kind, needle)| ("/embed_sparse", body, status, kind, needle))
+        .collect();
+    assert_refused_before_any_call(&stack, &gateway.url, cases).await;
 
     // The model's own path, and a model no worker serves.
     let name = first_model(&gateway.url).await;
@@ -151,13 +127,12 @@ async fn teis_errors_and_the_model_routes() {
     let (status, body) = post_json(&gateway.url, &path, serde_json::json!({"inputs": "m"})).await;
     assert_eq!(status, 200, "{path}: {body}");
     assert_eq!(lists(&body), expected(&["m"]));
-    let (status, err) = post_json(
+    assert_unknown_model_404(
         &gateway.url,
-        "/models/nobody/embed_sparse",
+        "/embed_sparse",
         serde_json::json!({"inputs": "m"}),
     )
     .await;
-    assert_eq!(status, 404, "{err}");
     stack.worker.stop().await;
 }
 

@@ -6,8 +6,8 @@
 mod common;
 
 use common::tei_routes::{
-    assert_plain_model_424, assert_the_deadline, direct_client, instant_double, post_json,
-    send_direct,
+    assert_plain_model_424, assert_the_deadline, assert_unknown_model_404, direct_client,
+    instant_double, post_json, send_direct,
 };
 use common::{assert_tei_error, stack_with_gateway};
 use embatch_client::Operation;
@@ -134,13 +134,7 @@ async fn teis_errors_the_model_path_and_direct_nats_callers() {
     // Refused before any call (the worker's token counter may have called /tokenize at start).
     assert!(calls_on(&stack, "/decode").is_empty());
     assert!(!calls_on(&stack, "/tokenize").contains(&3));
-    let (status, err) = post_json(
-        &gateway.url,
-        "/models/nobody/decode",
-        serde_json::json!({"ids": [1]}),
-    )
-    .await;
-    assert_eq!(status, 404, "{err}");
+    assert_unknown_model_404(&gateway.url, "/decode", serde_json::json!({"ids": [1]})).await;
 
     // The subjects over NATS, for a caller that skips the gateway.
     let client = direct_client(&stack).await;

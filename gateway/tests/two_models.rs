@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use common::checks::wait_for_models;
 use common::{json_post, start_gateway_at};
-use embatch_testkit::{NatsServer, RunningWorker, model_dir, repo_root, testdata};
+use embatch_testkit::{NatsServer, RunningWorker, cosine, model_dir, repo_root, testdata};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -78,13 +78,6 @@ fn expected() -> Expected {
         assert!(cosine(m, b) < 0.9, "the two models' references are alike");
     }
     expected
-}
-
-fn cosine(a: &[f32], b: &[f32]) -> f32 {
-    let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
-    let na: f32 = a.iter().map(|x| x * x).sum::<f32>().sqrt();
-    let nb: f32 = b.iter().map(|x| x * x).sum::<f32>().sqrt();
-    dot / (na * nb)
 }
 
 fn assert_vectors(got: &[Vec<f32>], want: &[Vec<f32>], what: &str) {

@@ -245,6 +245,18 @@ pub fn double_vector(text: &str) -> Vec<f32> {
     embatch_tei_double::embedding(text, TeiConfig::instant().dim, None, true)
 }
 
+/// The cosine similarity of `a` and `b` (of one length), summed in f64 so that a test's
+/// tolerance is about the vectors, not the sum's rounding; NaN when either is a zero vector.
+pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    let dot: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| f64::from(*x) * f64::from(*y))
+        .sum();
+    let norm = |v: &[f32]| v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+    (dot / (norm(a) * norm(b))) as f32
+}
+
 /// Starts the workspace's TEI double ([`embatch_tei_double`]) on a free loopback port (needs a
 /// tokio runtime); panics if it cannot bind.
 pub async fn start_tei(config: TeiConfig) -> TeiDouble {

@@ -6,20 +6,10 @@ mod common;
 
 use std::collections::HashMap;
 
-use bytes::Bytes;
-use common::embed_status;
-use embatch_client::EmbedClient;
 use embatch_testkit::{Faults, POISON, Stack, TeiConfig, double_vector};
 
 /// Batches form only when full or after 250 ms: requests sent together share one batch.
-const WORKER: &[&str] = &[
-    "--max-batch-size",
-    "64",
-    "--max-wait-time",
-    "250ms",
-    "--dispatch-when-idle",
-    "false",
-];
+const WORKER: &[&str] = &common::SHARED_BATCHES;
 
 /// A [`Stack`] on an instant TEI double with `faults`, the worker started with [`WORKER`].
 async fn stack_with(faults: Faults) -> Stack {
@@ -30,23 +20,7 @@ async fn stack_with(faults: Faults) -> Stack {
 
 /// Sends one single-input request per text at once; each reply's status and body.
 async fn send_all(stack: &Stack, texts: &[String]) -> Vec<(u16, serde_json::Value)> {
-    let raw = async_nats::connect(stack.nats.url())
-        .await
-        .expect("client connects");
-    let client = EmbedClient::new(raw, "embed");
-    let tasks: Vec<_> = texts
-        .iter()
-        .map(|text| {
-            let client = client.clone();
-            let body = Bytes::from(serde_json::json!({ "inputs": text }).to_string());
-            tokio::spawn(async move { embed_status(&client, body).await })
-        })
-        .collect();
-    let mut replies = Vec::new();
-    for task in tasks {
-        replies.push(task.await.expect("client task"));
-    }
-    replies
+    common::send_texts(&stack.nats.url(), texts).await
 }
 
 /// How many upstream calls carried each input.

@@ -6,16 +6,14 @@
 mod common;
 
 use bytes::Bytes;
-use common::embed_status;
 use common::plain::request_on;
-use embatch_client::EmbedClient;
 use embatch_protocol::embed_all::embed_all_subject;
 use embatch_protocol::rerank::rerank_subject;
 use embatch_protocol::similarity::similarity_subject;
 use embatch_protocol::{DEFAULT_SUBJECT, Input, tokenize};
 use embatch_testkit::{
-    Faults, NatsServer, POISON, RunningWorker, TeiConfig, TeiDouble, double_vector, embedding_of,
-    start_tei,
+    Faults, NatsServer, POISON, RunningWorker, TeiConfig, TeiDouble, cosine, double_vector,
+    embedding_of, start_tei,
 };
 
 /// A nats-server, the double and a worker posting to the double's `/v1` with key `sk-test`;
@@ -43,16 +41,15 @@ async fn start_with(extra: &[&str]) -> OpenAiStack {
         model.as_str(),
         "--openai-api-key",
         "sk-test",
-        "--max-batch-size",
-        "64",
-        "--max-wait-time",
-        "250ms",
-        "--dispatch-when-idle",
-        "false",
         "--cache",
         "false",
     ];
-    let args: Vec<&str> = args.iter().chain(extra).copied().collect();
+    let args: Vec<&str> = args
+        .iter()
+        .chain(&common::SHARED_BATCHES)
+        .chain(extra)
+        .copied()
+        .collect();
     let worker = RunningWorker::start(&nats, &args).await;
     OpenAiStack {
         nats,
@@ -66,22 +63,7 @@ async fn send_all(
     stack: &OpenAiStack,
     bodies: Vec<serde_json::Value>,
 ) -> Vec<(u16, serde_json::Value)> {
-    let raw = async_nats::connect(stack.nats.url())
-        .await
-        .expect("client connects");
-    let client = EmbedClient::new(raw, "embed");
-    let tasks: Vec<_> = bodies
-        .into_iter()
-        .map(|body| {
-            let client = client.clone();
-            tokio::spawn(async move { embed_status(&client, Bytes::from(body.to_string())).await })
-        })
-        .collect();
-    let mut replies = Vec::new();
-    for task in tasks {
-        replies.push(task.await.expect("client task"));
-    }
-    replies
+    common::send_all(&stack.nats.url(), bodies).await
 }
 
 fn vectors(body: &serde_json::Value) -> Vec<Vec<f32>> {
@@ -92,11 +74,7 @@ fn vectors(body: &serde_json::Value) -> Vec<Vec<f32>> {
 async fn callers_share_one_call_with_the_key_and_get_the_doubles_vectors() {
     let stack = start().await;
     let texts: Vec<String> = (0..12).map(|i| format!("shared call {i}")).collect();
-    let bodies = texts
-        .iter()
-        .map(|t| serde_json::json!({ "inputs": t }))
-        .collect();
-    let replies = send_all(&stack, bodies).await;
+    let replies = common::send_texts(&stack.nats.url(), &texts).await;
     for (text, (status, body)) in texts.iter().zip(&replies) {
         assert_eq!(*status, 200, "{text}: {body}");
         assert_eq!(vectors(body), vec![double_vector(text)], "{text}");
@@ -144,11 +122,7 @@ async fn a_refused_input_is_isolated_and_server_failures_are_mapped() {
     let stack = start().await;
     let mut texts: Vec<String> = (0..9).map(|i| format!("good {i}")).collect();
     texts.insert(4, format!("bad {POISON}"));
-    let bodies = texts
-        .iter()
-        .map(|t| serde_json::json!({ "inputs": t }))
-        .collect();
-    let replies = send_all(&stack, bodies).await;
+    let replies = common::send_texts(&stack.nats.url(), &texts).await;
     for (text, (status, body)) in texts.iter().zip(&replies) {
         if text.contains(POISON) {
             assert_eq!(*status, 400, "the server's 400 blames the input: {body}");
@@ -239,17 +213,6 @@ async fn what_the_api_cannot_do_is_refused_naming_it() {
     assert_eq!(reply.status, 200, "{:?}", reply.json());
     assert_eq!(stack.double.calls().len(), 1);
     stack.worker.stop().await;
-}
-
-/// The cosine similarity of `a` and `b`, computed here in f64.
-fn cosine(a: &[f32], b: &[f32]) -> f32 {
-    let dot: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| f64::from(*x) * f64::from(*y))
-        .sum();
-    let norm = |v: &[f32]| v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
-    (dot / (norm(a) * norm(b))) as f32
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

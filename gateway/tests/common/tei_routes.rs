@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use embatch_client::{EmbedClient, Operation, Reply, RequestError, SendOptions};
 use embatch_tei_double::RecordedCall;
-use embatch_testkit::{Stack, TeiConfig};
+use embatch_testkit::{POISON, Stack, TeiConfig};
 
 use super::{assert_tei_error, json_post, stack_with_gateway};
 
@@ -28,17 +28,88 @@ pub async fn post_json(
     path: &str,
     body: impl std::fmt::Display,
 ) -> (u16, serde_json::Value) {
-    let response = json_post(
+    let response = post(url, path, body).await;
+    let status = response.status().as_u16();
+    let body = response.json().await.expect("JSON body");
+    (status, body)
+}
+
+/// Worker arguments under which a request waits (no dispatch while the upstream is idle) up to
+/// 400 ms for others to join its batch, so that requests sent together share one upstream call.
+pub const WAIT_FOR_BATCH_MATES: [&str; 4] =
+    ["--max-wait-time", "400ms", "--dispatch-when-idle", "false"];
+
+/// The upstream calls on `route` (`"/predict"`, `"/embed_sparse"`, ...): each one's number of
+/// inputs and the status it answered.
+pub fn route_calls(calls: &[RecordedCall], route: &str) -> Vec<(usize, u16)> {
+    calls
+        .iter()
+        .filter(|c| c.options["route"] == route)
+        .map(|c| (c.inputs.len(), c.status))
+        .collect()
+}
+
+/// `POST {url}{path}` of `body` again: asserts that the reply says `hits` inputs came from the
+/// cache and that `stack`'s upstream saw no new call; the reply body.
+pub async fn repeat_from_cache(
+    stack: &Stack,
+    url: &str,
+    path: &str,
+    body: &serde_json::Value,
+    hits: &str,
+) -> serde_json::Value {
+    let calls = stack.tei.calls().len();
+    let response = post(url, path, body).await;
+    assert_eq!(response.headers()["x-embatch-cache-hits"], hits, "{path}");
+    let reply = response.json().await.expect("JSON body");
+    assert_eq!(stack.tei.calls().len(), calls, "answered from the cache");
+    reply
+}
+
+/// Sends `bad` (holding an input the double refuses, [`POISON`]) and `good` to `{url}{path}` at
+/// once: asserts that `bad` alone is TEI's 422 `Validation` naming that input and that `good`
+/// is answered; `good`'s reply body.
+pub async fn bad_beside_good(
+    url: &str,
+    path: &str,
+    bad: serde_json::Value,
+    good: serde_json::Value,
+) -> serde_json::Value {
+    let ((status_bad, err), (status_good, fine)) =
+        tokio::join!(post_json(url, path, bad), post_json(url, path, good));
+    assert_eq!(status_bad, 422, "{err}");
+    assert_tei_error(&err, "Validation", POISON);
+    assert_eq!(status_good, 200, "{fine}");
+    fine
+}
+
+/// Asserts that the upstream calls (`(inputs, status)` each, in order) began with one shared
+/// call of `shared` inputs that the upstream refused, and that the good input went alone after.
+pub fn assert_isolated(sizes: &[(usize, u16)], shared: usize) {
+    assert_eq!(
+        sizes.first(),
+        Some(&(shared, 422)),
+        "one shared call first: {sizes:?}"
+    );
+    assert!(sizes.contains(&(1, 200)), "the good input alone: {sizes:?}");
+}
+
+/// Asserts that `POST {url}/models/nobody{route}` of `body` is a 404: no worker serves it.
+pub async fn assert_unknown_model_404(url: &str, route: &str, body: serde_json::Value) {
+    let (status, err) = post_json(url, &format!("/models/nobody{route}"), body).await;
+    assert_eq!(status, 404, "{err}");
+}
+
+/// `POST {url}{path}` of `body` as JSON: the response.
+async fn post(url: &str, path: &str, body: impl std::fmt::Display) -> reqwest::Response {
+    json_post(
         &reqwest::Client::new(),
         &format!("{url}{path}"),
         body.to_string(),
     )
     .send()
     .await
-    .expect("HTTP response");
-    let status = response.status().as_u16();
-    let body = response.json().await.expect("JSON body");
-    (status, body)
+    .expect("HTTP response")
 }
 
 /// One request TEI refuses: `(path, body, status, error_type, a part of the message)`.

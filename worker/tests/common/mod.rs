@@ -39,6 +39,53 @@ pub async fn embed_status(client: &EmbedClient, body: Bytes) -> (u16, serde_json
     }
 }
 
+/// Worker arguments under which batches form only when full (64 inputs) or after 250 ms, so
+/// that requests sent together share one batch.
+#[allow(dead_code)] // not every test binary uses every helper
+pub const SHARED_BATCHES: [&str; 6] = [
+    "--max-batch-size",
+    "64",
+    "--max-wait-time",
+    "250ms",
+    "--dispatch-when-idle",
+    "false",
+];
+
+/// Sends each of `bodies` at once as its own request on the default subject of the nats-server
+/// at `nats_url`; each reply's status and body as [`embed_status`] reads them, in order.
+#[allow(dead_code)] // not every test binary uses every helper
+pub async fn send_all(
+    nats_url: &str,
+    bodies: Vec<serde_json::Value>,
+) -> Vec<(u16, serde_json::Value)> {
+    let raw = async_nats::connect(nats_url)
+        .await
+        .expect("client connects");
+    let client = EmbedClient::new(raw, embatch_protocol::DEFAULT_SUBJECT);
+    let tasks: Vec<_> = bodies
+        .into_iter()
+        .map(|body| {
+            let client = client.clone();
+            tokio::spawn(async move { embed_status(&client, Bytes::from(body.to_string())).await })
+        })
+        .collect();
+    let mut replies = Vec::new();
+    for task in tasks {
+        replies.push(task.await.expect("client task"));
+    }
+    replies
+}
+
+/// [`send_all`] of one single-input request (`{"inputs": text}`) per text.
+#[allow(dead_code)] // not every test binary uses every helper
+pub async fn send_texts(nats_url: &str, texts: &[String]) -> Vec<(u16, serde_json::Value)> {
+    let bodies = texts
+        .iter()
+        .map(|text| serde_json::json!({ "inputs": text }))
+        .collect();
+    send_all(nats_url, bodies).await
+}
+
 /// The text of the worker's `/metrics` at `addr` (`host:port`).
 ///
 /// # Panics
