@@ -48,11 +48,12 @@ def read(rel):
 # ------------------------------------------------------------------------------------------
 
 SOURCE_DIRS = [
-    "gateway/src", "worker/src", "batcher/src", "bulk/src", "cache/src", "client/src", "runtime/src",
+    "gateway/src", "worker/src", "batcher/src", "bulk/src", "cache/src", "membership/src",
+    "client/src", "runtime/src",
 ]
-# The worker re-exports the batcher's, the bulk lane's and the cache's metric names and describes
-# them: one namespace.
-SAME_NAMES = {"batcher": "worker", "bulk": "worker", "cache": "worker"}
+# The worker re-exports the batcher's, the bulk lane's, the cache's and the membership's metric
+# names and describes them: one namespace.
+SAME_NAMES = {"batcher": "worker", "bulk": "worker", "cache": "worker", "membership": "worker"}
 
 
 def exported_metrics():

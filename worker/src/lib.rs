@@ -7,13 +7,15 @@
 //!   task tracker, and stops them in one ordered sequence (stop taking messages, answer what was
 //!   accepted within `--shutdown-grace`, stop the rest, flush).
 //! - `intake`: the `embed` endpoint: parse, validate, admit, reply; withdrawals by request id.
-//! - [`membership`]: when the worker is a member of the queue group (full, upstream unhealthy),
-//!   as plain decisions; `group` holds or drains the subscription accordingly and runs the
-//!   upstream `/health` probes; `peers` is what the worker knows of the others' room.
-//! - `micro`: NATS micro service discovery (`$SRV.PING`, `$SRV.INFO`, `$SRV.STATS`) and the
-//!   per-endpoint counters; `info`: the `info` endpoint (the upstream's `/info`); `respond`:
-//!   the replies of both endpoints.
-//! - `heartbeat`: the liveness signal clients watch to resend what a lost worker held.
+//! - queue-group membership ([`embatch_membership`]): [`membership`], when the worker is a member
+//!   of the queue group (full, upstream unhealthy), as plain decisions; `group` holds or drains
+//!   the subscription accordingly; `peers` is what the worker knows of the others' room;
+//!   `micro`, NATS micro service discovery (`$SRV.PING`, `$SRV.INFO`, `$SRV.STATS`) and the
+//!   per-endpoint counters; `heartbeat`, the liveness signal clients watch to resend what a lost
+//!   worker held; `reconnect`, what a reconnect to NATS does to the queue. `probes` runs the
+//!   upstream `/health` probes that feed the decision.
+//! - `info`: the `info` endpoint (the upstream's `/info`); `respond`: the replies of both
+//!   endpoints.
 //! - [`bulk`]: the bulk lane ([`embatch_bulk`]: OpenAI-style batch jobs from NATS JetStream,
 //!   behind interactive traffic), wired to the worker's batcher, token counter and tenants.
 //! - [`batcher`]: the batching actor ([`embatch_batcher`]: batch formation, overload control,
@@ -30,19 +32,17 @@
 //!   request in the worker, exported over OTLP with `--otlp-endpoint`.
 
 pub mod batcher;
+/// Queue-group membership's decisions ([`embatch_membership::decision`]).
+pub use embatch_membership::decision as membership;
+use embatch_membership::{group, heartbeat, micro, peers, reconnect};
 pub mod bulk;
 pub mod cache;
 pub mod config;
-mod group;
-mod heartbeat;
 pub mod http;
 mod info;
 mod intake;
-pub mod membership;
-mod micro;
 mod model;
-mod peers;
-mod reconnect;
+mod probes;
 mod respond;
 mod serve;
 pub mod telemetry;

@@ -11,12 +11,8 @@ pub mod names {
     /// The cache's metric names (see [`embatch_cache::names`]).
     pub use embatch_cache::names::*;
 
-    /// Gauge: 1 while the worker is a member of the queue group (takes requests), else 0.
-    pub const MEMBER: &str = "embatch_worker_queue_group_member";
-    /// Counter, labels `event` (`joined`, `left`, or `changed` when only the reason changed) and
-    /// `state` (the new state: `joined`, `full`, `upstream_unhealthy`, `stopping`): changes of
-    /// queue-group membership.
-    pub const MEMBERSHIP_CHANGES: &str = "embatch_worker_membership_changes_total";
+    /// The membership's metric names (see [`embatch_membership::names`]).
+    pub use embatch_membership::names::*;
     /// Histogram: seconds from a request's arrival to its reply for requests answered entirely
     /// from the cache (what a hit costs in the worker).
     pub const CACHE_HIT_TIME: &str = "embatch_worker_cache_hit_seconds";

@@ -22,7 +22,7 @@ pub(super) struct Parts<U> {
     admin: Option<http::AdminServer>,
     discovery: micro::Discovery,
     info: info::Endpoint<U>,
-    probes: Option<group::Probes<U>>,
+    probes: Option<crate::probes::Probes<U>>,
     counter: tokens::Counter,
     rerank: intake::RerankConfig,
     sparse: intake::SparseConfig,
@@ -307,12 +307,12 @@ fn probes<U: Upstream>(
     upstream: &Arc<U>,
     state: tokio::sync::watch::Receiver<membership::MemberState>,
 ) -> (
-    Option<group::Probes<U>>,
+    Option<crate::probes::Probes<U>>,
     Option<tokio::sync::mpsc::Receiver<bool>>,
 ) {
     match mode {
         membership::Mode::Adaptive => {
-            let (probes, results) = group::Probes::new(Arc::clone(upstream), state);
+            let (probes, results) = crate::probes::Probes::new(Arc::clone(upstream), state);
             (Some(probes), Some(results))
         }
         membership::Mode::Static => (None, None),

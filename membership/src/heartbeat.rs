@@ -17,7 +17,7 @@
 //! like a death.
 //!
 //! It is silent while the worker is out of the queue group because its upstream fails or
-//! hangs ([`MemberState::UpstreamUnhealthy`], see [`crate::membership`]): a call that hangs in
+//! hangs ([`MemberState::UpstreamUnhealthy`], see [`crate::decision`]): a call that hangs in
 //! the upstream would hold its requests until `UPSTREAM_TIMEOUT`, so the clients resend them to
 //! the other workers after [`embatch_protocol::headers::HEARTBEAT_EXPIRY`], and the first reply
 //! wins. (A worker whose upstream fails answers 503 for what it holds anyway.)
@@ -44,7 +44,7 @@ use tokio::sync::{Notify, watch};
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
-use crate::membership::MemberState;
+use crate::decision::MemberState;
 
 /// Generations of acknowledgements counted apart: a request is counted in the slot of the
 /// heartbeat tick it was acknowledged in (modulo this), so the heartbeat can tell the requests
@@ -63,7 +63,7 @@ type Counts = [usize; SLOTS];
 /// after arrival are acknowledged and counted, so it is taken twice per slow request (hold and
 /// drop) and once per tick, not per request.
 #[derive(Debug)]
-pub(crate) struct Acked {
+pub struct Acked {
     /// The served subjects (`embed`, a model's subject) and their shared heartbeat subjects,
     /// for requests that name none of their own.
     served: Vec<(String, Arc<str>)>,
@@ -77,7 +77,7 @@ pub(crate) struct Acked {
 /// One acknowledged request, counted from its acknowledgement until this is dropped (its reply
 /// task ended: answered, withdrawn or handed back).
 #[derive(Debug)]
-pub(crate) struct Held {
+pub struct Held {
     acked: Arc<Acked>,
     to: Arc<str>,
     slot: usize,
@@ -97,7 +97,7 @@ impl Drop for Held {
 
 impl Acked {
     /// Counts nothing yet, for a worker serving `subjects` (at least one).
-    pub(crate) fn new(subjects: Vec<String>) -> Acked {
+    pub fn new(subjects: Vec<String>) -> Acked {
         let served = subjects
             .into_iter()
             .map(|s| {
@@ -121,7 +121,7 @@ impl Acked {
     /// `<subject>.rerank`) and named heartbeat subject `to`
     /// ([`embatch_protocol::headers::HEARTBEAT_TO`], validated by the intake), about to be
     /// acknowledged (call before sending the acknowledgement), and wakes the heartbeat.
-    pub(crate) fn hold(self: &Arc<Self>, subject: &str, to: Option<&str>) -> Held {
+    pub fn hold(self: &Arc<Self>, subject: &str, to: Option<&str>) -> Held {
         let to = to.map_or_else(
             || Arc::clone(&self.served[self.served(subject)].1),
             Arc::from,
@@ -185,7 +185,7 @@ fn slot_of(generation: u64) -> usize {
 }
 
 /// What the heartbeat follows: who beats, and what the worker holds on which subject.
-pub(crate) struct Beat {
+pub struct Beat {
     /// The NATS connection.
     pub client: Client,
     /// The worker's service id (the payload).
@@ -202,7 +202,7 @@ pub(crate) struct Beat {
 /// connection is closed) is logged at debug and retried at the next tick; while disconnected the
 /// client does not send (async-nats would buffer the beats and flush them, stale, at the
 /// reconnect).
-pub(crate) async fn run(beat: Beat, stop: CancellationToken) {
+pub async fn run(beat: Beat, stop: CancellationToken) {
     let payload = Bytes::from(beat.id.clone().into_bytes());
     loop {
         tokio::select! {

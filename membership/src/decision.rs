@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use embatch_protocol::headers::membership as label;
 
-/// The batcher's report of the load (`crate::batcher::BatcherHandle::load`), and the limits it
+/// The batcher's report of the load (`embatch_batcher::BatcherHandle::load`), and the limits it
 /// finds a stalled upstream by.
 pub use embatch_batcher::{Load, STALL_CALLS, STALL_MIN};
 

@@ -2,7 +2,7 @@
 //! listened for.
 //!
 //! A worker that has room (a member whose typical queue wait is under half its bound, see
-//! [`crate::membership::Membership::has_room`]) is a member of the queue group of
+//! [`crate::decision::Membership::has_room`]) is a member of the queue group of
 //! [`room_subject`] (`<model subject>.room`) while it has it. A full worker asks there with a
 //! NATS request before it leaves the request subject's group, and every [`ASK_EVERY`] while it is
 //! out: one member with room answers `{"id": "<service id>", "room": true}` ([`RoomAnswer`]);
@@ -25,9 +25,9 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::membership::MemberState;
+use crate::decision::MemberState;
 
-pub(crate) use embatch_protocol::headers::{ROOM_ASK_TIMEOUT, members_subject, room_subject};
+pub use embatch_protocol::headers::{ROOM_ASK_TIMEOUT, members_subject, room_subject};
 use embatch_protocol::model::Announcement;
 
 /// How long an answer counts, and how often a full worker asks again: 500 ms.
@@ -39,7 +39,7 @@ pub const RESUBSCRIBE_AFTER: Duration = Duration::from_millis(500);
 
 /// The answer of a worker with room: its service id and whether it (still) has room.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub(crate) struct RoomAnswer {
+pub struct RoomAnswer {
     /// The answering worker's service id.
     pub id: String,
     /// Whether it has room now (a worker that lost room since it subscribed answers `false`).
@@ -49,7 +49,7 @@ pub(crate) struct RoomAnswer {
 /// Who announces and asks: the worker's service id, the model it serves and whether it also
 /// answers the plain subject (the default model).
 #[derive(Debug, Clone)]
-pub(crate) struct Speaker {
+pub struct Speaker {
     /// The service id.
     pub id: String,
     /// The model served.
@@ -62,7 +62,7 @@ pub(crate) struct Speaker {
 
 /// The announcement of `speaker` in `state`, with or without `room`, as JSON bytes
 /// ([`Announcement`]).
-pub(crate) fn announcement(speaker: &Speaker, state: MemberState, room: bool) -> Bytes {
+pub fn announcement(speaker: &Speaker, state: MemberState, room: bool) -> Bytes {
     serde_json::to_vec(&Announcement {
         id: speaker.id.clone(),
         membership: state.label().to_owned(),
@@ -78,7 +78,7 @@ pub(crate) fn announcement(speaker: &Speaker, state: MemberState, room: bool) ->
 
 /// Answers a question on the room subject: `room` as `me` sees it now. A question without a
 /// reply subject is ignored; a failed publish (the connection is closed) is logged at debug.
-pub(crate) async fn answer(client: &Client, question: &Message, me: &str, room: bool) {
+pub async fn answer(client: &Client, question: &Message, me: &str, room: bool) {
     let Some(reply) = question.reply.clone() else {
         return;
     };
@@ -95,13 +95,13 @@ pub(crate) async fn answer(client: &Client, question: &Message, me: &str, room: 
 
 /// Whether `reply` says that a worker other than `me` has room. Anything else (malformed, its
 /// own answer, no room) is "no".
-pub(crate) fn says_room(reply: &[u8], me: &str) -> bool {
+pub fn says_room(reply: &[u8], me: &str) -> bool {
     serde_json::from_slice::<RoomAnswer>(reply).is_ok_and(|a| a.room && a.id != me)
 }
 
 /// Asks `subject` (a [`room_subject`]) whether a peer has room, as `me`, in a task of its own:
 /// the answer goes to `answers` (no responders, a timeout or any error: `false`).
-pub(crate) fn ask(client: &Client, subject: String, me: String, answers: mpsc::Sender<bool>) {
+pub fn ask(client: &Client, subject: String, me: String, answers: mpsc::Sender<bool>) {
     let client = client.clone();
     tokio::spawn(async move {
         let request = async_nats::Request::new()
@@ -121,7 +121,7 @@ pub(crate) fn ask(client: &Client, subject: String, me: String, answers: mpsc::S
 
 /// The last answer to "does a peer have room", and whether a question is out.
 #[derive(Debug, Default)]
-pub(crate) struct Answers {
+pub struct Answers {
     last: Option<(bool, Instant)>,
     asking: bool,
 }
@@ -129,7 +129,7 @@ pub(crate) struct Answers {
 impl Answers {
     /// Whether a peer had room by an answer still good at `now` (one received within
     /// [`ASK_EVERY`] plus [`ROOM_ASK_TIMEOUT`]: the next question is on its way by then).
-    pub(crate) fn peer_has_room(&self, now: Instant) -> bool {
+    pub fn peer_has_room(&self, now: Instant) -> bool {
         self.last.is_some_and(|(yes, at)| {
             yes && now.saturating_duration_since(at) <= ASK_EVERY + ROOM_ASK_TIMEOUT
         })
@@ -137,7 +137,7 @@ impl Answers {
 
     /// Whether to ask now: no question out, and no answer within [`ASK_EVERY`] of `now`. Marks
     /// a question as out when it says yes.
-    pub(crate) fn should_ask(&mut self, now: Instant) -> bool {
+    pub fn should_ask(&mut self, now: Instant) -> bool {
         let fresh = self
             .last
             .is_some_and(|(_, at)| now.saturating_duration_since(at) < ASK_EVERY);
@@ -147,7 +147,7 @@ impl Answers {
     }
 
     /// Takes the answer to the question out, received at `now`.
-    pub(crate) fn record(&mut self, yes: bool, now: Instant) {
+    pub fn record(&mut self, yes: bool, now: Instant) {
         self.asking = false;
         self.last = Some((yes, now));
     }

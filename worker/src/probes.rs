@@ -1,4 +1,5 @@
-//! The upstream `/health` probes that feed the membership decision ([`super::Group`]).
+//! The upstream `/health` probes that feed the membership decision
+//! ([`embatch_membership::group::Group`]).
 
 use std::sync::Arc;
 
@@ -7,10 +8,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::membership::{MemberState, PROBE_INTERVAL, PROBE_INTERVAL_UNHEALTHY, PROBE_TIMEOUT};
 use crate::upstream::Upstream;
+#[allow(unused_imports)] // the docs' link
+use embatch_membership::group::Group;
 
 /// The upstream `/health` probes: every [`PROBE_INTERVAL`] ([`PROBE_INTERVAL_UNHEALTHY`] while
 /// the worker is out because its upstream is unhealthy), each bounded by [`PROBE_TIMEOUT`]; each
-/// result goes to [`Group`] (the receiver [`Probes::new`] returns).
+/// result goes to the queue group's [`Group`] (the receiver [`Probes::new`] returns).
 pub(crate) struct Probes<U> {
     upstream: Arc<U>,
     state: watch::Receiver<MemberState>,

@@ -3,7 +3,7 @@
 //! per-endpoint counters behind `$SRV.STATS`.
 //!
 //! Why not async-nats's `service` API, which the worker used until its queue-group membership
-//! became adaptive (see [`crate::membership`]): its metadata is fixed at start, and discovery
+//! became adaptive (see [`crate::decision`]): its metadata is fixed at start, and discovery
 //! must report the live membership; and a service endpoint can only leave its queue group with
 //! `Endpoint::stop()`, which unsubscribes at once and drops requests delivered to the connection
 //! but not yet read. The worker's endpoints are therefore plain queue subscriptions, which leave
@@ -25,7 +25,7 @@ use futures::stream::BoxStream;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::membership::MemberState;
+use crate::decision::MemberState;
 
 /// The metadata key whose value is the worker's [`MemberState`] (`joined`, `full`,
 /// `upstream_unhealthy`, `stopping`) in `$SRV.PING` and `$SRV.INFO` answers.
@@ -34,7 +34,7 @@ pub const MEMBERSHIP_KEY: &str = embatch_protocol::headers::MEMBERSHIP_METADATA;
 /// What `$SRV.INFO` says about one endpoint, and its counters for `$SRV.STATS`. Cloning shares
 /// both (one `Arc`: each reply task holds a clone).
 #[derive(Clone)]
-pub(crate) struct EndpointStats(Arc<Endpoint>);
+pub struct EndpointStats(Arc<Endpoint>);
 
 struct Endpoint {
     info: endpoint::Info,
@@ -52,7 +52,7 @@ struct Counters {
 
 impl EndpointStats {
     /// An endpoint `name` on `subject` in `queue_group`, with nothing counted yet.
-    pub(crate) fn new(name: &str, subject: &str, queue_group: &str) -> EndpointStats {
+    pub fn new(name: &str, subject: &str, queue_group: &str) -> EndpointStats {
         EndpointStats(Arc::new(Endpoint {
             info: endpoint::Info {
                 name: name.to_owned(),
@@ -67,7 +67,7 @@ impl EndpointStats {
     /// The same endpoint on another `subject` (the plain subject of a worker that serves the
     /// default model): listed apart by `$SRV.INFO`, counted together (one queue serves both,
     /// so `$SRV.STATS` reports the same counts for each).
-    pub(crate) fn also_on(&self, subject: &str) -> EndpointStats {
+    pub fn also_on(&self, subject: &str) -> EndpointStats {
         EndpointStats(Arc::new(Endpoint {
             info: endpoint::Info {
                 subject: subject.to_owned(),
@@ -79,7 +79,7 @@ impl EndpointStats {
 
     /// Another endpoint, `name` on `subject`, that shares these counters (the rerank endpoint,
     /// served by the embed endpoint's intake): listed apart by `$SRV.INFO`, counted together.
-    pub(crate) fn also_as(&self, name: &str, subject: &str) -> EndpointStats {
+    pub fn also_as(&self, name: &str, subject: &str) -> EndpointStats {
         EndpointStats(Arc::new(Endpoint {
             info: endpoint::Info {
                 name: name.to_owned(),
@@ -92,7 +92,7 @@ impl EndpointStats {
 
     /// Counts one answered request that took `elapsed` from receipt to reply; `error` is the
     /// status code and one-line message of an error reply (`last_error` shows `code:message`).
-    pub(crate) fn record(&self, elapsed: Duration, error: Option<ServiceError>) {
+    pub fn record(&self, elapsed: Duration, error: Option<ServiceError>) {
         let mut counters = self
             .0
             .counters
@@ -131,7 +131,7 @@ impl EndpointStats {
 }
 
 /// The service's identity as discovery reports it.
-pub(crate) struct Identity {
+pub struct Identity {
     /// The service name ([`embatch_protocol::SERVICE_NAME`]).
     pub name: String,
     /// The worker's version.
@@ -143,7 +143,7 @@ pub(crate) struct Identity {
 }
 
 /// The discovery responder: its subscriptions to the `$SRV` subjects and what it answers with.
-pub(crate) struct Discovery {
+pub struct Discovery {
     /// The requests on every `$SRV` subject, each with its verb.
     verbs: BoxStream<'static, (&'static str, async_nats::Message)>,
     answers: Answers,
@@ -166,7 +166,7 @@ impl Discovery {
     ///
     /// # Errors
     /// When a subscription cannot be made (the connection is closed).
-    pub(crate) async fn subscribe(
+    pub async fn subscribe(
         client: async_nats::Client,
         id: String,
         identity: Identity,
@@ -200,7 +200,7 @@ impl Discovery {
 
     /// Answers discovery requests until `stop` is cancelled (the subscriptions are then
     /// dropped: unsubscribed) or the connection closes.
-    pub(crate) async fn run(mut self, stop: CancellationToken) {
+    pub async fn run(mut self, stop: CancellationToken) {
         loop {
             let (verb, message) = tokio::select! {
                 next = self.verbs.next() => match next {

@@ -6,7 +6,7 @@
 //! within a few ms of their re-subscribing. `MAX_QUEUE_DELAY` would answer much of it 429,
 //! though its callers' deadlines allow the queue to drain (what that cost, measured:
 //! docs/design/recovery.md). So for [`BACKLOG_WINDOW`] after each reconnect the batcher admits by
-//! deadline alone ([`crate::batcher::BatcherHandle::absorb_backlog`]): `QUEUE_CAP`,
+//! deadline alone ([`embatch_batcher::BatcherHandle::absorb_backlog`]): `QUEUE_CAP`,
 //! `MAX_QUEUE_BYTES` and each request's deadline still bound what it takes.
 //!
 //! The intake checks the connection's connect count before it admits each request (one atomic
@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use crate::batcher::BatcherHandle;
+use embatch_batcher::BatcherHandle;
 
 /// How long after a reconnect `MAX_QUEUE_DELAY` is set aside: 3 s. The backlog arrives within
 /// the clients' own reconnect pause (at most 100 ms with `embatch_client::reconnect_delay`) and
@@ -28,26 +28,26 @@ pub const BACKLOG_WINDOW: Duration = Duration::from_secs(3);
 /// How many times `client` has connected to NATS (1 before any reconnect): the
 /// [`embatch_protocol::headers::WORKER_CONNECTS`] of this worker's acknowledgements and
 /// heartbeats, by which a client learns that a reply may have been lost with the server.
-pub(crate) fn connects(client: &async_nats::Client) -> u64 {
+pub fn connects(client: &async_nats::Client) -> u64 {
     client.statistics().connects.load(Ordering::Relaxed)
 }
 
 /// The connect count of a NATS connection as last seen.
-pub(crate) struct Reconnects {
+pub struct Reconnects {
     statistics: Arc<async_nats::Statistics>,
     seen: u64,
 }
 
 impl Reconnects {
     /// Starts from `client`'s current count.
-    pub(crate) fn new(client: &async_nats::Client) -> Reconnects {
+    pub fn new(client: &async_nats::Client) -> Reconnects {
         let statistics = client.statistics();
         let seen = statistics.connects.load(Ordering::Relaxed);
         Reconnects { statistics, seen }
     }
 
     /// Opens a backlog window on `batcher` when the connection came back since the last call.
-    pub(crate) fn check(&mut self, batcher: &BatcherHandle) {
+    pub fn check(&mut self, batcher: &BatcherHandle) {
         let now = self.statistics.connects.load(Ordering::Relaxed);
         if now != self.seen {
             self.seen = now;

@@ -1,5 +1,6 @@
-//! The request subject's queue subscription, held or drained as [`Membership`] decides, and
-//! the upstream `/health` probes that feed the decision.
+//! The request subject's queue subscription, held or drained as [`Membership`] decides from
+//! the load, the upstream calls' failures and the upstream `/health` probe results it is fed
+//! (the worker's probes send them over a channel, see [`Group::join`]).
 //!
 //! [`Group::next`] yields the requests of the current subscription and of subscriptions still
 //! draining; between requests it takes probe results and, while the worker is full, re-checks
@@ -26,14 +27,10 @@ use futures::stream::SelectAll;
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 
-use crate::batcher::BatcherHandle;
-use crate::membership::{Load, MemberState, Membership, Transition};
+use crate::decision::{Load, MemberState, Membership, Transition};
+use crate::names;
 use crate::peers::{self, Answers, RESUBSCRIBE_AFTER};
-use crate::telemetry::names;
-
-mod probes;
-
-pub(crate) use probes::Probes;
+use embatch_batcher::BatcherHandle;
 
 /// How often a full worker re-checks whether its queue has drained enough to rejoin.
 pub const FULL_RECHECK: Duration = Duration::from_millis(2);
@@ -41,12 +38,12 @@ pub const FULL_RECHECK: Duration = Duration::from_millis(2);
 /// Where the worker subscribes: the request subjects and the shared queue group name, and who
 /// it is.
 #[derive(Debug, Clone)]
-pub(crate) struct Address {
+pub struct Address {
     /// `EMBATCH_SUBJECT`: the prefix, whose `.members` subject carries the start and stop
     /// announcements.
     pub subject: String,
     /// The subjects served, joined and left together: the model subject, and the plain subject
-    /// when this worker serves the default model (see [`crate::model::Served`]).
+    /// when this worker serves the default model.
     pub subjects: Vec<String>,
     /// `QUEUE_GROUP`: the queue group's name on each subject (NATS keeps one group per subject).
     pub queue_group: String,
@@ -56,7 +53,7 @@ pub(crate) struct Address {
 
 /// What [`Group::next`] yields.
 #[derive(Debug)]
-pub(crate) enum Event {
+pub enum Event {
     /// A request (from the current subscription or one draining).
     Request(Message),
     /// Something for the membership decision: pass it to [`Group::control`].
@@ -67,7 +64,7 @@ pub(crate) enum Event {
 
 /// An input of the membership decision.
 #[derive(Debug)]
-pub(crate) enum Control {
+pub enum Control {
     /// A `/health` probe's result.
     Probe(bool),
     /// Full and time to re-check the load, an upstream call failed, or time to rejoin the room
@@ -80,7 +77,7 @@ pub(crate) enum Control {
 }
 
 /// The worker's membership in the queue group of the request subject.
-pub(crate) struct Group {
+pub struct Group {
     client: Client,
     address: Address,
     /// One queue subscription per subject of [`Address::subjects`], held or drained together.
@@ -118,7 +115,7 @@ const ROOM_SMOOTHING: f64 = 0.1;
 
 impl Group {
     /// Subscribes to `address` as a member; `probes` carries the upstream's `/health` results
-    /// (see [`Probes`]; `None` for `MEMBERSHIP=static`).
+    /// (the worker's probes; `None` for `MEMBERSHIP=static`).
     ///
     /// # Errors
     /// When the subscription cannot be made.
