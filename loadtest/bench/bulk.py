@@ -31,7 +31,7 @@ import uuid
 from . import scenarios as sc
 from .procs import NO_PROXY_OPENER, REPO, BenchError, log
 from .report import failures, fmt_ms, lat
-from .stack import Stack
+from .stack import Stack, batch_stats
 
 POLL_S = 0.2
 # Inputs per batch request line: 100k inputs in 25,000 lines, under OpenAI's (and the
@@ -291,7 +291,10 @@ def scenario_bulk_alone(b: Stack) -> dict:
                 raise BenchError(f"POST /embed answered {status}")
             interactive_ms.append(1e3 * (time.perf_counter() - t))
         interactive_ms.sort()
+        before = [w.totals() for w in ws]
         job = run_job(gw, inputs, "alone", timeout=900)
+        # What the upstream saw over the whole job: full batches, and calls back to back.
+        job["batches"] = batch_stats(before, [w.totals() for w in ws], job["job_s"])
         settings = ws[0].settings
     finally:
         b.sup.stop_since(mark)
@@ -472,6 +475,17 @@ def render_bulk_alone(res: dict, targets: list) -> list[str]:
            f"| {j['inputs']:,} | {j['status']} | {j['job_s']:.1f} | "
            f"{rate(j.get('overall_inputs_per_s'))} | {rate(steady)} | {share:.0%} | "
            f"{j.get('inputs_lost', '-')} | {j.get('duplicated_custom_ids', '-')} |"]
+    st = j.get("batches")
+    if st and st.get("mean_batch_inputs"):
+        # The upstream's own time for the calls made (the worker's timing includes the wait at
+        # a serial upstream behind the other call in flight).
+        call_ms = sc.call_ms(st["mean_batch_inputs"])
+        busy = st["upstream_calls"] * call_ms / 1e3 / j["job_s"]
+        out += ["", f"Over the whole job the worker made {st['upstream_calls']:,.0f} upstream "
+                    f"calls of {st['mean_batch_inputs']:.1f} inputs on average (at most "
+                    f"{s['max_batch_size']}); at {call_ms:.2f} ms of the upstream's time each, "
+                    f"the upstream was busy {busy:.0%} of the job's time (which includes "
+                    f"validating the file and writing the output)."]
     targets.append(("bulk alone: inputs/s >= 90% of the full-batch ceiling", f"{share:.0%}",
                     share >= 0.9))
     one = res.get("one_item")

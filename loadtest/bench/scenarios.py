@@ -56,6 +56,11 @@ def worker_base(defaults: BinaryDefaults) -> dict[str, str]:
     return env
 
 
+def call_ms(inputs: float) -> float:
+    """The GPU-like fake's own time for one call of `inputs` inputs, in ms."""
+    return GPU_BASE_MS + inputs * GPU_PER_INPUT_US / 1e3
+
+
 def ceiling(batch: int) -> float:
     """Requests per second of the GPU-like upstream with full batches (~5,674 at 32)."""
     return batch / (GPU_BASE_MS / 1e3 + batch * GPU_PER_INPUT_US / 1e6)
@@ -779,13 +784,28 @@ def scenario_indexing(b: Stack) -> dict:
         mark = b.sup.mark()
         try:
             nats = b.nats(max_payload="8MB")
-            _, up = b.fake_upstream(GPU_BASE_MS, GPU_PER_INPUT_US, 1, extra=["--dim", str(dim)])
+            up_child, up = b.fake_upstream(GPU_BASE_MS, GPU_PER_INPUT_US, 1,
+                                           extra=["--dim", str(dim)])
             w = b.worker(nats, tei_url=up, defaults_only=True)
             b.wait_workers(nats, [w])
-            _, gw = b.gateway(nats, None)
+            gw_child, gw = b.gateway(nats, None)
+            # Where the two cores go: the upstream's simulated GPU sleeps, so every process's
+            # CPU time competes with the others for the machine.
+            procs = {"gateway": gw_child, "worker": w.child, "nats-server": nats.child,
+                     "fake-upstream": up_child}
+            # The best any batcher could do here: full batches sent to the upstream directly,
+            # two in flight (one waiting at the simulated GPU while the other runs), so the
+            # upstream's own per-call overhead on this machine is in the reference too.
+            batch = b.defaults.max_batch_size
+            direct = b.load(f"indexing direct k={batch} dim={dim}",
+                            Target("direct", ["--url", up + "/embed"]), concurrency=2,
+                            inputs_per_request=batch, warmup=2, duration=b.d(15, 5), timeout=35)
+            runs.append(run_entry("direct", {"path": "direct", "dim": dim, "inputs": batch},
+                                  direct))
             r = b.load(f"indexing c={INDEXING_IN_FLIGHT} k={INDEXING_INPUTS} dim={dim}", gw,
                        concurrency=INDEXING_IN_FLIGHT, inputs_per_request=INDEXING_INPUTS,
-                       warmup=2, duration=b.d(60, 15), timeout=35, workers=[w])
+                       warmup=2, duration=b.d(60, 15), timeout=35, workers=[w],
+                       measure_cpu_of=procs)
             settings = w.settings
         finally:
             b.sup.stop_since(mark)
