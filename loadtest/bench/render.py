@@ -10,7 +10,7 @@ from pathlib import Path
 from .defaults import parse_duration_ms
 from .report import failures, fmt_ms, fmt_rate, goodput, kind_latency, lat, throughput
 from .scenarios import (GPU_BASE_MS, GPU_PER_INPUT_US, SCENARIO_NAMES, SCENARIOS, SLOW_BASE_MS,
-                        SLOW_PER_INPUT_US)
+                        SLOW_PER_INPUT_US, direct_inputs_per_s)
 
 
 def verdict(ok: bool | None) -> str:
@@ -702,7 +702,7 @@ def render_indexing(res: dict, targets: list) -> list[str]:
            "|---:|---:|---:|---|---:|---:|---:|---:|"]
     # Runs of the upstream called directly with full batches (results from before they were
     # measured have none): the machine's real full-batch rate, per vector size.
-    direct = {run.get("dim", 384): goodput(run["report"]) * run["inputs"]
+    direct = {run.get("dim", 384): direct_inputs_per_s(run["report"], run["inputs"])
               for run in res["runs"] if run.get("path") == "direct"}
     runs = [run for run in res["runs"] if run.get("path") != "direct"]
     for run in runs:
