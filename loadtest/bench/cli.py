@@ -131,9 +131,10 @@ def run_scenario(bench: Stack, name: str, quick: bool, command: str, out_dir: Pa
     title = dict(SCENARIOS)[name]
     log(f"== {title}")
     started = time.monotonic()
+    machine = machine_info(command)
     info = {"scenario": name, "title": title, "quick": quick, "started": utc_now(),
             "loadavg_before": load_average(), "command": command,
-            "machine": machine_line(machine_info(command))}
+            "machine": machine_line(machine), "commit": machine["commit"]}
     mark = bench.sup.mark()
     try:
         result = SCENARIO_FUNCS[name](bench)
