@@ -641,7 +641,7 @@ def render(out_dir: Path, provenance: bool = True, charts: str = "charts") -> st
         if res.get("machine") and meta and res["machine"] != machine_line(meta):
             sections += ["", f"_Machine: {res['machine']}, not the one named above._"]
         build = f"Build {res['commit']}; " if res.get("commit") else ""
-        sections += ["", f"_{build}{when.lower() if build else when} average "
+        sections += ["", f"_{build}{when[0].lower() + when[1:] if build else when} average "
                          f"{res['loadavg_before']:.2f} before the scenario, "
                          f"{res['wall_s']:.0f} s; command `{res.get('command', '?')}`._"]
     machine = (f"Machine: {meta.get('cores', '?')} cores ({meta.get('cpu', '?')}), "
