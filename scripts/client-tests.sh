@@ -18,9 +18,12 @@
 #   - examples/direct_nats.py, examples/go (nats.go), examples/node (nats on npm), run as written:
 #     one vector of 384 floats on `embed`, and exit 3 (not a crash) on a subject nobody serves;
 #   - their acknowledgement-and-resend versions (examples/direct_nats_resend.py,
-#     examples/go/resend, examples/node/resend.mjs), the same two checks, and one through a relay
-#     that drops the first copy of each request (tests/clients/drop_first_copy.py): the example
-#     resends it (Embatch-Attempt: 2), gets its vector, then withdraws the id on `.cancel`;
+#     examples/go/resend, examples/node/resend.mjs), the same two checks, and three through a
+#     relay that loses the first copy of each request (tests/clients/lossy_relay.py): dropped,
+#     acknowledged by a worker that then dies (no heartbeat), acknowledged by one that
+#     reconnected (its heartbeat's connect count rises), and answered 503 by a worker whose
+#     upstream died: each time the example resends it
+#     (Embatch-Attempt: 2), gets its vector, then withdraws the id on `.cancel`;
 #   - schemathesis (pinned in the same requirements.txt) fuzzes every operation of the gateway's
 #     own GET /openapi.json (ST_MAX_EXAMPLES per operation, 40 by default, plus its coverage
 #     cases): no 5xx, only documented statuses, documented content types, headers and bodies.
@@ -171,15 +174,16 @@ expect_no_responders() {
   fi
 }
 
-# expect_resend LABEL CMD...: through drop_first_copy.py, which loses the first copy, the example
-# resends (copy 2, same request id), prints one vector, and withdraws the id on `.cancel` after.
+# expect_resend HOW LABEL CMD...: through lossy_relay.py, which loses the first copy as HOW says
+# (drop, silent, reconnect, unhealthy), the example resends (copy 2, same request id), prints one vector, and
+# withdraws the id on `.cancel` after.
 expect_resend() {
-  local label=$1 status=0 from id
-  shift
+  local how=$1 label="$2 (first copy: $1)" status=0 from id
+  shift 2
   from=$(($(wc -l <"$tmp/relay.log") + 1))
-  EMBATCH_SUBJECT=$relay_subject "$@" "$nats_url" "What is vector search?" >"$tmp/out" 2>&1 || status=$?
+  EMBATCH_SUBJECT=$relay_prefix.$how "$@" "$nats_url" "What is vector search?" >"$tmp/out" 2>&1 || status=$?
   cat "$tmp/out" >&2
-  id=$(tail -n "+$from" "$tmp/relay.log" | sed -n 's/^dropped \([^ ]*\) attempt 1$/\1/p' | head -n 1)
+  id=$(tail -n "+$from" "$tmp/relay.log" | sed -n "s/^$how \([^ ]*\) attempt 1\$/\1/p" | head -n 1)
   for _ in $(seq 1 20); do # the withdrawal may reach the relay just after the example exits
     if tail -n "+$from" "$tmp/relay.log" | grep -qxF "cancel $id"; then break; fi
     sleep 0.1
@@ -206,20 +210,29 @@ expect_vector "examples/node (nats $nats_js, node $(node --version))" node examp
 expect_no_responders "examples/node (nats $nats_js)" node examples/node/index.mjs
 
 step "the acknowledgement-and-resend examples of docs/design/recovery.md, also through a lossy relay"
-relay_subject=embatch-client-tests.drop-first
-"$venv/bin/python" tests/clients/drop_first_copy.py "$nats_url" "$relay_subject" embed >"$tmp/relay.log" 2>&1 &
+relay_prefix=embatch-client-tests.lossy
+"$venv/bin/python" tests/clients/lossy_relay.py "$nats_url" "$relay_prefix" embed >"$tmp/relay.log" 2>&1 &
 pids+=($!)
 poll 10 grep -qx ready "$tmp/relay.log" || true
 resend_py="examples/direct_nats_resend.py (nats-py $nats_py)"
 expect_vector "$resend_py" "$venv/bin/python" examples/direct_nats_resend.py
 expect_no_responders "$resend_py" "$venv/bin/python" examples/direct_nats_resend.py
-expect_resend "$resend_py" "$venv/bin/python" examples/direct_nats_resend.py
+expect_resend drop "$resend_py" "$venv/bin/python" examples/direct_nats_resend.py
+expect_resend silent "$resend_py" "$venv/bin/python" examples/direct_nats_resend.py
+expect_resend reconnect "$resend_py" "$venv/bin/python" examples/direct_nats_resend.py
+expect_resend unhealthy "$resend_py" "$venv/bin/python" examples/direct_nats_resend.py
 expect_vector "examples/go/resend (nats.go $nats_go)" "$tmp/go-resend-example"
 expect_no_responders "examples/go/resend (nats.go $nats_go)" "$tmp/go-resend-example"
-expect_resend "examples/go/resend (nats.go $nats_go)" "$tmp/go-resend-example"
+expect_resend drop "examples/go/resend (nats.go $nats_go)" "$tmp/go-resend-example"
+expect_resend silent "examples/go/resend (nats.go $nats_go)" "$tmp/go-resend-example"
+expect_resend reconnect "examples/go/resend (nats.go $nats_go)" "$tmp/go-resend-example"
+expect_resend unhealthy "examples/go/resend (nats.go $nats_go)" "$tmp/go-resend-example"
 expect_vector "examples/node/resend.mjs (nats $nats_js)" node examples/node/resend.mjs
 expect_no_responders "examples/node/resend.mjs (nats $nats_js)" node examples/node/resend.mjs
-expect_resend "examples/node/resend.mjs (nats $nats_js)" node examples/node/resend.mjs
+expect_resend drop "examples/node/resend.mjs (nats $nats_js)" node examples/node/resend.mjs
+expect_resend silent "examples/node/resend.mjs (nats $nats_js)" node examples/node/resend.mjs
+expect_resend reconnect "examples/node/resend.mjs (nats $nats_js)" node examples/node/resend.mjs
+expect_resend unhealthy "examples/node/resend.mjs (nats $nats_js)" node examples/node/resend.mjs
 
 # Last, so its load cannot disturb the checks above. tests/clients/schemathesis_hooks.py raises a
 # valid `x-embatch-timeout-ms` to 60 s: with a few ms, 504 is the right answer, not a defect.

@@ -1,28 +1,34 @@
-// A direct embatch request over NATS (nats.go) with the full recovery guarantee: acknowledgement
-// and resend, as docs/design/recovery.md describes them ("The full guarantee from another
-// language"). A plain nc.RequestMsg is lost when nats-server drops the message or the worker
-// holding it dies; this one is resent. The same program as examples/direct_nats_resend.py.
+// A direct embatch request over NATS (nats.go) with the full recovery guarantee: acknowledgement,
+// heartbeat and resend, as docs/nats-contract.md ("Acknowledgement and resend") states them. A
+// plain nc.RequestMsg is lost when nats-server drops the message or the worker holding it dies;
+// this one is resent. The same program as examples/direct_nats_resend.py.
 //
 // Usage: go run ./resend [NATS_URL] [text ...]          (in examples/go)
 // Environment: EMBATCH_SUBJECT (default "embed").
 // Exit status: 0 embedded, 1 error reply or no reply within the 10 s deadline, 3 no worker
 // listening (no responders for 150 ms).
 //
-// How: the request asks for an acknowledgement (Embatch-Ack: 1) and carries an
-// Embatch-Request-Id. A worker that still holds it 20 ms after reading it sends an empty message
-// with Embatch-Accepted-By on the reply subject; the reply follows on the same subject. When
-// neither comes within 120 ms (doubling at each resend), nobody has the request: it is resent,
-// the same id and Embatch-Attempt set to the copy's number, with the deadline that is left. After
-// a resend, the id goes to <subject>.cancel once the reply is in, so a worker still holding
-// another copy drops it. "No responders" (no worker in the queue group: they leave it while full
-// and re-subscribe after a reconnect) is retried after 10, 20, 40 and 80 ms, as the contract
-// says. (Following the acknowledging worker's heartbeat on <subject>.alive, to resend when it
-// dies, is left out here.)
+// How: the request asks for an acknowledgement (Embatch-Ack: 1), carries an Embatch-Request-Id
+// and names a heartbeat subject of this client's own (Embatch-Heartbeat-To). A worker that still
+// holds it 20 ms after reading it sends an empty message with Embatch-Accepted-By (its id) on the
+// reply subject, then beats on the heartbeat subject every 100 ms while it holds it; the reply
+// follows on the reply subject. The request is resent (same id, Embatch-Attempt set to the copy's
+// number, the deadline that is left) when:
+//   - neither an acknowledgement nor the reply came within 120 ms (doubling at each resend):
+//     nobody has it;
+//   - the worker that acknowledged it has not been heard for 500 ms: it died;
+//   - that worker beats with a larger Embatch-Worker-Connects than its acknowledgement carried:
+//     it reconnected to NATS, and a reply sent before may be lost;
+//   - a worker answered 503 (its upstream died, or it is stopping).
+//
+// Beats on <subject>.alive count too (workers before contract 1.6 beat there). After a resend,
+// the id goes to <subject>.cancel once the reply is in, so a worker still holding another copy
+// drops it. "No responders" (no worker in the queue group: they leave it while full and
+// re-subscribe after a reconnect) is retried after 10, 20, 40 and 80 ms, as the contract says.
 package main
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -35,8 +41,10 @@ import (
 const (
 	deadline  = 10 * time.Second
 	firstWait = 120 * time.Millisecond // the workers' 20 ms acknowledgement delay + a margin
+	silence   = 500 * time.Millisecond // an acknowledging worker not heard for this long has died
 	// "No responders" is retried this many times, after 10, 20, 40, 80 ms.
-	noRespondersRetries = 4
+	noRespondersRetries        = 4
+	acceptedBy, workerConnects = "Embatch-Accepted-By", "Embatch-Worker-Connects"
 )
 
 func main() { os.Exit(run()) }
@@ -62,44 +70,70 @@ func run() int {
 	}
 	defer nc.Close()
 	inbox := nats.NewInbox()
-	sub, err := nc.SubscribeSync(inbox)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "cannot subscribe to %s: %v\n", inbox, err)
-		return 1
+	beats := inbox + ".alive"
+	// Replies, our own heartbeats and the shared ones, in arrival order.
+	mailbox := make(chan *nats.Msg, 64)
+	for _, s := range []string{inbox, beats, subject + ".alive"} {
+		if _, err := nc.ChanSubscribe(s, mailbox); err != nil {
+			fmt.Fprintf(os.Stderr, "cannot subscribe to %s: %v\n", s, err)
+			return 1
+		}
 	}
 
 	body, _ := json.Marshal(map[string]any{"inputs": texts, "normalize": true})
 	due := time.Now().Add(deadline)
-	wait, attempt, noResponders := firstWait, 1, 0
+	wait, attempt, noResponders, resend := firstWait, 0, 0, true
 	var reply *nats.Msg
+	var sent, heard time.Time
+	var acked string
+	connects := -1 // the acknowledgement's Embatch-Worker-Connects; -1: none (an older worker)
 	for reply == nil && time.Now().Before(due) {
-		msg := nats.NewMsg(subject)
-		msg.Reply, msg.Data = inbox, body
-		msg.Header.Set("Embatch-Ack", "1")
-		msg.Header.Set("Embatch-Request-Id", inbox)
-		msg.Header.Set("Embatch-Deadline-Ms", strconv.FormatInt(time.Until(due).Milliseconds(), 10))
-		msg.Header.Set("Embatch-Version", "1")
-		if attempt > 1 {
-			msg.Header.Set("Embatch-Attempt", strconv.Itoa(attempt))
+		if resend {
+			attempt, resend, acked, sent = attempt+1, false, "", time.Now()
+			if err := nc.PublishMsg(request(subject, inbox, beats, body, attempt, due)); err != nil {
+				fmt.Fprintf(os.Stderr, "publish failed: %v\n", err)
+				return 1
+			}
 		}
-		if err := nc.PublishMsg(msg); err != nil {
-			fmt.Fprintf(os.Stderr, "publish failed: %v\n", err)
-			return 1
+		// Until when to wait: the acknowledgement, or the next word from the worker holding it.
+		until := sent.Add(wait)
+		if acked != "" {
+			until = heard.Add(silence)
 		}
-		m, err := sub.NextMsg(min(wait, time.Until(due)))
-		for err == nil && m.Header.Get("Embatch-Accepted-By") != "" { // held: wait for the reply
-			m, err = sub.NextMsg(max(time.Millisecond, time.Until(due)))
+		timer := time.NewTimer(time.Until(until))
+		var m *nats.Msg
+		select {
+		case m = <-mailbox:
+		case <-timer.C:
 		}
+		timer.Stop()
 		switch {
-		case errors.Is(err, nats.ErrNoResponders):
+		case m == nil: // nobody has it, or its worker died
+			if acked == "" {
+				wait *= 2
+			}
+			resend = true
+		case m.Subject != inbox: // a heartbeat: the body is the worker's id
+			if acked != "" && string(m.Data) == acked {
+				heard = time.Now()
+				n, err := strconv.Atoi(m.Header.Get(workerConnects))
+				resend = connects >= 0 && err == nil && n > connects
+			}
+		case m.Header.Get(acceptedBy) != "": // held: now wait for the reply, as long as its worker lives
+			acked, heard, connects = m.Header.Get(acceptedBy), time.Now(), -1
+			if n, err := strconv.Atoi(m.Header.Get(workerConnects)); err == nil {
+				connects = n
+			}
+		case m.Header.Get("Status") == "503" && len(m.Data) == 0: // no responders
 			if noResponders == noRespondersRetries {
 				fmt.Fprintf(os.Stderr, "no embatch worker is listening on `%s` (503)\n", subject)
 				return 3
 			}
 			time.Sleep(10 * time.Millisecond << noResponders)
-			attempt, noResponders = attempt+1, noResponders+1
-		case err != nil:
-			attempt, wait = attempt+1, wait*2 // nobody has it: resend
+			noResponders, resend = noResponders+1, true
+		case m.Header.Get("Nats-Service-Error-Code") == "503" && time.Until(due) > wait:
+			time.Sleep(wait) // that worker cannot serve it: another may
+			resend = true
 		default:
 			reply = m
 		}
@@ -139,4 +173,19 @@ func run() int {
 		fmt.Printf("[nats] %d dims  [%s, ...]  %s\n", len(vector), strings.Join(head, ", "), texts[i])
 	}
 	return 0
+}
+
+// request is copy number attempt of the request, with the deadline that is left.
+func request(subject, inbox, beats string, body []byte, attempt int, due time.Time) *nats.Msg {
+	msg := nats.NewMsg(subject)
+	msg.Reply, msg.Data = inbox, body
+	msg.Header.Set("Embatch-Ack", "1")
+	msg.Header.Set("Embatch-Request-Id", inbox)
+	msg.Header.Set("Embatch-Heartbeat-To", beats)
+	msg.Header.Set("Embatch-Deadline-Ms", strconv.FormatInt(time.Until(due).Milliseconds(), 10))
+	msg.Header.Set("Embatch-Version", "1")
+	if attempt > 1 {
+		msg.Header.Set("Embatch-Attempt", strconv.Itoa(attempt))
+	}
+	return msg
 }
