@@ -250,7 +250,7 @@ pub fn failed_errors(batch: &Batch) -> String {
 /// # Errors
 /// Input, network and API errors; [`CliError::Config`] when no batch exists for the input.
 pub async fn cancel(api: &Api, args: &InputArgs) -> Result<Batch, CliError> {
-    let prepared = prepare(&api, args).await?;
+    let prepared = prepare(api, args).await?;
     match resume::find_batch(api, &prepared.sha256).await? {
         Some(batch) => api.cancel(&batch.id).await,
         None => Err(CliError::Config(format!(
