@@ -18,12 +18,12 @@
 #   - examples/direct_nats.py, examples/go (nats.go), examples/node (nats on npm), run as written:
 #     one vector of 384 floats on `embed`, and exit 3 (not a crash) on a subject nobody serves;
 #   - their acknowledgement-and-resend versions (examples/direct_nats_resend.py,
-#     examples/go/resend, examples/node/resend.mjs), the same two checks, and three through a
+#     examples/go/resend, examples/node/resend.mjs), the same two checks, and four through a
 #     relay that loses the first copy of each request (tests/clients/lossy_relay.py): dropped,
 #     acknowledged by a worker that then dies (no heartbeat), acknowledged by one that
 #     reconnected (its heartbeat's connect count rises), and answered 503 by a worker whose
-#     upstream died: each time the example resends it
-#     (Embatch-Attempt: 2), gets its vector, then withdraws the id on `.cancel`;
+#     upstream died: each time the example resends it (Embatch-Attempt: 2), gets its vector,
+#     then withdraws the id on `.cancel`;
 #   - schemathesis (pinned in the same requirements.txt) fuzzes every operation of the gateway's
 #     own GET /openapi.json (ST_MAX_EXAMPLES per operation, 40 by default, plus its coverage
 #     cases): no 5xx, only documented statuses, documented content types, headers and bodies.
@@ -175,8 +175,8 @@ expect_no_responders() {
 }
 
 # expect_resend HOW LABEL CMD...: through lossy_relay.py, which loses the first copy as HOW says
-# (drop, silent, reconnect, unhealthy), the example resends (copy 2, same request id), prints one vector, and
-# withdraws the id on `.cancel` after.
+# (drop, silent, reconnect, unhealthy), the example resends (copy 2, same request id), prints one
+# vector, and withdraws the id on `.cancel` after.
 expect_resend() {
   local how=$1 label="$2 (first copy: $1)" status=0 from id
   shift 2
@@ -211,28 +211,20 @@ expect_no_responders "examples/node (nats $nats_js)" node examples/node/index.mj
 
 step "the acknowledgement-and-resend examples of docs/design/recovery.md, also through a lossy relay"
 relay_prefix=embatch-client-tests.lossy
+losses=(drop silent reconnect unhealthy) # the ways lossy_relay.py loses a first copy
 "$venv/bin/python" tests/clients/lossy_relay.py "$nats_url" "$relay_prefix" embed >"$tmp/relay.log" 2>&1 &
 pids+=($!)
 poll 10 grep -qx ready "$tmp/relay.log" || true
 resend_py="examples/direct_nats_resend.py (nats-py $nats_py)"
 expect_vector "$resend_py" "$venv/bin/python" examples/direct_nats_resend.py
 expect_no_responders "$resend_py" "$venv/bin/python" examples/direct_nats_resend.py
-expect_resend drop "$resend_py" "$venv/bin/python" examples/direct_nats_resend.py
-expect_resend silent "$resend_py" "$venv/bin/python" examples/direct_nats_resend.py
-expect_resend reconnect "$resend_py" "$venv/bin/python" examples/direct_nats_resend.py
-expect_resend unhealthy "$resend_py" "$venv/bin/python" examples/direct_nats_resend.py
+for how in "${losses[@]}"; do expect_resend "$how" "$resend_py" "$venv/bin/python" examples/direct_nats_resend.py; done
 expect_vector "examples/go/resend (nats.go $nats_go)" "$tmp/go-resend-example"
 expect_no_responders "examples/go/resend (nats.go $nats_go)" "$tmp/go-resend-example"
-expect_resend drop "examples/go/resend (nats.go $nats_go)" "$tmp/go-resend-example"
-expect_resend silent "examples/go/resend (nats.go $nats_go)" "$tmp/go-resend-example"
-expect_resend reconnect "examples/go/resend (nats.go $nats_go)" "$tmp/go-resend-example"
-expect_resend unhealthy "examples/go/resend (nats.go $nats_go)" "$tmp/go-resend-example"
+for how in "${losses[@]}"; do expect_resend "$how" "examples/go/resend (nats.go $nats_go)" "$tmp/go-resend-example"; done
 expect_vector "examples/node/resend.mjs (nats $nats_js)" node examples/node/resend.mjs
 expect_no_responders "examples/node/resend.mjs (nats $nats_js)" node examples/node/resend.mjs
-expect_resend drop "examples/node/resend.mjs (nats $nats_js)" node examples/node/resend.mjs
-expect_resend silent "examples/node/resend.mjs (nats $nats_js)" node examples/node/resend.mjs
-expect_resend reconnect "examples/node/resend.mjs (nats $nats_js)" node examples/node/resend.mjs
-expect_resend unhealthy "examples/node/resend.mjs (nats $nats_js)" node examples/node/resend.mjs
+for how in "${losses[@]}"; do expect_resend "$how" "examples/node/resend.mjs (nats $nats_js)" node examples/node/resend.mjs; done
 
 # Last, so its load cannot disturb the checks above. tests/clients/schemathesis_hooks.py raises a
 # valid `x-embatch-timeout-ms` to 60 s: with a few ms, 504 is the right answer, not a defect.

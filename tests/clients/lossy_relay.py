@@ -1,4 +1,4 @@
-"""A relay that loses the first copy of every request, in one of three ways, to show that a
+"""A relay that loses the first copy of every request, in one of four ways, to show that a
 client resends it.
 
 Usage: python lossy_relay.py NATS_URL PREFIX TARGET
