@@ -371,15 +371,22 @@ async fn open_files(
         num_replicas: replicas.count,
         ..Default::default()
     };
-    match js
+    let err = match js
         .create_object_store(config(budget_of(FILES_MAX_BYTES_DEFAULT)))
         .await
     {
+        Ok(store) => return Ok(store),
+        Err(err) => err,
+    };
+    // Another process (a worker, a gateway) may have created it between the read and the
+    // create; nats-server then refuses ours if its config differs in the least.
+    if let Ok(store) = js.get_object_store(FILES_BUCKET).await {
+        return Ok(store);
+    }
+    tracing::warn!(%err, budget = FILES_MAX_BYTES_DEFAULT, "cannot create the files' object store with its budget; creating it without");
+    match js.create_object_store(config(-1)).await {
         Ok(store) => Ok(store),
-        Err(err) => {
-            tracing::warn!(%err, budget = FILES_MAX_BYTES_DEFAULT, "cannot create the files' object store with its budget; creating it without");
-            Ok(js.create_object_store(config(-1)).await?)
-        }
+        Err(err) => Ok(js.get_object_store(FILES_BUCKET).await.map_err(|_| err)?),
     }
 }
 
@@ -393,7 +400,7 @@ async fn open_batches(
         replicas.apply(js, &format!("KV_{BATCHES_BUCKET}")).await?;
         return Ok(store);
     }
-    Ok(js
+    let created = js
         .create_key_value(kv::Config {
             bucket: BATCHES_BUCKET.to_owned(),
             description: "embatch bulk batch records".into(),
@@ -402,7 +409,12 @@ async fn open_batches(
             num_replicas: replicas.count,
             ..Default::default()
         })
-        .await?)
+        .await;
+    match created {
+        Ok(store) => Ok(store),
+        // Created by another process since the read above ([`open_files`]).
+        Err(err) => Ok(js.get_key_value(BATCHES_BUCKET).await.map_err(|_| err)?),
+    }
 }
 
 /// What the [`FILES_STREAM`] holds and may hold ([`BulkStore::files_usage`]).
@@ -457,7 +469,36 @@ fn decode(key: &str, value: &[u8]) -> Result<BatchRecord, BulkError> {
 
 #[cfg(test)]
 mod tests {
-    use super::is_valid_key;
+    use super::{BulkStore, is_valid_key};
+    use embatch_testkit::NatsServer;
+
+    /// Gateways and workers start together and each creates what is missing: every one binds,
+    /// whichever created the buckets and streams first. The server has room for one files'
+    /// budget, not two (as a CI runner's small disk), so a late creator is refused for want of
+    /// room, not for a different config.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn processes_opening_at_once_all_bind() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let conf = dir.path().join("nats.conf");
+        let store_dir = dir.path().join("js");
+        let text = format!(
+            "jetstream {{ store_dir: {:?}, max_file_store: 6GB }}\n",
+            store_dir.to_string_lossy()
+        );
+        std::fs::write(&conf, text).expect("writes the config");
+        for _ in 0..5 {
+            let _ = std::fs::remove_dir_all(&store_dir);
+            let nats = NatsServer::start_with_args(&["-c", &conf.to_string_lossy()]);
+            let mut opening = Vec::new();
+            for _ in 0..6 {
+                let client = async_nats::connect(nats.url()).await.expect("connect");
+                opening.push(tokio::spawn(BulkStore::open(client)));
+            }
+            for open in opening {
+                open.await.expect("joined").expect("bound");
+            }
+        }
+    }
 
     #[test]
     fn keys_follow_jetstreams_rule() {

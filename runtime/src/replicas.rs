@@ -174,7 +174,12 @@ pub async fn ensure_stream(
     target: ReplicaTarget,
 ) -> Result<stream::Stream, jetstream::context::CreateStreamError> {
     config.num_replicas = target.count;
-    let stream = js.get_or_create_stream(config).await?;
+    let name = config.name.clone();
+    let stream = match js.get_or_create_stream(config).await {
+        Ok(stream) => stream,
+        // Created by another process between the read and the create: bind to theirs.
+        Err(err) => js.get_stream(&name).await.map_err(|_| err)?,
+    };
     let existing = stream.cached_info().config.clone();
     if target.change_from(existing.num_replicas.max(1)).is_none() {
         return Ok(stream);

@@ -167,7 +167,7 @@ impl UsageBook {
                         }
                         Ok(store)
                     }
-                    Err(_) => js
+                    Err(_) => match js
                         .create_key_value(kv::Config {
                             bucket: BUCKET.to_owned(),
                             description: "embatch: usage per tenant and day".to_owned(),
@@ -177,7 +177,14 @@ impl UsageBook {
                             ..Default::default()
                         })
                         .await
-                        .map_err(|e| UsageError::Unavailable(e.to_string())),
+                    {
+                        Ok(store) => Ok(store),
+                        // A gateway or worker created it since the read: bind to theirs.
+                        Err(err) => js
+                            .get_key_value(BUCKET)
+                            .await
+                            .map_err(|_| UsageError::Unavailable(err.to_string())),
+                    },
                 }
             })
             .await
