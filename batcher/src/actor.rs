@@ -4,6 +4,7 @@
 mod admit;
 mod answer;
 mod call;
+mod meters;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -23,6 +24,7 @@ use super::{Sent, Shared};
 use crate::Backend;
 use crate::names;
 use answer::{Pending, answer};
+use meters::Meters;
 
 /// Counts a request refused at admission (by the actor, or by the handle's stateless checks).
 pub(super) fn count_shed(reason: ShedReason) {
@@ -66,6 +68,7 @@ pub(super) struct Actor<U> {
     received: usize,
     /// When the last interactive request reached the actor (see [`Actor::bulk_batch`]).
     last_interactive: Option<Instant>,
+    meters: Meters,
 }
 
 impl<U: Backend> Actor<U> {
@@ -90,6 +93,7 @@ impl<U: Backend> Actor<U> {
             closed: false,
             received: 0,
             last_interactive: None,
+            meters: Meters::new(),
         }
     }
 
@@ -97,8 +101,8 @@ impl<U: Backend> Actor<U> {
         loop {
             self.dispatch_ready();
             self.publish();
-            metrics::gauge!(names::QUEUE_DEPTH).set(self.queue.inputs() as f64);
-            metrics::gauge!(names::BATCHES_IN_FLIGHT).set(self.batches.len() as f64);
+            self.meters.queue_depth.set(self.queue.inputs() as f64);
+            self.meters.in_flight.set(self.batches.len() as f64);
             if self.closed
                 && self.requests.is_empty()
                 && self.batches.is_empty()
@@ -187,6 +191,7 @@ impl<U: Backend> Actor<U> {
             self.unqueue(removed);
             if let Some(request) = self.take(id) {
                 answer(
+                    &self.meters,
                     request,
                     Err(EmbedError::DeadlineExceeded(
                         "the request's deadline passed while it waited in the queue".into(),
@@ -297,6 +302,7 @@ impl<U: Backend> Actor<U> {
             for &(id, _) in &formed.expired {
                 if let Some(request) = self.take(id) {
                     answer(
+                        &self.meters,
                         request,
                         Err(EmbedError::DeadlineExceeded(
                             "the request's deadline passes before an upstream call could finish"
@@ -369,7 +375,7 @@ impl<U: Backend> Actor<U> {
     fn fail(&mut self, id: u64, err: EmbedError) {
         self.dequeue(id);
         if let Some(request) = self.take(id) {
-            answer(request, Err(err));
+            answer(&self.meters, request, Err(err));
         }
     }
 }

@@ -22,6 +22,7 @@ mod entry;
 mod flight;
 mod key;
 mod local;
+mod meters;
 pub mod names;
 mod plan;
 mod shared;
@@ -89,7 +90,7 @@ impl Cache {
     ) -> Cache {
         let known = info.and_then(|info| ModelIdentity::from_info(info, &config.revision));
         let flights = Arc::new(Flights::default());
-        metrics::gauge!(names::CACHE_BYTES).set(0.0);
+        meters::METERS.bytes.set(0.0);
         let (identity, enabled) = match known {
             Some(identity) => (identity, config.enabled),
             None => {

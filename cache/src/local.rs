@@ -73,7 +73,7 @@ impl Local {
         if evicted > 0 {
             metrics::counter!(names::CACHE_EVICTIONS).increment(evicted);
         }
-        metrics::gauge!(names::CACHE_BYTES).set(bytes as f64);
+        crate::meters::METERS.bytes.set(bytes as f64);
     }
 
     /// Entries and bytes held.

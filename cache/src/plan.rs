@@ -11,9 +11,9 @@ use tokio::time::Instant;
 use super::entry::Entry;
 use super::flight::{Joined, Lead, Wait};
 use super::key;
+use super::meters::METERS;
 use super::shared::Lookup;
 use super::{Cache, Usage};
-use crate::names;
 use embatch_batcher::Embedding;
 
 impl Cache {
@@ -55,7 +55,7 @@ impl Cache {
                 firsts.insert(key, at);
             }
             if reads && let Some(entry) = self.local.as_ref().and_then(|l| l.get(&key)) {
-                metrics::counter!(names::CACHE_HITS, "tier" => "local").increment(1);
+                METERS.hits_local.increment(1);
                 plan.hits += 1;
                 plan.results[at] = Some(entry);
                 continue;
@@ -78,7 +78,7 @@ impl Cache {
             let lookup = shared.lookup(|| leads.iter().map(|(_, lead)| lead.key()).collect());
             if lookup != Lookup::Read {
                 plan.read_shared = false;
-                metrics::counter!(names::CACHE_READS_SKIPPED).increment(plan.leads.len() as u64);
+                METERS.reads_skipped.increment(plan.leads.len() as u64);
             }
         }
         let folded = plan.same.len() + plan.waits.len();
@@ -168,7 +168,7 @@ impl Plan {
         for ((at, lead), entry) in leads.into_iter().zip(found) {
             match entry {
                 Some(entry) => {
-                    metrics::counter!(names::CACHE_HITS, "tier" => "shared").increment(1);
+                    METERS.hits_shared.increment(1);
                     self.hits += 1;
                     if let Some(local) = &cache.local {
                         local.insert(lead.key(), entry.clone());
@@ -195,7 +195,7 @@ impl Plan {
     ) -> Result<(), EmbedError> {
         let embeddings = split(reply, self.leads.len())?;
         if self.cache_on {
-            metrics::counter!(names::CACHE_MISSES).increment(self.leads.len() as u64);
+            METERS.misses.increment(self.leads.len() as u64);
         }
         if self.store {
             self.stash.reserve(self.leads.len());

@@ -79,6 +79,7 @@ impl AppState {
                 config.jetstream.jetstream_replicas,
                 background.clone(),
             ),
+            counters: Default::default(),
         };
         let models = Models::start(
             client.clone(),

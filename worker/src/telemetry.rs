@@ -1,5 +1,9 @@
 //! Logs and metrics: the tracing subscriber, the Prometheus recorder and every metric name.
 
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex};
+
+use metrics::Counter;
 use metrics_exporter_prometheus::PrometheusHandle;
 
 /// Metric names (prefix `embatch_worker_`, Prometheus unit suffixes).
@@ -32,7 +36,7 @@ pub mod names {
 }
 
 /// The `lane` label of the per-tenant metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Traffic {
     /// Requests on the request subjects.
     Interactive,
@@ -62,22 +66,70 @@ pub fn tenant_outcome(status: u16) -> &'static str {
 /// Counts one request (or bulk line) of the tenant labelled `tenant` in `lane`, answered with
 /// `status`; for a 200, its `inputs` and, when counted, its `tokens`.
 pub fn count_tenant(
-    tenant: &std::sync::Arc<str>,
+    tenant: &Arc<str>,
     lane: Traffic,
     status: u16,
     (inputs, tokens): (usize, Option<u64>),
 ) {
     let outcome = tenant_outcome(status);
-    metrics::counter!(names::TENANT_REQUESTS, "tenant" => tenant.clone(), "lane" => lane.label(), "outcome" => outcome)
-        .increment(1);
+    let meters = TenantMeters::of(tenant, lane);
+    meters.requests(outcome).increment(1);
     if outcome != "ok" {
         return;
     }
-    metrics::counter!(names::TENANT_INPUTS, "tenant" => tenant.clone(), "lane" => lane.label())
-        .increment(inputs as u64);
+    meters.inputs.increment(inputs as u64);
     if let Some(tokens) = tokens {
-        metrics::counter!(names::TENANT_TOKENS, "tenant" => tenant.clone(), "lane" => lane.label())
-            .increment(tokens);
+        meters.tokens.increment(tokens);
+    }
+}
+
+/// One tenant's and lane's counter handles, registered on its first request: the macros look
+/// a key with a tenant label up in the recorder's registry on every call (building the key,
+/// hashing it, cloning the label), a handle records with one atomic operation. Labels are
+/// bounded by the configuration (see `crate::tenant`), so the map is too.
+struct TenantMeters {
+    /// [`names::TENANT_REQUESTS`], by outcome: `ok`, `shed`, `failed`, `refused`.
+    requests: [Counter; 4],
+    inputs: Counter,
+    tokens: Counter,
+}
+
+/// Each tenant label's and lane's handles.
+type TenantMetersMap = HashMap<(Arc<str>, Traffic), Arc<TenantMeters>>;
+
+/// Every tenant's and lane's handles, made on first use.
+static TENANT_METERS: LazyLock<Mutex<TenantMetersMap>> = LazyLock::new(Mutex::default);
+
+impl TenantMeters {
+    const OUTCOMES: [&'static str; 4] = ["ok", "shed", "failed", "refused"];
+
+    /// The handles of `tenant` in `lane`, registered when first asked for.
+    fn of(tenant: &Arc<str>, lane: Traffic) -> Arc<TenantMeters> {
+        let mut all = TENANT_METERS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let made = all.entry((tenant.clone(), lane)).or_insert_with(|| {
+            let counter = |name: &'static str, outcome: Option<&'static str>| {
+                let mut labels = vec![
+                    metrics::Label::new("tenant", tenant.to_string()),
+                    metrics::Label::new("lane", lane.label()),
+                ];
+                labels.extend(outcome.map(|o| metrics::Label::new("outcome", o)));
+                metrics::counter!(name, labels)
+            };
+            Arc::new(TenantMeters {
+                requests: Self::OUTCOMES.map(|o| counter(names::TENANT_REQUESTS, Some(o))),
+                inputs: counter(names::TENANT_INPUTS, None),
+                tokens: counter(names::TENANT_TOKENS, None),
+            })
+        });
+        Arc::clone(made)
+    }
+
+    /// The requests counter of `outcome` (one of [`TenantMeters::OUTCOMES`]).
+    fn requests(&self, outcome: &str) -> &Counter {
+        let at = Self::OUTCOMES.iter().position(|o| *o == outcome);
+        &self.requests[at.unwrap_or(Self::OUTCOMES.len() - 1)]
     }
 }
 

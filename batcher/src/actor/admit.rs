@@ -180,7 +180,7 @@ impl<U: Backend> Actor<U> {
                  worker's queue for its weight; retry in ~{} ms",
                 retry.as_millis()
             );
-            answer(request, Err(EmbedError::Overloaded(message)));
+            answer(&self.meters, request, Err(EmbedError::Overloaded(message)));
         }
         true
     }

@@ -9,6 +9,7 @@ use futures::future::BoxFuture;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use super::meters::Meters;
 use crate::Embedding;
 use crate::names;
 use crate::{BulkOutcome, Outcome, Reply};
@@ -123,7 +124,7 @@ fn assemble(
 /// Delivers a request's outcome (the caller may have gone away: nothing to do then): its
 /// embeddings once every input has one (`Ok(now)`), or the error that ends it. An interactive
 /// outcome is recorded in the request metrics; a bulk one is the bulk lane's to count.
-pub(super) fn answer(request: Pending, result: Result<Instant, EmbedError>) {
+pub(super) fn answer(meters: &Meters, request: Pending, result: Result<Instant, EmbedError>) {
     let Pending {
         results,
         accepted,
@@ -154,8 +155,11 @@ pub(super) fn answer(request: Pending, result: Result<Instant, EmbedError>) {
                 Err(e) => e.kind(),
             };
             span.record("outcome", label);
-            metrics::counter!(names::REQUESTS, "outcome" => label).increment(1);
-            metrics::histogram!(names::REQUEST_TIME).record(accepted.elapsed().as_secs_f64());
+            match &outcome {
+                Ok(_) => meters.requests_ok.increment(1),
+                Err(_) => metrics::counter!(names::REQUESTS, "outcome" => label).increment(1),
+            }
+            meters.request_time.record(accepted.elapsed().as_secs_f64());
             let _ = reply.send(outcome);
         }
     }

@@ -54,20 +54,20 @@ impl<U: Backend> Actor<U> {
                 span.follows_from(&request.span);
                 if request.first_call.is_none() {
                     request.first_call = Some(now);
-                    metrics::histogram!(names::QUEUE_WAIT)
-                        .record((now - request.accepted).as_secs_f64());
+                    (self.meters.queue_wait).record((now - request.accepted).as_secs_f64());
                     (traces.queue_waited)(&request.span, request.accepted, now);
                 }
             }
         }
-        metrics::histogram!(names::BATCH_INPUTS).record(inputs.len() as f64);
-        metrics::histogram!(names::BATCH_REQUESTS).record(segments.len() as f64);
         let (tokens, padded) = shape::totals(&lengths);
         let size = (inputs.len(), tokens);
-        metrics::histogram!(names::BATCH_TOKENS).record(tokens as f64);
-        metrics::histogram!(names::BATCH_PADDED_TOKENS).record(padded as f64);
+        let [b_inputs, b_requests, b_tokens, b_padded, b_ratio] = &self.meters.batch;
+        b_inputs.record(inputs.len() as f64);
+        b_requests.record(segments.len() as f64);
+        b_tokens.record(tokens as f64);
+        b_padded.record(padded as f64);
         if padded > 0 {
-            metrics::histogram!(names::BATCH_PADDING_RATIO).record(tokens as f64 / padded as f64);
+            b_ratio.record(tokens as f64 / padded as f64);
         }
         let requests = segments.iter().map(|s| s.request).collect();
         let upstream = Arc::clone(&self.upstream);
@@ -112,7 +112,7 @@ impl<U: Backend> Actor<U> {
         let running = self.finish(id);
         let probe = running.as_ref().is_some_and(|r| r.probe);
         for call in &done.calls {
-            metrics::histogram!(names::UPSTREAM_TIME).record(call.elapsed.as_secs_f64());
+            self.meters.upstream_time.record(call.elapsed.as_secs_f64());
             metrics::counter!(names::UPSTREAM_CALLS, "outcome" => call.outcome.label())
                 .increment(1);
             if call.outcome == CallOutcome::Ok {
@@ -153,7 +153,7 @@ impl<U: Backend> Actor<U> {
                     if request.received == request.results.len()
                         && let Some(request) = self.take(segment.request)
                     {
-                        answer(request, Ok(now));
+                        answer(&self.meters, request, Ok(now));
                     }
                 }
                 Err(err) => self.fail(segment.request, err),
