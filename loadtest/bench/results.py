@@ -40,7 +40,10 @@ def machine_info(command: str) -> dict:
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+        # What the bench itself writes (each scenario's JSON, the pages) is not a change to
+        # the build: without this, every scenario after a run's first would say "uncommitted".
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                ".", ":!loadtest/results", ":!docs/benchmarks.md"],
                                cwd=REPO, text=True, stdout=subprocess.PIPE,
                                stderr=subprocess.DEVNULL).stdout.strip()
         if dirty:
