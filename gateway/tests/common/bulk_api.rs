@@ -73,19 +73,31 @@ impl Api {
             .to_owned()
     }
 
+    /// `POST /v1/batches`; a 503 (JetStream briefly unavailable, e.g. a cluster still settling
+    /// its leaders) is retried twice after 0.5 s, as the openai SDK retries it by default.
     pub async fn create(&self, file_id: &str, window: &str) -> Value {
-        let response = self
-            .http
-            .post(format!("{}/v1/batches", self.url))
-            .json(
-                &json!({"input_file_id": file_id, "endpoint": "/v1/embeddings",
-                          "completion_window": window, "metadata": {"job": "test"}}),
-            )
-            .send()
-            .await
-            .expect("POST /v1/batches");
-        assert_eq!(response.status().as_u16(), 200);
-        response.json().await.expect("JSON")
+        for attempt in 1.. {
+            let response = self
+                .http
+                .post(format!("{}/v1/batches", self.url))
+                .json(
+                    &json!({"input_file_id": file_id, "endpoint": "/v1/embeddings",
+                              "completion_window": window, "metadata": {"job": "test"}}),
+                )
+                .send()
+                .await
+                .expect("POST /v1/batches");
+            let status = response.status().as_u16();
+            let body: Value = response.json().await.expect("JSON");
+            if status == 503 && attempt < 3 {
+                println!("POST /v1/batches answered 503, retrying: {body}");
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                continue;
+            }
+            assert_eq!(status, 200, "{body}");
+            return body;
+        }
+        unreachable!("the loop returns or panics")
     }
 
     pub async fn get(&self, path: &str) -> (u16, Value) {
