@@ -18,7 +18,7 @@ use embatch_protocol::bulk::{
     BATCHES_BUCKET, Batch, BatchRecord, BatchStatus, FILES_BUCKET, ITEMS_FILTER, JOBS_FILTER,
     JobKind, RESULTS_FILTER, RESULTS_STREAM, WORK_STREAM, events_subject, job_msg_id, job_subject,
 };
-use embatch_runtime::replicas::{ReplicaTarget, Replicas, ensure_stream};
+use embatch_runtime::replicas::{ReplicaTarget, Replicas, create_or_bind, ensure_stream};
 
 /// The stream under the [`FILES_BUCKET`] object store (async-nats names it `OBJ_<bucket>`):
 /// chunks on `$O.EMBATCH_FILES.C.<nuid>`, one meta record per object on
@@ -371,22 +371,14 @@ async fn open_files(
         num_replicas: replicas.count,
         ..Default::default()
     };
-    let err = match js
-        .create_object_store(config(budget_of(FILES_MAX_BYTES_DEFAULT)))
-        .await
-    {
-        Ok(store) => return Ok(store),
-        Err(err) => err,
-    };
-    // Another process (a worker, a gateway) may have created it between the read and the
-    // create; nats-server then refuses ours if its config differs in the least.
-    if let Ok(store) = js.get_object_store(FILES_BUCKET).await {
-        return Ok(store);
-    }
-    tracing::warn!(%err, budget = FILES_MAX_BYTES_DEFAULT, "cannot create the files' object store with its budget; creating it without");
-    match js.create_object_store(config(-1)).await {
+    let bind = || async { Ok(js.get_object_store(FILES_BUCKET).await?) };
+    let budgeted = js.create_object_store(config(budget_of(FILES_MAX_BYTES_DEFAULT)));
+    match create_or_bind(budgeted, bind).await {
         Ok(store) => Ok(store),
-        Err(err) => Ok(js.get_object_store(FILES_BUCKET).await.map_err(|_| err)?),
+        Err(err) => {
+            tracing::warn!(%err, budget = FILES_MAX_BYTES_DEFAULT, "cannot create the files' object store with its budget; creating it without");
+            Ok(create_or_bind(js.create_object_store(config(-1)), bind).await?)
+        }
     }
 }
 
@@ -400,21 +392,16 @@ async fn open_batches(
         replicas.apply(js, &format!("KV_{BATCHES_BUCKET}")).await?;
         return Ok(store);
     }
-    let created = js
-        .create_key_value(kv::Config {
-            bucket: BATCHES_BUCKET.to_owned(),
-            description: "embatch bulk batch records".into(),
-            history: 1,
-            storage: stream::StorageType::File,
-            num_replicas: replicas.count,
-            ..Default::default()
-        })
-        .await;
-    match created {
-        Ok(store) => Ok(store),
-        // Created by another process since the read above ([`open_files`]).
-        Err(err) => Ok(js.get_key_value(BATCHES_BUCKET).await.map_err(|_| err)?),
-    }
+    let created = js.create_key_value(kv::Config {
+        bucket: BATCHES_BUCKET.to_owned(),
+        description: "embatch bulk batch records".into(),
+        history: 1,
+        storage: stream::StorageType::File,
+        num_replicas: replicas.count,
+        ..Default::default()
+    });
+    let bind = || async { Ok(js.get_key_value(BATCHES_BUCKET).await?) };
+    Ok(create_or_bind(created, bind).await?)
 }
 
 /// What the [`FILES_STREAM`] holds and may hold ([`BulkStore::files_usage`]).

@@ -162,6 +162,26 @@ impl ReplicaTarget {
     }
 }
 
+/// `create`'s stream, bucket or store; when it fails, what `bind` finds instead: gateways and
+/// workers start together and each creates what is missing, so another process may have
+/// created it between this one's read and its create (nats-server then refuses the create if
+/// the configs differ in the least, or for want of room for a second budget).
+///
+/// # Errors
+/// `create`'s error, when `bind` finds nothing either.
+pub async fn create_or_bind<T, E, B>(
+    create: impl Future<Output = Result<T, E>>,
+    bind: impl FnOnce() -> B,
+) -> Result<T, E>
+where
+    B: Future<Output = Result<T, async_nats::Error>>,
+{
+    match create.await {
+        Ok(made) => Ok(made),
+        Err(err) => bind().await.map_err(|_| err),
+    }
+}
+
 /// The stream `config` names, created with `target`'s count when missing, else brought to it
 /// ([`ReplicaTarget::apply`]); `config.num_replicas` is ignored. The handle's cached info is
 /// read after the change.
@@ -175,11 +195,10 @@ pub async fn ensure_stream(
 ) -> Result<stream::Stream, jetstream::context::CreateStreamError> {
     config.num_replicas = target.count;
     let name = config.name.clone();
-    let stream = match js.get_or_create_stream(config).await {
-        Ok(stream) => stream,
-        // Created by another process between the read and the create: bind to theirs.
-        Err(err) => js.get_stream(&name).await.map_err(|_| err)?,
-    };
+    let stream = create_or_bind(js.get_or_create_stream(config), || async {
+        Ok(js.get_stream(&name).await?)
+    })
+    .await?;
     let existing = stream.cached_info().config.clone();
     if target.change_from(existing.num_replicas.max(1)).is_none() {
         return Ok(stream);

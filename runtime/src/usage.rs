@@ -167,24 +167,19 @@ impl UsageBook {
                         }
                         Ok(store)
                     }
-                    Err(_) => match js
-                        .create_key_value(kv::Config {
+                    Err(_) => crate::replicas::create_or_bind(
+                        js.create_key_value(kv::Config {
                             bucket: BUCKET.to_owned(),
                             description: "embatch: usage per tenant and day".to_owned(),
                             max_age: KEEP,
                             history: 1,
                             num_replicas: replicas.count,
                             ..Default::default()
-                        })
-                        .await
-                    {
-                        Ok(store) => Ok(store),
-                        // A gateway or worker created it since the read: bind to theirs.
-                        Err(err) => js
-                            .get_key_value(BUCKET)
-                            .await
-                            .map_err(|_| UsageError::Unavailable(err.to_string())),
-                    },
+                        }),
+                        || async { Ok(js.get_key_value(BUCKET).await?) },
+                    )
+                    .await
+                    .map_err(|e| UsageError::Unavailable(e.to_string())),
                 }
             })
             .await
