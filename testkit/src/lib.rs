@@ -176,9 +176,16 @@ impl NatsServer {
     /// it: `4096` bytes, `8MB`), from a config file in a temporary directory removed when the
     /// server is dropped.
     pub fn start_with_max_payload(max_payload: &str) -> NatsServer {
+        NatsServer::start_with_config(&format!("max_payload: {max_payload}\n"))
+    }
+
+    /// Starts `nats-server` on a free port with `config` (lines of its config file, such as
+    /// `max_pending: 256MB`) written to a config file in a temporary directory removed when the
+    /// server is dropped.
+    pub fn start_with_config(config: &str) -> NatsServer {
         let dir = tempfile::tempdir().expect("a temporary config directory");
         let conf = dir.path().join("nats.conf");
-        std::fs::write(&conf, format!("max_payload: {max_payload}\n")).expect("writes the config");
+        std::fs::write(&conf, config).expect("writes the config");
         let mut server = NatsServer::start_with_args(&["-c", &conf.to_string_lossy()]);
         server.dir = Some(dir);
         server
