@@ -47,7 +47,7 @@ use resend::{MIN_RESEND_BUDGET, publish_cancel, retry_jitter, unavailable_pause}
 pub use resend::{
     NO_RESPONDERS_RETRY, RECONNECT_GRACE, RECONNECT_POLL, RETRIES, UNAVAILABLE_RETRIES,
 };
-pub use servers::{ServerList, with_url_credentials};
+pub use servers::{ServerList, ServerListError, with_url_credentials};
 pub use trace::TraceContext;
 
 /// Connects to NATS as `name` (shown by `nats server report connections` and in the monitoring

@@ -39,9 +39,25 @@ impl ServerList {
     }
 }
 
+/// Why a server list did not parse (shown by `--nats-url` and [`crate::connect_with`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ServerListError {
+    /// A comma-separated entry is not a NATS URL; `url` is shown with its credentials redacted.
+    #[error("`{url}` is not a NATS URL: {reason}")]
+    NotAUrl {
+        /// The entry, its userinfo replaced by `***`.
+        url: String,
+        /// async-nats's reason.
+        reason: String,
+    },
+    /// Nothing but commas and spaces.
+    #[error("no NATS server given")]
+    Empty,
+}
+
 impl FromStr for ServerList {
     /// What is wrong, naming the offending URL with its credentials redacted.
-    type Err = String;
+    type Err = ServerListError;
 
     /// Splits on commas and parses each URL (scheme `nats`, `tls`, `ws` or `wss`; `host:port`
     /// alone means `nats://`). An empty list is an error.
@@ -52,11 +68,14 @@ impl FromStr for ServerList {
             .filter(|url| !url.is_empty())
             .map(|url| {
                 url.parse::<ServerAddr>()
-                    .map_err(|e| format!("`{}` is not a NATS URL: {e}", redact_url(url)))
+                    .map_err(|e| ServerListError::NotAUrl {
+                        url: redact_url(url),
+                        reason: e.to_string(),
+                    })
             })
             .collect::<Result<Vec<_>, _>>()?;
         if servers.is_empty() {
-            return Err("no NATS server given".into());
+            return Err(ServerListError::Empty);
         }
         Ok(ServerList(servers))
     }
@@ -133,6 +152,7 @@ mod tests {
         let err = "http://bob:pw@x:1"
             .parse::<ServerList>()
             .expect_err("bad scheme");
+        let err = err.to_string();
         assert!(!err.contains("pw"), "{err}");
     }
 }

@@ -48,7 +48,7 @@ pub enum LoadtestError {
     Http(#[from] reqwest::Error),
     /// `--nats` is not a list of NATS server URLs.
     #[error("--nats: {0}")]
-    NatsUrl(String),
+    NatsUrl(embatch_client::ServerListError),
     /// The initial connection to NATS failed (the message names the servers, redacted).
     #[error(transparent)]
     NatsConnect(#[from] embatch_runtime::NatsError),

@@ -61,15 +61,20 @@ pub enum Mode {
     Static,
 }
 
+/// `MEMBERSHIP` was neither `adaptive` nor `static` (the value given).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("expected `adaptive` or `static`, got `{0}`")]
+pub struct UnknownMode(pub String);
+
 impl FromStr for Mode {
-    type Err = String;
+    type Err = UnknownMode;
 
     /// `adaptive` or `static`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.trim().to_ascii_lowercase().as_str() {
             "adaptive" => Ok(Mode::Adaptive),
             "static" => Ok(Mode::Static),
-            other => Err(format!("expected `adaptive` or `static`, got `{other}`")),
+            other => Err(UnknownMode(other.to_owned())),
         }
     }
 }
