@@ -156,15 +156,24 @@ sc.SCENARIO_FUNCS["steady_cache"] = scenario_steady_cache
 
 def ratios(res: dict, mine: str = "this",
            theirs: str = "baseline") -> dict[tuple[int, str], list[float]]:
-    """p99 of build `mine` / p99 of build `theirs`, within each pair, by (rate, path)."""
+    """p99 of build `mine` / p99 of build `theirs`, within each pair, by (rate, path). A pair
+    in which either side failed a request is left out ([`failed_pairs`] names it): the p99 of
+    the successes beside a side that shed or timed out compares nothing."""
     p99 = {(run["build"], run["pair"], run["rate"], run["path"]): lat(run["report"], "p99_ms")
            for run in res["runs"]}
+    skip = {(pair, rate, path) for pair, rate, path, _ in failed_pairs(res)}
     out: dict[tuple[int, str], list[float]] = {}
     for (build, pair, rate, path), value in p99.items():
         base = p99.get((theirs, pair, rate, path))
-        if build == mine and value is not None and base:
+        if build == mine and value is not None and base and (pair, rate, path) not in skip:
             out.setdefault((rate, path), []).append(value / base)
     return out
+
+
+def failed_pairs(res: dict) -> list[tuple[int, int, str, str]]:
+    """(pair, rate, path, side) of every run that failed a request, in run order."""
+    return [(run["pair"], run["rate"], run["path"], run["build"]) for run in res["runs"]
+            if run["report"]["requests"]["failed"]]
 
 
 def stack_text(s: dict) -> str:
@@ -217,6 +226,11 @@ def render_steady_state(res: dict, targets: list) -> list[str]:
               "This build only (set `EMBATCH_BASELINE_BIN_DIR` to compare with another).")]
     out += runs_table(res, "build")
     rs = ratios(res)
+    left_out = failed_pairs(res)
+    if left_out:
+        out += ["", "Left out of the ratios, as a side failed requests there: "
+                + "; ".join(f"pair {pair} at {rate:,} req/s over {path} ({side})"
+                            for pair, rate, path, side in left_out) + "."]
     if rs:
         out += ratios_table(rs, "this / baseline")
         for (rate, path), xs in sorted(rs.items()):
