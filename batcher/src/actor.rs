@@ -149,7 +149,7 @@ impl<U: Backend> Actor<U> {
     /// Publishes the ledger for the handle's views, then stops counting the requests it now
     /// holds (or refused) as in transit.
     fn publish(&mut self) {
-        self.shared.ledger.send_replace(self.ledger.clone());
+        self.shared.publish(&self.ledger);
         let received = std::mem::take(&mut self.received);
         if received > 0 {
             self.shared
@@ -279,7 +279,7 @@ impl<U: Backend> Actor<U> {
                 partial: self.partial_allowed() || handoff,
                 cutoff: now + call.unwrap_or_default(),
                 probe_allowed,
-                floor: self.ledger.fastest,
+                floor: self.ledger.fastest.clone(),
             };
             let Some(mut formed) = self.queue.take(take) else {
                 match self.bulk_batch(now) {

@@ -14,6 +14,7 @@
 //! it is the fastest call, not the usual one; it needs [`AGREE`] calls of the size, so one slow
 //! call (a cold upstream's first) sets none; and a sample counts for [`TTL`] only.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -40,8 +41,16 @@ struct Sample {
 }
 
 /// The last [`SAMPLES`] clean calls (the whole batch answered in one call) with their size.
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct Fastest {
+///
+/// Shared, copied on write: the actor's ledger, which holds it, is copied to the handle at every
+/// step of the actor and the floor into every batch's take, and the 1.5 KB ring was most of each
+/// copy. It changes once per completed call.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Fastest(Arc<Ring>);
+
+/// [`Fastest`]'s samples.
+#[derive(Debug, Clone, Default)]
+struct Ring {
     samples: [Option<Sample>; SAMPLES],
     /// Where the next sample goes.
     next: usize,
@@ -51,13 +60,14 @@ impl Fastest {
     /// Remembers a clean call of `inputs` inputs and `tokens` tokens that took `elapsed` and
     /// ended at `at`, forgetting the oldest beyond [`SAMPLES`].
     pub fn record(&mut self, elapsed: Duration, inputs: usize, tokens: u64, at: Instant) {
-        self.samples[self.next] = Some(Sample {
+        let ring = Arc::make_mut(&mut self.0);
+        ring.samples[ring.next] = Some(Sample {
             elapsed,
             inputs,
             tokens,
             at,
         });
-        self.next = (self.next + 1) % SAMPLES;
+        ring.next = (ring.next + 1) % SAMPLES;
     }
 
     /// The shortest call of the last [`TTL`] that carried at most `inputs` inputs and at most
@@ -65,6 +75,7 @@ impl Fastest {
     /// after it starts. `None` unless [`AGREE`] such calls were measured.
     pub fn floor(&self, inputs: usize, tokens: u64, now: Instant) -> Option<Duration> {
         let (count, fastest) = self
+            .0
             .samples
             .iter()
             .flatten()

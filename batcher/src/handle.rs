@@ -114,8 +114,10 @@ pub struct BatcherHandle {
 pub(crate) struct Shared {
     pub(crate) limits: Limits,
     /// The actor's ledger as of its last step, for [`BatcherHandle::load`] and
-    /// [`BatcherHandle::retry_after_hint`]; admission itself reads the actor's own.
-    pub(crate) ledger: watch::Sender<Ledger>,
+    /// [`BatcherHandle::retry_after_hint`]; admission itself reads the actor's own. A lock, not
+    /// a `watch`: nobody waits for a change, and a `watch` wakes its (absent) waiters on every
+    /// step of the actor, about 2% of the worker's CPU at the pipeline's ceiling.
+    ledger: std::sync::RwLock<Ledger>,
     /// Inputs the handles sent that the actor has not yet published as admitted or refused:
     /// counted into the load as queued, so the membership sees a request at once.
     pub(crate) in_transit: AtomicUsize,
@@ -135,6 +137,24 @@ pub(crate) struct Shared {
     pub(crate) resent: std::sync::Mutex<Option<(usize, Instant)>>,
     /// How the actor's spans join distributed traces.
     pub(crate) traces: Traces,
+}
+
+impl Shared {
+    /// The ledger as the actor last published it (a lock poisoned by a panicking actor still
+    /// holds its last copy).
+    pub(crate) fn ledger(&self) -> std::sync::RwLockReadGuard<'_, Ledger> {
+        self.ledger
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Publishes the actor's `ledger` (the actor's step, [`Shared::ledger`]'s readers).
+    pub(crate) fn publish(&self, ledger: &Ledger) {
+        self.ledger
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone_from(ledger);
+    }
 }
 
 /// What the handles send the actor.
@@ -361,7 +381,7 @@ impl BatcherHandle {
     /// time, the queue-delay bound admission enforces with it, and the failed calls in a row.
     pub fn load(&self) -> Load {
         let now = Instant::now();
-        let mut ledger = self.shared.ledger.borrow().clone();
+        let mut ledger = self.shared.ledger().clone();
         ledger.queued_inputs += self.shared.in_transit.load(Ordering::Relaxed);
         let call = ledger.estimate.call_at(now);
         Load {
@@ -397,8 +417,7 @@ impl BatcherHandle {
     /// For a `Retry-After` header on 429s.
     pub fn retry_after_hint(&self) -> Duration {
         self.shared
-            .ledger
-            .borrow()
+            .ledger()
             .retry_after(&self.shared.limits, Instant::now())
     }
 }
@@ -456,7 +475,7 @@ pub fn spawn_traced<U: Backend>(
     );
     let shared = Arc::new(Shared {
         limits,
-        ledger: watch::Sender::new(Ledger::default()),
+        ledger: std::sync::RwLock::new(Ledger::default()),
         in_transit: AtomicUsize::new(0),
         failed_calls: watch::Sender::new(0),
         answered_calls: AtomicU64::new(0),

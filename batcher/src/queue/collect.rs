@@ -12,7 +12,7 @@ use crate::fastest::Fastest;
 use crate::shape;
 
 /// How to form the next batch.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Take {
     /// The current time.
     pub now: Instant,

@@ -131,8 +131,8 @@ fn a_large_request_is_split_into_segments_and_options_never_mix() {
         ..take(t0, 4)
     };
     let mut rest = [
-        queue.take(all).expect("flush"),
-        queue.take(all).expect("flush"),
+        queue.take(all.clone()).expect("flush"),
+        queue.take(all.clone()).expect("flush"),
     ];
     rest.sort_by_key(|f| f.inputs.len());
     assert_eq!(rest[0].options, other);
@@ -147,7 +147,7 @@ fn a_large_request_is_split_into_segments_and_options_never_mix() {
             scope: "default".into()
         }
     );
-    assert!(queue.take(all).is_none());
+    assert!(queue.take(all.clone()).is_none());
 }
 
 #[test]
