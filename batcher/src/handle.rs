@@ -116,7 +116,7 @@ pub(crate) struct Shared {
     /// The actor's ledger as of its last step, for [`BatcherHandle::load`] and
     /// [`BatcherHandle::retry_after_hint`]; admission itself reads the actor's own. A lock, not
     /// a `watch`: nobody waits for a change, and a `watch` wakes its (absent) waiters on every
-    /// step of the actor, about 2% of the worker's CPU at the pipeline's ceiling.
+    /// step of the actor (docs/design/cpu-per-request.md).
     ledger: std::sync::RwLock<Ledger>,
     /// Inputs the handles sent that the actor has not yet published as admitted or refused:
     /// counted into the load as queued, so the membership sees a request at once.
