@@ -16,7 +16,8 @@
 # --concurrency 1`); LOAD_ARGS: the load instead of the closed loop (e.g. `--rate 9000`, open
 # loop); GATEWAY_ENV: the gateway's settings (default `REQUEST_TIMEOUT=2s`; empty for its
 # defaults); PROFILE=gateway|worker records `perf record -g` of that process for 4 s in each
-# run (perf.data in the run's temp dir, printed on stderr); NATS_SERVER_BIN as for the tests;
+# run (perf.data in the run's temp dir, printed on stderr; PERF_ARGS replaces `-g`, e.g.
+# `--call-graph dwarf,16384` where frame pointers lose the callers); NATS_SERVER_BIN as for the tests;
 # LOAD_KEYS: space-separated tenant API keys, one closed loop per key sharing CONCURRENCY
 # (tenants contending; the req/s add up, p50 and p99 are the worst tenant's).
 set -euo pipefail
@@ -81,7 +82,8 @@ run() {
     local profiled=$gateway_pid
     [ "$PROFILE" = worker ] && profiled=$worker_pid
     sleep 1
-    perf record -g -o "$tmp/perf.data" -p "$profiled" -- sleep 4 >/dev/null 2>&1 || true
+    # shellcheck disable=SC2086 # a list of arguments
+    perf record ${PERF_ARGS:--g} -o "$tmp/perf.data" -p "$profiled" -- sleep 4 >/dev/null 2>&1 || true
     echo "perf data: $tmp/perf.data" >&2
   fi
   wait "${load_pids[@]}"

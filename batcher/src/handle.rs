@@ -5,12 +5,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use bytes::Bytes;
 use embatch_protocol::{EmbedError, EmbedOptions, Input};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::Embedding;
 use crate::admission::{self, Ask, Ledger, Limits};
 use crate::{
     Backend, BatchCost, BulkOutcome, Load, QueueDelay, STALL_CALLS, STALL_MIN, Share, TokenBudget,
@@ -68,11 +68,15 @@ impl Default for BatcherConfig {
     }
 }
 
-/// A successful answer: TEI's response body for exactly the request's inputs, in order.
+/// A successful answer: the embeddings of exactly the request's inputs, in order.
+///
+/// Each is the upstream's own JSON bytes for that input (a slice of the upstream's reply, not a
+/// copy). The caller joins them into its reply once, with whatever else it answers from (the
+/// cache's hits): the batcher does not assemble a body that would be split again.
 #[derive(Debug, Clone)]
 pub struct Reply {
-    /// `[[f32, ...], ...]` as JSON bytes, assembled from the upstream's raw JSON vectors.
-    pub payload: Bytes,
+    /// One per input, in the request's order.
+    pub embeddings: Vec<Embedding>,
     /// Time from acceptance to the first upstream call that carried this request.
     pub queue_time: Duration,
     /// Time from that first call to the last result (the upstream's share).

@@ -10,17 +10,32 @@
 //! that was its leader's alone (another input of the leader's request, the leader's deadline).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::watch;
 
 use super::entry::Entry;
 use super::key::Key;
 
-/// The keys in flight, each with the channel its result will be published on.
+/// The keys in flight.
 #[derive(Default)]
 pub(crate) struct Flights {
-    map: Mutex<HashMap<Key, watch::Receiver<Option<Entry>>>>,
+    map: Mutex<Map>,
+}
+
+/// The flights by key, and the number of the next one.
+#[derive(Default)]
+struct Map {
+    flights: HashMap<Key, Flight>,
+    next: u64,
+}
+
+/// One key in flight: which lead it is, and the channel its result will be published on, made
+/// when the first waiter comes. Most keys never get a waiter, so most leads cost one map entry
+/// and no channel, no wake-up.
+struct Flight {
+    id: u64,
+    tx: Option<watch::Sender<Option<Entry>>>,
 }
 
 /// What a request gets for a key: to lead it, or to wait for its leader.
@@ -34,7 +49,8 @@ pub(crate) enum Joined {
 /// The duty to compute one key; dropping it unresolved abandons the key.
 pub(crate) struct Lead {
     key: Key,
-    tx: watch::Sender<Option<Entry>>,
+    /// Its flight's number; `None` for a private lead, which no one can wait for.
+    id: Option<u64>,
     flights: Arc<Flights>,
 }
 
@@ -42,25 +58,23 @@ pub(crate) struct Lead {
 pub(crate) struct Wait(watch::Receiver<Option<Entry>>);
 
 impl Flights {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, watch::Receiver<Option<Entry>>>> {
-        self.map
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    fn lock(&self) -> MutexGuard<'_, Map> {
+        self.map.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Leads `key` when no one else does, else waits for its leader.
     pub(crate) fn join(self: &Arc<Self>, key: Key) -> Joined {
         let mut map = self.lock();
-        if let Some(rx) = map.get(&key)
-            && rx.has_changed().is_ok()
-        {
-            return Joined::Wait(Wait(rx.clone()));
+        if let Some(flight) = map.flights.get_mut(&key) {
+            let tx = flight.tx.get_or_insert_with(|| watch::channel(None).0);
+            return Joined::Wait(Wait(tx.subscribe()));
         }
-        let (tx, rx) = watch::channel(None);
-        map.insert(key, rx);
+        let id = map.next;
+        map.next += 1;
+        map.flights.insert(key, Flight { id, tx: None });
         Joined::Lead(Lead {
             key,
-            tx,
+            id: Some(id),
             flights: Arc::clone(self),
         })
     }
@@ -68,18 +82,27 @@ impl Flights {
     /// A lead of `key` that no one else can join or wait for: for a request that bypasses the
     /// cache, whose results must be its own upstream work.
     pub(crate) fn private(self: &Arc<Self>, key: Key) -> Lead {
-        let (tx, _) = watch::channel(None);
         Lead {
             key,
-            tx,
+            id: None,
             flights: Arc::clone(self),
         }
+    }
+
+    /// Ends the flight `id` of `key` (when it is still the key's): no one can join it any more.
+    /// Returns its channel when it had waiters.
+    fn end(&self, key: &Key, id: u64) -> Option<watch::Sender<Option<Entry>>> {
+        let mut map = self.lock();
+        if map.flights.get(key).is_some_and(|flight| flight.id == id) {
+            return map.flights.remove(key).and_then(|flight| flight.tx);
+        }
+        None
     }
 
     /// Keys in flight.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().flights.len()
     }
 }
 
@@ -90,20 +113,22 @@ impl Lead {
     }
 
     /// Publishes the key's result to its waiters and ends the flight.
-    pub(crate) fn resolve(self, entry: Entry) {
-        self.tx.send_replace(Some(entry));
-        // Drop removes the key from the map.
+    pub(crate) fn resolve(mut self, entry: Entry) {
+        if let Some(tx) = self
+            .id
+            .take()
+            .and_then(|id| self.flights.end(&self.key, id))
+        {
+            tx.send_replace(Some(entry));
+        }
     }
 }
 
 impl Drop for Lead {
+    /// Abandons the key: its waiters' channel closes without a result.
     fn drop(&mut self) {
-        let mut map = self.flights.lock();
-        if map
-            .get(&self.key)
-            .is_some_and(|rx| rx.same_channel(&self.tx.subscribe()))
-        {
-            map.remove(&self.key);
+        if let Some(id) = self.id {
+            self.flights.end(&self.key, id);
         }
     }
 }
@@ -167,6 +192,25 @@ mod tests {
             matches!(flights.join(key("a")), Joined::Lead(_)),
             "a leads anew"
         );
+    }
+
+    #[tokio::test]
+    async fn a_channel_is_made_only_for_a_key_someone_waits_for() {
+        let flights = Arc::new(Flights::default());
+        let Joined::Lead(alone) = flights.join(key("a")) else {
+            panic!("leads a");
+        };
+        let Joined::Lead(_awaited) = flights.join(key("b")) else {
+            panic!("leads b");
+        };
+        let Joined::Wait(_wait) = flights.join(key("b")) else {
+            panic!("waits for b");
+        };
+        let channels = |k: &str| flights.lock().flights.get(&key(k)).map(|f| f.tx.is_some());
+        assert_eq!(channels("a"), Some(false), "no waiter, no channel");
+        assert_eq!(channels("b"), Some(true));
+        alone.resolve(entry());
+        assert_eq!(channels("a"), None, "resolved: the key is free again");
     }
 
     #[tokio::test]

@@ -181,19 +181,19 @@ impl Plan {
         }
     }
 
-    /// Takes the results of the leads' upstream call: `reply` is the batcher's reply body for
-    /// exactly [`Plan::miss_inputs`], `lengths` their token counts when counted by a tokenizer.
-    /// Hands them to every waiter, and (unless `no-store`) keeps them for [`Cache::store`]
-    /// after the reply ([`Answered::stash`]).
+    /// Takes the results of the leads' upstream call: `embeddings` are the batcher's answer for
+    /// exactly [`Plan::miss_inputs`], in order, `lengths` their token counts when counted by a
+    /// tokenizer. Hands them to every waiter, and (unless `no-store`) keeps them for
+    /// [`Cache::store`] after the reply ([`Answered::stash`]).
     ///
     /// # Errors
-    /// [`EmbedError::Backend`] when the body does not hold one embedding per miss.
+    /// [`EmbedError::Backend`] when there is not one embedding per miss.
     pub fn complete_leads(
         &mut self,
-        reply: &bytes::Bytes,
+        embeddings: Vec<Embedding>,
         lengths: Option<&[u32]>,
     ) -> Result<(), EmbedError> {
-        let embeddings = split(reply, self.leads.len())?;
+        expect_count(&embeddings, self.leads.len())?;
         if self.cache_on {
             METERS.misses.increment(self.leads.len() as u64);
         }
@@ -252,17 +252,17 @@ impl Plan {
     }
 
     /// Takes the results of inputs this request sent itself after their leader ended without
-    /// one: `reply` is the batcher's reply body for exactly the inputs at `positions`.
+    /// one: `embeddings` are the batcher's answer for exactly the inputs at `positions`.
     ///
     /// # Errors
-    /// [`EmbedError::Backend`] when the body does not hold one embedding per input.
+    /// [`EmbedError::Backend`] when there is not one embedding per input.
     pub fn complete_retried(
         &mut self,
         positions: &[usize],
-        reply: &bytes::Bytes,
+        embeddings: Vec<Embedding>,
         lengths: Option<&[u32]>,
     ) -> Result<(), EmbedError> {
-        let embeddings = split(reply, positions.len())?;
+        expect_count(&embeddings, positions.len())?;
         for (i, (&at, embedding)) in positions.iter().zip(embeddings).enumerate() {
             self.results[at] = Some(Entry {
                 embedding,
@@ -328,15 +328,14 @@ pub struct Answered {
 #[derive(Default)]
 pub struct Stash(pub(crate) Vec<(key::Key, Entry)>);
 
-/// Splits a reply body into exactly `expected` embeddings.
-fn split(reply: &bytes::Bytes, expected: usize) -> Result<Vec<Embedding>, EmbedError> {
-    let embeddings =
-        Embedding::split_reply(reply).map_err(|e| EmbedError::Backend(e.to_string()))?;
+/// Checks that the batcher answered exactly `expected` embeddings (it answers one per input
+/// submitted; a mismatch is a bug, answered as a backend error rather than a wrong slice).
+fn expect_count(embeddings: &[Embedding], expected: usize) -> Result<(), EmbedError> {
     if embeddings.len() != expected {
         return Err(EmbedError::Backend(format!(
             "{} embeddings for {expected} inputs",
             embeddings.len()
         )));
     }
-    Ok(embeddings)
+    Ok(())
 }

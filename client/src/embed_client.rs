@@ -182,28 +182,31 @@ impl EmbedClient {
         attempt: u32,
         options: &SendOptions,
     ) -> Result<(), RequestError> {
+        // Names from `from_static`: no copy and no check of a name known to be valid, on the
+        // path every request takes.
+        let name = async_nats::header::HeaderName::from_static;
         let mut request_headers = async_nats::HeaderMap::new();
         if let Some(cache_control) = &options.cache_control {
-            request_headers.insert(headers::CACHE_CONTROL, cache_control.as_str());
+            request_headers.insert(name(headers::CACHE_CONTROL), cache_control.as_str());
         }
         if let Some(tenant) = &options.tenant {
-            request_headers.insert(headers::TENANT, &**tenant);
+            request_headers.insert(name(headers::TENANT), &**tenant);
         }
         if let Some(trace) = &options.trace {
             trace.inject(&mut request_headers);
         }
         request_headers.insert(
-            headers::DEADLINE_MS,
-            headers::encode_deadline(remaining).as_str(),
+            name(headers::DEADLINE_MS),
+            headers::encode_deadline(remaining),
         );
-        request_headers.insert(headers::VERSION, PROTOCOL_VERSION);
-        request_headers.insert(headers::REQUEST_ID, reply);
-        request_headers.insert(headers::ACK, "1");
+        request_headers.insert(name(headers::VERSION), PROTOCOL_VERSION);
+        request_headers.insert(name(headers::REQUEST_ID), reply);
+        request_headers.insert(name(headers::ACK), "1");
         if let Some(inbox) = self.inbox.get() {
-            request_headers.insert(headers::HEARTBEAT_TO, inbox.alive());
+            request_headers.insert(name(headers::HEARTBEAT_TO), inbox.alive());
         }
         if attempt > 1 {
-            request_headers.insert(headers::ATTEMPT, attempt.to_string().as_str());
+            request_headers.insert(name(headers::ATTEMPT), attempt.to_string());
         }
         let subject = options.operation.subject(&self.subject);
         self.nats

@@ -49,7 +49,8 @@ impl Answer {
 
     /// The same reply with header `name: value` added (e.g. [`embatch_protocol::headers::ACK_DELAY_MS`]).
     pub(crate) fn header(mut self, name: &'static str, value: &str) -> Answer {
-        self.headers.insert(name, value);
+        self.headers
+            .insert(async_nats::header::HeaderName::from_static(name), value);
         self
     }
 

@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use embatch_protocol::EmbedError;
 use futures::future::BoxFuture;
 use tokio::sync::oneshot;
@@ -29,7 +28,7 @@ pub(super) struct Pending {
     pub(super) tenant: Arc<str>,
 }
 
-/// Where a request's outcome goes: an interactive caller (its assembled reply), or the bulk
+/// Where a request's outcome goes: an interactive caller (its [`Reply`]), or the bulk
 /// lane (the embeddings themselves; a bulk request holds no share of the bounds).
 pub(super) enum ReplyTo {
     Interactive(oneshot::Sender<Outcome>),
@@ -91,34 +90,16 @@ pub(super) fn relay<T: Send + 'static>(
     })
 }
 
-/// Joins a request's raw JSON vectors into TEI's response body, `[v0,v1,...]`.
-fn assemble(
-    results: &[Option<Embedding>],
-    accepted: Instant,
-    first_call: Option<Instant>,
-    now: Instant,
-) -> Outcome {
-    let len: usize = results.iter().flatten().map(|v| v.json().len() + 1).sum();
-    let mut body = Vec::with_capacity(len + 2);
-    body.push(b'[');
-    for (i, vector) in results.iter().enumerate() {
-        let Some(vector) = vector else {
-            return Err(EmbedError::Backend(format!(
-                "missing embedding for input {i}"
-            )));
-        };
-        if i > 0 {
-            body.push(b',');
-        }
-        body.extend_from_slice(vector.json());
-    }
-    body.push(b']');
-    let first_call = first_call.unwrap_or(now);
-    Ok(Reply {
-        payload: Bytes::from(body),
-        queue_time: first_call - accepted,
-        inference_time: now - first_call,
-    })
+/// A request's embeddings in order, each input's own; an error names the first input without
+/// one (a bug: a request is answered once every input has a result).
+fn collect(results: Vec<Option<Embedding>>) -> Result<Vec<Embedding>, EmbedError> {
+    results
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| {
+            v.ok_or_else(|| EmbedError::Backend(format!("missing embedding for input {i}")))
+        })
+        .collect()
 }
 
 /// Delivers a request's outcome (the caller may have gone away: nothing to do then): its
@@ -135,21 +116,17 @@ pub(super) fn answer(meters: &Meters, request: Pending, result: Result<Instant, 
     } = request;
     match reply {
         ReplyTo::Bulk(reply) => {
-            let outcome = result.and_then(|_| {
-                results
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, v)| {
-                        v.ok_or_else(|| {
-                            EmbedError::Backend(format!("missing embedding for input {i}"))
-                        })
-                    })
-                    .collect()
-            });
-            let _ = reply.send(outcome);
+            let _ = reply.send(result.and_then(|_| collect(results)));
         }
         ReplyTo::Interactive(reply) => {
-            let outcome = result.and_then(|now| assemble(&results, accepted, first_call, now));
+            let outcome = result.and_then(|now| {
+                let first_call = first_call.unwrap_or(now);
+                Ok(Reply {
+                    embeddings: collect(results)?,
+                    queue_time: first_call - accepted,
+                    inference_time: now - first_call,
+                })
+            });
             let label = match &outcome {
                 Ok(_) => "ok",
                 Err(e) => e.kind(),

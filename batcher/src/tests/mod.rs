@@ -195,8 +195,14 @@ fn in_ms(ms: u64) -> Instant {
 }
 
 fn texts(reply: &Reply) -> Vec<String> {
-    let parsed: Vec<Vec<String>> = serde_json::from_slice(&reply.payload).expect("reply is JSON");
-    parsed.into_iter().map(|mut v| v.remove(0)).collect()
+    reply
+        .embeddings
+        .iter()
+        .map(|e| {
+            let mut v: Vec<String> = serde_json::from_slice(e.json()).expect("a JSON array");
+            v.remove(0)
+        })
+        .collect()
 }
 
 async fn outcome(rx: oneshot::Receiver<Outcome>) -> Outcome {

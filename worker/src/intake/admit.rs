@@ -9,12 +9,13 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::reply::ReplyLimit;
-use super::reply::{ReplyTask, answer, served};
+use super::reply::{ReplyTask, served};
 use super::shape::{self, Limit, Shape};
 use super::work::{Parsed, Submitted, Work, take_misses};
 use super::{Admitter, Arrival, budget};
 use crate::batcher::Share;
 use crate::cache::{Plan, Usage};
+use crate::respond::Answer;
 use crate::telemetry::{self, Traffic};
 use crate::tenant::Caller;
 
@@ -193,7 +194,7 @@ impl Admitter {
             telemetry::count_tenant(&caller.label, Traffic::Interactive, err.status(), (0, None));
         }
         metrics::counter!(crate::telemetry::names::REQUESTS, "outcome" => err.kind()).increment(1);
-        let mut reply = answer(Err(err), None);
+        let mut reply = Answer::error(&err);
         if wants_ack {
             reply = reply.header(headers::ACK_DELAY_MS, &self.acks.delay_ms);
         }

@@ -5,12 +5,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_nats::HeaderMap;
+use async_nats::header::{HeaderName, HeaderValue};
 use embatch_protocol::{EmbedError, headers, reply};
 
 use super::shape::{Shape, shaped};
 use super::work::{Timing, Work};
 use super::{Acks, Arrival, sleep_until};
-use crate::batcher::Outcome;
 use crate::cache::{Answered, Cache, Stash};
 use crate::micro::EndpointStats;
 use crate::respond::Answer;
@@ -117,8 +117,9 @@ impl ReplyTask {
         let mut ack_at = ack.as_ref().map(|_| received + headers::ACK_DELAY);
         // Counted for the heartbeat from the acknowledgement until the reply is sent.
         let mut _acked = None;
-        let work = work.run(&cache);
-        tokio::pin!(work);
+        // Boxed: the work's state (about 2.4 KB) would otherwise make this task's future twice
+        // as large, and a task's future is copied whole as it is spawned.
+        let mut work = Box::pin(work.run(&cache));
         let (outcome, batcher_answered) = loop {
             tokio::select! {
                 // An outcome ready with the acknowledgement due makes it unnecessary.
@@ -232,25 +233,6 @@ fn settle(
     }
 }
 
-/// The reply for `outcome`: TEI's response body with timing headers and, when counted, the
-/// request's `tokens` ([`headers::TOKENS`]), or TEI's error body with NATS micro error headers
-/// (`Nats-Service-Error-Code`, `Nats-Service-Error`), see [`crate::respond`].
-pub(super) fn answer(outcome: Outcome, tokens: Option<u64>) -> Answer {
-    match outcome {
-        Ok(reply) => {
-            let mut reply_headers = HeaderMap::new();
-            for (name, value) in reply::success_headers(reply.queue_time, reply.inference_time) {
-                reply_headers.insert(name, value.as_str());
-            }
-            if let Some(tokens) = tokens {
-                reply_headers.insert(headers::TOKENS, tokens.to_string().as_str());
-            }
-            Answer::ok(reply_headers, reply.payload)
-        }
-        Err(err) => Answer::error(&err),
-    }
-}
-
 /// The reply for a request served through the cache: TEI's response body with timing headers
 /// (zero for a request the batcher never saw), the request's tokens when known
 /// ([`headers::TOKENS`]) and its cache hits while the cache is on ([`headers::CACHE_HITS`]);
@@ -259,15 +241,16 @@ pub(super) fn served(outcome: Result<Answered, EmbedError>, timing: Timing) -> A
     match outcome {
         Ok(answered) => {
             let (queue_time, inference_time) = timing.unwrap_or_default();
+            let name = HeaderName::from_static;
             let mut reply_headers = HeaderMap::new();
-            for (name, value) in reply::success_headers(queue_time, inference_time) {
-                reply_headers.insert(name, value.as_str());
+            for (header, value) in reply::success_headers(queue_time, inference_time) {
+                reply_headers.insert(name(header), value);
             }
             if let Some(tokens) = answered.tokens {
-                reply_headers.insert(headers::TOKENS, tokens.to_string().as_str());
+                reply_headers.insert(name(headers::TOKENS), HeaderValue::from(tokens));
             }
             if let Some(hits) = answered.hits {
-                reply_headers.insert(headers::CACHE_HITS, hits.to_string().as_str());
+                reply_headers.insert(name(headers::CACHE_HITS), HeaderValue::from(hits));
             }
             Answer::ok(reply_headers, answered.payload)
         }

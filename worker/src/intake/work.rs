@@ -95,7 +95,7 @@ impl Work {
             *batcher_answered = true;
             let reply = receive(receiver).await?;
             timing = Some((reply.queue_time, reply.inference_time));
-            plan.complete_leads(&reply.payload, lengths.as_deref())?;
+            plan.complete_leads(reply.embeddings, lengths.as_deref())?;
         }
         let abandoned = plan.wait(deadline).await?;
         if !abandoned.is_empty() {
@@ -111,7 +111,7 @@ impl Work {
             *batcher_answered = true;
             let reply = receive(receiver).await?;
             timing = timing.or(Some((reply.queue_time, reply.inference_time)));
-            plan.complete_retried(&positions, &reply.payload, lengths.as_deref())?;
+            plan.complete_retried(&positions, reply.embeddings, lengths.as_deref())?;
         }
         Ok((plan.answer()?, timing))
     }
