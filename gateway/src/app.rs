@@ -137,7 +137,8 @@ pub fn app(state: AppState) -> Router {
     };
     let authenticate =
         axum::middleware::from_fn_with_state(state.tenants.clone(), crate::tenancy::authenticate);
-    let meter = axum::middleware::from_fn_with_state(state.meter.clone(), crate::metering::meter);
+    let meter =
+        axum::middleware::from_fn_with_state(Arc::new(state.meter.clone()), crate::metering::meter);
     let usage = Router::new()
         .route("/v1/usage", get(crate::usage::route))
         .with_state(state.meter.usage.clone());

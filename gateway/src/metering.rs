@@ -87,8 +87,9 @@ impl TenantCounters {
 }
 
 /// Middleware of the embedding routes (after [`crate::tenancy::authenticate`]): refuses a
-/// request over its tenant's quota with 429, and counts what the others used.
-pub async fn meter(State(meter): State<Meter>, request: Request, next: Next) -> Response {
+/// request over its tenant's quota with 429, and counts what the others used. The state is
+/// shared (`Arc`): axum clones a middleware's state for every request.
+pub async fn meter(State(meter): State<Arc<Meter>>, request: Request, next: Next) -> Response {
     let Some(Caller(tenant)) = request.extensions().get::<Caller>().cloned() else {
         return next.run(request).await;
     };

@@ -25,8 +25,11 @@ use crate::{EmbedClient, RETRIES, Reply, RequestError, SendOptions, retry_jitter
 
 /// Publishes a request's id on the cancel subject when dropped while armed (the caller stopped
 /// waiting, or the request timed out): the worker that holds it drops it.
+///
+/// Holds the connection by reference: a `Client` clone costs several reference counts, and
+/// almost every request ends disarmed.
 struct CancelOnDrop<'a> {
-    nats: Option<async_nats::Client>,
+    nats: Option<&'a async_nats::Client>,
     subject: &'a str,
     id: &'a str,
 }
@@ -40,7 +43,7 @@ impl CancelOnDrop<'_> {
 impl Drop for CancelOnDrop<'_> {
     fn drop(&mut self) {
         if let Some(nats) = self.nats.take() {
-            crate::publish_cancel(nats, self.subject, self.id);
+            crate::publish_cancel(nats.clone(), self.subject, self.id);
         }
     }
 }
@@ -58,7 +61,7 @@ pub(crate) async fn deliver(
     let (slot, mut replies) = inbox.register();
     let id = slot.subject.as_str();
     let mut cancel = CancelOnDrop {
-        nats: Some(client.nats.clone()),
+        nats: Some(&client.nats),
         subject: &client.subject,
         id,
     };
