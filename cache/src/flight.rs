@@ -17,26 +17,17 @@ use tokio::sync::watch;
 use super::entry::Entry;
 use super::key::Key;
 
-/// The keys in flight.
+/// The keys in flight, each with the channel its result will be published on, made when the
+/// first waiter comes: most keys never get a waiter, so most leads cost one map entry and no
+/// channel, no wake-up. A key's entry is its one lead's from [`Flights::join`] until that lead
+/// ends (no one else can lead the key meanwhile), so ending a lead removes the key's entry.
 #[derive(Default)]
 pub(crate) struct Flights {
     map: Mutex<Map>,
 }
 
-/// The flights by key, and the number of the next one.
-#[derive(Default)]
-struct Map {
-    flights: HashMap<Key, Flight>,
-    next: u64,
-}
-
-/// One key in flight: which lead it is, and the channel its result will be published on, made
-/// when the first waiter comes. Most keys never get a waiter, so most leads cost one map entry
-/// and no channel, no wake-up.
-struct Flight {
-    id: u64,
-    tx: Option<watch::Sender<Option<Entry>>>,
-}
+/// The channel of each key in flight; `None` until a waiter comes.
+type Map = HashMap<Key, Option<watch::Sender<Option<Entry>>>>;
 
 /// What a request gets for a key: to lead it, or to wait for its leader.
 pub(crate) enum Joined {
@@ -49,9 +40,9 @@ pub(crate) enum Joined {
 /// The duty to compute one key; dropping it unresolved abandons the key.
 pub(crate) struct Lead {
     key: Key,
-    /// Its flight's number; `None` for a private lead, which no one can wait for.
-    id: Option<u64>,
-    flights: Arc<Flights>,
+    /// The flights it is in; `None` for a private lead (which no one can wait for), and once
+    /// the lead has ended.
+    flights: Option<Arc<Flights>>,
 }
 
 /// A wait for another request's result for one key.
@@ -65,44 +56,33 @@ impl Flights {
     /// Leads `key` when no one else does, else waits for its leader.
     pub(crate) fn join(self: &Arc<Self>, key: Key) -> Joined {
         let mut map = self.lock();
-        if let Some(flight) = map.flights.get_mut(&key) {
-            let tx = flight.tx.get_or_insert_with(|| watch::channel(None).0);
+        if let Some(tx) = map.get_mut(&key) {
+            let tx = tx.get_or_insert_with(|| watch::Sender::new(None));
             return Joined::Wait(Wait(tx.subscribe()));
         }
-        let id = map.next;
-        map.next += 1;
-        map.flights.insert(key, Flight { id, tx: None });
+        map.insert(key, None);
         Joined::Lead(Lead {
             key,
-            id: Some(id),
-            flights: Arc::clone(self),
+            flights: Some(Arc::clone(self)),
         })
     }
 
     /// A lead of `key` that no one else can join or wait for: for a request that bypasses the
     /// cache, whose results must be its own upstream work.
     pub(crate) fn private(self: &Arc<Self>, key: Key) -> Lead {
-        Lead {
-            key,
-            id: None,
-            flights: Arc::clone(self),
-        }
+        Lead { key, flights: None }
     }
 
-    /// Ends the flight `id` of `key` (when it is still the key's): no one can join it any more.
-    /// Returns its channel when it had waiters.
-    fn end(&self, key: &Key, id: u64) -> Option<watch::Sender<Option<Entry>>> {
-        let mut map = self.lock();
-        if map.flights.get(key).is_some_and(|flight| flight.id == id) {
-            return map.flights.remove(key).and_then(|flight| flight.tx);
-        }
-        None
+    /// Ends the flight of `key`: no one can join it any more. Returns its channel when it had
+    /// waiters.
+    fn end(&self, key: &Key) -> Option<watch::Sender<Option<Entry>>> {
+        self.lock().remove(key).flatten()
     }
 
     /// Keys in flight.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.lock().flights.len()
+        self.lock().len()
     }
 }
 
@@ -114,11 +94,7 @@ impl Lead {
 
     /// Publishes the key's result to its waiters and ends the flight.
     pub(crate) fn resolve(mut self, entry: Entry) {
-        if let Some(tx) = self
-            .id
-            .take()
-            .and_then(|id| self.flights.end(&self.key, id))
-        {
+        if let Some(tx) = self.flights.take().and_then(|f| f.end(&self.key)) {
             tx.send_replace(Some(entry));
         }
     }
@@ -127,8 +103,8 @@ impl Lead {
 impl Drop for Lead {
     /// Abandons the key: its waiters' channel closes without a result.
     fn drop(&mut self) {
-        if let Some(id) = self.id {
-            self.flights.end(&self.key, id);
+        if let Some(flights) = self.flights.take() {
+            flights.end(&self.key);
         }
     }
 }
@@ -206,7 +182,7 @@ mod tests {
         let Joined::Wait(_wait) = flights.join(key("b")) else {
             panic!("waits for b");
         };
-        let channels = |k: &str| flights.lock().flights.get(&key(k)).map(|f| f.tx.is_some());
+        let channels = |k: &str| flights.lock().get(&key(k)).map(Option::is_some);
         assert_eq!(channels("a"), Some(false), "no waiter, no channel");
         assert_eq!(channels("b"), Some(true));
         alone.resolve(entry());
