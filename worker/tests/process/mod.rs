@@ -1,5 +1,5 @@
 //! The worker binary as a child process, for the test binaries that signal or kill it
-//! (`mod process;` in recovery.rs and shutdown.rs).
+//! (`mod process;` in recovery.rs, shutdown.rs and memory.rs).
 
 use std::io::{Read, Seek, SeekFrom};
 use std::process::{Child, Command};
@@ -20,16 +20,18 @@ impl Drop for Worker {
         let _ = self.0.kill();
         let _ = self.0.wait();
         if std::thread::panicking() {
-            let mut tail = String::new();
+            // Bytes, read lossily: the cut may fall inside a character.
+            let mut tail = Vec::new();
             let len = self.1.metadata().map_or(0, |m| m.len());
             let from = len.saturating_sub(LOG_TAIL_BYTES);
             if self.1.seek(SeekFrom::Start(from)).is_ok() {
-                let _ = self.1.read_to_string(&mut tail);
+                let _ = self.1.read_to_end(&mut tail);
             }
             eprintln!(
-                "--- worker {} log, last {} bytes ---\n{tail}",
+                "--- worker {} log, last {} bytes ---\n{}",
                 self.0.id(),
-                len - from
+                len - from,
+                String::from_utf8_lossy(&tail)
             );
         }
     }
