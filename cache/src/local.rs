@@ -7,7 +7,6 @@ use lru::LruCache;
 
 use super::entry::Entry;
 use super::key::Key;
-use crate::names;
 
 /// Bytes counted per entry beyond its value: the key and the map's bookkeeping (an estimate).
 const OVERHEAD: usize = 96;
@@ -71,7 +70,7 @@ impl Local {
             inner.bytes
         };
         if evicted > 0 {
-            metrics::counter!(names::CACHE_EVICTIONS).increment(evicted);
+            crate::meters::METERS.evictions.increment(evicted);
         }
         crate::meters::METERS.bytes.set(bytes as f64);
     }

@@ -22,6 +22,8 @@ pub(crate) struct Meters {
     pub(crate) reads_skipped: Counter,
     /// [`names::CACHE_BYTES`].
     pub(crate) bytes: Gauge,
+    /// [`names::CACHE_EVICTIONS`]: with the in-process tier full, every insert evicts.
+    pub(crate) evictions: Counter,
 }
 
 /// The process's handles, registered on first use.
@@ -31,4 +33,5 @@ pub(crate) static METERS: LazyLock<Meters> = LazyLock::new(|| Meters {
     misses: metrics::counter!(names::CACHE_MISSES),
     reads_skipped: metrics::counter!(names::CACHE_READS_SKIPPED),
     bytes: metrics::gauge!(names::CACHE_BYTES),
+    evictions: metrics::counter!(names::CACHE_EVICTIONS),
 });

@@ -286,11 +286,7 @@ impl Inbox {
 
 /// The [`headers::WORKER_CONNECTS`] of a worker's acknowledgement or heartbeat, if it has one.
 pub(crate) fn connects_of(message: &Message) -> Option<u64> {
-    message
-        .headers
-        .as_ref()
-        .and_then(|h| h.get(headers::WORKER_CONNECTS))
-        .and_then(|v| v.as_str().parse().ok())
+    crate::message::header(message, headers::WORKER_CONNECTS).and_then(|v| v.parse().ok())
 }
 
 /// `d` in whole µs (saturating).
@@ -311,11 +307,7 @@ impl Shared {
         let Some(token) = token else {
             return;
         };
-        let accepted_by = message
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(headers::ACCEPTED_BY))
-            .map(|v| v.as_str().to_owned());
+        let accepted_by = crate::message::header(&message, headers::ACCEPTED_BY).map(str::to_owned);
         let mut routes = lock(&self.routes);
         let Some(route) = routes.get_mut(&token) else {
             return;

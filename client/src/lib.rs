@@ -40,8 +40,8 @@ use std::time::Duration;
 pub use embed_client::EmbedClient;
 pub use error::RequestError;
 pub use inbox::{ACK_TIMEOUT_MAX, ACK_TIMEOUT_MIN};
-pub use message::Reply;
-use message::{decode, header};
+use message::decode;
+pub use message::{Reply, header, header_in};
 pub use options::{Operation, SendOptions};
 use resend::{MIN_RESEND_BUDGET, publish_cancel, retry_jitter, unavailable_pause};
 pub use resend::{

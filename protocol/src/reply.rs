@@ -54,7 +54,7 @@ pub struct Timings {
 impl Timings {
     /// Reads the timing headers through `header` (a lookup by name in whatever header map the
     /// transport has).
-    pub fn read<'a>(header: impl Fn(&str) -> Option<&'a str>) -> Timings {
+    pub fn read<'a>(header: impl Fn(&'static str) -> Option<&'a str>) -> Timings {
         Timings {
             queue_time_ms: headers::parse_millis(header(headers::QUEUE_TIME_MS)),
             inference_time_ms: headers::parse_millis(header(headers::INFERENCE_TIME_MS)),

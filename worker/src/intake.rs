@@ -37,6 +37,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::{HeaderMap, Message};
+use embatch_client::{header, header_in};
 use embatch_protocol::{EmbedError, PROTOCOL_VERSION, headers};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -199,11 +200,7 @@ struct Acks {
 
 /// Whether `request` asks for an acknowledgement ([`headers::ACK`]).
 fn wants_ack(request: &Message) -> bool {
-    request
-        .headers
-        .as_ref()
-        .and_then(|h| h.get(headers::ACK))
-        .is_some_and(|v| v.as_str() == "1")
+    header(request, headers::ACK) == Some("1")
 }
 
 /// A request's time budget: its [`headers::DEADLINE_MS`], else `default`.
@@ -213,32 +210,32 @@ fn wants_ack(request: &Message) -> bool {
 /// [`PROTOCOL_VERSION`], a [`headers::HEARTBEAT_TO`] that is not a subject without wildcards, or
 /// a deadline that is not a whole number of milliseconds.
 fn budget(message_headers: Option<&HeaderMap>, default: Duration) -> Result<Duration, EmbedError> {
-    if let Some(version) = message_headers.and_then(|h| h.get(headers::VERSION)) {
-        let major = version.as_str().split('.').next().unwrap_or_default();
+    if let Some(version) = header_in(message_headers, headers::VERSION) {
+        let major = version.split('.').next().unwrap_or_default();
         if major != PROTOCOL_VERSION {
             return Err(EmbedError::Validation(format!(
                 "header `{}`: version {} is not supported; this worker speaks {PROTOCOL_VERSION}",
                 headers::VERSION,
-                version.as_str()
+                version
             )));
         }
     }
-    if let Some(to) = message_headers.and_then(|h| h.get(headers::HEARTBEAT_TO))
-        && !headers::valid_heartbeat_to(to.as_str())
+    if let Some(to) = header_in(message_headers, headers::HEARTBEAT_TO)
+        && !headers::valid_heartbeat_to(to)
     {
         return Err(EmbedError::Validation(format!(
             "header `{}` must be a NATS subject without wildcards of at most {} bytes. Given: {:?}",
             headers::HEARTBEAT_TO,
             headers::HEARTBEAT_TO_MAX,
-            to.as_str()
+            to
         )));
     }
-    match message_headers.and_then(|h| h.get(headers::DEADLINE_MS)) {
-        Some(value) => headers::parse_deadline(value.as_str()).ok_or_else(|| {
+    match header_in(message_headers, headers::DEADLINE_MS) {
+        Some(value) => headers::parse_deadline(value).ok_or_else(|| {
             EmbedError::Validation(format!(
                 "header `{}` must be a whole number of milliseconds. Given: {:?}",
                 headers::DEADLINE_MS,
-                value.as_str()
+                value
             ))
         }),
         None => Ok(default),
@@ -272,16 +269,12 @@ impl Acks {
 /// the client's account is out of this worker's reach there, while the shared heartbeat subject
 /// is exported to it. `None`: the shared subject.
 fn heartbeat_to(request: &Message) -> Option<&str> {
-    let request_headers = request.headers.as_ref()?;
-    let crossed = request_headers.get(headers::REQUEST_INFO).is_some()
+    let crossed = header(request, headers::REQUEST_INFO).is_some()
         || request
             .reply
             .as_ref()
             .is_some_and(|reply| reply.starts_with("_R_."));
-    request_headers
-        .get(headers::HEARTBEAT_TO)
-        .map(|v| v.as_str())
-        .filter(|to| !crossed && headers::valid_heartbeat_to(to))
+    header(request, headers::HEARTBEAT_TO).filter(|to| !crossed && headers::valid_heartbeat_to(to))
 }
 
 /// The acknowledgement itself ([`Acks::send`]).
@@ -367,11 +360,7 @@ impl Admitter {
                 return self.refuse(err, &request, wants_ack, received, None).await;
             }
         };
-        let id = request
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(headers::REQUEST_ID))
-            .map(|v| v.as_str().to_owned());
+        let id = header(&request, headers::REQUEST_ID).map(Arc::<str>::from);
         if self.answer_copy(&request, id.as_deref(), wants_ack).await {
             return;
         }

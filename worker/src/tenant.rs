@@ -152,11 +152,7 @@ impl TenantPolicy {
     /// [`TenantError`]: 400 for a malformed header, 403 for a tenant or account this worker
     /// does not serve.
     pub fn resolve(&self, message_headers: Option<&HeaderMap>) -> Result<Caller, TenantError> {
-        let get = |name: &str| {
-            message_headers
-                .and_then(|h| h.get(name))
-                .map(|v| v.as_str())
-        };
+        let get = |name| embatch_client::header_in(message_headers, name);
         self.decide(get(headers::REQUEST_INFO), get(headers::TENANT))
     }
 

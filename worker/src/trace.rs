@@ -28,9 +28,7 @@ pub(crate) fn request_span(request: &Message) -> tracing::Span {
         return tracing::Span::none();
     }
     let message_headers = request.headers.as_ref();
-    let request_id = message_headers
-        .and_then(|h| h.get(headers::REQUEST_ID))
-        .map_or("", |v| v.as_str());
+    let request_id = embatch_client::header_in(message_headers, headers::REQUEST_ID).unwrap_or("");
     let span = tracing::info_span!(
         "worker_request",
         otel.name = %format_args!("process {}", request.subject),

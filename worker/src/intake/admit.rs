@@ -69,13 +69,7 @@ impl Admitter {
         scope: &str,
     ) -> Result<(Parsed, Plan), EmbedError> {
         let parsed = self.parse(request, payload, received)?;
-        let usage = Usage::from_header(
-            request
-                .headers
-                .as_ref()
-                .and_then(|h| h.get(headers::CACHE_CONTROL))
-                .map(|v| v.as_str()),
-        );
+        let usage = Usage::from_header(embatch_client::header(request, headers::CACHE_CONTROL));
         let plan = self
             .serving
             .cache
@@ -107,11 +101,7 @@ impl Admitter {
                 .await;
         }
         // A copy resent after a loss is admitted by deadline (see `headers::ATTEMPT`).
-        if request
-            .headers
-            .as_ref()
-            .is_some_and(|h| h.get(headers::ATTEMPT).is_some())
-        {
+        if embatch_client::header(request, headers::ATTEMPT).is_some() {
             self.serving.batcher.absorb_resent(inputs);
         }
         let share = crate::batcher::share_of(&arrival.caller.tenant);

@@ -13,11 +13,11 @@ use tokio_util::sync::CancellationToken;
 /// drops the request before it costs upstream work (see `batcher`).
 #[derive(Default)]
 pub(crate) struct Withdrawable {
-    by_id: Mutex<HashMap<String, CancellationToken>>,
+    by_id: Mutex<HashMap<Arc<str>, CancellationToken>>,
 }
 
 impl Withdrawable {
-    pub(super) fn insert(&self, id: String, handle: CancellationToken) {
+    pub(super) fn insert(&self, id: Arc<str>, handle: CancellationToken) {
         self.by_id
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -54,7 +54,7 @@ impl Withdrawable {
 
 /// A request's entry in [`Withdrawable`], made when it arrives and removed when dropped (once
 /// it is answered or refused).
-pub(super) struct Registration(pub(super) Option<(Arc<Withdrawable>, String)>);
+pub(super) struct Registration(pub(super) Option<(Arc<Withdrawable>, Arc<str>)>);
 
 impl Drop for Registration {
     fn drop(&mut self) {
