@@ -16,7 +16,7 @@ use common::plain::{Reply, bucket_holds, request_on, send};
 use embatch_client::{EmbedClient, SendOptions};
 use embatch_protocol::DEFAULT_SUBJECT;
 use embatch_testkit::{
-    Faults, NatsServer, RunningWorker, TeiConfig, TeiDouble, free_port, repo_root, start_tei,
+    Faults, NatsServer, RunningWorker, TeiDouble, free_port, repo_root, start_slow_tei,
     tenants_file,
 };
 use futures::StreamExt;
@@ -61,11 +61,7 @@ async fn a_tenant_account_is_its_tenant_and_only_the_workers_account_names_one()
     let store_dir = store.path().to_string_lossy().into_owned();
     let nats = NatsServer::start_with_args(&["-c", &conf, "-js", "-sd", &store_dir]);
     // Each call takes 100 ms: the worker acknowledges requests that ask (held over 20 ms).
-    let tei = start_tei(TeiConfig {
-        base: Duration::from_millis(100),
-        ..TeiConfig::instant()
-    })
-    .await;
+    let tei = start_slow_tei(Duration::from_millis(100)).await;
     let (_dir, file) = tenants_file(TENANTS);
     let admin = SocketAddr::from(([127, 0, 0, 1], free_port())).to_string();
     let worker = RunningWorker::start_at(

@@ -9,7 +9,8 @@ use std::time::Duration;
 use embatch_client::{EmbedClient, RequestError};
 use embatch_protocol::headers::membership;
 use embatch_testkit::{
-    Faults, NatsServer, ONE_CALL_AT_A_TIME, RunningWorker, TeiConfig, TeiDouble, start_tei,
+    Faults, NatsServer, ONE_CALL_AT_A_TIME, RunningWorker, TeiConfig, TeiDouble, start_slow_tei,
+    start_tei,
 };
 use futures::StreamExt;
 
@@ -205,11 +206,7 @@ fn beats(counts: &Counts) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_fleet_publishes_nothing_and_a_busy_worker_beats() {
     let nats = NatsServer::start();
-    let tei = start_tei(TeiConfig {
-        base: Duration::from_millis(800),
-        ..TeiConfig::instant()
-    })
-    .await;
+    let tei = start_slow_tei(Duration::from_millis(800)).await;
     let workers = three_workers(&nats, &tei).await;
     let client = EmbedClient::new(connect(&nats).await, "embed");
 
@@ -242,11 +239,7 @@ async fn requests_answered_soon_after_their_acknowledgement_cost_no_beat() {
     let nats = NatsServer::start();
     // Held about 30 ms: acknowledged after 20 ms, answered 10 ms later, well within the
     // interval (a beat is due for a request still held 100 ms after its acknowledgement).
-    let tei = start_tei(TeiConfig {
-        base: Duration::from_millis(30),
-        ..TeiConfig::instant()
-    })
-    .await;
+    let tei = start_slow_tei(Duration::from_millis(30)).await;
     let workers = three_workers(&nats, &tei).await;
     let client = EmbedClient::new(connect(&nats).await, "embed");
     let spy = Spy::start(&nats).await;

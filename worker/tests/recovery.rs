@@ -14,7 +14,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use embatch_client::EmbedClient;
 use embatch_protocol::request::Input;
-use embatch_testkit::{Faults, NatsServer, TeiConfig, TeiDouble, start_tei};
+use embatch_testkit::{Faults, NatsServer, TeiConfig, TeiDouble, start_slow_tei, start_tei};
 use futures::StreamExt;
 use tokio::time::Instant;
 
@@ -118,11 +118,7 @@ struct RestartStack {
 impl RestartStack {
     async fn start() -> RestartStack {
         let server = NatsServer::start();
-        let tei = start_tei(TeiConfig {
-            base: Duration::from_millis(20),
-            ..TeiConfig::instant()
-        })
-        .await;
+        let tei = start_slow_tei(Duration::from_millis(20)).await;
         let (workers, client) =
             two_workers(&server, [&tei, &tei], &[("MAX_WAIT_TIME", "2ms")]).await;
         RestartStack {
@@ -153,11 +149,7 @@ fn max(took: &[Duration]) -> Duration {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_killed_with_sigkill_loses_none_of_what_it_held() {
     let nats = NatsServer::start();
-    let tei = start_tei(TeiConfig {
-        base: Duration::from_millis(200),
-        ..TeiConfig::instant()
-    })
-    .await;
+    let tei = start_slow_tei(Duration::from_millis(200)).await;
     let ([mut killed, _staying], client) =
         two_workers(&nats, [&tei, &tei], &[("MAX_WAIT_TIME", "2ms")]).await;
     // Warm up: the client has heard both workers' heartbeats.
@@ -319,18 +311,8 @@ async fn a_worker_whose_upstream_fails_hands_what_it_holds_to_another() {
 async fn a_worker_whose_upstream_hangs_hands_what_it_holds_to_another() {
     const TOTAL: usize = 600;
     let nats = NatsServer::start();
-    let hung = Arc::new(
-        start_tei(TeiConfig {
-            base: Duration::from_millis(5),
-            ..TeiConfig::instant()
-        })
-        .await,
-    );
-    let healthy = start_tei(TeiConfig {
-        base: Duration::from_millis(5),
-        ..TeiConfig::instant()
-    })
-    .await;
+    let hung = Arc::new(start_slow_tei(Duration::from_millis(5)).await);
+    let healthy = start_slow_tei(Duration::from_millis(5)).await;
     let (_workers, client) =
         two_workers(&nats, [&hung, &healthy], &[("MAX_WAIT_TIME", "1ms")]).await;
     for i in 0..20 {
@@ -423,11 +405,7 @@ async fn a_queue_group_leave_in_the_middle_of_20000_requests_loses_none() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eight_concurrent_512_input_requests_with_long_deadlines_are_all_served() {
     let nats = NatsServer::start();
-    let tei = start_tei(TeiConfig {
-        base: Duration::from_millis(5),
-        ..TeiConfig::instant()
-    })
-    .await;
+    let tei = start_slow_tei(Duration::from_millis(5)).await;
     let nats_client = embatch_client::connect(&nats.url(), "indexing-test")
         .await
         .expect("client connects");

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use common::plain::{bucket_holds, send};
 use embatch_protocol::headers;
-use embatch_testkit::{NatsServer, RunningWorker, TeiConfig, TeiDouble, start_tei, tenants_file};
+use embatch_testkit::{
+    NatsServer, RunningWorker, TeiConfig, TeiDouble, start_slow_tei, start_tei, tenants_file,
+};
 
 /// The tenants of these tests: `search` (weight 2, NATS account `SEARCH`), `ads` (account
 /// `ADS`) and `partner`, which shares `search`'s cache (group `acme`).
@@ -130,11 +132,7 @@ async fn cache_entries_and_hits_are_the_callers_own_scope() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_input_in_flight_is_shared_within_a_scope_only() {
     let nats = NatsServer::start();
-    let tei = start_tei(TeiConfig {
-        base: Duration::from_millis(400),
-        ..TeiConfig::instant()
-    })
-    .await;
+    let tei = start_slow_tei(Duration::from_millis(400)).await;
     let (_dir, file) = tenants_file(TENANTS);
     let worker = start_worker(&nats, &tei, &file, &[]).await;
     let client = async_nats::connect(nats.url()).await.expect("connects");
