@@ -22,10 +22,12 @@ use tempfile::TempDir;
 pub mod cluster;
 pub mod pki;
 pub mod regions;
+mod tei;
 pub use cluster::{MetaGroup, MetaPeer, NatsCluster};
 pub use embatch_tei_double::{Config as TeiConfig, Faults, POISON, TeiDouble, embedding_of};
 pub use pki::{Pki, TlsProxy};
 pub use regions::{Region, Supercluster};
+pub use tei::{ONE_CALL_AT_A_TIME, start_slow_tei, start_tei};
 
 /// The repository root (this crate lives in `<repo>/testkit`).
 pub fn repo_root() -> PathBuf {
@@ -263,35 +265,6 @@ pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
     let norm = |v: &[f32]| v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
     (dot / (norm(a) * norm(b))) as f32
 }
-
-/// Starts the workspace's TEI double ([`embatch_tei_double`]) on a free loopback port (needs a
-/// tokio runtime); panics if it cannot bind.
-pub async fn start_tei(config: TeiConfig) -> TeiDouble {
-    TeiDouble::spawn(config).await.expect("bind the TEI double")
-}
-
-/// Starts the TEI double ([`start_tei`]) answering every call after `base`, with no per-input
-/// cost and no limit on calls at once that a test reaches ([`TeiConfig::instant`] otherwise):
-/// an upstream that holds requests for a known time.
-pub async fn start_slow_tei(base: Duration) -> TeiDouble {
-    start_tei(TeiConfig {
-        base,
-        ..TeiConfig::instant()
-    })
-    .await
-}
-
-/// Worker arguments for one input per upstream call, one call at a time, sent at once
-/// (`--max-batch-size 1 --max-concurrent-batches 1 --max-wait-time 1ms`): with a slow TEI
-/// double, a second request waits in the worker's queue for the first call's whole duration.
-pub const ONE_CALL_AT_A_TIME: [&str; 6] = [
-    "--max-batch-size",
-    "1",
-    "--max-concurrent-batches",
-    "1",
-    "--max-wait-time",
-    "1ms",
-];
 
 /// Bad request bodies that every entry point (gateway HTTP, direct NATS) refuses before any
 /// upstream work, with a limit of 3 inputs per request: `(body, status, error_type, a part of
