@@ -29,7 +29,7 @@ pub fn header<'a>(message: &'a async_nats::Message, name: &'static str) -> Optio
 
 /// The value of header `name` in `message_headers`, if any. `name` is one of the contract's
 /// names ([`headers`]), looked up as a `HeaderName::from_static`: async-nats copies and checks
-/// a `&str` name on every lookup, a dozen times per request on the worker and the gateway.
+/// a `&str` name on every lookup, about ten times per request on the worker and per reply here.
 pub fn header_in<'a>(
     message_headers: Option<&'a async_nats::HeaderMap>,
     name: &'static str,
