@@ -17,7 +17,11 @@
 # loop); GATEWAY_ENV: the gateway's settings (default `REQUEST_TIMEOUT=2s`; empty for its
 # defaults); PROFILE=gateway|worker records `perf record -g` of that process for 4 s in each
 # run (perf.data in the run's temp dir, printed on stderr; PERF_ARGS replaces `-g`, e.g.
-# `--call-graph dwarf,16384` where frame pointers lose the callers); NATS_SERVER_BIN as for the tests;
+# `--call-graph dwarf,16384` where frame pointers lose the callers; PROFILE=nats-server records the
+# server, whose Go frames keep frame pointers); NATS_ARGS: nats-server's arguments beyond its
+# address (default `-js`, JetStream on a store in the run's temp dir, as the stack and the bench
+# run it, so the worker's default cache writes to its bucket; empty for core NATS alone);
+# NATS_SERVER_BIN as for the tests;
 # LOAD_KEYS: space-separated tenant API keys, one closed loop per key sharing CONCURRENCY
 # (tenants contending; the req/s add up, p50 and p99 are the worst tenant's).
 set -euo pipefail
@@ -30,8 +34,12 @@ nats_server=${NATS_SERVER_BIN:-$("$repo/scripts/install-nats-server.sh")}
 run() {
   local bin=$1 label=$2 settings=$3 tmp pids=()
   tmp=$(mktemp -d)
-  trap 'kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null' RETURN
-  "$nats_server" -a 127.0.0.1 -p 0 -ports_file_dir "$tmp" >"$tmp/nats.log" 2>&1 &
+  # The JetStream store goes with the run (up to the bucket's 1 GiB); perf data stays.
+  trap 'kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$tmp/js"' RETURN
+  local nats_args=${NATS_ARGS--js}
+  [[ " $nats_args " == *" -js "* ]] && nats_args+=" -sd $tmp/js"
+  # shellcheck disable=SC2086 # a list of arguments
+  "$nats_server" -a 127.0.0.1 -p 0 -ports_file_dir "$tmp" $nats_args >"$tmp/nats.log" 2>&1 &
   local nats_pid=$!; pids+=("$nats_pid")
   for _ in $(seq 50); do compgen -G "$tmp/*.ports" >/dev/null && break; sleep 0.1; done
   local nats_url
@@ -66,7 +74,8 @@ run() {
   local load_pids=() reports=()
   if [ -n "${LOAD_KEYS:-}" ]; then
     # One closed loop per tenant key, the concurrency split evenly, each with its own inputs.
-    local keys=($LOAD_KEYS) i=0
+    local keys i=0
+    read -ra keys <<<"$LOAD_KEYS"
     for key in "${keys[@]}"; do
       i=$((i + 1))
       EMBATCH_API_KEY=$key "$loadtest" run "${target[@]}" -c $((conc / ${#keys[@]})) --seed "$i" \
@@ -81,6 +90,7 @@ run() {
   if [ -n "${PROFILE:-}" ]; then
     local profiled=$gateway_pid
     [ "$PROFILE" = worker ] && profiled=$worker_pid
+    [ "$PROFILE" = nats-server ] && profiled=$nats_pid
     sleep 1
     # shellcheck disable=SC2086 # a list of arguments
     perf record ${PERF_ARGS:--g} -o "$tmp/perf.data" -p "$profiled" -- sleep 4 >/dev/null 2>&1 || true
@@ -112,7 +122,7 @@ print(f"{label:<7} {rate:>8,.0f} req/s  goodput {goodput:,.0f}  p50 {p50} ms  "
 PY
 }
 
-echo "path $path, ${LOAD_ARGS:-closed loop c=$conc}, ${secs} s per run, $pairs pairs; load average $(cut -d' ' -f1 /proc/loadavg)"
+echo "path $path, ${LOAD_ARGS:-closed loop c=$conc}, ${secs} s per run, $pairs pairs, nats-server ${NATS_ARGS--js}; load average $(cut -d' ' -f1 /proc/loadavg)"
 for _ in $(seq "$pairs"); do
   run "$before" before "${BEFORE_ENV:-}"
   run "$after" after "${AFTER_ENV:-}"
