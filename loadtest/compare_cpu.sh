@@ -15,12 +15,13 @@
 # `--base-ms 0 --per-input-us 0 --concurrency 64`; GPU-like: `--base-ms 5 --per-input-us 20
 # --concurrency 1`); LOAD_ARGS: the load instead of the closed loop (e.g. `--rate 9000`, open
 # loop); GATEWAY_ENV: the gateway's settings (default `REQUEST_TIMEOUT=2s`; empty for its
-# defaults); PROFILE=gateway|worker records `perf record -g` of that process for 4 s in each
-# run (perf.data in the run's temp dir, printed on stderr; PERF_ARGS replaces `-g`, e.g.
-# `--call-graph dwarf,16384` where frame pointers lose the callers; PROFILE=nats-server records the
-# server, whose Go frames keep frame pointers); NATS_ARGS: nats-server's arguments beyond its
-# address (default `-js`, JetStream on a store in the run's temp dir, as the stack and the bench
-# run it, so the worker's default cache writes to its bucket; empty for core NATS alone);
+# defaults); PROFILE=gateway|worker|nats-server records `perf record -g` of that process for 4 s
+# in each run (perf.data in the run's temp dir, its path printed on stderr, perf's own output in
+# perf.log there; PERF_ARGS replaces `-g`, e.g. `--call-graph dwarf,16384` where frame pointers
+# lose the callers; nats-server's Go frames keep them); NATS_ARGS: nats-server's arguments
+# beyond its address (default `-js`: JetStream, as the stack and the bench run it, so the
+# worker's default cache writes to its bucket; its store goes in the run's temp dir, removed
+# after the run, unless NATS_ARGS names one with `-sd`; empty for core NATS alone);
 # NATS_SERVER_BIN as for the tests;
 # LOAD_KEYS: space-separated tenant API keys, one closed loop per key sharing CONCURRENCY
 # (tenants contending; the req/s add up, p50 and p99 are the worst tenant's).
@@ -29,15 +30,25 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 before=$1 after=$2 pairs=${3:-3} path=${4:-gateway} conc=${5:-256} secs=${6:-6}
 loadtest="$repo/target/release/embatch-loadtest"
 nats_server=${NATS_SERVER_BIN:-$("$repo/scripts/install-nats-server.sh")}
+case ${PROFILE:-} in
+  "" | gateway | worker | nats-server) ;;
+  *) echo "PROFILE must be gateway, worker or nats-server" >&2; exit 1 ;;
+esac
+# The current run's processes and temp dir (set by `run`), stopped and its JetStream store
+# removed when the script ends early as well.
+pids=() tmp=""
+trap '[ ${#pids[@]} -eq 0 ] || kill "${pids[@]}" 2>/dev/null || true; [ -z "$tmp" ] || rm -rf "$tmp/js"' EXIT
 
 # One run against the build in $1; prints one line.
 run() {
-  local bin=$1 label=$2 settings=$3 tmp pids=()
-  tmp=$(mktemp -d)
+  local bin=$1 label=$2 settings=$3
+  pids=() tmp=$(mktemp -d)
   # The JetStream store goes with the run (up to the bucket's 1 GiB); perf data stays.
-  trap 'kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$tmp/js"' RETURN
+  trap 'kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$tmp/js"; pids=()' RETURN
   local nats_args=${NATS_ARGS--js}
-  [[ " $nats_args " == *" -js "* ]] && nats_args+=" -sd $tmp/js"
+  if [[ " $nats_args " =~ \ --?(js|jetstream)\  && ! " $nats_args " =~ \ --?(sd|store_dir)\  ]]; then
+    nats_args+=" -sd $tmp/js"
+  fi
   # shellcheck disable=SC2086 # a list of arguments
   "$nats_server" -a 127.0.0.1 -p 0 -ports_file_dir "$tmp" $nats_args >"$tmp/nats.log" 2>&1 &
   local nats_pid=$!; pids+=("$nats_pid")
@@ -93,8 +104,12 @@ run() {
     [ "$PROFILE" = nats-server ] && profiled=$nats_pid
     sleep 1
     # shellcheck disable=SC2086 # a list of arguments
-    perf record ${PERF_ARGS:--g} -o "$tmp/perf.data" -p "$profiled" -- sleep 4 >/dev/null 2>&1 || true
-    echo "perf data: $tmp/perf.data" >&2
+    perf record ${PERF_ARGS:--g} -o "$tmp/perf.data" -p "$profiled" -- sleep 4 >"$tmp/perf.log" 2>&1 || true
+    if [ -s "$tmp/perf.data" ]; then
+      echo "perf data: $tmp/perf.data" >&2
+    else
+      echo "perf recorded nothing: see $tmp/perf.log" >&2
+    fi
   fi
   wait "${load_pids[@]}"
   for p in "${procs[@]}"; do end+=("$(cpu "$p")"); done

@@ -21,23 +21,29 @@ for tool in perf inferno-collapse-perf inferno-flamegraph; do
 done
 mkdir -p "$out"
 : >"$out/runs.txt"
+# The runs' temp dirs (their perf data is 100-300 MB), removed however the script ends.
+dirs=()
+trap 'rm -rf "${dirs[@]}"' EXIT
 for process in worker gateway nats-server; do
-  perf_args="--call-graph dwarf,32768 -F 997"
-  [ "$process" = nats-server ] && perf_args="-g -F 997"
-  # One pair of the same build: two runs; the second one's profile is kept, the first is a
-  # warm-up (both runs' lines go to runs.txt).
+  # cpu-clock: the sample weights are then ns of CPU, with or without hardware counters.
+  perf_args="-e cpu-clock --call-graph dwarf,32768 -F 997"
+  [ "$process" = nats-server ] && perf_args="-e cpu-clock -g -F 997"
+  # One pair of the same build: two runs, both recorded; the second one's profile is kept, the
+  # first is a warm-up (both runs' lines go to runs.txt).
   PROFILE=$process PERF_ARGS=$perf_args "$repo/loadtest/compare_cpu.sh" "$bin" "$bin" 1 gateway \
     "$conc" "$secs" >"$out/$process.log" 2>&1
-  sed "s/^/$process: /" "$out/$process.log" | grep -v "perf data:" >>"$out/runs.txt"
-  data=$(grep "perf data:" "$out/$process.log" | tail -1 | awk '{print $3}')
-  perf script -i "$data" 2>/dev/null | inferno-collapse-perf --kernel >"$out/$process.folded"
+  sed "s/^/$process: /" "$out/$process.log" | grep -v ": perf " >>"$out/runs.txt"
+  while read -r _ _ path; do dirs+=("$(dirname "$path")"); done < <(grep "^perf data:" "$out/$process.log")
+  data=$(grep "^perf data:" "$out/$process.log" | tail -1 | awk '{print $3}')
+  [ -s "${data:-}" ] || { echo "no perf data for $process: see $out/$process.log" >&2; exit 1; }
+  perf script -i "$data" 2>"$out/$process.perf-script.log" | inferno-collapse-perf --kernel >"$out/$process.folded"
   # Frames narrower than half a pixel are left out: a tenth of the file's size, nothing readable
   # lost.
   inferno-flamegraph --minwidth 0.5 \
     --title "$process: benchmark 4's ceiling, c=$conc (loadtest/flamegraphs.sh)" \
     <"$out/$process.folded" >"$out/$process.svg"
-  rm -rf "$(dirname "$(grep "perf data:" "$out/$process.log" | head -1 | awk '{print $3}')")" \
-    "$(dirname "$data")"
+  rm -rf "${dirs[@]}"
+  dirs=()
 done
 python3 "$repo/loadtest/profile_shares.py" "$out"/worker.folded "$out"/gateway.folded \
   "$out"/nats-server.folded | tee "$out/shares.md"

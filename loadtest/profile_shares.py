@@ -3,7 +3,8 @@
 
 Usage: loadtest/profile_shares.py FOLDED...
   FOLDED: `inferno-collapse-perf` output (one line per stack: frames joined by `;`, a space,
-  the sample count), one file per process, named `<process>.folded`.
+  the stack's weight: the sum of its samples' periods, ns of CPU for perf's cpu-clock event,
+  which loadtest/flamegraphs.sh records), one file per process, named `<process>.folded`.
 
 Prints a Markdown table: a row per category, a column per file. A stack counts once in a row
 when any of its frames matches the row's pattern (or its innermost frame, for the rows of time
@@ -15,8 +16,11 @@ import sys
 from pathlib import Path
 
 # (row, pattern, where): "any" counts a stack when any of its frames matches (time spent in or
-# under it), "leaf" when its innermost frame does (time spent in it alone). Kernel frames carry
-# the `_[k]` suffix of `inferno-collapse-perf --kernel`.
+# under it), "own" when the path of any of its frames does, generic arguments left out (so a
+# frame of the worker's reply task whose output type names a cache type is not the cache's),
+# "leaf" when its innermost frame matches (time spent in it alone). Kernel frames carry the
+# `_[k]` suffix of `inferno-collapse-perf --kernel`. The async-nats rows count frames generic
+# over its types too: a hash map of its header names, a channel of its messages.
 ROWS = [
     ("the allocator (mimalloc)", r"^_?mi_|mimalloc", "any"),
     ("kernel (system calls, loopback TCP, file writes)", r"_\[k\]$", "leaf"),
@@ -24,9 +28,9 @@ ROWS = [
     ("of it, building and parsing message headers", r"async_nats::header::", "any"),
     ("HTTP/1 reads, parsing and writes (hyper, its system calls in)", r"^hyper::proto::h1::(role|io|conn|decode|encode)::", "any"),
     ("the upstream's HTTP client (reqwest, its connection task)", r"^reqwest::|dispatch::Client<", "any"),
-    ("the cache (keys, LRU, single-flight, bucket)", r"embatch_cache::", "any"),
-    ("the batcher (actor, queue, admission)", r"embatch_batcher::", "any"),
-    ("JSON (serde_json)", r"serde_json::", "any"),
+    ("the cache (keys, LRU, single-flight, bucket)", r"^embatch_cache::", "own"),
+    ("the batcher (actor, queue, admission, the upstream calls it makes)", r"^embatch_batcher::", "own"),
+    ("JSON (serde_json)", r"^serde_json::", "own"),
     ("copies (memcpy/memmove)", r"memmove|memcpy", "leaf"),
     ("tracing spans", r"^tracing::|tracing_core::|tracing_subscriber::", "any"),
     ("metrics", r"^metrics::|metrics_util::|metrics_exporter", "any"),
@@ -34,6 +38,23 @@ ROWS = [
     ("routing a message to its subscribers", r"processInboundClientMsg", "any"),
     ("Go's runtime alone (GC, maps, scheduler)", r"^runtime\.|^internal/runtime/", "leaf"),
 ]
+
+
+def own(frame: str) -> str:
+    """A Rust frame's own path, without generic arguments: `a::B<T>::f` gives `a::B`,
+    `<a::B as c::D>::f` gives `a::B`, `poll<a::B>` gives `poll`."""
+    if frame.startswith("<"):
+        return re.split(r" as |>", frame[1:], maxsplit=1)[0]
+    return frame.split("<", 1)[0]
+
+
+def matches(pattern: re.Pattern, where: str, frames: list[str]) -> bool:
+    """Whether a stack (outermost frame first) counts in a row; see ROWS."""
+    if where == "leaf":
+        return bool(pattern.search(frames[-1]))
+    if where == "own":
+        return any(pattern.search(own(f)) for f in frames)
+    return any(pattern.search(f) for f in frames)
 
 
 def shares(path: Path) -> tuple[int, list[float]]:
@@ -49,9 +70,7 @@ def shares(path: Path) -> tuple[int, list[float]]:
         total += n
         frames = stack.split(";")
         for i, (pattern, where) in enumerate(patterns):
-            found = pattern.search(frames[-1]) if where == "leaf" else any(
-                pattern.search(f) for f in frames)
-            if found:
+            if matches(pattern, where, frames):
                 hits[i] += n
     return total, [h / total if total else 0.0 for h in hits]
 
