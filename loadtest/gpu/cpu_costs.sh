@@ -2,7 +2,9 @@
 # CPU per request on a quiet many-core machine (the GPU machine's 16 cores; the GPU is not
 # used): the pipeline against the upstream called directly, and what tenants cost, with
 # loadtest/compare_cpu.sh (instant fake upstream, closed loop, one stack per run). Uses the
-# release binaries loadtest/gpu/pack.sh put in .gpu/bin.tar.xz, like run.sh.
+# release binaries loadtest/gpu/pack.sh put in .gpu/bin.tar.xz, like run.sh. nats-server runs
+# with JetStream, as deployed (compare_cpu.sh's default); `NATS_ARGS=` gives core NATS alone, the
+# setup of the published 16-core table (build 943da1c).
 #
 # Usage: OUT=DIR loadtest/gpu/cpu_costs.sh [PAIRS] [SECONDS]
 # Writes DIR/cpu_costs.log: the lines of each comparison, under a header naming it.
