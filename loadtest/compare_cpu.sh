@@ -22,7 +22,10 @@
 # beyond its address (default `-js`: JetStream, as the stack and the bench run it, so the
 # worker's default cache writes to its bucket; its store goes in the run's temp dir, removed
 # after the run, unless NATS_ARGS names one with `-sd`; empty for core NATS alone);
-# NATS_SERVER_BIN as for the tests;
+# NATS_NODES: nats-servers in one cluster (default 1), each with JetStream on a store of its
+# own; the worker and the gateway connect to the first, the CPU of all of them counts as
+# nats-server's, and the bucket's replicas follow the worker's JETSTREAM_REPLICAS (`auto`: 3 on
+# 3 nodes or more); NATS_SERVER_BIN as for the tests;
 # LOAD_KEYS: space-separated tenant API keys, one closed loop per key sharing CONCURRENCY
 # (tenants contending; the req/s add up, p50 and p99 are the worst tenant's).
 set -euo pipefail
@@ -39,22 +42,51 @@ esac
 pids=() tmp=""
 trap '[ ${#pids[@]} -eq 0 ] || kill "${pids[@]}" 2>/dev/null || true; [ -z "$tmp" ] || rm -rf "$tmp/js"' EXIT
 
+# Starts NATS_NODES nats-servers (one by default) for the run in $tmp; sets nats_url (the
+# first's), nats_pid (the first's, for PROFILE) and nats_pids (all, comma-separated).
+start_nats() {
+  local nodes=${NATS_NODES:-1} i args
+  local base_args=${NATS_ARGS--js}
+  local ports routes=""
+  # Client, cluster and monitoring ports of every node, chosen before any starts (routes).
+  read -ra ports <<<"$(python3 -c 'import socket,sys
+socks=[socket.socket() for _ in range(3 * int(sys.argv[1]))]
+for s in socks: s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in socks))' "$nodes")"
+  for ((i = 0; i < nodes; i++)); do routes+="${routes:+,}nats://127.0.0.1:${ports[3 * i + 1]}"; done
+  nats_pids=""
+  for ((i = 0; i < nodes; i++)); do
+    args="$base_args"
+    if [[ " $args " =~ \ --?(js|jetstream)\  && ! " $args " =~ \ --?(sd|store_dir)\  ]]; then
+      args+=" -sd $tmp/js/n$i"
+    fi
+    if ((nodes > 1)); then
+      args+=" -n n$i --cluster_name bench --cluster nats://127.0.0.1:${ports[3 * i + 1]} --routes $routes"
+    fi
+    # shellcheck disable=SC2086 # a list of arguments
+    "$nats_server" -a 127.0.0.1 -p "${ports[3 * i]}" -m "${ports[3 * i + 2]}" $args >"$tmp/nats$i.log" 2>&1 &
+    pids+=($!); nats_pids+="${nats_pids:+,}$!"
+    ((i > 0)) || nats_pid=$!
+  done
+  nats_url="nats://127.0.0.1:${ports[0]}"
+  for _ in $(seq 100); do curl -sf "http://127.0.0.1:${ports[2]}/healthz" >/dev/null && break; sleep 0.1; done
+  if ((nodes > 1)); then
+    # A clustered JetStream takes requests once its meta group has a leader.
+    for _ in $(seq 150); do
+      curl -sf "http://127.0.0.1:${ports[2]}/jsz" | grep -q '"leader"' && break
+      sleep 0.2
+    done
+  fi
+}
+
 # One run against the build in $1; prints one line.
 run() {
   local bin=$1 label=$2 settings=$3
   pids=() tmp=$(mktemp -d)
   # The JetStream store goes with the run (up to the bucket's 1 GiB); perf data stays.
   trap 'kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$tmp/js"; pids=()' RETURN
-  local nats_args=${NATS_ARGS--js}
-  if [[ " $nats_args " =~ \ --?(js|jetstream)\  && ! " $nats_args " =~ \ --?(sd|store_dir)\  ]]; then
-    nats_args+=" -sd $tmp/js"
-  fi
-  # shellcheck disable=SC2086 # a list of arguments
-  "$nats_server" -a 127.0.0.1 -p 0 -ports_file_dir "$tmp" $nats_args >"$tmp/nats.log" 2>&1 &
-  local nats_pid=$!; pids+=("$nats_pid")
-  for _ in $(seq 50); do compgen -G "$tmp/*.ports" >/dev/null && break; sleep 0.1; done
-  local nats_url
-  nats_url=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["nats"][0])' "$tmp"/*.ports)
+  local nats_url nats_pid
+  start_nats
   # shellcheck disable=SC2086 # a list of arguments
   "$loadtest" fake-upstream ${UPSTREAM_ARGS:---base-ms 0 --per-input-us 0 --concurrency 64} >"$tmp/up.log" 2>&1 &
   local up_pid=$!; pids+=("$up_pid")
@@ -79,8 +111,9 @@ run() {
     direct) target=(--url "http://$up_addr/embed") ;;
     *) echo "PATH must be gateway, nats or direct" >&2; return 1 ;;
   esac
-  cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-  local names=(gateway worker nats-server fake-upstream) procs=("$gateway_pid" "$worker_pid" "$nats_pid" "$up_pid") start=() end=()
+  cpu() { local t=0 p; for p in ${1//,/ }; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo "$t"; }
+  # nats-server's entry is every node's pid, comma-separated: their CPU is summed.
+  local names=(gateway worker nats-server fake-upstream) procs=("$gateway_pid" "$worker_pid" "$nats_pids" "$up_pid") start=() end=()
   for p in "${procs[@]}"; do start+=("$(cpu "$p")"); done
   local load_pids=() reports=()
   if [ -n "${LOAD_KEYS:-}" ]; then
