@@ -43,7 +43,8 @@ pids=() tmp=""
 trap '[ ${#pids[@]} -eq 0 ] || kill "${pids[@]}" 2>/dev/null || true; [ -z "$tmp" ] || rm -rf "$tmp/js"' EXIT
 
 # Starts NATS_NODES nats-servers (one by default) for the run in $tmp; sets nats_url (the
-# first's), nats_pid (the first's, for PROFILE) and nats_pids (all, comma-separated).
+# first's), nats_pid (the first's, for PROFILE), nats_pids (all, comma-separated) and
+# nats_mons (their monitoring ports, comma-separated).
 start_nats() {
   local nodes=${NATS_NODES:-1} i args
   local base_args=${NATS_ARGS--js}
@@ -69,11 +70,17 @@ print(" ".join(str(s.getsockname()[1]) for s in socks))' "$nodes")"
     ((i > 0)) || nats_pid=$!
   done
   nats_url="nats://127.0.0.1:${ports[0]}"
+  nats_mons=""
+  for ((i = 0; i < nodes; i++)); do nats_mons+="${nats_mons:+,}${ports[3 * i + 2]}"; done
   for _ in $(seq 100); do curl -sf "http://127.0.0.1:${ports[2]}/healthz" >/dev/null && break; sleep 0.1; done
   if ((nodes > 1)); then
-    # A clustered JetStream takes requests once its meta group has a leader.
+    # The first node routes to every other (the worker's `auto` replicas count the nodes its
+    # server advertises), and the cluster's JetStream has a meta leader to take requests.
+    local routes_up
     for _ in $(seq 150); do
-      curl -sf "http://127.0.0.1:${ports[2]}/jsz" | grep -q '"leader"' && break
+      routes_up=$(curl -sf "http://127.0.0.1:${ports[2]}/routez" |
+        python3 -c 'import json,sys; print(len({r.get("remote_id") for r in json.load(sys.stdin).get("routes") or []}))' || echo 0)
+      ((routes_up >= nodes - 1)) && curl -sf "http://127.0.0.1:${ports[2]}/jsz" | grep -q '"leader"' && break
       sleep 0.2
     done
   fi
@@ -146,10 +153,29 @@ run() {
   fi
   wait "${load_pids[@]}"
   for p in "${procs[@]}"; do end+=("$(cpu "$p")"); done
+  # What the run measured: the cache bucket's replicas as the servers report them (`-` where
+  # there is no bucket: core NATS, CACHE=false).
+  local bucket
+  bucket=$(python3 - "$nats_mons" <<'PY'
+import json, sys, urllib.request
+seen = set()
+for port in sys.argv[1].split(","):
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/jsz?streams=true&config=true", timeout=2) as r:
+            jsz = json.load(r)
+    except (OSError, ValueError):
+        continue
+    for account in jsz.get("account_details") or []:
+        for stream in account.get("stream_detail") or []:
+            if stream["name"] == "KV_embatch_cache":
+                seen.add(stream["config"].get("num_replicas", 1))
+print("/".join(f"R{n}" for n in sorted(seen)) or "-")
+PY
+)
   local ticks=()
   for i in "${!procs[@]}"; do ticks+=("${names[$i]}=$(( end[i] - start[i] ))"); done
-  python3 - "$(IFS=,; echo "${reports[*]}")" "$label" "$(getconf CLK_TCK)" "${ticks[@]}" <<'PY'
-import json, sys
+  BUCKET=$bucket python3 - "$(IFS=,; echo "${reports[*]}")" "$label" "$(getconf CLK_TCK)" "${ticks[@]}" <<'PY'
+import json, os, sys
 # Several reports (one per tenant key): counts and rates add up; p50 and p99 are the worst
 # tenant's.
 reports = [json.load(open(path)) for path in sys.argv[1].split(",")]
@@ -166,11 +192,11 @@ for r in reports:
     for kind, n in (r["failures"] or {}).items():
         failures[kind] = failures.get(kind, 0) + n
 print(f"{label:<7} {rate:>8,.0f} req/s  goodput {goodput:,.0f}  p50 {p50} ms  "
-      f"p99 {p99} ms  failures {failures or 0}  µs/req: {cpu}")
+      f"p99 {p99} ms  failures {failures or 0}  µs/req: {cpu}  cache bucket {os.environ['BUCKET']}")
 PY
 }
 
-echo "path $path, ${LOAD_ARGS:-closed loop c=$conc}, ${secs} s per run, $pairs pairs, nats-server ${NATS_ARGS--js}; load average $(cut -d' ' -f1 /proc/loadavg)"
+echo "path $path, ${LOAD_ARGS:-closed loop c=$conc}, ${secs} s per run, $pairs pairs, nats-server ${NATS_ARGS--js} x ${NATS_NODES:-1}; load average $(cut -d' ' -f1 /proc/loadavg)"
 for _ in $(seq "$pairs"); do
   run "$before" before "${BEFORE_ENV:-}"
   run "$after" after "${AFTER_ENV:-}"

@@ -30,10 +30,12 @@ for process in worker gateway nats-server; do
   [ "$process" = nats-server ] && perf_args="-e cpu-clock -g -F 997"
   # One pair of the same build: two runs, both recorded; the second one's profile is kept, the
   # first is a warm-up (both runs' lines go to runs.txt).
+  failed=0
   PROFILE=$process PERF_ARGS=$perf_args "$repo/loadtest/compare_cpu.sh" "$bin" "$bin" 1 gateway \
-    "$conc" "$secs" >"$out/$process.log" 2>&1
-  sed "s/^/$process: /" "$out/$process.log" | grep -v ": perf " >>"$out/runs.txt"
+    "$conc" "$secs" >"$out/$process.log" 2>&1 || failed=1
   while read -r _ _ path; do dirs+=("$(dirname "$path")"); done < <(grep "^perf data:" "$out/$process.log")
+  ((failed == 0)) || { echo "compare_cpu.sh failed for $process: see $out/$process.log" >&2; exit 1; }
+  sed "s/^/$process: /" "$out/$process.log" | grep -v ": perf " >>"$out/runs.txt"
   data=$(grep "^perf data:" "$out/$process.log" | tail -1 | awk '{print $3}')
   [ -s "${data:-}" ] || { echo "no perf data for $process: see $out/$process.log" >&2; exit 1; }
   perf script -i "$data" 2>"$out/$process.perf-script.log" | inferno-collapse-perf --kernel >"$out/$process.folded"
